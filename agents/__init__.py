@@ -1,0 +1,1 @@
+"""Per-instance agents ("llumlets") and the engines they drive."""

@@ -1,0 +1,1 @@
+"""The front door: the ``shoal`` command line and the OpenAI-compatible HTTP API."""

@@ -1,0 +1,27 @@
+"""``shoal bench …``: every benchmark, each defined beside what it measures.
+
+Same lazy scheme as the top-level command: a benchmark whose module does not
+exist yet says so instead of running.
+"""
+
+from __future__ import annotations
+
+import click
+
+from frontend.cli import LazyGroup
+
+__all__ = ["bench"]
+
+BENCHMARKS: dict[str, tuple[str, str]] = {
+    "bus": ("bus.bench:bench_bus", "Append and replay throughput of the bus vs raw nats-py."),
+    "engine": ("agents.engines.bench:bench_engine", "Engine tokens/s and KV export/import GB/s."),
+    "migration": ("agents.bench_migration:bench_migration", "Live vs blocking vs recompute downtime."),
+    "cluster": ("scheduler.bench_cluster:bench_cluster", "Dispatch latency at 64 sim instances."),
+    "recovery": ("scheduler.bench_recovery:bench_recovery", "Scheduler recovery time by log size."),
+    "serve": ("frontend.bench_serve:bench_serve", "Streaming throughput through shoal vs direct."),
+}
+
+
+@click.group(cls=LazyGroup, lazy=BENCHMARKS)
+def bench() -> None:
+    """Run a benchmark; each prints a table and can write --json."""

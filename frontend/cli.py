@@ -1,0 +1,102 @@
+"""The ``shoal`` command line: the one entry point for everything a user runs.
+
+Each subcommand parses its options into a frozen config and hands it to the
+component that owns the work; nothing below this module reads the
+environment. Subcommands whose component is not built yet say so and exit
+with status 2 rather than pretending to work.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+__all__ = ["main"]
+
+
+def _not_yet(name: str, what: str) -> Callable[..., None]:
+    def command(**_: Any) -> None:
+        raise click.UsageError(f"'shoal {name}' is not implemented yet: {what}")
+
+    return command
+
+
+def _module_exists(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:  # a parent package is missing
+        return False
+
+
+class LazyGroup(click.Group):
+    """A group whose subcommands live in other modules and import on use.
+
+    Keeps ``shoal --help`` fast (no torch import) and lets each component own
+    its command's options. ``lazy`` maps a name to ``(module:attr, help)``.
+    """
+
+    def __init__(self, *args: Any, lazy: dict[str, tuple[str, str]] | None = None, **kw: Any):
+        super().__init__(*args, **kw)
+        self.lazy = lazy or {}
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.lazy})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.lazy:
+            target, help_text = self.lazy[cmd_name]
+            module_name, _, attr = target.partition(":")
+            if _module_exists(module_name):
+                command: click.Command = getattr(importlib.import_module(module_name), attr)
+            else:
+                command = click.Command(
+                    cmd_name,
+                    callback=_not_yet(cmd_name, help_text),
+                    help=f"[not implemented yet] {help_text}",
+                    context_settings={"ignore_unknown_options": True},
+                    params=[click.Argument(["args"], nargs=-1, type=click.UNPROCESSED)],
+                )
+            return command
+        return super().get_command(ctx, cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = []
+        for name in self.list_commands(ctx):
+            if name in self.lazy:
+                rows.append((name, self.lazy[name][1]))
+            else:
+                cmd = super().get_command(ctx, name)
+                if cmd is not None:
+                    rows.append((name, cmd.get_short_help_str(80)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+#: Subcommand name -> (module:attribute, one-line help). A module that does not
+#: exist yet yields a command that says so.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "up": ("frontend.up:up", "Run a whole local cluster: NATS, scheduler, agents, frontend."),
+    "agent": ("agents.cli:agent", "Run one instance agent driving an engine."),
+    "scheduler": ("scheduler.cli:scheduler", "Run the global scheduler (or a standby)."),
+    "serve": ("frontend.cli_serve:serve", "Run the OpenAI-compatible HTTP frontend."),
+    "replay": ("scheduler.replay_cli:replay", "Rebuild and inspect cluster state from the log."),
+    "events": ("scheduler.replay_cli:events", "Export the event streams to a file."),
+    "simulate": ("scheduler.sim.cli:simulate", "Discrete-event cluster simulation."),
+    "bench": ("frontend.bench_cli:bench", "Benchmarks: bus, engine, migration, cluster, ..."),
+}
+
+
+@click.group(cls=LazyGroup, lazy=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="shoal")
+def cli() -> None:
+    """shoal: serve LLMs on many instances and live-migrate requests between them."""
+
+
+def main(argv: list[str] | None = None) -> None:
+    cli.main(args=argv if argv is not None else sys.argv[1:], prog_name="shoal")

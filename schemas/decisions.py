@@ -1,0 +1,69 @@
+"""Scheduler decisions: dispatch, pairing, un-pairing, scaling.
+
+Appended by the active scheduler on ``<prefix>.ev.sched.<kind>``. Every
+decision carries the scheduler's lease epoch; decisions of an older epoch are
+ignored by everyone. Each records the load-report positions it was made from,
+so a replay can recompute it.
+"""
+
+from __future__ import annotations
+
+from schemas.base import Message
+
+__all__ = [
+    "DecisionEvent",
+    "Dispatched",
+    "LoadPosition",
+    "Paired",
+    "ScaleDown",
+    "ScaleUp",
+    "Unpaired",
+]
+
+
+class LoadPosition(Message, tag="load_position"):
+    """The last load report of an instance that a decision used."""
+
+    instance_id: str
+    stream_seq: int
+
+
+class Dispatched(Message, tag="dispatched"):
+    epoch: int
+    request_id: str
+    instance_id: str
+    policy: str
+    num_prompt_tokens: int
+    priority: int = 0
+    loads: tuple[LoadPosition, ...] = ()
+
+
+class Paired(Message, tag="paired"):
+    epoch: int
+    source_id: str
+    destination_id: str
+    target_freeness: float
+    source_freeness: float
+    destination_freeness: float
+
+
+class Unpaired(Message, tag="unpaired"):
+    epoch: int
+    source_id: str
+    destination_id: str
+    reason: str
+
+
+class ScaleUp(Message, tag="scale_up"):
+    epoch: int
+    num_instances: int
+    average_freeness: float
+
+
+class ScaleDown(Message, tag="scale_down"):
+    epoch: int
+    instance_id: str
+    average_freeness: float
+
+
+DecisionEvent = Dispatched | Paired | Unpaired | ScaleUp | ScaleDown

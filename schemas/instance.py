@@ -1,0 +1,77 @@
+"""Instance lifecycle events: joined, heartbeat, terminating, left, failed.
+
+Appended by agents (and by the scheduler for ``InstanceFailed``) on
+``<prefix>.ev.instance.<instance_id>``.
+"""
+
+from __future__ import annotations
+
+from schemas.base import Message
+
+__all__ = [
+    "InstanceEvent",
+    "InstanceFailed",
+    "InstanceHeartbeat",
+    "InstanceJoined",
+    "InstanceLeft",
+    "InstanceTerminating",
+    "KVLayout",
+    "ModelIdentity",
+]
+
+
+class ModelIdentity(Message, tag="model"):
+    """What must match for two instances to exchange KV cache."""
+
+    model_id: str
+    revision: str = ""
+    dtype: str = "float32"
+    tensor_parallel: int = 1
+
+
+class KVLayout(Message, tag="kv_layout"):
+    """Shape of one KV block, so a destination can check a buffer fits."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    block_size: int
+    dtype: str
+
+
+class InstanceJoined(Message, tag="instance_joined"):
+    instance_id: str
+    num_blocks: int
+    block_size: int
+    model: ModelIdentity
+    kv_layout: KVLayout
+    transport_address: str
+    engine: str = "torch"
+    max_batch_size: int = 256
+    max_model_len: int = 4096
+
+
+class InstanceHeartbeat(Message, tag="instance_heartbeat"):
+    instance_id: str
+    seq: int
+
+
+class InstanceTerminating(Message, tag="instance_terminating"):
+    instance_id: str
+    reason: str = ""
+
+
+class InstanceLeft(Message, tag="instance_left"):
+    instance_id: str
+
+
+class InstanceFailed(Message, tag="instance_failed"):
+    instance_id: str
+    reason: str
+    last_heartbeat: float = 0.0
+    epoch: int = 0
+
+
+InstanceEvent = (
+    InstanceJoined | InstanceHeartbeat | InstanceTerminating | InstanceLeft | InstanceFailed
+)

@@ -1,0 +1,39 @@
+"""Load reports: what an agent tells the cluster about its usage and freeness.
+
+Appended by agents on ``<prefix>.load.<instance_id>`` (the ``loads`` stream).
+A report carries the computed freeness *and* the inputs it came from, so the
+scheduler, ``shoal replay --what-if`` and the simulator can recompute it.
+"""
+
+from __future__ import annotations
+
+from schemas.base import Message
+
+__all__ = ["LoadReport", "PriorityLoad"]
+
+
+class PriorityLoad(Message, tag="priority_load"):
+    """Running requests of one priority and the physical blocks they hold."""
+
+    priority: int
+    num_running: int
+    num_blocks: int
+
+
+class LoadReport(Message, tag="load_report"):
+    instance_id: str
+    seq: int
+    num_total_blocks: int
+    num_free_blocks: int
+    num_reserved_blocks: int
+    running: tuple[PriorityLoad, ...]
+    head_of_line_demand: int
+    num_waiting: int
+    batch_size: int
+    freeness: float
+    virtual_usage: float
+    num_accepted: int
+    head_of_line_priority: int = 0
+    terminating: bool = False
+    num_migrating_out: int = 0
+    num_migrating_in: int = 0

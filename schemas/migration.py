@@ -1,0 +1,79 @@
+"""The live-migration handshake between a source and a destination agent.
+
+``PRE-ALLOCATE → ACK | ABORT``, then per stage ``StageDone``, then ``COMMIT →
+COMMIT-ACK``. The same messages travel as request/reply on
+``<prefix>.rpc.mig.<instance_id>`` and are appended, with agent-side event
+times, to ``<prefix>.ev.mig.<migration_id>`` so a migration can be replayed and
+timed afterwards. The destination's ``CommitAck`` in the log decides who owns
+the request if the reply is lost.
+"""
+
+from __future__ import annotations
+
+from schemas.base import Message
+
+__all__ = [
+    "Abort",
+    "Ack",
+    "Commit",
+    "CommitAck",
+    "MigrationEvent",
+    "MigrationMessage",
+    "PreAllocate",
+    "StageDone",
+]
+
+
+class PreAllocate(Message, tag="mig_pre_allocate"):
+    migration_id: str
+    request_id: str
+    source_id: str
+    destination_id: str
+    stage: int
+    num_blocks: int
+
+
+class Ack(Message, tag="mig_ack"):
+    migration_id: str
+    stage: int
+    block_ids: tuple[int, ...]
+
+
+class Abort(Message, tag="mig_abort"):
+    migration_id: str
+    reason: str
+    sender_id: str = ""
+
+
+class StageDone(Message, tag="mig_stage_done"):
+    migration_id: str
+    stage: int
+    num_blocks: int
+    num_bytes: int
+    duration_s: float
+    last: bool = False
+
+
+class Commit(Message, tag="mig_commit"):
+    """Sent after the last stage. Carries what the destination needs to resume."""
+
+    migration_id: str
+    request_id: str
+    source_id: str
+    destination_id: str
+    token_ids: tuple[int, ...]
+    num_prompt_tokens: int
+    owner_epoch: int
+    suspended_at: float
+
+
+class CommitAck(Message, tag="mig_commit_ack"):
+    migration_id: str
+    request_id: str
+    destination_id: str
+    owner_epoch: int
+    resumed_at: float
+
+
+MigrationMessage = PreAllocate | Ack | Abort | StageDone | Commit | CommitAck
+MigrationEvent = MigrationMessage

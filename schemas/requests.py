@@ -1,0 +1,64 @@
+"""Request lifecycle events, appended by the frontend on ``<prefix>.ev.req.<request_id>``."""
+
+from __future__ import annotations
+
+from schemas.base import Message
+
+__all__ = [
+    "RequestAborted",
+    "RequestArrived",
+    "RequestEvent",
+    "RequestFinished",
+    "RequestFirstToken",
+    "RequestPlaced",
+    "RequestRescued",
+]
+
+
+class RequestArrived(Message, tag="req_arrived"):
+    request_id: str
+    num_prompt_tokens: int
+    max_tokens: int
+    priority: int = 0
+
+
+class RequestPlaced(Message, tag="req_placed"):
+    request_id: str
+    instance_id: str
+    bypass: bool = False
+
+
+class RequestFirstToken(Message, tag="req_first_token"):
+    request_id: str
+    instance_id: str
+    ttft_s: float
+
+
+class RequestFinished(Message, tag="req_finished"):
+    request_id: str
+    finish_reason: str
+    num_prompt_tokens: int
+    num_output_tokens: int
+    e2e_s: float
+
+
+class RequestRescued(Message, tag="req_rescued"):
+    request_id: str
+    failed_instance_id: str
+    new_instance_id: str
+    num_tokens_kept: int
+
+
+class RequestAborted(Message, tag="req_aborted"):
+    request_id: str
+    reason: str
+
+
+RequestEvent = (
+    RequestArrived
+    | RequestPlaced
+    | RequestFirstToken
+    | RequestFinished
+    | RequestRescued
+    | RequestAborted
+)

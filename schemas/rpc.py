@@ -1,0 +1,136 @@
+"""Request/reply messages: generate, abort, resend, dispatch and scheduler commands.
+
+RPCs ride core NATS on ``<prefix>.rpc.…``; only their outcomes are logged.
+"""
+
+from __future__ import annotations
+
+from schemas.base import Message
+
+__all__ = [
+    "AbortReply",
+    "AbortRequest",
+    "DispatchReply",
+    "DispatchRequest",
+    "Drain",
+    "GenerateReply",
+    "GenerateRequest",
+    "MigrateOut",
+    "ResendRequest",
+    "RpcError",
+    "RpcMessage",
+    "SamplingParams",
+    "StopMigration",
+]
+
+
+class SamplingParams(Message, tag="sampling"):
+    max_tokens: int = 16
+    min_tokens: int = 0
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = -1
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: bool = False
+
+
+class GenerateRequest(Message, tag="generate"):
+    """Start a request on an instance. Idempotent by ``request_id``.
+
+    ``num_prompt_tokens`` tells which of ``token_ids`` are the prompt; a
+    rescued request carries its already generated tokens after them and
+    ``first_index`` says which output index generation continues from.
+    """
+
+    request_id: str
+    token_ids: tuple[int, ...]
+    sampling: SamplingParams
+    priority: int = 0
+    num_prompt_tokens: int | None = None
+    first_index: int = 0
+    owner_epoch: int = 0
+    stream: bool = True
+
+
+class GenerateReply(Message, tag="generate_reply"):
+    request_id: str
+    instance_id: str
+    accepted: bool
+    num_accepted: int
+    error: str | None = None
+
+
+class AbortRequest(Message, tag="abort"):
+    request_id: str
+    reason: str = "client"
+
+
+class AbortReply(Message, tag="abort_reply"):
+    request_id: str
+    found: bool
+
+
+class ResendRequest(Message, tag="resend"):
+    """Ask the owning agent to publish again the deltas from ``from_index`` on."""
+
+    request_id: str
+    from_index: int
+
+
+class DispatchRequest(Message, tag="dispatch_request"):
+    """Frontend → scheduler: where should this request run?"""
+
+    request_id: str
+    num_prompt_tokens: int
+    priority: int = 0
+    exclude: tuple[str, ...] = ()
+
+
+class DispatchReply(Message, tag="dispatch_reply"):
+    request_id: str
+    instance_id: str | None
+    epoch: int
+    error: str | None = None
+
+
+class MigrateOut(Message, tag="migrate_out"):
+    """Scheduler → source agent: move requests to ``destination_id`` until
+    the source's freeness reaches ``target_freeness``."""
+
+    epoch: int
+    destination_id: str
+    target_freeness: float
+
+
+class StopMigration(Message, tag="stop_migration"):
+    epoch: int
+    destination_id: str
+
+
+class Drain(Message, tag="drain"):
+    """Scheduler → agent: terminate by migrating every request away."""
+
+    epoch: int
+
+
+class RpcError(Message, tag="rpc_error"):
+    code: str
+    message: str
+
+
+RpcMessage = (
+    GenerateRequest
+    | GenerateReply
+    | AbortRequest
+    | AbortReply
+    | ResendRequest
+    | DispatchRequest
+    | DispatchReply
+    | MigrateOut
+    | StopMigration
+    | Drain
+    | RpcError
+)

@@ -1,0 +1,25 @@
+"""Token deltas published by agents on ``<prefix>.tok.<request_id>`` (core NATS)."""
+
+from __future__ import annotations
+
+from schemas.base import Message
+
+__all__ = ["TokenDelta"]
+
+
+class TokenDelta(Message, tag="token_delta"):
+    """One engine step's output for one request.
+
+    ``first_index`` is the index of ``token_ids[0]`` among the request's
+    generated tokens; ``owner_epoch`` counts how many times the request has
+    moved, so a receiver can drop deltas from a stale owner.
+    """
+
+    request_id: str
+    instance_id: str
+    owner_epoch: int
+    first_index: int
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...] | None = None
+    finish_reason: str | None = None
+    num_prompt_tokens: int = 0
