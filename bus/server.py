@@ -81,7 +81,7 @@ class EmbeddedNats:
         self.store_dir.mkdir(parents=True, exist_ok=True)
         if not self.port:
             self.port = free_port(self.host)
-        log = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL  # noqa: SIM115
+        log = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL
         args = [
             find_nats_server(),
             "-a", self.host,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import msgspec
 
-__all__ = ["Message", "SCHEMA_VERSION"]
+__all__ = ["SCHEMA_VERSION", "Message"]
 
 #: Bumped when a message changes incompatibly. Decoders reject newer versions.
 SCHEMA_VERSION = 1
