@@ -1,0 +1,153 @@
+"""The port of the KV data plane: what every transport offers the agents.
+
+During a live migration the source agent sends, per stage, one fused buffer
+(the request's KV blocks gathered into one contiguous buffer) to the
+destination agent, out of band of the NATS bus. The destination first
+*expects* that buffer (``expect`` is synchronous, so it is registered before
+the destination ACKs the PRE-ALLOCATE), then awaits it; anything that arrives
+without a matching expectation — unknown migration, wrong size, wrong
+reservation, after ``cancel`` or after the wait timed out — is refused before
+its bytes are read (the sender gets ``TransferRejected``), counted by reason
+in ``stats()``, and never delivered.
+
+``send`` returns only once the receiver has the bytes in the expected slot,
+so a source can send ``StageDone`` right after it.
+
+Here: the header, the reject reasons, the stats snapshot, the payload type and
+the ``KVTransport`` protocol. Not here: the expectation bookkeeping
+(``transport.receiving``), the wire format (``transport.wire``), the
+transports themselves (``inproc``, ``tcp``, ``ucx``), the choice between
+them (``transport.factory``).
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
+
+import msgspec
+
+if TYPE_CHECKING:
+    from transport.receiving import PendingTransfer
+
+__all__ = [
+    "KVTransport",
+    "Payload",
+    "RejectReason",
+    "TransferHeader",
+    "TransportStats",
+    "WritableBuffer",
+]
+
+Payload: TypeAlias = Any
+"""What ``send`` takes: ``bytes``, ``bytearray``, ``memoryview``, a numpy array or a torch
+tensor (any dtype, contiguous; CUDA tensors go device-to-device over UCX)."""
+
+WritableBuffer: TypeAlias = Any
+"""What ``expect(into=...)`` takes: ``bytearray``, a writable ``memoryview``, a numpy array
+or a torch tensor, of exactly ``nbytes`` bytes."""
+
+
+class TransferHeader(msgspec.Struct, frozen=True, kw_only=True):
+    """Names one fused buffer: which migration, which stage, which reservation, how big.
+
+    ``checksum`` is an optional CRC-32 of the payload; a transport configured with
+    ``checksum=True`` fills it in, and the receiver verifies it when present.
+    """
+
+    migration_id: str
+    stage: int
+    nbytes: int
+    reservation_id: str = ""
+    checksum: int | None = None
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.migration_id, self.stage)
+
+
+class RejectReason(enum.StrEnum):
+    """Why a receiver refused a buffer (the keys of ``TransportStats.rejected``)."""
+
+    UNKNOWN_TRANSFER = "unknown_transfer"
+    SIZE_MISMATCH = "size_mismatch"
+    RESERVATION_MISMATCH = "reservation_mismatch"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+    DUPLICATE = "duplicate"
+    CHECKSUM_MISMATCH = "checksum_mismatch"
+    UNSUPPORTED_PROTOCOL = "unsupported_protocol"
+    CLOSED = "closed"
+
+
+class TransportStats(msgspec.Struct, frozen=True, kw_only=True):
+    """A snapshot of one transport's counters since it was created."""
+
+    transfers_sent: int = 0
+    bytes_sent: int = 0
+    sends_rejected: int = 0
+    transfers_received: int = 0
+    bytes_received: int = 0
+    rejected: dict[str, int] = msgspec.field(default_factory=dict)
+
+    @property
+    def rejected_total(self) -> int:
+        return sum(self.rejected.values())
+
+
+@runtime_checkable
+class KVTransport(Protocol):
+    """Moves fused KV buffers between agents. One instance per agent, both directions."""
+
+    @property
+    def kind(self) -> str:
+        """``"inproc"``, ``"tcp"`` or ``"ucx"``."""
+        ...
+
+    @property
+    def address(self) -> str:
+        """Where peers send to (``tcp://host:port``, ``ucx://host:port``, ``inproc://name``).
+
+        Raises ``TransportClosed`` before ``start``."""
+        ...
+
+    async def start(self) -> str:
+        """Start listening; returns ``address``."""
+        ...
+
+    async def close(self) -> None:
+        """Stop listening, drop connections, fail pending expectations with ``TransportClosed``."""
+        ...
+
+    async def send(
+        self, address: str, header: TransferHeader, payload: Payload, *, timeout: float | None = None
+    ) -> None:
+        """Send one buffer; returns once it sits in the receiver's expected slot.
+
+        Raises ``TransferRejected`` (refused, with ``.reason``), ``PeerUnreachable``,
+        ``TransferTimeout``, ``InvalidAddress``, ``TransportClosed``; ``ValueError`` if
+        ``header.nbytes`` differs from the payload's size.
+        """
+        ...
+
+    def expect(
+        self,
+        migration_id: str,
+        stage: int,
+        nbytes: int,
+        *,
+        reservation_id: str = "",
+        into: WritableBuffer | None = None,
+    ) -> PendingTransfer:
+        """Register the slot for one incoming buffer; await the result for the buffer.
+
+        The buffer is ``into`` itself once filled, or a new ``bytearray`` when ``into`` is None.
+        """
+        ...
+
+    def cancel(self, migration_id: str) -> int:
+        """Drop every expectation of the migration (their waiters get ``TransferCancelled``);
+        later arrivals for it are rejected as ``cancelled``. Returns how many were dropped."""
+        ...
+
+    def stats(self) -> TransportStats: ...
