@@ -1,0 +1,37 @@
+"""The engines an agent can drive, each implementing :class:`agents.engine.Engine`.
+
+* ``sim`` (:mod:`agents.engines.sim`) — timing model and exact block accounting, no tensors;
+* ``torch`` (:mod:`agents.engines.torch_engine`) — the built-in paged-KV transformer;
+* a vLLM adapter, later.
+
+Engine modules are imported lazily by :func:`engine_class`, so choosing ``sim``
+never imports torch. Profiles (step-time tables) live in
+:mod:`agents.engines.profile` and ``agents/engines/profiles/``.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__all__ = ["ENGINES", "engine_class"]
+
+#: Engine name -> "module:attribute" of its class.
+ENGINES: dict[str, str] = {
+    "sim": "agents.engines.sim:SimEngine",
+    "torch": "agents.engines.torch_engine:TorchEngine",
+}
+
+
+def engine_class(name: str) -> type:
+    """The class of engine ``name`` (imported on first use); ValueError for unknown names."""
+    try:
+        target = ENGINES[name]
+    except KeyError:
+        raise ValueError(f"unknown engine {name!r}; known: {', '.join(sorted(ENGINES))}") from None
+    module_name, _, attribute = target.partition(":")
+    module = importlib.import_module(module_name)
+    try:
+        cls: type = getattr(module, attribute)
+    except AttributeError:
+        raise ValueError(f"engine {name!r}: {module_name} has no {attribute}") from None
+    return cls

@@ -1,0 +1,3 @@
+"""Built-in engine profiles (JSON data files; see :mod:`agents.engines.profile` for the format)."""
+
+__all__: list[str] = []

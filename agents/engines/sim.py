@@ -1,0 +1,324 @@
+"""The ``sim`` engine: shoal's local scheduler and block manager with a timing model instead of tensors.
+
+It schedules, batches, preempts and accounts KV blocks exactly like the torch
+engine (they share :mod:`agents.local_scheduler`), and instead of running a
+model it takes the step time from a profile (:mod:`agents.engines.profile`).
+
+Two ways to drive it:
+
+* **virtual clock** (the cluster simulator): ``result = engine.step()`` returns
+  at once; the simulator advances its clock by ``result.duration_s``;
+* **real time** (live tests, scale benchmarks): ``await engine.step_async()``
+  schedules, sleeps the modeled duration, then completes the step; other calls
+  (add, abort, migration) may run during the sleep. ``run_until_idle`` loops it.
+
+Token ids are deterministic: output token ``k`` of request ``r`` is a hash of
+``(r, sampling.seed, k)`` modulo the vocabulary, never the EOS id. So a request
+produces the same tokens whether or not it migrates, and its length is set by
+``max_tokens`` (or a stop token id, or the context/capacity limits).
+
+KV buffers carry no tensors: ``export_blocks`` returns a :class:`KVBuffer` whose
+``nbytes`` is the real KV size and whose payload is 8 bytes per block, a
+fingerprint of (request, block index). ``admit_migrated`` checks that every
+block holding computed tokens received the right fingerprint, so a lost or
+misplaced block is an error, not a silent success.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import zlib
+from array import array
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from agents.block_manager import Reservation
+from agents.engine import (
+    EngineInfo,
+    EngineStats,
+    KVBuffer,
+    MigrationError,
+    RequestOutput,
+    RequestStats,
+    SchedulerEvent,
+    StepResult,
+)
+from agents.engines.profile import EngineProfile, TimingModel, load_profile
+from agents.local_scheduler import LocalScheduler, SchedulerConfig, SchedulerOutput
+from schemas import SamplingParams
+
+__all__ = ["SimEngine", "sim_token_id"]
+
+_MASK64 = (1 << 64) - 1
+_FINGERPRINT_BYTES = 8
+
+
+def _mix64(x: int) -> int:
+    """splitmix64's finalizer: a cheap, well-spread 64-bit hash."""
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & _MASK64
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EB & _MASK64
+    return x ^ (x >> 31)
+
+
+def _request_key(request_id: str, seed: int | None) -> int:
+    key = _mix64(zlib.crc32(request_id.encode()))
+    if seed is not None:
+        key ^= _mix64(seed & _MASK64) << 1
+    return key
+
+
+def sim_token_id(
+    request_id: str, seed: int | None, index: int, vocab_size: int, eos_token_id: int | None
+) -> int:
+    """Output token ``index`` of a sim request: deterministic, in range, never EOS."""
+    return _token_from_key(_request_key(request_id, seed), index, vocab_size, eos_token_id)
+
+
+def _token_from_key(key: int, index: int, vocab_size: int, eos_token_id: int | None) -> int:
+    h = ((key + index) * 0x9E3779B97F4A7C15) & _MASK64
+    h ^= h >> 29
+    if eos_token_id is None:
+        return h % vocab_size
+    token = h % (vocab_size - 1)
+    return token + 1 if token >= eos_token_id else token
+
+
+def _block_fingerprint(request_id: str, block_index: int) -> int:
+    return _mix64((zlib.crc32(request_id.encode()) << 20) ^ block_index)
+
+
+class SimEngine:
+    """An :class:`~agents.engine.Engine` with a timing model. See the module docstring."""
+
+    def __init__(
+        self,
+        profile: EngineProfile | str | Path = "tiny-test",
+        *,
+        num_blocks: int | None = None,
+        max_batch_size: int | None = None,
+        max_prefill_tokens: int | None = None,
+        time_scale: float = 1.0,
+    ) -> None:
+        """``time_scale`` multiplies every modeled duration (0.1 runs ten times faster than modeled)."""
+        if not isinstance(profile, EngineProfile):
+            profile = load_profile(profile)
+        if time_scale < 0:
+            raise ValueError(f"time_scale must be >= 0, got {time_scale}")
+        self.profile = profile
+        self.timing = TimingModel(profile)
+        self.time_scale = time_scale
+        num_blocks = profile.num_blocks if num_blocks is None else num_blocks
+        max_batch_size = profile.max_batch_size if max_batch_size is None else max_batch_size
+        self._info = EngineInfo(
+            engine="sim",
+            model=profile.model_identity,
+            kv_layout=profile.kv_layout,
+            num_blocks=num_blocks,
+            block_size=profile.block_size,
+            bytes_per_block=profile.kv_bytes_per_block,
+            max_model_len=profile.max_model_len,
+            max_batch_size=max_batch_size,
+            vocab_size=profile.vocab_size,
+            eos_token_id=profile.eos_token_id,
+        )
+        self.scheduler = LocalScheduler(
+            SchedulerConfig(
+                num_blocks=num_blocks,
+                block_size=profile.block_size,
+                max_model_len=profile.max_model_len,
+                vocab_size=profile.vocab_size,
+                eos_token_id=profile.eos_token_id,
+                max_batch_size=max_batch_size,
+                max_prefill_tokens=max_prefill_tokens,
+            )
+        )
+        self._imported: dict[int, int] = {}  # reserved block id -> fingerprint written into it
+        self._token_keys: dict[str, int] = {}  # request id -> token hash key, while it runs here
+
+    @property
+    def info(self) -> EngineInfo:
+        return self._info
+
+    # ------------------------------------------------------------ serving
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        sampling: SamplingParams,
+        priority: int = 0,
+        *,
+        output_token_ids: Sequence[int] = (),
+    ) -> bool:
+        return self.scheduler.add_request(
+            request_id, prompt_token_ids, sampling, priority, output_token_ids=output_token_ids
+        )
+
+    def step(self) -> StepResult:
+        plan = self.scheduler.schedule()
+        outputs = self.scheduler.update_from_output(plan, self._sample(plan))
+        return self._result(plan, outputs)
+
+    async def step_async(self) -> StepResult:
+        plan = self.scheduler.schedule()
+        duration = self.modeled_duration_s(plan)
+        if duration > 0:
+            await asyncio.sleep(duration)
+        outputs = self.scheduler.update_from_output(plan, self._sample(plan))
+        return self._result(plan, outputs)
+
+    async def run_until_idle(
+        self,
+        on_result: Callable[[StepResult], None] | None = None,
+        *,
+        idle_sleep_s: float = 0.001,
+        max_steps: int | None = None,
+    ) -> int:
+        """Step in real time until no request is left; returns the number of steps.
+
+        When nothing can be scheduled (only suspended requests, or the queue
+        waits for reserved blocks) it sleeps ``idle_sleep_s`` instead of spinning.
+        """
+        steps = 0
+        while self.has_unfinished() and (max_steps is None or steps < max_steps):
+            result = await self.step_async()
+            steps += 1
+            if on_result is not None:
+                on_result(result)
+            if result.num_scheduled == 0:
+                await asyncio.sleep(idle_sleep_s)
+        return steps
+
+    def modeled_duration_s(self, plan: SchedulerOutput) -> float:
+        """The profile's time for a planned step, times ``time_scale``."""
+        timing = self.timing
+        seconds = timing.step_s(len(plan.decodes), plan.num_decode_context_tokens, plan.num_prefill_tokens)
+        return seconds * self.time_scale
+
+    def _sample(self, plan: SchedulerOutput) -> dict[str, int]:
+        vocab = self._info.vocab_size
+        eos = self._info.eos_token_id
+        keys = self._token_keys
+        sampled: dict[str, int] = {}
+        for r in [p.request for p in plan.prefills] + plan.decodes:
+            rid = r.request_id
+            key = keys.get(rid)
+            if key is None:
+                key = keys[rid] = _request_key(rid, r.sampling.seed)
+            sampled[rid] = _token_from_key(key, len(r.all_token_ids) - r.num_prompt_tokens, vocab, eos)
+        return sampled
+
+    def _result(self, plan: SchedulerOutput, outputs: list[RequestOutput]) -> StepResult:
+        keys = self._token_keys
+        for output in outputs:
+            if output.finish_reason is not None:
+                keys.pop(output.request_id, None)
+        return StepResult(
+            outputs=outputs,
+            duration_s=self.modeled_duration_s(plan),
+            num_scheduled=plan.num_scheduled,
+            num_prefill_tokens=plan.num_prefill_tokens,
+            num_decode_requests=len(plan.decodes),
+            preempted=tuple(plan.preempted),
+        )
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def abort(self, request_id: str) -> bool:
+        self._token_keys.pop(request_id, None)
+        return self.scheduler.abort(request_id)
+
+    def stats(self) -> EngineStats:
+        return self.scheduler.stats()
+
+    def request_stats(self, request_id: str) -> RequestStats | None:
+        request = self.scheduler.get(request_id)
+        return None if request is None else self.scheduler.request_stats(request)
+
+    def output_token_ids(self, request_id: str) -> tuple[int, ...]:
+        return self.scheduler.request(request_id).output_token_ids
+
+    def take_events(self) -> list[SchedulerEvent]:
+        return self.scheduler.take_events()
+
+    # ---------------------------------------------------------- migration
+
+    def export_blocks(self, request_id: str, block_indices: Sequence[int]) -> KVBuffer:
+        request = self.scheduler.request(request_id)
+        num_held = len(request.block_ids)
+        bad = [i for i in block_indices if not 0 <= i < num_held]
+        if bad:
+            raise MigrationError(f"request {request_id!r} holds {num_held} blocks; cannot export {bad[:5]}")
+        payload = array("Q", (_block_fingerprint(request_id, i) for i in block_indices)).tobytes()
+        num_blocks = len(block_indices)
+        return KVBuffer(num_blocks, num_blocks * self._info.bytes_per_block, payload)
+
+    def reserve(self, num_blocks: int) -> Reservation:
+        return self.scheduler.reserve(num_blocks)
+
+    def import_blocks(self, block_ids: Sequence[int], buffer: KVBuffer) -> None:
+        if buffer.num_blocks != len(block_ids):
+            raise MigrationError(f"buffer holds {buffer.num_blocks} blocks, {len(block_ids)} block ids given")
+        if buffer.nbytes != buffer.num_blocks * self._info.bytes_per_block:
+            raise MigrationError(
+                f"buffer of {buffer.nbytes} bytes for {buffer.num_blocks} blocks of "
+                f"{self._info.bytes_per_block} bytes: KV layouts differ"
+            )
+        if len(buffer.payload) != _FINGERPRINT_BYTES * buffer.num_blocks:
+            raise MigrationError("not a sim KV buffer (payload size does not match)")
+        blocks = self.scheduler.blocks
+        not_reserved = [b for b in block_ids if blocks.reservation_of(b) is None]
+        if not_reserved:
+            raise MigrationError(f"blocks {not_reserved[:5]} are not reserved; reserve before importing")
+        fingerprints = array("Q")
+        fingerprints.frombytes(bytes(buffer.payload))
+        for block_id, fingerprint in zip(block_ids, fingerprints, strict=True):
+            self._imported[block_id] = fingerprint
+
+    def admit_migrated(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        output_token_ids: Sequence[int],
+        sampling: SamplingParams,
+        priority: int,
+        reservations: Sequence[Reservation],
+        *,
+        num_computed_tokens: int | None = None,
+    ) -> None:
+        table = [b for r in reservations for b in r.block_ids]
+        num_tokens = len(prompt_token_ids) + len(output_token_ids)
+        computed = num_tokens - 1 if num_computed_tokens is None else num_computed_tokens
+        num_filled = self.scheduler.blocks.blocks_for_tokens(computed)
+        for index, block_id in enumerate(table[:num_filled]):
+            if self._imported.get(block_id) != _block_fingerprint(request_id, index):
+                raise MigrationError(
+                    f"block {index} of request {request_id!r} (local block {block_id}) was not imported"
+                )
+        self.scheduler.admit_migrated(
+            request_id,
+            prompt_token_ids,
+            output_token_ids,
+            sampling,
+            priority,
+            [r.reservation_id for r in reservations],
+            num_computed_tokens=num_computed_tokens,
+        )
+        for block_id in table:
+            self._imported.pop(block_id, None)
+
+    def release_request(self, request_id: str) -> int:
+        self._token_keys.pop(request_id, None)
+        return self.scheduler.release_request(request_id)
+
+    def release_reservation(self, reservation: Reservation) -> int:
+        for block_id in reservation.block_ids:
+            self._imported.pop(block_id, None)
+        return self.scheduler.release_reservation(reservation.reservation_id)
+
+    def suspend(self, request_id: str) -> None:
+        self.scheduler.suspend(request_id)
+
+    def resume(self, request_id: str) -> None:
+        self.scheduler.resume(request_id)

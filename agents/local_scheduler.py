@@ -1,0 +1,612 @@
+"""The local scheduler shared by shoal's own engines: queue, batch, preempt, stop.
+
+Pure and synchronous; no tensors, no clock, no I/O. It owns every request's
+state (:class:`Request`, status :class:`~agents.engine.RequestStatus`) and the
+instance's :class:`~agents.block_manager.BlockManager`.
+
+How an engine uses this (vLLM v1 style)::
+
+    sched = LocalScheduler(SchedulerConfig(num_blocks=..., block_size=..., max_model_len=...,
+                                           vocab_size=..., eos_token_id=...))
+    sched.add_request(request_id, prompt_token_ids, sampling, priority)  # may raise RequestRejected
+
+    def step(self) -> StepResult:                      # the engine's whole step
+        out = sched.schedule()                         # SchedulerOutput: plain data
+        sampled = self.execute(out)                    # {request_id: next token id}
+        return StepResult(sched.update_from_output(out, sampled), ...)
+
+``execute`` runs the model (or a timing model) over:
+
+* ``out.prefills`` — :class:`ScheduledPrefill` ``(request, start, end)``: feed
+  ``request.all_token_ids[start:end]`` at positions ``start..end-1``;
+* ``out.decodes`` — :class:`Request` s that feed one token,
+  ``request.all_token_ids[-1]`` at position ``request.num_computed_tokens``;
+
+writing KV into ``request.block_ids`` (position ``p`` lives in block
+``block_ids[p // block_size]`` at slot ``p % block_size``; the blocks are
+already allocated), and returns one sampled token per scheduled request.
+``update_from_output`` appends the tokens, applies max_tokens / min_tokens /
+stop_token_ids / EOS / context and capacity limits, frees finished requests'
+blocks and returns :class:`~agents.engine.RequestOutput` s. Requests aborted or
+released between ``schedule`` and ``update_from_output`` are skipped.
+
+Policy: the queue is ordered by priority (lower value first, as in vLLM) then arrival (FCFS);
+the head is admitted when its blocks fit and the batch is not full (no
+admission in a step that had to preempt). Every step each running request
+gets the block for its next token; if none is free, the newest request of the
+lowest priority is preempted by recompute (blocks freed, queued again at its
+original place), possibly the growing request itself.
+
+For migration the scheduler also reserves blocks, admits a migrated request
+with a block table made of reservations, suspends/resumes and releases.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from agents.block_manager import BlockManager, Reservation
+from agents.engine import (
+    FINISH_REASONS,
+    EngineStats,
+    InvalidRequestState,
+    MigrationError,
+    PreemptionEvent,
+    RejectionEvent,
+    RejectReason,
+    RequestOutput,
+    RequestRejected,
+    RequestStats,
+    RequestStatus,
+    SchedulerEvent,
+    UnknownRequest,
+)
+from schemas import SamplingParams
+
+__all__ = [
+    "LocalScheduler",
+    "Request",
+    "RequestStatus",
+    "ScheduledPrefill",
+    "SchedulerConfig",
+    "SchedulerOutput",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """Static limits of one instance."""
+
+    num_blocks: int
+    block_size: int
+    max_model_len: int
+    vocab_size: int
+    eos_token_id: int | None = None
+    max_batch_size: int = 256
+    #: Prompt tokens admitted per step; the first prefill of a step is always admitted.
+    max_prefill_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("num_blocks", "block_size", "max_model_len", "vocab_size", "max_batch_size"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+    @property
+    def max_num_tokens(self) -> int:
+        """A request finishes ("length") once its sequence reaches this many tokens."""
+        # With N tokens the next decode needs KV for N tokens, so N may reach capacity + 1.
+        return min(self.max_model_len, self.capacity_tokens + 1)
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    """One request's state in this instance. Mutated only by :class:`LocalScheduler`."""
+
+    request_id: str
+    sampling: SamplingParams
+    priority: int
+    arrival_seq: int
+    num_prompt_tokens: int
+    all_token_ids: list[int]  # prompt, then generated tokens
+    status: RequestStatus = RequestStatus.WAITING
+    num_computed_tokens: int = 0  # tokens whose KV is in block_ids
+    block_ids: list[int] = field(default_factory=list)
+    num_preemptions: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.all_token_ids) - self.num_prompt_tokens
+
+    @property
+    def prompt_token_ids(self) -> tuple[int, ...]:
+        return tuple(self.all_token_ids[: self.num_prompt_tokens])
+
+    @property
+    def output_token_ids(self) -> tuple[int, ...]:
+        return tuple(self.all_token_ids[self.num_prompt_tokens :])
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledPrefill:
+    """Compute KV for ``request.all_token_ids[start:end]`` and sample the next token."""
+
+    request: Request
+    start: int
+    end: int
+
+    @property
+    def num_tokens(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    """One step's plan. Block tables are ``request.block_ids`` (allocated already)."""
+
+    step_id: int
+    prefills: list[ScheduledPrefill]
+    decodes: list[Request]
+    preempted: list[str]
+    num_prefill_tokens: int
+    #: Sum over decodes of the KV tokens each attends to (its sequence length).
+    num_decode_context_tokens: int
+
+    @property
+    def num_scheduled(self) -> int:
+        return len(self.prefills) + len(self.decodes)
+
+
+_RUNNING = RequestStatus.RUNNING
+_SUSPENDED = RequestStatus.SUSPENDED
+
+
+def _order_key(request: Request) -> tuple[int, int]:
+    """Priority (lower value first, as in vLLM), then arrival (older first): the queue's and
+    the batch's order."""
+    return (request.priority, request.arrival_seq)
+
+
+class LocalScheduler:
+    """Admission, continuous batching, preemption and stop logic of one instance."""
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.config = config
+        self.blocks = BlockManager(config.num_blocks, config.block_size)
+        self._max_num_tokens = config.max_num_tokens
+        self._requests: dict[str, Request] = {}
+        self._running: list[Request] = []  # RUNNING and SUSPENDED, sorted by _order_key
+        self._waiting: list[tuple[int, int, Request]] = []  # heap; stale entries skipped lazily
+        self._num_waiting = 0
+        self._num_suspended = 0
+        self._next_arrival = 0
+        self._step_id = 0
+        self._events: list[SchedulerEvent] = []
+        self.num_preemptions = 0
+        self.num_rejections = 0
+        self.num_finished = 0
+
+    # ------------------------------------------------------------ queries
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._requests
+
+    def get(self, request_id: str) -> Request | None:
+        return self._requests.get(request_id)
+
+    def request(self, request_id: str) -> Request:
+        request = self._requests.get(request_id)
+        if request is None:
+            raise UnknownRequest(request_id)
+        return request
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running) - self._num_suspended
+
+    @property
+    def num_suspended(self) -> int:
+        return self._num_suspended
+
+    @property
+    def num_waiting(self) -> int:
+        return self._num_waiting
+
+    def has_unfinished(self) -> bool:
+        return bool(self._requests)
+
+    def take_events(self) -> list[SchedulerEvent]:
+        events, self._events = self._events, []
+        return events
+
+    # ------------------------------------------------------------ adding
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        sampling: SamplingParams,
+        priority: int = 0,
+        *,
+        output_token_ids: Sequence[int] = (),
+    ) -> bool:
+        """Queue a request; False if the id is already here. Raises :class:`RequestRejected`."""
+        if request_id in self._requests:
+            return False
+        self._validate(request_id, prompt_token_ids, output_token_ids, sampling)
+        request = self._new_request(request_id, prompt_token_ids, output_token_ids, sampling, priority)
+        self._enqueue(request)
+        return True
+
+    def _new_request(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        output_token_ids: Sequence[int],
+        sampling: SamplingParams,
+        priority: int,
+    ) -> Request:
+        tokens = list(prompt_token_ids)
+        tokens.extend(output_token_ids)
+        request = Request(
+            request_id=request_id,
+            sampling=sampling,
+            priority=priority,
+            arrival_seq=self._next_arrival,
+            num_prompt_tokens=len(prompt_token_ids),
+            all_token_ids=tokens,
+        )
+        self._next_arrival += 1
+        self._requests[request_id] = request
+        return request
+
+    def _validate(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        output_token_ids: Sequence[int],
+        sampling: SamplingParams,
+    ) -> None:
+        config = self.config
+        num_tokens = len(prompt_token_ids) + len(output_token_ids)
+        problem: tuple[RejectReason, str] | None = None
+        if not prompt_token_ids:
+            problem = (RejectReason.EMPTY_PROMPT, "the prompt has no tokens")
+        elif sampling.max_tokens <= 0:
+            problem = (RejectReason.INVALID_SAMPLING, f"max_tokens must be > 0, got {sampling.max_tokens}")
+        elif sampling.min_tokens < 0:
+            problem = (RejectReason.INVALID_SAMPLING, f"min_tokens must be >= 0, got {sampling.min_tokens}")
+        elif len(output_token_ids) >= sampling.max_tokens:
+            problem = (
+                RejectReason.INVALID_SAMPLING,
+                f"{len(output_token_ids)} tokens already generated, max_tokens is {sampling.max_tokens}",
+            )
+        elif num_tokens > config.max_model_len:
+            problem = (
+                RejectReason.EXCEEDS_MODEL_CONTEXT,
+                f"{num_tokens} tokens exceed the model's context of {config.max_model_len}",
+            )
+        elif num_tokens > config.capacity_tokens:
+            problem = (
+                RejectReason.EXCEEDS_CAPACITY,
+                f"{num_tokens} tokens need {self.blocks.blocks_for_tokens(num_tokens)} blocks, "
+                f"the instance has {config.num_blocks} ({config.capacity_tokens} tokens)",
+            )
+        else:
+            vocab = config.vocab_size
+            for token_ids in (prompt_token_ids, output_token_ids):
+                if token_ids and (min(token_ids) < 0 or max(token_ids) >= vocab):
+                    bad = next(t for t in token_ids if not 0 <= t < vocab)
+                    problem = (RejectReason.TOKEN_OUT_OF_RANGE, f"token id {bad} is outside 0..{vocab - 1}")
+                    break
+        if problem is not None:
+            reason, detail = problem
+            self.num_rejections += 1
+            self._events.append(RejectionEvent(request_id, reason, detail))
+            raise RequestRejected(request_id, reason, detail)
+
+    def _enqueue(self, request: Request) -> None:
+        heapq.heappush(self._waiting, (request.priority, request.arrival_seq, request))
+        self._num_waiting += 1
+
+    def _head(self) -> Request | None:
+        """The head of the queue, dropping stale heap entries on the way."""
+        waiting = self._waiting
+        requests = self._requests
+        while waiting:
+            request = waiting[0][2]
+            if request.status.is_queued and requests.get(request.request_id) is request:
+                return request
+            heapq.heappop(waiting)
+        return None
+
+    # ---------------------------------------------------------- scheduling
+
+    def schedule(self) -> SchedulerOutput:
+        """Plan one step: grow running requests (preempting if needed), then admit from the queue."""
+        self._step_id += 1
+        blocks = self.blocks
+        block_size = blocks.block_size
+        running = self._running
+        prefills: list[ScheduledPrefill] = []
+        decodes: list[Request] = []
+        preempted: list[str] = []
+        num_prefill_tokens = 0
+        num_context_tokens = 0
+
+        i = 0
+        while i < len(running):
+            request = running[i]
+            if request.status is _SUSPENDED:
+                i += 1
+                continue
+            num_tokens = len(request.all_token_ids)
+            need = -(-num_tokens // block_size) - len(request.block_ids)
+            if need > 0:
+                while need > blocks.num_free_blocks:
+                    victim = self._preempt_newest_lowest(preempted)
+                    if victim is request:
+                        break
+                if request.status is not _RUNNING:
+                    continue  # it preempted itself; running[i] is now whatever followed it
+                request.block_ids.extend(blocks.allocate(need))
+            if num_tokens - request.num_computed_tokens == 1:
+                decodes.append(request)
+                num_context_tokens += num_tokens
+            else:
+                prefills.append(ScheduledPrefill(request, request.num_computed_tokens, num_tokens))
+                num_prefill_tokens += num_tokens - request.num_computed_tokens
+            i += 1
+
+        if not preempted:
+            num_prefill_tokens += self._admit(prefills, num_prefill_tokens)
+
+        return SchedulerOutput(
+            step_id=self._step_id,
+            prefills=prefills,
+            decodes=decodes,
+            preempted=preempted,
+            num_prefill_tokens=num_prefill_tokens,
+            num_decode_context_tokens=num_context_tokens,
+        )
+
+    def _admit(self, prefills: list[ScheduledPrefill], budget_used: int) -> int:
+        """Admit queue heads while they fit; returns the prompt tokens admitted."""
+        config = self.config
+        blocks = self.blocks
+        limit = config.max_prefill_tokens
+        admitted_tokens = 0
+        while self.num_running < config.max_batch_size:
+            head = self._head()
+            if head is None:
+                break
+            num_new = head.num_tokens - head.num_computed_tokens
+            if limit is not None and prefills and budget_used + admitted_tokens + num_new > limit:
+                break
+            need = blocks.blocks_for_tokens(head.num_tokens) - len(head.block_ids)
+            if need > blocks.num_free_blocks:
+                break
+            heapq.heappop(self._waiting)
+            self._num_waiting -= 1
+            head.block_ids.extend(blocks.allocate(need))
+            head.status = RequestStatus.RUNNING
+            bisect.insort(self._running, head, key=_order_key)
+            prefills.append(ScheduledPrefill(head, head.num_computed_tokens, head.num_tokens))
+            admitted_tokens += num_new
+        return admitted_tokens
+
+    def _preempt_newest_lowest(self, preempted: list[str]) -> Request:
+        """Preempt the last RUNNING request in batch order (lowest priority, newest)."""
+        running = self._running
+        for j in range(len(running) - 1, -1, -1):
+            victim = running[j]
+            if victim.status is RequestStatus.RUNNING:
+                del running[j]
+                num_freed = len(victim.block_ids)
+                self.blocks.free(victim.block_ids)
+                victim.block_ids = []
+                victim.num_computed_tokens = 0
+                victim.num_preemptions += 1
+                victim.status = RequestStatus.PREEMPTED
+                self._enqueue(victim)
+                self.num_preemptions += 1
+                preempted.append(victim.request_id)
+                self._events.append(PreemptionEvent(victim.request_id, self._step_id, num_freed))
+                return victim
+        raise AssertionError("preemption with no running request")  # the caller is running
+
+    # ------------------------------------------------------------ updating
+
+    def update_from_output(self, output: SchedulerOutput, sampled: Mapping[str, int]) -> list[RequestOutput]:
+        """Append one sampled token per scheduled request, apply stop rules, free finished ones.
+
+        This is the per-token hot path of the simulator, hence the local variables.
+        """
+        results: list[RequestOutput] = []
+        requests = self._requests
+        max_num_tokens = self._max_num_tokens
+        eos = self.config.eos_token_id
+        any_finished = False
+        scheduled = [(p.request, p.end) for p in output.prefills]
+        scheduled += [(r, r.num_computed_tokens + 1) for r in output.decodes]
+        for request, num_computed in scheduled:
+            request_id = request.request_id
+            status = request.status
+            if status is not _RUNNING and status is not _SUSPENDED:
+                continue  # aborted or released while the step ran
+            if requests.get(request_id) is not request:
+                continue  # ... and its id re-used meanwhile
+            try:
+                token_id = sampled[request_id]
+            except KeyError:
+                raise ValueError(f"no sampled token for scheduled request {request_id!r}") from None
+            request.num_computed_tokens = num_computed
+            tokens = request.all_token_ids
+            tokens.append(token_id)
+            num_output = len(tokens) - request.num_prompt_tokens
+            sampling = request.sampling
+            finish: RequestStatus | None = None
+            if num_output >= sampling.max_tokens or len(tokens) >= max_num_tokens:
+                finish = RequestStatus.FINISHED_LENGTH
+            elif num_output >= sampling.min_tokens and (
+                (token_id == eos and not sampling.ignore_eos) or token_id in sampling.stop_token_ids
+            ):
+                finish = RequestStatus.FINISHED_STOPPED
+            reason = None
+            if finish is not None:
+                self._finish(request, finish)
+                reason = FINISH_REASONS[finish]
+                any_finished = True
+            results.append(
+                RequestOutput(request_id, num_output - 1, (token_id,), reason, request.num_prompt_tokens)
+            )
+        if any_finished:
+            self._running = [r for r in self._running if not r.status.is_finished]
+        return results
+
+    def _finish(self, request: Request, status: RequestStatus, *, finished_here: bool = True) -> None:
+        """Terminal transition: free blocks, forget the request (callers drop it from the running list)."""
+        if request.status.holds_blocks:
+            self.blocks.free(request.block_ids)
+            request.block_ids = []
+            if request.status is RequestStatus.SUSPENDED:
+                self._num_suspended -= 1
+        elif request.status.is_queued:
+            self._num_waiting -= 1  # its heap entry goes stale
+        request.status = status
+        del self._requests[request.request_id]
+        if finished_here:
+            self.num_finished += 1
+
+    # ---------------------------------------------------------- lifecycle
+
+    def abort(self, request_id: str) -> bool:
+        request = self._requests.get(request_id)
+        if request is None:
+            return False
+        held = request.status.holds_blocks
+        self._finish(request, RequestStatus.FINISHED_ABORTED)
+        if held:
+            self._running.remove(request)
+        return True
+
+    def release_request(self, request_id: str) -> int:
+        """Forget a request that migrated away; free its blocks (no output). Returns blocks freed."""
+        request = self.request(request_id)
+        num_blocks = len(request.block_ids)
+        held = request.status.holds_blocks
+        self._finish(request, RequestStatus.FINISHED_ABORTED, finished_here=False)  # it lives on elsewhere
+        if held:
+            self._running.remove(request)
+        return num_blocks
+
+    def suspend(self, request_id: str) -> None:
+        request = self.request(request_id)
+        if request.status is RequestStatus.SUSPENDED:
+            return
+        if request.status is not RequestStatus.RUNNING:
+            raise InvalidRequestState(f"cannot suspend {request_id!r}: it is {request.status.name}")
+        request.status = RequestStatus.SUSPENDED
+        self._num_suspended += 1
+
+    def resume(self, request_id: str) -> None:
+        request = self.request(request_id)
+        if request.status is RequestStatus.RUNNING:
+            return
+        if request.status is not RequestStatus.SUSPENDED:
+            raise InvalidRequestState(f"cannot resume {request_id!r}: it is {request.status.name}")
+        request.status = RequestStatus.RUNNING
+        self._num_suspended -= 1
+
+    # ---------------------------------------------------------- migration
+
+    def reserve(self, num_blocks: int) -> Reservation:
+        return self.blocks.reserve(num_blocks)
+
+    def release_reservation(self, reservation_id: int) -> int:
+        return self.blocks.release(reservation_id)
+
+    def admit_migrated(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        output_token_ids: Sequence[int],
+        sampling: SamplingParams,
+        priority: int,
+        reservation_ids: Sequence[int],
+        *,
+        num_computed_tokens: int | None = None,
+    ) -> Request:
+        """Add a migrated request to the batch; its block table is the reservations' blocks in order."""
+        if request_id in self._requests:
+            raise MigrationError(f"request {request_id!r} is already on this instance")
+        if not output_token_ids:
+            raise MigrationError(f"request {request_id!r} has no generated token; only running ones migrate")
+        num_tokens = len(prompt_token_ids) + len(output_token_ids)
+        computed = num_tokens - 1 if num_computed_tokens is None else num_computed_tokens
+        if not 0 <= computed < num_tokens:
+            raise MigrationError(f"num_computed_tokens {computed} outside 0..{num_tokens - 1}")
+        reservations = [self.blocks.reservation(rid) for rid in reservation_ids]  # raises if unknown
+        num_blocks = sum(r.num_blocks for r in reservations)
+        if num_blocks < self.blocks.blocks_for_tokens(computed):
+            raise MigrationError(
+                f"{num_blocks} blocks cannot hold the KV of {computed} tokens "
+                f"(block size {self.blocks.block_size})"
+            )
+        self._validate(request_id, prompt_token_ids, output_token_ids, sampling)
+        request = self._new_request(request_id, prompt_token_ids, output_token_ids, sampling, priority)
+        for reservation in reservations:
+            request.block_ids.extend(self.blocks.commit(reservation.reservation_id))
+        request.num_computed_tokens = computed
+        request.status = RequestStatus.RUNNING
+        bisect.insort(self._running, request, key=_order_key)
+        return request
+
+    # --------------------------------------------------------------- stats
+
+    def request_stats(self, request: Request) -> RequestStats:
+        return RequestStats(
+            request_id=request.request_id,
+            status=request.status,
+            priority=request.priority,
+            num_blocks=len(request.block_ids),
+            num_tokens=request.num_tokens,
+            num_prompt_tokens=request.num_prompt_tokens,
+            num_computed_tokens=request.num_computed_tokens,
+            num_preemptions=request.num_preemptions,
+            arrival_seq=request.arrival_seq,
+        )
+
+    def stats(self) -> EngineStats:
+        """Load snapshot; O(requests), meant for periodic load reports."""
+        blocks = self.blocks
+        head = self._head()
+        waiting = sorted(
+            (entry[2] for entry in self._waiting if entry[2].status.is_queued
+             and self._requests.get(entry[2].request_id) is entry[2]),
+            key=_order_key,
+        )
+        return EngineStats(
+            num_total_blocks=blocks.num_total_blocks,
+            num_free_blocks=blocks.num_free_blocks,
+            num_reserved_blocks=blocks.num_reserved_blocks,
+            num_running=self.num_running,
+            num_suspended=self._num_suspended,
+            num_waiting=self._num_waiting,
+            head_of_line_demand=0 if head is None else blocks.blocks_for_tokens(head.num_tokens),
+            head_of_line_priority=0 if head is None else head.priority,
+            num_preemptions=self.num_preemptions,
+            num_rejections=self.num_rejections,
+            num_finished=self.num_finished,
+            requests=tuple(self.request_stats(r) for r in [*self._running, *waiting]),
+        )
