@@ -37,3 +37,5 @@ class LoadReport(Message, tag="load_report"):
     terminating: bool = False
     num_migrating_out: int = 0
     num_migrating_in: int = 0
+    #: Blocks every waiting request would need (head of line included); INFaaS++ load.
+    waiting_demand: int = 0

@@ -1,0 +1,191 @@
+"""Frozen configuration of the policy core and the migration state machines.
+
+Everything the pure policies need to know that is not an observation lives
+here: the priority classes and their headroom, the dispatch policy, the
+migration-pairing band, the auto-scaling band and sustain period, and the
+migration timeouts. Objects are frozen and validated on construction; nothing
+here (or anywhere below the entry points) reads the environment.
+
+Priorities are integers as in vLLM: a *lower* value runs sooner. A priority is
+mapped to a :class:`PriorityClass` by the classes' ``max_priority`` bounds
+(the first class, in order, whose bound is >= the priority; priorities above
+every bound belong to the last class). Headroom is in KV blocks: the paper's
+1,600 tokens at block size 16 is 100 blocks.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import sys
+from dataclasses import dataclass, field
+
+__all__ = [
+    "DEFAULT_PRIORITY_CLASSES",
+    "DispatchPolicy",
+    "MigrationConfig",
+    "PairingConfig",
+    "PolicyConfig",
+    "PriorityClass",
+    "ScalingConfig",
+]
+
+
+class DispatchPolicy(enum.StrEnum):
+    """Which rule places a new request (see :mod:`scheduler.policy.dispatch`)."""
+
+    #: The paper: the instance with the highest freeness.
+    FREENESS = "freeness"
+    #: The highest freeness the instance would have after admitting the request.
+    FREENESS_AFTER_ADMIT = "freeness_after_admit"
+    #: Instances in id order, one after another (baseline).
+    ROUND_ROBIN = "round_robin"
+    #: INFaaS++: least memory load, counting the demand of every queued request (baseline).
+    INFAAS = "infaas++"
+
+    @property
+    def migrates(self) -> bool:
+        """Whether the paper runs this policy with migration (the baselines do not)."""
+        return self in (DispatchPolicy.FREENESS, DispatchPolicy.FREENESS_AFTER_ADMIT)
+
+
+@dataclass(frozen=True, slots=True)
+class PriorityClass:
+    """Priorities up to ``max_priority`` (inclusive) and the headroom reserved for them.
+
+    The headroom of a class is split among that class's running requests on an
+    instance, so an instance reserves it once however many such requests it runs.
+    """
+
+    name: str
+    max_priority: int
+    headroom_blocks: int = 0
+
+    def __post_init__(self) -> None:
+        if self.headroom_blocks < 0:
+            raise ValueError(f"headroom_blocks must be >= 0, got {self.headroom_blocks}")
+
+
+#: Two classes as in the paper: priorities below 0 are "high" (100 blocks = 1,600
+#: tokens of headroom at block size 16); 0 and above are "normal" (no headroom).
+DEFAULT_PRIORITY_CLASSES: tuple[PriorityClass, ...] = (
+    PriorityClass(name="high", max_priority=-1, headroom_blocks=100),
+    PriorityClass(name="normal", max_priority=sys.maxsize, headroom_blocks=0),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class PairingConfig:
+    """Migration pairing band: sources below ``low_freeness``, destinations above ``high_freeness``.
+
+    The paper gives no values; Llumnix's code migrates out below freeness 3.
+    ``target_freeness`` is what the pairing command asks the source to reach
+    (``None``: the low threshold, i.e. leaving the source band).
+    """
+
+    low_freeness: float = 3.0
+    high_freeness: float = 30.0
+    target_freeness: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.low_freeness < self.high_freeness:
+            raise ValueError(
+                f"low_freeness ({self.low_freeness}) must be below high_freeness ({self.high_freeness})"
+            )
+
+    @property
+    def source_target(self) -> float:
+        return self.low_freeness if self.target_freeness is None else self.target_freeness
+
+
+@dataclass(frozen=True, slots=True)
+class ScalingConfig:
+    """Keep the average normal-usage freeness inside [min_freeness, max_freeness].
+
+    Defaults follow the paper ([10, 60], at most 16 instances). A side of the band
+    must be crossed for ``sustain_s`` seconds before acting. Scale-up waits while
+    launched instances have not joined yet (up to ``launch_timeout_s``); at most
+    ``max_concurrent_terminations`` instances drain at once.
+    """
+
+    min_freeness: float = 10.0
+    max_freeness: float = 60.0
+    sustain_s: float = 10.0
+    min_instances: int = 1
+    max_instances: int = 16
+    launch_timeout_s: float = 300.0
+    max_concurrent_terminations: int = 1
+
+    def __post_init__(self) -> None:
+        if not self.min_freeness < self.max_freeness:
+            raise ValueError("min_freeness must be below max_freeness")
+        if self.sustain_s < 0 or self.launch_timeout_s < 0:
+            raise ValueError("sustain_s and launch_timeout_s must be >= 0")
+        if not 0 <= self.min_instances <= self.max_instances:
+            raise ValueError("need 0 <= min_instances <= max_instances")
+        if self.max_concurrent_terminations < 1:
+            raise ValueError("max_concurrent_terminations must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyConfig:
+    """Everything the scheduler's policies read. Build one at the entry point and pass it down."""
+
+    priority_classes: tuple[PriorityClass, ...] = DEFAULT_PRIORITY_CLASSES
+    dispatch_policy: DispatchPolicy = DispatchPolicy.FREENESS
+    pairing: PairingConfig = field(default_factory=PairingConfig)
+    scaling: ScalingConfig = field(default_factory=ScalingConfig)
+
+    def __post_init__(self) -> None:
+        if not self.priority_classes:
+            raise ValueError("at least one priority class is needed")
+        bounds = [c.max_priority for c in self.priority_classes]
+        if any(a >= b for a, b in itertools.pairwise(bounds)):
+            raise ValueError(f"priority class bounds must strictly increase, got {bounds}")
+        names = [c.name for c in self.priority_classes]
+        if len(set(names)) != len(names):
+            raise ValueError(f"priority class names must be unique, got {names}")
+
+    def priority_class(self, priority: int) -> PriorityClass:
+        """The class a priority belongs to (the last class takes everything above the bounds)."""
+        for cls in self.priority_classes:
+            if priority <= cls.max_priority:
+                return cls
+        return self.priority_classes[-1]
+
+    def headroom_blocks(self, priority: int) -> int:
+        """Headroom reserved, in blocks, by the running requests of this priority's class."""
+        return self.priority_class(priority).headroom_blocks
+
+
+@dataclass(frozen=True, slots=True)
+class MigrationConfig:
+    """Stage sizing and timeouts of the migration state machines (seconds, block counts).
+
+    A stage that leaves at most ``last_stage_max_blocks`` new full blocks makes
+    the next stage the last one (suspend, copy the rest, commit); so does
+    reaching ``max_stages``. The destination gives up a reservation it has not
+    heard about for ``destination_idle_timeout_s``: keep it well above the
+    source's ``copy_timeout_s`` so blocks are never released under a running copy.
+    """
+
+    last_stage_max_blocks: int = 2
+    max_stages: int = 8
+    ack_timeout_s: float = 2.0
+    copy_timeout_s: float = 30.0
+    suspend_timeout_s: float = 2.0
+    commit_timeout_s: float = 2.0
+    claim_retry_s: float = 1.0
+    destination_idle_timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.last_stage_max_blocks < 0:
+            raise ValueError("last_stage_max_blocks must be >= 0")
+        if self.max_stages < 1:
+            raise ValueError("max_stages must be >= 1")
+        timeouts = (
+            self.ack_timeout_s, self.copy_timeout_s, self.suspend_timeout_s,
+            self.commit_timeout_s, self.claim_retry_s, self.destination_idle_timeout_s,
+        )
+        if any(t <= 0 for t in timeouts):
+            raise ValueError("every timeout must be > 0")

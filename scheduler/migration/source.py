@@ -1,0 +1,330 @@
+"""The source side of a live migration, as a state machine.
+
+Phases and what moves them (``T`` = the phase's timeout)::
+
+    PRE_ALLOCATING --Ack(stage)--> COPYING --CopyDone--> PRE_ALLOCATING (next stage)
+                                                     \\-> SUSPENDING (few blocks left / max stages)
+                                                     \\-> COMMITTING (after the last stage)
+    SUSPENDING --Suspended--> PRE_ALLOCATING (last stage) | COMMITTING (nothing left)
+    COMMITTING --CommitAck--> MIGRATED (free the source blocks)
+    COMMITTING --T | PeerFailed--> RESOLVING: claim "aborted" in the log
+    RESOLVING  --OutcomeClaimed(committed)--> MIGRATED | ABORTED (resume on the source)
+
+Before ``COMMITTING``, an ``Abort`` from the destination, a timeout, a failed
+copy, the peer failing or the request finishing / being preempted all roll
+back. After ``Commit`` is sent only the log can say who owns the request, so
+the source never frees its blocks on a guess: a ``CommitAck`` (sent only by a
+destination that won the log) or the log's answer decides. An ``Abort`` from
+the destination in ``COMMITTING`` is safe to act on: a destination that aborts
+never commits. A request that finishes while a stage is being copied rolls back
+when the copy ends, so the destination never frees blocks under a running copy.
+
+Rollback lives in one place, :func:`_rollback`, which undoes exactly what the
+state says is held. Pure: :func:`source_step` returns the next state and the
+actions; time comes in as ``now``.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from scheduler.config import MigrationConfig
+from scheduler.migration.common import (
+    Action,
+    CancelCopy,
+    ClaimOutcome,
+    CopyBlocks,
+    CopyDone,
+    CopyFailed,
+    FreeSourceBlocks,
+    LocalEvent,
+    OutcomeClaimed,
+    PeerFailed,
+    ReportFailed,
+    ReportMigrated,
+    RequestGone,
+    ResumeOnSource,
+    SendCommit,
+    SendToPeer,
+    Suspend,
+    Suspended,
+    Tick,
+)
+from schemas.migration import Abort, Ack, CommitAck, MigrationMessage, PreAllocate, StageDone
+
+__all__ = ["SourcePhase", "SourceState", "source_step", "start_source"]
+
+_replace = msgspec.structs.replace
+_Step = tuple["SourceState", tuple[Action, ...]]
+
+
+class SourcePhase(enum.StrEnum):
+    PRE_ALLOCATING = "pre_allocating"
+    COPYING = "copying"
+    SUSPENDING = "suspending"
+    COMMITTING = "committing"
+    RESOLVING = "resolving"
+    MIGRATED = "migrated"
+    ABORTED = "aborted"
+
+    @property
+    def is_final(self) -> bool:
+        return self in (SourcePhase.MIGRATED, SourcePhase.ABORTED)
+
+
+class SourceState(msgspec.Struct, frozen=True, kw_only=True):
+    """Where the source stands. Blocks ``[0, num_copied_blocks)`` are at the destination.
+
+    ``stage`` is the current stage (-1 before the first); the current stage
+    covers blocks ``[stage_start, stage_end)``. ``suspend_requested`` and
+    ``peer_may_hold`` record what a rollback must undo.
+    """
+
+    migration_id: str
+    request_id: str
+    source_id: str
+    destination_id: str
+    phase: SourcePhase
+    stage: int = -1
+    last_stage: bool = False
+    stage_start: int = 0
+    stage_end: int = 0
+    num_copied_blocks: int = 0
+    destination_block_ids: tuple[int, ...] = ()
+    suspend_requested: bool = False
+    peer_may_hold: bool = False
+    request_gone: str = ""
+    deadline: float = math.inf
+    reason: str = ""
+
+
+def start_source(
+    *,
+    migration_id: str,
+    request_id: str,
+    source_id: str,
+    destination_id: str,
+    num_full_blocks: int,
+    now: float,
+    config: MigrationConfig,
+) -> _Step:
+    """Begin migrating a running request that has ``num_full_blocks`` full blocks."""
+    state = SourceState(
+        migration_id=migration_id, request_id=request_id, source_id=source_id,
+        destination_id=destination_id, phase=SourcePhase.PRE_ALLOCATING,
+    )
+    if num_full_blocks <= config.last_stage_max_blocks or config.max_stages == 1:
+        return _suspend(state, now, config)
+    return _pre_allocate(state, num_full_blocks, last=False, now=now, config=config)
+
+
+# -- forward steps --------------------------------------------------------------
+
+
+def _pre_allocate(state: SourceState, num_blocks: int, *, last: bool, now: float,
+                  config: MigrationConfig) -> _Step:
+    stage = state.stage + 1
+    message = PreAllocate(
+        migration_id=state.migration_id, request_id=state.request_id, source_id=state.source_id,
+        destination_id=state.destination_id, stage=stage, num_blocks=num_blocks,
+    )
+    state = _replace(
+        state, phase=SourcePhase.PRE_ALLOCATING, stage=stage, last_stage=last,
+        stage_start=state.num_copied_blocks, stage_end=state.num_copied_blocks + num_blocks,
+        destination_block_ids=(), peer_may_hold=True, deadline=now + config.ack_timeout_s,
+    )
+    return state, (SendToPeer(message=message),)
+
+
+def _suspend(state: SourceState, now: float, config: MigrationConfig) -> _Step:
+    state = _replace(
+        state, phase=SourcePhase.SUSPENDING, suspend_requested=True,
+        deadline=now + config.suspend_timeout_s,
+    )
+    return state, (Suspend(),)
+
+
+def _commit(state: SourceState, now: float, config: MigrationConfig,
+            sent: tuple[Action, ...] = ()) -> _Step:
+    state = _replace(state, phase=SourcePhase.COMMITTING, deadline=now + config.commit_timeout_s)
+    return state, (*sent, SendCommit(migration_id=state.migration_id))
+
+
+def _claim_abort(state: SourceState, now: float, config: MigrationConfig, reason: str) -> _Step:
+    state = _replace(state, phase=SourcePhase.RESOLVING, deadline=now + config.claim_retry_s,
+                     reason=state.reason or reason)
+    abort = Abort(migration_id=state.migration_id, reason=state.reason, sender_id=state.source_id)
+    return state, (ClaimOutcome(outcome=abort),)
+
+
+def _migrated(state: SourceState) -> _Step:
+    state = _replace(state, phase=SourcePhase.MIGRATED, deadline=math.inf)
+    return state, (FreeSourceBlocks(), ReportMigrated())
+
+
+# -- the one rollback -----------------------------------------------------------
+
+
+def _rollback(state: SourceState, reason: str, *, notify_peer: bool) -> _Step:
+    """Undo what the state holds: stop a copy, resume the request, tell the peer, report."""
+    actions: list[Action] = []
+    if state.phase is SourcePhase.COPYING:
+        actions.append(CancelCopy(stage=state.stage))
+    if state.suspend_requested and not state.request_gone:
+        actions.append(ResumeOnSource())
+    if notify_peer and state.peer_may_hold:
+        actions.append(SendToPeer(message=Abort(
+            migration_id=state.migration_id, reason=reason, sender_id=state.source_id,
+        )))
+    actions.append(ReportFailed(reason=reason))
+    state = _replace(state, phase=SourcePhase.ABORTED, deadline=math.inf, reason=reason)
+    return state, tuple(actions)
+
+
+# -- handlers -------------------------------------------------------------------
+
+
+def _on_ack(state: SourceState, event: Ack, now: float, config: MigrationConfig) -> _Step:
+    if event.stage != state.stage:
+        return state, ()  # a duplicate or a late ack of another stage
+    if len(event.block_ids) != state.stage_end - state.stage_start:
+        return _rollback(state, "bad-ack", notify_peer=True)
+    copy = CopyBlocks(stage=state.stage, first_block=state.stage_start, end_block=state.stage_end,
+                      destination_block_ids=event.block_ids)
+    state = _replace(state, phase=SourcePhase.COPYING, destination_block_ids=event.block_ids,
+                     deadline=now + config.copy_timeout_s)
+    return state, (copy,)
+
+
+def _on_copy_done(state: SourceState, event: CopyDone, now: float, config: MigrationConfig) -> _Step:
+    if event.stage != state.stage:
+        return state, ()
+    if state.request_gone:
+        return _rollback(state, state.request_gone, notify_peer=True)
+    state = _replace(state, num_copied_blocks=state.stage_end)
+    done = SendToPeer(message=StageDone(
+        migration_id=state.migration_id, stage=state.stage, num_blocks=state.stage_end - state.stage_start,
+        num_bytes=event.num_bytes, duration_s=event.duration_s, last=state.last_stage,
+    ))
+    if state.last_stage:
+        return _commit(state, now, config, sent=(done,))
+    new_blocks = event.num_full_blocks - state.num_copied_blocks
+    if new_blocks <= config.last_stage_max_blocks or state.stage + 2 >= config.max_stages:
+        state, actions = _suspend(state, now, config)
+    else:
+        state, actions = _pre_allocate(state, new_blocks, last=False, now=now, config=config)
+    return state, (done, *actions)
+
+
+def _on_suspended(state: SourceState, event: Suspended, now: float, config: MigrationConfig) -> _Step:
+    remaining = event.num_blocks - state.num_copied_blocks
+    if remaining <= 0:
+        return _commit(state, now, config)
+    return _pre_allocate(state, remaining, last=True, now=now, config=config)
+
+
+def _on_copy_failed(state: SourceState, event: CopyFailed, now: float, config: MigrationConfig) -> _Step:
+    if event.stage != state.stage:
+        return state, ()
+    return _rollback(state, f"copy-failed: {event.reason}", notify_peer=True)
+
+
+def _on_gone_before_copy(state: SourceState, event: RequestGone, now: float,
+                         config: MigrationConfig) -> _Step:
+    return _rollback(_replace(state, request_gone=event.reason), event.reason, notify_peer=True)
+
+
+def _on_gone_while_copying(state: SourceState, event: RequestGone, now: float,
+                           config: MigrationConfig) -> _Step:
+    return _replace(state, request_gone=event.reason), ()  # roll back once the copy stops
+
+
+def _on_abort(state: SourceState, event: Abort, now: float, config: MigrationConfig) -> _Step:
+    return _rollback(state, f"destination aborted: {event.reason}", notify_peer=False)
+
+
+def _on_peer_failed(state: SourceState, event: PeerFailed, now: float, config: MigrationConfig) -> _Step:
+    return _rollback(state, "destination failed", notify_peer=False)
+
+
+def _on_commit_ack(state: SourceState, event: CommitAck, now: float, config: MigrationConfig) -> _Step:
+    return _migrated(state)
+
+
+def _on_commit_unknown(state: SourceState, event: Any, now: float, config: MigrationConfig) -> _Step:
+    reason = "destination failed" if isinstance(event, PeerFailed) else "commit-ack timeout"
+    return _claim_abort(state, now, config, reason)
+
+
+def _on_outcome(state: SourceState, event: OutcomeClaimed, now: float, config: MigrationConfig) -> _Step:
+    if event.committed:
+        return _migrated(state)
+    return _rollback(state, state.reason or "aborted in the log", notify_peer=True)
+
+
+def _on_timeout(state: SourceState, event: Tick, now: float, config: MigrationConfig) -> _Step:
+    if state.phase is SourcePhase.COMMITTING:
+        return _claim_abort(state, now, config, "commit-ack timeout")
+    if state.phase is SourcePhase.RESOLVING:
+        return _claim_abort(state, now, config, state.reason)
+    if state.phase is SourcePhase.COPYING and state.request_gone:
+        return _rollback(state, state.request_gone, notify_peer=True)
+    return _rollback(state, f"{state.phase.value} timeout", notify_peer=True)
+
+
+_Handler = Callable[[SourceState, Any, float, MigrationConfig], _Step]
+_P = SourcePhase
+
+_TABLE: dict[tuple[SourcePhase, type], _Handler] = {
+    (_P.PRE_ALLOCATING, Ack): _on_ack,
+    (_P.PRE_ALLOCATING, Abort): _on_abort,
+    (_P.PRE_ALLOCATING, RequestGone): _on_gone_before_copy,
+    (_P.PRE_ALLOCATING, PeerFailed): _on_peer_failed,
+    (_P.PRE_ALLOCATING, Tick): _on_timeout,
+    (_P.COPYING, CopyDone): _on_copy_done,
+    (_P.COPYING, CopyFailed): _on_copy_failed,
+    (_P.COPYING, Abort): _on_abort,
+    (_P.COPYING, RequestGone): _on_gone_while_copying,
+    (_P.COPYING, PeerFailed): _on_peer_failed,
+    (_P.COPYING, Tick): _on_timeout,
+    (_P.SUSPENDING, Suspended): _on_suspended,
+    (_P.SUSPENDING, Abort): _on_abort,
+    (_P.SUSPENDING, RequestGone): _on_gone_before_copy,
+    (_P.SUSPENDING, PeerFailed): _on_peer_failed,
+    (_P.SUSPENDING, Tick): _on_timeout,
+    (_P.COMMITTING, CommitAck): _on_commit_ack,
+    (_P.COMMITTING, Abort): _on_abort,
+    (_P.COMMITTING, PeerFailed): _on_commit_unknown,
+    (_P.COMMITTING, Tick): _on_timeout,
+    (_P.RESOLVING, CommitAck): _on_commit_ack,
+    (_P.RESOLVING, OutcomeClaimed): _on_outcome,
+    (_P.RESOLVING, Tick): _on_timeout,
+}
+
+
+def source_step(
+    state: SourceState,
+    event: MigrationMessage | LocalEvent,
+    *,
+    now: float,
+    config: MigrationConfig,
+) -> _Step:
+    """Apply one message or local event; unlisted (phase, event) pairs change nothing.
+
+    A :class:`Tick` before the deadline changes nothing; messages for another
+    migration id are ignored. A request that finishes while committing is
+    ignored here: it is suspended, and the owner the log names handles it.
+    """
+    if isinstance(event, Tick) and now < state.deadline:
+        return state, ()
+    if getattr(event, "migration_id", state.migration_id) != state.migration_id:
+        return state, ()
+    handler = _TABLE.get((state.phase, type(event)))
+    if handler is None:
+        return state, ()
+    return handler(state, event, now, config)

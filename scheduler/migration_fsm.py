@@ -1,0 +1,139 @@
+"""The live-migration protocol: two state machines, one per side, sharing the messages.
+
+The source and destination exchange the wire messages of
+:mod:`schemas.migration` (``PreAllocate``, ``Ack``, ``Abort``, ``StageDone``,
+``Commit``, ``CommitAck``); each side also takes local events from its shell
+(clock ticks, the engine, the transport, the block manager, failure detection,
+the event log). Each machine is an enum of phases, a transition table and a
+pure :func:`step` returning ``(state, actions)``; actions are plain data the
+agent shell executes (see :mod:`scheduler.migration.common`). Rollback lives in
+one function per side.
+
+Ownership rule: the source frees its blocks only after a ``CommitAck``; a
+destination sends one only after the log accepted its committed event as the
+migration's first outcome. If the ack is lost, the source claims "aborted" in
+the log after ``commit_timeout_s``; whichever outcome the log holds first
+decides who owns the request, so exactly one side runs it.
+
+Usage by an agent shell::
+
+    state, actions = start_source(migration_id=..., request_id=..., source_id=..., destination_id=...,
+                                  num_full_blocks=..., now=clock(), config=config)
+    execute(actions)
+    ...
+    state, actions = step(state, message_or_event, now=clock(), config=config)
+"""
+
+from __future__ import annotations
+
+from typing import overload
+
+from scheduler.config import MigrationConfig
+from scheduler.migration.common import (
+    Action,
+    AdmitRequest,
+    BlocksReceived,
+    CancelCopy,
+    ClaimOutcome,
+    CopyBlocks,
+    CopyDone,
+    CopyFailed,
+    FreeSourceBlocks,
+    LocalEvent,
+    OutcomeClaimed,
+    PeerFailed,
+    RejectBlocks,
+    ReleaseReservation,
+    ReportFailed,
+    ReportMigrated,
+    RequestGone,
+    Reserve,
+    Reserved,
+    ReserveFailed,
+    ResumeOnSource,
+    SendCommit,
+    SendToPeer,
+    Suspend,
+    Suspended,
+    Tick,
+    WriteBlocks,
+)
+from scheduler.migration.destination import (
+    DestinationPhase,
+    DestinationState,
+    destination_step,
+    start_destination,
+)
+from scheduler.migration.source import SourcePhase, SourceState, source_step, start_source
+from schemas.migration import MigrationMessage
+
+__all__ = [
+    "Action",
+    "AdmitRequest",
+    "BlocksReceived",
+    "CancelCopy",
+    "ClaimOutcome",
+    "CopyBlocks",
+    "CopyDone",
+    "CopyFailed",
+    "DestinationPhase",
+    "DestinationState",
+    "FreeSourceBlocks",
+    "LocalEvent",
+    "MigrationConfig",
+    "OutcomeClaimed",
+    "PeerFailed",
+    "RejectBlocks",
+    "ReleaseReservation",
+    "ReportFailed",
+    "ReportMigrated",
+    "RequestGone",
+    "Reserve",
+    "ReserveFailed",
+    "Reserved",
+    "ResumeOnSource",
+    "SendCommit",
+    "SendToPeer",
+    "SourcePhase",
+    "SourceState",
+    "Suspend",
+    "Suspended",
+    "Tick",
+    "WriteBlocks",
+    "destination_step",
+    "is_final",
+    "source_step",
+    "start_destination",
+    "start_source",
+    "step",
+]
+
+
+@overload
+def step(
+    state: SourceState, event: MigrationMessage | LocalEvent, *, now: float, config: MigrationConfig
+) -> tuple[SourceState, tuple[Action, ...]]: ...
+
+
+@overload
+def step(
+    state: DestinationState, event: MigrationMessage | LocalEvent, *, now: float, config: MigrationConfig
+) -> tuple[DestinationState, tuple[Action, ...]]: ...
+
+
+def step(
+    state: SourceState | DestinationState,
+    event: MigrationMessage | LocalEvent,
+    *,
+    now: float,
+    config: MigrationConfig,
+) -> tuple[SourceState | DestinationState, tuple[Action, ...]]:
+    """Advance either machine by one message or local event."""
+    if isinstance(state, SourceState):
+        return source_step(state, event, now=now, config=config)
+    return destination_step(state, event, now=now, config=config)
+
+
+def is_final(state: SourceState | DestinationState) -> bool:
+    """Whether the machine has finished (nothing it holds remains to undo)."""
+    return state.phase.is_final

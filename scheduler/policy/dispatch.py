@@ -1,0 +1,265 @@
+"""Dispatch policies: which instance a new request goes to.
+
+Four policies, chosen by :class:`~scheduler.config.DispatchPolicy` through
+:func:`make_dispatcher`:
+
+* ``freeness`` (the paper): the highest freeness ``F``;
+* ``freeness_after_admit``: the highest ``F`` the instance would have after
+  admitting this request. Freeness divides by the batch size, so an instance
+  running one long request looks freer than one running several short ones even
+  when a long prompt cannot fit there; judging after admission avoids that;
+* ``round_robin``: eligible instances in id order, the ``n``-th dispatch to the
+  ``n mod k``-th (``n`` comes from the cluster state, so replays agree);
+* ``infaas++``: the least memory load, counting used blocks and the demand of
+  every queued request (the paper's INFaaS++ baseline; run without migration).
+
+Every policy skips terminating instances, excluded ones and instances whose
+model length or whole capacity cannot hold the prompt. Dispatches not yet
+reflected in an instance's reports count against it (see
+:class:`~scheduler.policy.load.InstanceLoad`). Ties break on the smaller
+instance id, so a decision is a function of its inputs. Pending requests are
+served in :func:`pending_order_key` order: scheduling priority (lower value
+first, as in vLLM), then arrival, then request id.
+
+Decisions are plain data; the scheduler service wraps one into a
+:class:`~schemas.Dispatched` with :meth:`DispatchDecision.to_event`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Protocol
+
+import msgspec
+
+from scheduler.config import DispatchPolicy, PolicyConfig
+from scheduler.policy.load import InstanceLoad, freeness_after_admit, infaas_load, load_freeness
+from schemas.decisions import Dispatched, LoadPosition
+
+__all__ = [
+    "DispatchDecision",
+    "DispatchRound",
+    "Dispatcher",
+    "PendingRequest",
+    "dispatch_pending",
+    "make_dispatcher",
+    "order_pending",
+    "pending_order_key",
+]
+
+
+class PendingRequest(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """A request waiting for a placement. ``arrival`` is in seconds (any origin)."""
+
+    request_id: str
+    num_prompt_tokens: int
+    priority: int = 0
+    arrival: float = 0.0
+    exclude: tuple[str, ...] = ()
+
+
+class DispatchDecision(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """Where a request goes, why, and which load reports the choice was made from.
+
+    ``score`` is what the policy maximised (freeness, freeness after admission,
+    minus the INFaaS++ load, or the round-robin slot). ``considered`` lists
+    ``(instance_id, stream_seq)`` of every eligible instance's report.
+    """
+
+    request_id: str
+    instance_id: str
+    policy: DispatchPolicy
+    score: float
+    demand_blocks: int
+    num_prompt_tokens: int
+    priority: int = 0
+    considered: tuple[tuple[str, int], ...] = ()
+
+    def to_event(self, epoch: int, *, cite_all: bool = False) -> Dispatched:
+        """The decision as a log event; cites the chosen instance's report (all with ``cite_all``)."""
+        cited = self.considered if cite_all else tuple(
+            entry for entry in self.considered if entry[0] == self.instance_id
+        )
+        return Dispatched(
+            epoch=epoch,
+            request_id=self.request_id,
+            instance_id=self.instance_id,
+            policy=self.policy.value,
+            num_prompt_tokens=self.num_prompt_tokens,
+            priority=self.priority,
+            loads=tuple(LoadPosition(instance_id=i, stream_seq=seq) for i, seq in cited),
+        )
+
+
+class Dispatcher(Protocol):
+    """A dispatch policy: pure, deterministic, no state of its own."""
+
+    @property
+    def policy(self) -> DispatchPolicy: ...
+
+    def choose(
+        self, request: PendingRequest, loads: Sequence[InstanceLoad], *, num_dispatched: int = 0
+    ) -> DispatchDecision | None:
+        """The placement of ``request`` over ``loads``, or None if no instance is eligible.
+
+        ``num_dispatched`` is how many dispatches the cluster made before this one
+        (only round-robin reads it).
+        """
+        ...
+
+
+def _eligible(load: InstanceLoad, request: PendingRequest) -> bool:
+    return (
+        not load.terminating
+        and request.num_prompt_tokens <= load.max_model_len
+        and -(-request.num_prompt_tokens // load.block_size) <= load.num_total_blocks
+        and load.instance_id not in request.exclude
+    )
+
+
+class _ScoringDispatcher:
+    """Maximise a score over eligible instances; ties go to the smaller instance id."""
+
+    def __init__(self, policy: DispatchPolicy, config: PolicyConfig) -> None:
+        self._policy = policy
+        self._config = config
+
+    @property
+    def policy(self) -> DispatchPolicy:
+        return self._policy
+
+    def _score(self, load: InstanceLoad, demand_blocks: int) -> float:
+        raise NotImplementedError  # every concrete policy below overrides it
+
+    def choose(
+        self, request: PendingRequest, loads: Sequence[InstanceLoad], *, num_dispatched: int = 0
+    ) -> DispatchDecision | None:
+        best: InstanceLoad | None = None
+        best_score = -math.inf
+        best_demand = 0
+        considered: list[tuple[str, int]] = []
+        for load in loads:
+            if not _eligible(load, request):
+                continue
+            considered.append((load.instance_id, load.stream_seq))
+            demand = -(-request.num_prompt_tokens // load.block_size)
+            score = self._score(load, demand)
+            if (
+                best is None
+                or score > best_score
+                or (score == best_score and load.instance_id < best.instance_id)
+            ):
+                best, best_score, best_demand = load, score, demand
+        if best is None:
+            return None
+        return DispatchDecision(
+            request_id=request.request_id,
+            instance_id=best.instance_id,
+            policy=self._policy,
+            score=best_score,
+            demand_blocks=best_demand,
+            num_prompt_tokens=request.num_prompt_tokens,
+            priority=request.priority,
+            considered=tuple(considered),
+        )
+
+
+class _FreenessDispatcher(_ScoringDispatcher):
+    def _score(self, load: InstanceLoad, demand_blocks: int) -> float:
+        return load_freeness(load, self._config)
+
+
+class _FreenessAfterAdmitDispatcher(_ScoringDispatcher):
+    def _score(self, load: InstanceLoad, demand_blocks: int) -> float:
+        return freeness_after_admit(load, demand_blocks, self._config)
+
+
+class _InfaasDispatcher(_ScoringDispatcher):
+    def _score(self, load: InstanceLoad, demand_blocks: int) -> float:
+        return -infaas_load(load)
+
+
+class _RoundRobinDispatcher:
+    def __init__(self, config: PolicyConfig) -> None:
+        self._config = config
+
+    @property
+    def policy(self) -> DispatchPolicy:
+        return DispatchPolicy.ROUND_ROBIN
+
+    def choose(
+        self, request: PendingRequest, loads: Sequence[InstanceLoad], *, num_dispatched: int = 0
+    ) -> DispatchDecision | None:
+        eligible = sorted((ld for ld in loads if _eligible(ld, request)), key=lambda ld: ld.instance_id)
+        if not eligible:
+            return None
+        slot = num_dispatched % len(eligible)
+        chosen = eligible[slot]
+        return DispatchDecision(
+            request_id=request.request_id,
+            instance_id=chosen.instance_id,
+            policy=DispatchPolicy.ROUND_ROBIN,
+            score=float(slot),
+            demand_blocks=chosen.demand_blocks(request.num_prompt_tokens),
+            num_prompt_tokens=request.num_prompt_tokens,
+            priority=request.priority,
+            considered=tuple((ld.instance_id, ld.stream_seq) for ld in eligible),
+        )
+
+
+def make_dispatcher(policy: DispatchPolicy | str, config: PolicyConfig | None = None) -> Dispatcher:
+    """The dispatcher for ``policy`` (an enum member or its value, e.g. ``"infaas++"``)."""
+    config = PolicyConfig() if config is None else config
+    kind = DispatchPolicy(policy)
+    if kind is DispatchPolicy.FREENESS:
+        return _FreenessDispatcher(kind, config)
+    if kind is DispatchPolicy.FREENESS_AFTER_ADMIT:
+        return _FreenessAfterAdmitDispatcher(kind, config)
+    if kind is DispatchPolicy.INFAAS:
+        return _InfaasDispatcher(kind, config)
+    return _RoundRobinDispatcher(config)
+
+
+def pending_order_key(request: PendingRequest) -> tuple[int, float, str]:
+    """Serve order: scheduling priority (lower first), then arrival, then request id."""
+    return (request.priority, request.arrival, request.request_id)
+
+
+def order_pending(requests: Iterable[PendingRequest]) -> list[PendingRequest]:
+    return sorted(requests, key=pending_order_key)
+
+
+class DispatchRound(msgspec.Struct, frozen=True, kw_only=True):
+    """The outcome of :func:`dispatch_pending`: decisions in order, what found no place, new views."""
+
+    decisions: tuple[DispatchDecision, ...]
+    unplaced: tuple[PendingRequest, ...]
+    loads: tuple[InstanceLoad, ...]
+
+
+def dispatch_pending(
+    requests: Iterable[PendingRequest],
+    loads: Sequence[InstanceLoad],
+    dispatcher: Dispatcher,
+    *,
+    num_dispatched: int = 0,
+) -> DispatchRound:
+    """Dispatch waiting requests in serve order, each seeing the dispatches before it.
+
+    Every decision is applied to the chosen view as a pending dispatch before the
+    next request is placed; ``loads`` in the result are the updated views.
+    """
+    views = list(loads)
+    index = {load.instance_id: i for i, load in enumerate(views)}
+    decisions: list[DispatchDecision] = []
+    unplaced: list[PendingRequest] = []
+    for request in order_pending(requests):
+        decision = dispatcher.choose(request, views, num_dispatched=num_dispatched + len(decisions))
+        if decision is None:
+            unplaced.append(request)
+            continue
+        decisions.append(decision)
+        i = index[decision.instance_id]
+        views[i] = views[i].with_dispatch(decision.demand_blocks)
+    return DispatchRound(decisions=tuple(decisions), unplaced=tuple(unplaced), loads=tuple(views))

@@ -1,0 +1,218 @@
+"""The immutable per-instance view every policy reads, and the load measures over it.
+
+:class:`InstanceLoad` is built from an instance's latest
+:class:`~schemas.LoadReport` plus its :class:`~schemas.InstanceJoined`
+(capacity, block size, model identity), plus the dispatches the scheduler made
+to it that the report does not reflect yet (``num_pending`` requests holding
+``pending_blocks`` blocks of prompt demand). Each pending dispatch counts as if
+admitted: its demand adds to the virtual usage and it adds one to the batch.
+
+The measures (:func:`load_freeness`, :func:`freeness_after_admit`,
+:func:`infaas_load`, :func:`load_scaling_freeness`) are the request-level rules
+of :mod:`scheduler.policy.virtual_usage` applied to a report's aggregates, so a
+scheduler and an agent with the same :class:`~scheduler.config.PolicyConfig`
+agree on every number. Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from scheduler.config import PolicyConfig
+from scheduler.policy.virtual_usage import INFINITE_USAGE, blocks_for_tokens, freeness
+from schemas.instance import InstanceJoined
+from schemas.load import LoadReport, PriorityLoad
+
+__all__ = [
+    "UNLIMITED_MODEL_LEN",
+    "InstanceLoad",
+    "compatibility_key",
+    "freeness_after_admit",
+    "infaas_load",
+    "load_batch_size",
+    "load_freeness",
+    "load_scaling_freeness",
+    "load_virtual_usage",
+]
+
+#: ``max_model_len`` of a view built without an ``InstanceJoined``.
+UNLIMITED_MODEL_LEN = 1 << 62
+
+
+def compatibility_key(joined: InstanceJoined) -> str:
+    """What must match for two instances to exchange KV cache: model identity and KV layout."""
+    model, layout = joined.model, joined.kv_layout
+    return (
+        f"{model.model_id}@{model.revision}/{model.dtype}/tp{model.tensor_parallel}"
+        f"|L{layout.num_layers}/H{layout.num_kv_heads}/D{layout.head_dim}"
+        f"/B{layout.block_size}/{layout.dtype}"
+    )
+
+
+class InstanceLoad(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """What the scheduler knows about one instance's load. Build with :meth:`from_report`.
+
+    ``reported`` is False for an instance that joined but has not reported yet
+    (a *starting* instance: dispatchable as empty, left out of the scaling average).
+    ``report_seq`` is the agent's report counter; ``stream_seq`` the report's
+    position in the loads stream (what a decision cites).
+    """
+
+    instance_id: str
+    num_total_blocks: int
+    block_size: int = 16
+    max_model_len: int = UNLIMITED_MODEL_LEN
+    migration_group: str = ""
+    running: tuple[PriorityLoad, ...] = ()
+    num_reserved_blocks: int = 0
+    head_of_line_demand: int = 0
+    head_of_line_priority: int = 0
+    waiting_demand: int = 0
+    num_waiting: int = 0
+    num_accepted: int = 0
+    terminating: bool = False
+    reported: bool = False
+    report_seq: int = 0
+    stream_seq: int = 0
+    reported_freeness: float = 0.0
+    num_pending: int = 0
+    pending_blocks: int = 0
+
+    @classmethod
+    def from_joined(cls, joined: InstanceJoined) -> InstanceLoad:
+        """An instance that joined and has not reported: empty, full capacity."""
+        return cls(
+            instance_id=joined.instance_id,
+            num_total_blocks=joined.num_blocks,
+            block_size=joined.block_size,
+            max_model_len=joined.max_model_len,
+            migration_group=compatibility_key(joined),
+        )
+
+    @classmethod
+    def from_report(
+        cls,
+        report: LoadReport,
+        joined: InstanceJoined | None = None,
+        *,
+        stream_seq: int = 0,
+        num_pending: int = 0,
+        pending_blocks: int = 0,
+        terminating: bool = False,
+        migration_group: str | None = None,
+    ) -> InstanceLoad:
+        """The view of a load report; ``joined`` supplies block size, model length and identity.
+
+        ``terminating`` marks the instance terminating even if the report does not
+        say so yet (the scheduler decided a scale-down the agent has not seen).
+        ``migration_group`` saves recomputing :func:`compatibility_key` of ``joined``.
+        """
+        if migration_group is None:
+            migration_group = "" if joined is None else compatibility_key(joined)
+        return cls(
+            instance_id=report.instance_id,
+            num_total_blocks=report.num_total_blocks,
+            block_size=16 if joined is None else joined.block_size,
+            max_model_len=UNLIMITED_MODEL_LEN if joined is None else joined.max_model_len,
+            migration_group=migration_group,
+            running=report.running,
+            num_reserved_blocks=report.num_reserved_blocks,
+            head_of_line_demand=report.head_of_line_demand,
+            head_of_line_priority=report.head_of_line_priority,
+            waiting_demand=max(report.waiting_demand, report.head_of_line_demand),
+            num_waiting=report.num_waiting,
+            num_accepted=report.num_accepted,
+            terminating=report.terminating or terminating,
+            reported=True,
+            report_seq=report.seq,
+            stream_seq=stream_seq,
+            reported_freeness=report.freeness,
+            num_pending=num_pending,
+            pending_blocks=pending_blocks,
+        )
+
+    @property
+    def num_running(self) -> int:
+        """Running requests the report counts (the batch, before pending dispatches)."""
+        return sum(group.num_running for group in self.running)
+
+    @property
+    def num_used_blocks(self) -> int:
+        """Physical blocks held by running requests."""
+        return sum(group.num_blocks for group in self.running)
+
+    def demand_blocks(self, num_prompt_tokens: int) -> int:
+        """Blocks a prompt of this many tokens needs on this instance."""
+        return blocks_for_tokens(num_prompt_tokens, self.block_size)
+
+    def can_ever_fit(self, num_prompt_tokens: int) -> bool:
+        """Whether the prompt fits the model length and the whole block capacity at all."""
+        return (
+            num_prompt_tokens <= self.max_model_len
+            and self.demand_blocks(num_prompt_tokens) <= self.num_total_blocks
+        )
+
+    def with_dispatch(self, num_blocks: int) -> InstanceLoad:
+        """This view after one more dispatch of ``num_blocks`` demand that no report reflects yet."""
+        return msgspec.structs.replace(
+            self, num_pending=self.num_pending + 1, pending_blocks=self.pending_blocks + num_blocks
+        )
+
+    def as_terminating(self) -> InstanceLoad:
+        return self if self.terminating else msgspec.structs.replace(self, terminating=True)
+
+
+def _usage_and_batch(load: InstanceLoad, config: PolicyConfig) -> tuple[float, int]:
+    """``(sum V, B)`` of the view, pending dispatches counted as admitted requests."""
+    if load.terminating:
+        return INFINITE_USAGE, load.num_running + load.num_pending
+    used = load.num_reserved_blocks + load.head_of_line_demand + load.pending_blocks
+    batch = load.num_pending
+    seen_classes: list[object] = []
+    for group in load.running:
+        used += group.num_blocks
+        if group.num_running > 0:
+            batch += group.num_running
+            cls = config.priority_class(group.priority)
+            if cls.headroom_blocks and not any(cls is other for other in seen_classes):
+                seen_classes.append(cls)
+                used += cls.headroom_blocks
+    return float(used), batch
+
+
+def load_virtual_usage(load: InstanceLoad, config: PolicyConfig) -> float:
+    """Sum of virtual usages, pending dispatches counted as admitted requests."""
+    return _usage_and_batch(load, config)[0]
+
+
+def load_batch_size(load: InstanceLoad) -> int:
+    """``B``: running requests plus pending dispatches."""
+    return load.num_running + load.num_pending
+
+
+def load_freeness(load: InstanceLoad, config: PolicyConfig) -> float:
+    """``F = (M - sum V) / B`` of the view (``-inf`` when terminating)."""
+    usage, batch = _usage_and_batch(load, config)
+    return (load.num_total_blocks - usage) / (batch if batch > 0 else 1)
+
+
+def freeness_after_admit(load: InstanceLoad, demand_blocks: int, config: PolicyConfig) -> float:
+    """The freeness the instance would have after admitting a request of this demand."""
+    usage, batch = _usage_and_batch(load, config)
+    return (load.num_total_blocks - usage - demand_blocks) / (batch + 1)
+
+
+def infaas_load(load: InstanceLoad) -> float:
+    """INFaaS++ memory load as a share of capacity: used + reserved + every queued and pending demand.
+
+    ``inf`` when terminating, so a draining instance is never the least loaded.
+    """
+    if load.terminating:
+        return INFINITE_USAGE
+    used = load.num_used_blocks + load.num_reserved_blocks + load.waiting_demand + load.pending_blocks
+    return used / max(load.num_total_blocks, 1)
+
+
+def load_scaling_freeness(load: InstanceLoad) -> float:
+    """Freeness of normal usage (physical blocks of running requests only), for auto-scaling."""
+    return freeness(load.num_total_blocks, float(load.num_used_blocks), load.num_running)

@@ -1,0 +1,156 @@
+"""Dispatch policies choose as documented, deterministically, counting pending dispatches."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduler.config import DispatchPolicy, PolicyConfig
+from scheduler.policy import (
+    InstanceLoad,
+    PendingRequest,
+    dispatch_pending,
+    freeness_after_admit,
+    infaas_load,
+    load_freeness,
+    make_dispatcher,
+    order_pending,
+)
+from schemas.decisions import Dispatched, LoadPosition
+from schemas.load import PriorityLoad
+
+CONFIG = PolicyConfig()
+
+
+def load(instance_id: str, *groups: tuple[int, int], total: int = 1000, **extra: object) -> InstanceLoad:
+    """An instance with running ``(num_running, num_blocks)`` groups of normal priority."""
+    running = tuple(PriorityLoad(priority=0, num_running=n, num_blocks=b) for n, b in groups)
+    return InstanceLoad(instance_id=instance_id, num_total_blocks=total, running=running,
+                        reported=True, **extra)  # type: ignore[arg-type]
+
+
+def choose(policy: DispatchPolicy, loads: list[InstanceLoad], tokens: int = 16, **kw: object) -> str | None:
+    request = PendingRequest(request_id="r", num_prompt_tokens=tokens, **kw)  # type: ignore[arg-type]
+    decision = make_dispatcher(policy, CONFIG).choose(request, loads)
+    return None if decision is None else decision.instance_id
+
+
+def test_freeness_and_freeness_after_admit_disagree_on_a_long_prompt() -> None:
+    # A runs one long request (600 blocks): F = (1000 - 600) / 1 = 400.
+    # B runs eight short ones (400 blocks): F = (1000 - 400) / 8 = 75.
+    # A long prompt of 8000 tokens needs 500 blocks at block size 16.
+    a, b = load("a", (1, 600)), load("b", (8, 400))
+    assert (load_freeness(a, CONFIG), load_freeness(b, CONFIG)) == (400, 75)
+    # The paper's rule looks only at F now and picks A ...
+    assert choose(DispatchPolicy.FREENESS, [a, b], tokens=8000) == "a"
+    # ... but A has 400 free blocks and the prompt needs 500: it would queue there.
+    # After admission A would be at (1000 - 600 - 500) / 2 = -50 and B at (1000 - 400 - 500) / 9 = 11.1,
+    # so the after-admit rule sends it to B, where it fits.
+    assert freeness_after_admit(a, 500, CONFIG) == -50
+    assert freeness_after_admit(b, 500, CONFIG) == pytest.approx(100 / 9)
+    assert choose(DispatchPolicy.FREENESS_AFTER_ADMIT, [a, b], tokens=8000) == "b"
+    # A short prompt goes to A under both rules.
+    assert choose(DispatchPolicy.FREENESS_AFTER_ADMIT, [a, b], tokens=16) == "a"
+
+
+def test_freeness_avoids_an_instance_with_a_blocked_queue() -> None:
+    blocked = load("a", (2, 200), head_of_line_demand=900, num_waiting=1)  # F = (1000 - 1100) / 2 = -50
+    busy = load("b", (4, 600))  # F = 100
+    assert choose(DispatchPolicy.FREENESS, [blocked, busy]) == "b"
+
+
+def test_infaas_counts_every_queued_request_and_picks_the_least_loaded() -> None:
+    # A: 300 used + 500 queued (head of line only 100) = 0.8 of capacity; B: 600 used = 0.6
+    a = load("a", (3, 300), head_of_line_demand=100, num_waiting=4, waiting_demand=500)
+    b = load("b", (6, 600))
+    assert (infaas_load(a), infaas_load(b)) == (0.8, 0.6)
+    assert choose(DispatchPolicy.INFAAS, [a, b]) == "b"
+    # freeness only sees the head of line: A = (1000 - 400) / 3 = 200 > B = 400 / 6
+    assert choose(DispatchPolicy.FREENESS, [a, b]) == "a"
+    assert not DispatchPolicy.INFAAS.migrates and DispatchPolicy.FREENESS.migrates
+
+
+def test_round_robin_cycles_over_eligible_instances_in_id_order() -> None:
+    loads = [load("c"), load("a"), load("b"), load("d", terminating=True)]
+    dispatcher = make_dispatcher("round_robin")
+    request = PendingRequest(request_id="r", num_prompt_tokens=10)
+    picks = [dispatcher.choose(request, loads, num_dispatched=n) for n in range(4)]
+    assert [p.instance_id for p in picks if p] == ["a", "b", "c", "a"]
+
+
+def test_ties_break_on_the_smaller_instance_id() -> None:
+    loads = [load("b", (1, 100)), load("a", (1, 100)), load("c", (1, 100))]
+    for policy in (DispatchPolicy.FREENESS, DispatchPolicy.FREENESS_AFTER_ADMIT, DispatchPolicy.INFAAS):
+        assert choose(policy, loads) == "a"
+
+
+def test_terminating_excluded_and_too_small_instances_are_never_chosen() -> None:
+    small = InstanceLoad(instance_id="small", num_total_blocks=10, reported=True)  # 160 tokens at most
+    short = InstanceLoad(instance_id="short", num_total_blocks=1000, max_model_len=100, reported=True)
+    draining = load("draining", terminating=True)
+    fine = load("fine", (9, 900))
+    for policy in DispatchPolicy:
+        assert choose(policy, [small, short, draining, fine], tokens=200) == "fine"
+        assert choose(policy, [small, short, draining, fine], tokens=200, exclude=("fine",)) is None
+        assert choose(policy, [], tokens=1) is None
+
+
+def test_dispatches_not_yet_reported_count_against_the_instance() -> None:
+    a, b = load("a"), load("b", (1, 50))  # F: 1000 and 950
+    assert load_freeness(a.with_dispatch(100), CONFIG) == 900  # counted as admitted: (1000 - 100) / 1
+    requests = [PendingRequest(request_id=f"r{i}", num_prompt_tokens=1600, arrival=i) for i in range(3)]
+    result = dispatch_pending(requests, [a, b], make_dispatcher(DispatchPolicy.FREENESS, CONFIG))
+    # r0 -> a (1000); then a = 900 < b = 950: r1 -> b; then a = 900 > b = (1000-150)/2: r2 -> a
+    assert [d.instance_id for d in result.decisions] == ["a", "b", "a"]
+    assert [(ld.num_pending, ld.pending_blocks) for ld in result.loads] == [(2, 200), (1, 100)]
+    assert result.unplaced == ()
+
+
+def test_pending_requests_go_by_priority_then_arrival() -> None:
+    late_urgent = PendingRequest(request_id="u", num_prompt_tokens=1, priority=-1, arrival=9.0)
+    early = PendingRequest(request_id="e", num_prompt_tokens=1, arrival=1.0)
+    later = PendingRequest(request_id="l", num_prompt_tokens=1, arrival=2.0)
+    background = PendingRequest(request_id="b", num_prompt_tokens=1, priority=3, arrival=0.0)
+    ordered = order_pending([background, later, early, late_urgent])
+    assert [r.request_id for r in ordered] == ["u", "e", "l", "b"]
+    # the urgent one is served first, so it gets the freest instance
+    result = dispatch_pending([early, late_urgent], [load("x", (1, 10)), load("y", (1, 500))],
+                              make_dispatcher(DispatchPolicy.FREENESS, CONFIG))
+    assert [(d.request_id, d.instance_id) for d in result.decisions] == [("u", "x"), ("e", "y")]
+
+
+def test_unplaceable_requests_are_returned() -> None:
+    result = dispatch_pending([PendingRequest(request_id="big", num_prompt_tokens=10**6)], [load("a")],
+                              make_dispatcher(DispatchPolicy.FREENESS_AFTER_ADMIT, CONFIG))
+    assert result.decisions == () and [r.request_id for r in result.unplaced] == ["big"]
+
+
+def test_a_decision_becomes_a_dispatched_event_citing_load_positions() -> None:
+    loads = [load("a", stream_seq=7), load("b", (5, 500), stream_seq=9)]
+    decision = make_dispatcher("freeness", CONFIG).choose(
+        PendingRequest(request_id="r1", num_prompt_tokens=33, priority=2), loads
+    )
+    assert decision is not None and decision.demand_blocks == 3
+    assert decision.to_event(4) == Dispatched(
+        epoch=4, request_id="r1", instance_id="a", policy="freeness", num_prompt_tokens=33, priority=2,
+        loads=(LoadPosition(instance_id="a", stream_seq=7),),
+    )
+    assert len(decision.to_event(4, cite_all=True).loads) == 2
+
+
+def test_make_dispatcher_accepts_values_and_rejects_unknown_names() -> None:
+    assert make_dispatcher("infaas++").policy is DispatchPolicy.INFAAS
+    assert make_dispatcher(DispatchPolicy.FREENESS_AFTER_ADMIT).policy is DispatchPolicy.FREENESS_AFTER_ADMIT
+    with pytest.raises(ValueError):
+        make_dispatcher("least-recently-used")
+
+
+def test_same_inputs_same_decision() -> None:
+    loads = [load(f"i{k}", (k % 3 + 1, 37 * k % 400)) for k in range(16)]
+    request = PendingRequest(request_id="r", num_prompt_tokens=700)
+    for policy in DispatchPolicy:
+        dispatcher = make_dispatcher(policy, CONFIG)
+        first = dispatcher.choose(request, loads, num_dispatched=5)
+        again = dispatcher.choose(request, list(reversed(loads)), num_dispatched=5)
+        assert first is not None and again is not None
+        assert (first.instance_id, first.score) == (again.instance_id, again.score)
+        assert sorted(first.considered) == sorted(again.considered)
