@@ -1,0 +1,38 @@
+"""The built-in torch engine: a Llama-architecture model with a paged KV cache, in plain torch.
+
+Modules: ``config`` (shapes, presets, HF config parsing), ``model`` (the
+decoder), ``kv_cache`` (the paged pool and the KV buffer format), ``attention``
+(attention through block tables), ``runner`` (forward passes of one step),
+``sampling``, ``tokenizer``, ``loader`` (checkpoints and random presets) and
+``engine`` (``TorchEngine``, the :class:`agents.engine.Engine` implementation).
+"""
+
+from agents.engines.torch_engine.config import PRESETS, ModelConfig, preset
+from agents.engines.torch_engine.engine import TorchEngine, TorchEngineConfig
+from agents.engines.torch_engine.kv_cache import (
+    KV_BUFFER_FORMAT_VERSION,
+    KVPoolShape,
+    PagedKVPool,
+    buffer_from_bytes,
+    buffer_to_bytes,
+)
+from agents.engines.torch_engine.loader import load_model
+from agents.engines.torch_engine.tokenizer import ByteTokenizer, HFTokenizer, TextTokenizer, load_tokenizer
+
+__all__ = [
+    "KV_BUFFER_FORMAT_VERSION",
+    "PRESETS",
+    "ByteTokenizer",
+    "HFTokenizer",
+    "KVPoolShape",
+    "ModelConfig",
+    "PagedKVPool",
+    "TextTokenizer",
+    "TorchEngine",
+    "TorchEngineConfig",
+    "buffer_from_bytes",
+    "buffer_to_bytes",
+    "load_model",
+    "load_tokenizer",
+    "preset",
+]

@@ -1,0 +1,396 @@
+"""``TorchEngine``: the :class:`~agents.engine.Engine` protocol over the plain-torch model and paged KV pool.
+
+The step is the vLLM-v1 loop: the shared :class:`~agents.local_scheduler.LocalScheduler`
+plans (admission, batching, preemption, block tables), ``ModelRunner`` computes
+next-token logits through the block tables, ``sampling.sample`` picks tokens,
+and the scheduler applies the stop rules. Migration moves whole blocks: one
+gather into a contiguous buffer (format v1, see :mod:`.kv_cache`) on export, one
+scatter on import.
+
+``step_async`` computes in a worker thread so the agent's event loop keeps
+serving (migration, new requests) meanwhile. Aborts and releases that arrive
+while a step computes are applied when it completes (their blocks could
+otherwise be handed to an incoming migration while the step still writes
+them); the aborted requests' outputs of that step are dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import msgspec
+
+from agents.block_manager import Reservation
+from agents.engine import (
+    EngineInfo,
+    EngineStats,
+    KVBuffer,
+    MigrationError,
+    RejectionEvent,
+    RejectReason,
+    RequestRejected,
+    RequestStats,
+    SchedulerEvent,
+    StepResult,
+)
+from agents.engines.torch_engine.config import ModelConfig
+from agents.engines.torch_engine.kv_cache import KVPoolShape, PagedKVPool, buffer_from_bytes, buffer_to_bytes
+from agents.engines.torch_engine.loader import LoadedModel, load_model
+from agents.engines.torch_engine.runner import ModelRunner, SequenceWork
+from agents.engines.torch_engine.sampling import SamplingRow, check_sampling_params, request_seed, sample
+from agents.local_scheduler import LocalScheduler, Request, SchedulerConfig, SchedulerOutput
+from schemas import KVLayout, ModelIdentity, SamplingParams
+
+__all__ = ["DEFAULT_KV_CACHE_BYTES", "TorchEngine", "TorchEngineConfig"]
+
+DEFAULT_KV_CACHE_BYTES = 256 * 1024**2
+
+
+@dataclass(frozen=True, slots=True)
+class TorchEngineConfig:
+    """Everything a torch engine instance is built from.
+
+    ``model`` is a preset name (``tiny``, ``small``, ``kv-heavy``; weights drawn
+    from ``seed``) or a Hugging Face checkpoint folder. KV capacity is
+    ``num_blocks`` or, if that is None, as many blocks as fit in
+    ``kv_cache_bytes`` (default 256 MiB, capped at what ``max_batch_size``
+    sequences of ``max_model_len`` tokens could use).
+    """
+
+    model: str = "tiny"
+    seed: int = 0
+    device: str = "cpu"
+    dtype: str | None = None  # float32 on CPU, bfloat16 (or the checkpoint's float16) on CUDA
+    block_size: int = 16
+    num_blocks: int | None = None
+    kv_cache_bytes: int | None = None
+    max_model_len: int | None = None  # default: the model's max_position_embeddings
+    max_batch_size: int = 256
+    max_prefill_tokens: int | None = None  # prompt tokens admitted per step (scheduler)
+    max_pass_tokens: int = 1024  # tokens per forward pass; longer prompts are chunked
+    batch_invariant: bool = False
+
+    def __post_init__(self) -> None:
+        if self.block_size <= 0 or self.max_batch_size <= 0:
+            raise ValueError("block_size and max_batch_size must be positive")
+        if self.num_blocks is not None and self.kv_cache_bytes is not None:
+            raise ValueError("give num_blocks or kv_cache_bytes, not both")
+
+
+class TorchEngine:
+    """The built-in engine; see the module docstring. Build with ``TorchEngine("tiny", num_blocks=64)``."""
+
+    def __init__(self, config: TorchEngineConfig | str = "tiny", **overrides: object) -> None:
+        if isinstance(config, str):
+            config = TorchEngineConfig(model=config, **overrides)  # type: ignore[arg-type]
+        elif overrides:
+            config = dataclasses.replace(config, **overrides)  # type: ignore[arg-type]
+        self.config = config
+        loaded: LoadedModel = load_model(
+            config.model, device=config.device, dtype=config.dtype, seed=config.seed
+        )
+        self.model = loaded.model
+        self.model_config: ModelConfig = loaded.config
+        dtype = str(self.model.dtype).removeprefix("torch.")
+        shape = KVPoolShape.for_model(loaded.config, block_size=config.block_size, dtype=dtype)
+        max_positions = loaded.config.max_position_embeddings
+        max_model_len = min(config.max_model_len or max_positions, max_positions)
+        num_blocks = config.num_blocks
+        if num_blocks is None:
+            budget = config.kv_cache_bytes if config.kv_cache_bytes is not None else DEFAULT_KV_CACHE_BYTES
+            num_blocks = shape.num_blocks_for_budget(budget)
+            if config.kv_cache_bytes is None:
+                num_blocks = min(num_blocks, config.max_batch_size * -(-max_model_len // config.block_size))
+            if num_blocks <= 0:
+                raise ValueError(f"a KV budget of {budget} bytes holds no {shape.bytes_per_block}-byte block")
+        self.pool = PagedKVPool(shape, num_blocks, device=config.device)
+        self.runner = ModelRunner(
+            self.model,
+            self.pool,
+            batch_invariant=config.batch_invariant,
+            max_pass_tokens=config.max_pass_tokens,
+        )
+        eos_ids = loaded.config.eos_token_ids
+        self._eos_token_ids = eos_ids
+        self.scheduler = LocalScheduler(
+            SchedulerConfig(
+                num_blocks=num_blocks,
+                block_size=config.block_size,
+                max_model_len=max_model_len,
+                vocab_size=loaded.config.vocab_size,
+                eos_token_id=eos_ids[0] if eos_ids else None,
+                max_batch_size=config.max_batch_size,
+                max_prefill_tokens=config.max_prefill_tokens,
+            )
+        )
+        self._info = EngineInfo(
+            engine="torch",
+            model=ModelIdentity(model_id=loaded.model_id, revision=loaded.revision, dtype=dtype),
+            kv_layout=KVLayout(
+                num_layers=shape.num_layers,
+                num_kv_heads=shape.num_kv_heads,
+                head_dim=shape.head_dim,
+                block_size=shape.block_size,
+                dtype=dtype,
+            ),
+            num_blocks=num_blocks,
+            block_size=config.block_size,
+            bytes_per_block=shape.bytes_per_block,
+            max_model_len=max_model_len,
+            max_batch_size=config.max_batch_size,
+            vocab_size=loaded.config.vocab_size,
+            eos_token_id=eos_ids[0] if eos_ids else None,
+        )
+        self._events: list[SchedulerEvent] = []
+        self._num_rejections = 0
+        self._in_step = False
+        self._deferred: list[tuple[str, str]] = []  # (action, request_id) that arrived mid-step
+
+    @property
+    def info(self) -> EngineInfo:
+        return self._info
+
+    # ------------------------------------------------------------ serving
+
+    def _engine_sampling(self, request_id: str, sampling: SamplingParams) -> SamplingParams:
+        """Validate sampling for this sampler; add the model's extra EOS ids as stop ids."""
+        problem = check_sampling_params(sampling)
+        if problem is not None:
+            self._num_rejections += 1
+            self._events.append(RejectionEvent(request_id, RejectReason.INVALID_SAMPLING, problem))
+            raise RequestRejected(request_id, RejectReason.INVALID_SAMPLING, problem)
+        extra = [t for t in self._eos_token_ids[1:] if t not in sampling.stop_token_ids]
+        if extra and not sampling.ignore_eos:
+            return msgspec.structs.replace(sampling, stop_token_ids=(*sampling.stop_token_ids, *extra))
+        return sampling
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        sampling: SamplingParams,
+        priority: int = 0,
+        *,
+        output_token_ids: Sequence[int] = (),
+    ) -> bool:
+        if request_id in self.scheduler:
+            return False
+        sampling = self._engine_sampling(request_id, sampling)
+        return self.scheduler.add_request(
+            request_id, prompt_token_ids, sampling, priority, output_token_ids=output_token_ids
+        )
+
+    def step(self) -> StepResult:
+        started = time.perf_counter()
+        plan = self.scheduler.schedule()
+        work, rows = self._snapshot(plan)
+        sampled = self._compute(plan, work, rows)
+        return self._complete(plan, sampled, started)
+
+    async def step_async(self) -> StepResult:
+        started = time.perf_counter()
+        plan = self.scheduler.schedule()
+        work, rows = self._snapshot(plan)
+        if not work:
+            return self._complete(plan, {}, started)
+        self._in_step = True
+        try:
+            sampled = await asyncio.to_thread(self._compute, plan, work, rows)
+        finally:
+            self._in_step = False
+        return self._complete(plan, sampled, started)
+
+    async def run_until_idle(
+        self,
+        on_result: Callable[[StepResult], None] | None = None,
+        *,
+        idle_sleep_s: float = 0.001,
+        max_steps: int | None = None,
+    ) -> int:
+        """Step in real time until no request is left; returns the number of steps (as ``SimEngine``)."""
+        steps = 0
+        while self.has_unfinished() and (max_steps is None or steps < max_steps):
+            result = await self.step_async()
+            steps += 1
+            if on_result is not None:
+                on_result(result)
+            if result.num_scheduled == 0:
+                await asyncio.sleep(idle_sleep_s)
+        return steps
+
+    def _scheduled(self, plan: SchedulerOutput) -> list[Request]:
+        return [prefill.request for prefill in plan.prefills] + plan.decodes
+
+    def _snapshot(self, plan: SchedulerOutput) -> tuple[list[SequenceWork], list[SamplingRow]]:
+        """Copy what the computation reads, so other calls may change the requests meanwhile."""
+        work: list[SequenceWork] = []
+        for prefill in plan.prefills:
+            request = prefill.request
+            tokens = request.all_token_ids[prefill.start : prefill.end]
+            work.append(SequenceWork(tokens, prefill.start, tuple(request.block_ids)))
+        for request in plan.decodes:
+            last = request.all_token_ids[-1:]
+            work.append(SequenceWork(last, request.num_computed_tokens, tuple(request.block_ids)))
+        rows = [self._sampling_row(request) for request in self._scheduled(plan)]
+        return work, rows
+
+    def _sampling_row(self, request: Request) -> SamplingRow:
+        params = request.sampling
+        num_output = request.num_output_tokens
+        banned: tuple[int, ...] = ()
+        if num_output < params.min_tokens:
+            eos = () if params.ignore_eos else self._eos_token_ids[:1]
+            banned = (*eos, *params.stop_token_ids)
+        return SamplingRow(
+            params=params,
+            seed=request_seed(request.request_id, params.seed),
+            output_index=num_output,
+            history=tuple(request.all_token_ids) if params.repetition_penalty != 1.0 else (),
+            banned_token_ids=banned,
+        )
+
+    def _compute(
+        self, plan: SchedulerOutput, work: list[SequenceWork], rows: list[SamplingRow]
+    ) -> dict[str, int]:
+        if not work:
+            return {}
+        logits = self.runner.logits(work)
+        result = sample(logits, rows)
+        return {r.request_id: t for r, t in zip(self._scheduled(plan), result.token_ids, strict=True)}
+
+    def _complete(self, plan: SchedulerOutput, sampled: dict[str, int], started: float) -> StepResult:
+        outputs = self.scheduler.update_from_output(plan, sampled)
+        if self._deferred:
+            dropped = self._apply_deferred()
+            outputs = [o for o in outputs if o.request_id not in dropped]
+        return StepResult(
+            outputs=outputs,
+            duration_s=time.perf_counter() - started,
+            num_scheduled=plan.num_scheduled,
+            num_prefill_tokens=plan.num_prefill_tokens,
+            num_decode_requests=len(plan.decodes),
+            preempted=tuple(plan.preempted),
+        )
+
+    def _apply_deferred(self) -> set[str]:
+        dropped: set[str] = set()
+        deferred, self._deferred = self._deferred, []
+        for action, request_id in deferred:
+            dropped.add(request_id)
+            if request_id not in self.scheduler:
+                continue  # it finished in this step anyway
+            if action == "abort":
+                self.scheduler.abort(request_id)
+            else:
+                self.scheduler.release_request(request_id)
+        return dropped
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def abort(self, request_id: str) -> bool:
+        if self._in_step:
+            if request_id not in self.scheduler or ("abort", request_id) in self._deferred:
+                return False
+            self._deferred.append(("abort", request_id))
+            return True
+        return self.scheduler.abort(request_id)
+
+    def stats(self) -> EngineStats:
+        stats = self.scheduler.stats()
+        return dataclasses.replace(stats, num_rejections=stats.num_rejections + self._num_rejections)
+
+    def request_stats(self, request_id: str) -> RequestStats | None:
+        request = self.scheduler.get(request_id)
+        return None if request is None else self.scheduler.request_stats(request)
+
+    def output_token_ids(self, request_id: str) -> tuple[int, ...]:
+        return self.scheduler.request(request_id).output_token_ids
+
+    def take_events(self) -> list[SchedulerEvent]:
+        events = [*self._events, *self.scheduler.take_events()]
+        self._events = []
+        return events
+
+    # ---------------------------------------------------------- migration
+
+    def block_ids(self, request_id: str) -> tuple[int, ...]:
+        """The request's block table (local block ids), for tests and diagnostics."""
+        return tuple(self.scheduler.request(request_id).block_ids)
+
+    def export_blocks(self, request_id: str, block_indices: Sequence[int]) -> KVBuffer:
+        """One gather of the blocks at ``block_indices`` of the request's table; payload is format v1."""
+        table = self.scheduler.request(request_id).block_ids
+        bad = [i for i in block_indices if not 0 <= i < len(table)]
+        if bad:
+            raise MigrationError(f"request {request_id!r} holds {len(table)} blocks; cannot export {bad[:5]}")
+        buffer = self.pool.export([table[i] for i in block_indices])
+        payload = buffer_to_bytes(buffer)
+        return KVBuffer(len(block_indices), payload.nbytes, payload)
+
+    def reserve(self, num_blocks: int) -> Reservation:
+        return self.scheduler.reserve(num_blocks)
+
+    def import_blocks(self, block_ids: Sequence[int], buffer: KVBuffer) -> None:
+        """One scatter of a format-v1 buffer into reserved blocks."""
+        bytes_per_block = self._info.bytes_per_block
+        if buffer.num_blocks != len(block_ids):
+            raise MigrationError(f"buffer holds {buffer.num_blocks} blocks, {len(block_ids)} block ids given")
+        if buffer.nbytes != buffer.num_blocks * bytes_per_block:
+            raise MigrationError(
+                f"buffer of {buffer.nbytes} bytes for {buffer.num_blocks} blocks of {bytes_per_block} bytes: "
+                "KV layouts differ"
+            )
+        if memoryview(buffer.payload).nbytes != buffer.nbytes:
+            raise MigrationError("the buffer carries no KV data (a sim buffer?); cannot import it")
+        blocks = self.scheduler.blocks
+        not_reserved = [
+            b for b in block_ids if not 0 <= b < blocks.num_total_blocks or blocks.reservation_of(b) is None
+        ]
+        if not_reserved:
+            raise MigrationError(f"blocks {not_reserved[:5]} are not reserved; reserve before importing")
+        self.pool.import_(list(block_ids), buffer_from_bytes(buffer.payload, self.pool.shape))
+
+    def admit_migrated(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        output_token_ids: Sequence[int],
+        sampling: SamplingParams,
+        priority: int,
+        reservations: Sequence[Reservation],
+        *,
+        num_computed_tokens: int | None = None,
+    ) -> None:
+        sampling = self._engine_sampling(request_id, sampling)
+        self.scheduler.admit_migrated(
+            request_id,
+            prompt_token_ids,
+            output_token_ids,
+            sampling,
+            priority,
+            [r.reservation_id for r in reservations],
+            num_computed_tokens=num_computed_tokens,
+        )
+
+    def release_request(self, request_id: str) -> int:
+        if self._in_step:
+            request = self.scheduler.request(request_id)  # raises UnknownRequest
+            if ("release", request_id) not in self._deferred:
+                self._deferred.append(("release", request_id))
+            return len(request.block_ids)
+        return self.scheduler.release_request(request_id)
+
+    def release_reservation(self, reservation: Reservation) -> int:
+        return self.scheduler.release_reservation(reservation.reservation_id)
+
+    def suspend(self, request_id: str) -> None:
+        self.scheduler.suspend(request_id)
+
+    def resume(self, request_id: str) -> None:
+        self.scheduler.resume(request_id)
+

@@ -1,0 +1,142 @@
+"""Next-token sampling: repetition penalty, min_tokens, greedy, temperature, top-k, top-p.
+
+Randomness is counter-based: the noise for a request's ``i``-th generated
+token comes from a generator seeded with ``mix(seed, i)``, so no generator
+state moves with a migrated request and a request's tokens do not depend on
+what else is in the batch. A request without a seed gets one derived from
+its id (stable across instances, so a rescued or migrated request continues
+the same random stream). Sampling draws ``argmax(p / E)`` with ``E`` i.i.d.
+Exp(1) noise (the exponential race, equivalent to sampling from ``p``).
+
+Stop rules (max_tokens, EOS, stop ids, ignore_eos) are the local scheduler's;
+here ``min_tokens`` only masks the tokens that would stop the request early.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from schemas import SamplingParams
+
+__all__ = [
+    "SampleResult",
+    "SamplingRow",
+    "check_sampling_params",
+    "noise_seed",
+    "request_seed",
+    "sample",
+]
+
+#: Temperatures below this are greedy (as in vLLM).
+GREEDY_EPSILON = 1e-5
+_MASK64 = (1 << 64) - 1
+
+
+def request_seed(request_id: str, seed: int | None) -> int:
+    """The request's seed: its own, or one derived from its id when it has none."""
+    if seed is not None:
+        return seed & _MASK64
+    return int.from_bytes(hashlib.blake2b(request_id.encode("utf-8"), digest_size=8).digest(), "little")
+
+
+def noise_seed(seed: int, index: int) -> int:
+    """A 63-bit generator seed for the ``index``-th token of a request seeded ``seed`` (splitmix64)."""
+    z = (seed + (index + 1) * 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (z ^ (z >> 31)) >> 1
+
+
+def check_sampling_params(sampling: SamplingParams) -> str | None:
+    """What is wrong with ``sampling`` for this engine's sampler, or None."""
+    if not sampling.temperature >= 0.0:
+        return f"temperature must be >= 0, got {sampling.temperature}"
+    if not 0.0 < sampling.top_p <= 1.0:
+        return f"top_p must be in (0, 1], got {sampling.top_p}"
+    if sampling.top_k == 0 or sampling.top_k < -1:
+        return f"top_k must be -1 (off) or >= 1, got {sampling.top_k}"
+    if not sampling.repetition_penalty > 0.0:
+        return f"repetition_penalty must be > 0, got {sampling.repetition_penalty}"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingRow:
+    """How to pick the next token of one request."""
+
+    params: SamplingParams
+    seed: int  # see request_seed
+    output_index: int  # index of the token being sampled among the request's generated tokens
+    history: Sequence[int] = ()  # prompt + generated tokens, for the repetition penalty
+    banned_token_ids: Sequence[int] = ()  # EOS and stop ids while fewer than min_tokens are out
+
+
+@dataclass(frozen=True, slots=True)
+class SampleResult:
+    token_ids: list[int]
+    logprobs: list[float]  # log-probability of each chosen token under the raw model distribution
+
+
+def _apply_penalties(logits: Tensor, rows: Sequence[SamplingRow]) -> None:
+    for index, row in enumerate(rows):
+        penalty = row.params.repetition_penalty
+        if penalty != 1.0 and row.history:
+            seen = torch.tensor(sorted(set(row.history)), dtype=torch.int64, device=logits.device)
+            values = logits[index, seen]
+            logits[index, seen] = torch.where(values > 0, values / penalty, values * penalty)
+        if row.banned_token_ids:
+            banned = torch.tensor(list(row.banned_token_ids), dtype=torch.int64, device=logits.device)
+            logits[index, banned] = float("-inf")
+
+
+def _truncate(logits: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
+    """Mask (to -inf) everything outside each row's top-k and top-p nucleus; returns new logits."""
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    rank = torch.arange(logits.shape[-1], device=logits.device)[None, :]
+    outside = rank >= top_k[:, None]
+    probs = sorted_logits.masked_fill(outside, float("-inf")).softmax(-1)
+    before = probs.cumsum(-1) - probs  # probability mass strictly above each token
+    outside |= (before > top_p[:, None]) & (rank > 0)
+    masked = sorted_logits.masked_fill(outside, float("-inf"))
+    return torch.empty_like(logits).scatter_(-1, order, masked)
+
+
+def sample(logits: Tensor, rows: Sequence[SamplingRow]) -> SampleResult:
+    """Pick one token per row of ``logits`` [B, vocab] (float32; not modified)."""
+    if logits.shape[0] != len(rows):
+        raise ValueError(f"{logits.shape[0]} logits rows for {len(rows)} sampling rows")
+    if not rows:
+        return SampleResult([], [])
+    raw_logprobs = logits.log_softmax(-1)
+    processed = logits.clone()
+    _apply_penalties(processed, rows)
+    chosen = processed.argmax(-1)
+    random_rows = [i for i, row in enumerate(rows) if row.params.temperature >= GREEDY_EPSILON
+                   and row.params.top_k != 1]
+    if random_rows:
+        device = logits.device
+        vocab = logits.shape[-1]
+        index = torch.tensor(random_rows, device=device)
+        picked = [rows[i].params for i in random_rows]
+        temperature = torch.tensor([p.temperature for p in picked], device=device)
+        top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in picked], device=device)
+        top_p = torch.tensor([p.top_p for p in picked], device=device)
+        scaled = processed[index] / temperature[:, None]
+        needs_truncation = any(p.top_k > 0 or p.top_p < 1.0 for p in picked)
+        if needs_truncation:
+            scaled = _truncate(scaled, top_k, top_p)
+        probs = scaled.softmax(-1)
+        noise = torch.stack([
+            torch.empty(vocab).exponential_(generator=torch.Generator().manual_seed(
+                noise_seed(rows[i].seed, rows[i].output_index)))
+            for i in random_rows
+        ]).to(device)
+        chosen[index] = (probs / noise).argmax(-1)
+    token_ids = chosen.tolist()
+    logprobs = raw_logprobs.gather(-1, chosen[:, None])[:, 0].tolist()
+    return SampleResult(token_ids, logprobs)

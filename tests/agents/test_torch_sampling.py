@@ -1,0 +1,104 @@
+"""The torch engine's sampler: greedy, temperature, top-k, top-p, repetition penalty, min_tokens bans,
+and counter-based randomness that depends only on (seed, token index)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from agents.engines.torch_engine.sampling import (
+    SamplingRow,
+    check_sampling_params,
+    noise_seed,
+    request_seed,
+    sample,
+)
+from schemas import SamplingParams
+
+PROBS = torch.tensor([0.5, 0.3, 0.15, 0.05])
+LOGITS = PROBS.log()
+
+
+def _rows(params: SamplingParams, seeds: range, index: int = 0) -> list[SamplingRow]:
+    return [SamplingRow(params, seed, index) for seed in seeds]
+
+
+def _frequencies(params: SamplingParams, n: int = 3000) -> torch.Tensor:
+    tokens = sample(LOGITS.expand(n, -1), _rows(params, range(n))).token_ids
+    return torch.bincount(torch.tensor(tokens), minlength=4).float() / n
+
+
+def test_temperature_one_samples_from_the_model_distribution() -> None:
+    freq = _frequencies(SamplingParams(temperature=1.0))
+    assert torch.allclose(freq, PROBS, atol=0.03)
+
+
+def test_low_temperature_sharpens_and_greedy_is_argmax() -> None:
+    assert _frequencies(SamplingParams(temperature=0.25))[0] > 0.8
+    logits = torch.randn(5, 50)
+    assert sample(logits, _rows(SamplingParams(), range(5))).token_ids == logits.argmax(-1).tolist()
+
+
+def test_top_k_and_top_p_cut_the_tail() -> None:
+    freq = _frequencies(SamplingParams(temperature=1.0, top_k=2))
+    assert freq[2:].sum() == 0 and torch.allclose(freq[:2], torch.tensor([0.625, 0.375]), atol=0.04)
+    # mass above token 2 is 0.8 > 0.7: tokens 0 and 1 survive
+    freq = _frequencies(SamplingParams(temperature=1.0, top_p=0.7))
+    assert freq[2:].sum() == 0 and freq[1] > 0.3
+    assert _frequencies(SamplingParams(temperature=1.0, top_p=0.01))[0] == 1.0
+    assert _frequencies(SamplingParams(temperature=5.0, top_k=1), n=200)[0] == 1.0
+
+
+def test_repetition_penalty_discourages_seen_tokens() -> None:
+    logits = torch.tensor([[3.0, 2.0, 1.6, -1.0]])
+    params = SamplingParams(repetition_penalty=2.0)
+    assert sample(logits, [SamplingRow(params, 0, 0, history=(0,))]).token_ids == [1]  # 3/2 < 2
+    assert sample(logits, [SamplingRow(params, 0, 0, history=(0, 1))]).token_ids == [2]
+    assert sample(logits, [SamplingRow(SamplingParams(), 0, 0, history=(0, 1))]).token_ids == [0]
+
+
+def test_banned_tokens_are_never_chosen() -> None:
+    params = SamplingParams(temperature=1.0)
+    rows = [SamplingRow(params, seed, 0, banned_token_ids=(0, 1)) for seed in range(500)]
+    tokens = sample(LOGITS.expand(500, -1), rows).token_ids
+    assert set(tokens) <= {2, 3}
+    assert sample(LOGITS[None], [SamplingRow(SamplingParams(), 0, 0, banned_token_ids=(0,))]).token_ids == [1]
+
+
+def test_randomness_depends_only_on_seed_and_token_index() -> None:
+    params = SamplingParams(temperature=1.0)
+    logits = torch.zeros(1, 1000)  # uniform: the token is pure noise
+    alone = sample(logits, [SamplingRow(params, 42, 7)]).token_ids[0]
+    others = [SamplingRow(SamplingParams(temperature=0.7, top_p=0.9), s, s) for s in range(6)]
+    batch = [*others[:3], SamplingRow(params, 42, 7), *others[3:]]
+    assert sample(logits.expand(7, -1), batch).token_ids[3] == alone
+    next_tokens = {sample(logits, [SamplingRow(params, 42, i)]).token_ids[0] for i in range(20)}
+    assert len(next_tokens) > 15  # a fresh draw per index
+    assert len({noise_seed(42, i) for i in range(1000)} | {noise_seed(43, i) for i in range(1000)}) == 2000
+
+
+def test_requests_without_a_seed_get_one_from_their_id() -> None:
+    assert request_seed("req-1", None) == request_seed("req-1", None) != request_seed("req-2", None)
+    assert request_seed("req-1", 5) == 5
+
+
+def test_logprobs_are_those_of_the_raw_distribution() -> None:
+    result = sample(LOGITS[None], [SamplingRow(SamplingParams(), 0, 0)])
+    assert result.token_ids == [0] and math.isclose(result.logprobs[0], math.log(0.5), rel_tol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("params", "problem"),
+    [
+        (SamplingParams(temperature=-1.0), "temperature"),
+        (SamplingParams(top_p=0.0), "top_p"),
+        (SamplingParams(top_k=0), "top_k"),
+        (SamplingParams(repetition_penalty=0.0), "repetition_penalty"),
+    ],
+)
+def test_invalid_sampling_params_are_named(params: SamplingParams, problem: str) -> None:
+    message = check_sampling_params(params)
+    assert message is not None and problem in message
+    assert check_sampling_params(SamplingParams(temperature=0.8, top_p=0.9, top_k=50)) is None
