@@ -21,14 +21,14 @@ __all__ = [
 ]
 
 
-class LoadPosition(Message, tag="load_position"):
+class LoadPosition(Message, frozen=True, kw_only=True, tag="load_position"):
     """The last load report of an instance that a decision used."""
 
     instance_id: str
     stream_seq: int
 
 
-class Dispatched(Message, tag="dispatched"):
+class Dispatched(Message, frozen=True, kw_only=True, tag="dispatched"):
     epoch: int
     request_id: str
     instance_id: str
@@ -38,7 +38,7 @@ class Dispatched(Message, tag="dispatched"):
     loads: tuple[LoadPosition, ...] = ()
 
 
-class Paired(Message, tag="paired"):
+class Paired(Message, frozen=True, kw_only=True, tag="paired"):
     epoch: int
     source_id: str
     destination_id: str
@@ -47,20 +47,20 @@ class Paired(Message, tag="paired"):
     destination_freeness: float
 
 
-class Unpaired(Message, tag="unpaired"):
+class Unpaired(Message, frozen=True, kw_only=True, tag="unpaired"):
     epoch: int
     source_id: str
     destination_id: str
     reason: str
 
 
-class ScaleUp(Message, tag="scale_up"):
+class ScaleUp(Message, frozen=True, kw_only=True, tag="scale_up"):
     epoch: int
     num_instances: int
     average_freeness: float
 
 
-class ScaleDown(Message, tag="scale_down"):
+class ScaleDown(Message, frozen=True, kw_only=True, tag="scale_down"):
     epoch: int
     instance_id: str
     average_freeness: float

@@ -20,7 +20,7 @@ __all__ = [
 ]
 
 
-class ModelIdentity(Message, tag="model"):
+class ModelIdentity(Message, frozen=True, kw_only=True, tag="model"):
     """What must match for two instances to exchange KV cache."""
 
     model_id: str
@@ -29,7 +29,7 @@ class ModelIdentity(Message, tag="model"):
     tensor_parallel: int = 1
 
 
-class KVLayout(Message, tag="kv_layout"):
+class KVLayout(Message, frozen=True, kw_only=True, tag="kv_layout"):
     """Shape of one KV block, so a destination can check a buffer fits."""
 
     num_layers: int
@@ -39,7 +39,7 @@ class KVLayout(Message, tag="kv_layout"):
     dtype: str
 
 
-class InstanceJoined(Message, tag="instance_joined"):
+class InstanceJoined(Message, frozen=True, kw_only=True, tag="instance_joined"):
     instance_id: str
     num_blocks: int
     block_size: int
@@ -51,21 +51,21 @@ class InstanceJoined(Message, tag="instance_joined"):
     max_model_len: int = 4096
 
 
-class InstanceHeartbeat(Message, tag="instance_heartbeat"):
+class InstanceHeartbeat(Message, frozen=True, kw_only=True, tag="instance_heartbeat"):
     instance_id: str
     seq: int
 
 
-class InstanceTerminating(Message, tag="instance_terminating"):
+class InstanceTerminating(Message, frozen=True, kw_only=True, tag="instance_terminating"):
     instance_id: str
     reason: str = ""
 
 
-class InstanceLeft(Message, tag="instance_left"):
+class InstanceLeft(Message, frozen=True, kw_only=True, tag="instance_left"):
     instance_id: str
 
 
-class InstanceFailed(Message, tag="instance_failed"):
+class InstanceFailed(Message, frozen=True, kw_only=True, tag="instance_failed"):
     instance_id: str
     reason: str
     last_heartbeat: float = 0.0

@@ -12,7 +12,7 @@ from schemas.base import Message
 __all__ = ["LoadReport", "PriorityLoad"]
 
 
-class PriorityLoad(Message, tag="priority_load"):
+class PriorityLoad(Message, frozen=True, kw_only=True, tag="priority_load"):
     """Running requests of one priority and the physical blocks they hold."""
 
     priority: int
@@ -20,7 +20,7 @@ class PriorityLoad(Message, tag="priority_load"):
     num_blocks: int
 
 
-class LoadReport(Message, tag="load_report"):
+class LoadReport(Message, frozen=True, kw_only=True, tag="load_report"):
     instance_id: str
     seq: int
     num_total_blocks: int

@@ -24,7 +24,7 @@ __all__ = [
 ]
 
 
-class PreAllocate(Message, tag="mig_pre_allocate"):
+class PreAllocate(Message, frozen=True, kw_only=True, tag="mig_pre_allocate"):
     migration_id: str
     request_id: str
     source_id: str
@@ -33,19 +33,19 @@ class PreAllocate(Message, tag="mig_pre_allocate"):
     num_blocks: int
 
 
-class Ack(Message, tag="mig_ack"):
+class Ack(Message, frozen=True, kw_only=True, tag="mig_ack"):
     migration_id: str
     stage: int
     block_ids: tuple[int, ...]
 
 
-class Abort(Message, tag="mig_abort"):
+class Abort(Message, frozen=True, kw_only=True, tag="mig_abort"):
     migration_id: str
     reason: str
     sender_id: str = ""
 
 
-class StageDone(Message, tag="mig_stage_done"):
+class StageDone(Message, frozen=True, kw_only=True, tag="mig_stage_done"):
     migration_id: str
     stage: int
     num_blocks: int
@@ -54,7 +54,7 @@ class StageDone(Message, tag="mig_stage_done"):
     last: bool = False
 
 
-class Commit(Message, tag="mig_commit"):
+class Commit(Message, frozen=True, kw_only=True, tag="mig_commit"):
     """Sent after the last stage. Carries what the destination needs to resume."""
 
     migration_id: str
@@ -67,7 +67,7 @@ class Commit(Message, tag="mig_commit"):
     suspended_at: float
 
 
-class CommitAck(Message, tag="mig_commit_ack"):
+class CommitAck(Message, frozen=True, kw_only=True, tag="mig_commit_ack"):
     migration_id: str
     request_id: str
     destination_id: str

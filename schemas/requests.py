@@ -15,26 +15,26 @@ __all__ = [
 ]
 
 
-class RequestArrived(Message, tag="req_arrived"):
+class RequestArrived(Message, frozen=True, kw_only=True, tag="req_arrived"):
     request_id: str
     num_prompt_tokens: int
     max_tokens: int
     priority: int = 0
 
 
-class RequestPlaced(Message, tag="req_placed"):
+class RequestPlaced(Message, frozen=True, kw_only=True, tag="req_placed"):
     request_id: str
     instance_id: str
     bypass: bool = False
 
 
-class RequestFirstToken(Message, tag="req_first_token"):
+class RequestFirstToken(Message, frozen=True, kw_only=True, tag="req_first_token"):
     request_id: str
     instance_id: str
     ttft_s: float
 
 
-class RequestFinished(Message, tag="req_finished"):
+class RequestFinished(Message, frozen=True, kw_only=True, tag="req_finished"):
     request_id: str
     finish_reason: str
     num_prompt_tokens: int
@@ -42,14 +42,14 @@ class RequestFinished(Message, tag="req_finished"):
     e2e_s: float
 
 
-class RequestRescued(Message, tag="req_rescued"):
+class RequestRescued(Message, frozen=True, kw_only=True, tag="req_rescued"):
     request_id: str
     failed_instance_id: str
     new_instance_id: str
     num_tokens_kept: int
 
 
-class RequestAborted(Message, tag="req_aborted"):
+class RequestAborted(Message, frozen=True, kw_only=True, tag="req_aborted"):
     request_id: str
     reason: str
 

@@ -24,7 +24,7 @@ __all__ = [
 ]
 
 
-class SamplingParams(Message, tag="sampling"):
+class SamplingParams(Message, frozen=True, kw_only=True, tag="sampling"):
     max_tokens: int = 16
     min_tokens: int = 0
     temperature: float = 0.0
@@ -37,7 +37,7 @@ class SamplingParams(Message, tag="sampling"):
     logprobs: bool = False
 
 
-class GenerateRequest(Message, tag="generate"):
+class GenerateRequest(Message, frozen=True, kw_only=True, tag="generate"):
     """Start a request on an instance. Idempotent by ``request_id``.
 
     ``num_prompt_tokens`` tells which of ``token_ids`` are the prompt; a
@@ -55,7 +55,7 @@ class GenerateRequest(Message, tag="generate"):
     stream: bool = True
 
 
-class GenerateReply(Message, tag="generate_reply"):
+class GenerateReply(Message, frozen=True, kw_only=True, tag="generate_reply"):
     request_id: str
     instance_id: str
     accepted: bool
@@ -63,24 +63,24 @@ class GenerateReply(Message, tag="generate_reply"):
     error: str | None = None
 
 
-class AbortRequest(Message, tag="abort"):
+class AbortRequest(Message, frozen=True, kw_only=True, tag="abort"):
     request_id: str
     reason: str = "client"
 
 
-class AbortReply(Message, tag="abort_reply"):
+class AbortReply(Message, frozen=True, kw_only=True, tag="abort_reply"):
     request_id: str
     found: bool
 
 
-class ResendRequest(Message, tag="resend"):
+class ResendRequest(Message, frozen=True, kw_only=True, tag="resend"):
     """Ask the owning agent to publish again the deltas from ``from_index`` on."""
 
     request_id: str
     from_index: int
 
 
-class DispatchRequest(Message, tag="dispatch_request"):
+class DispatchRequest(Message, frozen=True, kw_only=True, tag="dispatch_request"):
     """Frontend → scheduler: where should this request run?"""
 
     request_id: str
@@ -89,14 +89,14 @@ class DispatchRequest(Message, tag="dispatch_request"):
     exclude: tuple[str, ...] = ()
 
 
-class DispatchReply(Message, tag="dispatch_reply"):
+class DispatchReply(Message, frozen=True, kw_only=True, tag="dispatch_reply"):
     request_id: str
     instance_id: str | None
     epoch: int
     error: str | None = None
 
 
-class MigrateOut(Message, tag="migrate_out"):
+class MigrateOut(Message, frozen=True, kw_only=True, tag="migrate_out"):
     """Scheduler → source agent: move requests to ``destination_id`` until
     the source's freeness reaches ``target_freeness``."""
 
@@ -105,18 +105,18 @@ class MigrateOut(Message, tag="migrate_out"):
     target_freeness: float
 
 
-class StopMigration(Message, tag="stop_migration"):
+class StopMigration(Message, frozen=True, kw_only=True, tag="stop_migration"):
     epoch: int
     destination_id: str
 
 
-class Drain(Message, tag="drain"):
+class Drain(Message, frozen=True, kw_only=True, tag="drain"):
     """Scheduler → agent: terminate by migrating every request away."""
 
     epoch: int
 
 
-class RpcError(Message, tag="rpc_error"):
+class RpcError(Message, frozen=True, kw_only=True, tag="rpc_error"):
     code: str
     message: str
 

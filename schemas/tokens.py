@@ -7,7 +7,7 @@ from schemas.base import Message
 __all__ = ["TokenDelta"]
 
 
-class TokenDelta(Message, tag="token_delta"):
+class TokenDelta(Message, frozen=True, kw_only=True, tag="token_delta"):
     """One engine step's output for one request.
 
     ``first_index`` is the index of ``token_ids[0]`` among the request's
