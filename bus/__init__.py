@@ -1,5 +1,79 @@
 """The NATS / JetStream adapter: streams, appends, replay, RPC, KV, and the embedded server.
 
-An in-memory implementation of the same ``Bus`` protocol serves unit tests of
-pure logic and the simulator; everything else runs against a real nats-server.
+Components talk to the :class:`Bus` port (``bus.protocol``): ``JetStreamBus``
+on a real nats-server, ``MemoryBus`` in process (unit tests of pure logic and
+the simulator). Both raise the errors of ``bus.errors``; ``bus.tracing`` puts
+W3C trace context into headers. The bus moves bytes and knows nothing of what
+the payloads mean.
 """
+
+from bus.errors import (
+    AppendFailed,
+    AppendTimeout,
+    BusError,
+    BusTimeout,
+    HandlerFailed,
+    InvalidName,
+    KeyConflict,
+    KeyNotFound,
+    NoResponders,
+    NotConnected,
+    RequestTimeout,
+    SequenceGap,
+    StreamNotFound,
+)
+from bus.jetstream import JetStreamBus
+from bus.memory import MemoryBroker, MemoryBus
+from bus.protocol import (
+    ERROR_HEADER,
+    EXPECTED_LAST_SUBJECT_SEQ_HEADER,
+    MSG_ID_HEADER,
+    Appender,
+    Bus,
+    BusConfig,
+    BusMessage,
+    Handler,
+    KvChange,
+    KvEntry,
+    MessageFeed,
+    Position,
+    Service,
+    StoredMessage,
+    StreamConfig,
+    Subscription,
+)
+
+__all__ = [
+    "ERROR_HEADER",
+    "EXPECTED_LAST_SUBJECT_SEQ_HEADER",
+    "MSG_ID_HEADER",
+    "AppendFailed",
+    "AppendTimeout",
+    "Appender",
+    "Bus",
+    "BusConfig",
+    "BusError",
+    "BusMessage",
+    "BusTimeout",
+    "Handler",
+    "HandlerFailed",
+    "InvalidName",
+    "JetStreamBus",
+    "KeyConflict",
+    "KeyNotFound",
+    "KvChange",
+    "KvEntry",
+    "MemoryBroker",
+    "MemoryBus",
+    "MessageFeed",
+    "NoResponders",
+    "NotConnected",
+    "Position",
+    "RequestTimeout",
+    "SequenceGap",
+    "Service",
+    "StoredMessage",
+    "StreamConfig",
+    "StreamNotFound",
+    "Subscription",
+]

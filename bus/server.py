@@ -18,6 +18,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 __all__ = ["EmbeddedNats", "NatsServerNotFound", "find_nats_server", "free_port"]
 
@@ -81,7 +82,7 @@ class EmbeddedNats:
         self.store_dir.mkdir(parents=True, exist_ok=True)
         if not self.port:
             self.port = free_port(self.host)
-        log = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL
+        log: IO[bytes] | int = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL
         args = [
             find_nats_server(),
             "-a", self.host,
@@ -92,7 +93,7 @@ class EmbeddedNats:
         self._process = subprocess.Popen(
             args, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True
         )
-        if log is not subprocess.DEVNULL:
+        if not isinstance(log, int):
             log.close()
         self._wait_ready(timeout)
         return self

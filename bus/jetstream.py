@@ -1,0 +1,462 @@
+"""The real :class:`bus.protocol.Bus`: NATS and JetStream through nats-py.
+
+:class:`JetStreamBus` connects with reconnection that never gives up,
+provisions the two file-backed streams (events by age; loads by age and a
+per-instance count) and the KV bucket idempotently, and implements the port:
+appends through :class:`bus.acks.AckTracker` (resends with the same message
+id until a deadline), replay/tail/watch through
+:class:`bus.ordered.OrderedConsumer`, core publish/subscribe/request/serve,
+and KV on nats-py's ``KeyValue``. Every nats-py exception is translated into
+:mod:`bus.errors` here; nothing above this module imports ``nats``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.js import api
+from nats.js.kv import KV_DEL, KV_OP, KV_PURGE, KeyValue
+from nats.js.manager import JetStreamManager
+
+from bus.acks import AckTracker
+from bus.errors import (
+    BusError,
+    HandlerFailed,
+    KeyConflict,
+    KeyNotFound,
+    NoResponders,
+    NotConnected,
+    RequestTimeout,
+    StreamNotFound,
+)
+from bus.flow import CoreSubscription, Feed, Pipeline, RequestService
+from bus.ordered import Convert, OrderedConsumer
+from bus.protocol import (
+    ERROR_HEADER,
+    BusConfig,
+    BusMessage,
+    Handler,
+    KvChange,
+    KvEntry,
+    Position,
+    StoredMessage,
+)
+from bus.seam import translate, translated
+from bus.wildcards import validate_key, validate_key_pattern, validate_subject
+
+__all__ = ["JetStreamBus"]
+
+log = logging.getLogger(__name__)
+R = TypeVar("R")
+
+_STREAM_NAME_IN_USE = 10058
+
+
+def _stored_message(stream: str) -> Convert[StoredMessage]:
+    def convert(msg: Msg, seq: int, stamp: float, num_pending: int, live: bool) -> StoredMessage:
+        return StoredMessage(msg.subject, msg.data, msg.headers or {}, Position(stream, seq), stamp)
+
+    return convert
+
+
+def _kv_change(prefix: str) -> Convert[KvChange]:
+    cut = len(prefix)
+
+    def convert(msg: Msg, seq: int, stamp: float, num_pending: int, live: bool) -> KvChange | None:
+        operation = (msg.headers or {}).get(KV_OP)
+        if operation in (KV_DEL, KV_PURGE):
+            return KvChange(msg.subject[cut:], None, seq) if live else None
+        return KvChange(msg.subject[cut:], msg.data, seq)
+
+    return convert
+
+
+class JetStreamBus:
+    """A :class:`bus.protocol.Bus` on a NATS server with JetStream."""
+
+    def __init__(self, config: BusConfig | None = None) -> None:
+        self._config = config or BusConfig()
+        self._nc: NatsClient | None = None
+        self._jsm: JetStreamManager | None = None
+        self._kv: KeyValue | None = None
+        self._acks: AckTracker | None = None
+        self._readers: set[OrderedConsumer[Any]] = set()
+        self._subscriptions: set[CoreSubscription] = set()
+        self._services: set[RequestService] = set()
+        self.num_disconnects = 0
+        self.num_reconnects = 0
+
+    @property
+    def config(self) -> BusConfig:
+        return self._config
+
+    @property
+    def is_connected(self) -> bool:
+        return self._nc is not None and self._nc.is_connected
+
+    @property
+    def client(self) -> NatsClient:
+        """The underlying nats-py client (benchmarks and diagnostics only)."""
+        if self._nc is None or self._nc.is_closed:
+            raise NotConnected("bus is not connected")
+        return self._nc
+
+    def _parts(self) -> tuple[NatsClient, JetStreamManager]:
+        if self._nc is None or self._jsm is None or self._nc.is_closed:
+            raise NotConnected("bus is not connected")
+        return self._nc, self._jsm
+
+    # -- lifecycle ---------------------------------------------------------------------
+    async def connect(self) -> None:
+        if self._nc is not None and not self._nc.is_closed:
+            return
+        cfg = self._config
+        try:
+            self._nc = await nats.connect(
+                servers=cfg.servers,
+                name=cfg.name,
+                connect_timeout=cfg.connect_timeout,
+                reconnect_time_wait=cfg.reconnect_time_wait,
+                max_reconnect_attempts=cfg.connect_attempts,
+                allow_reconnect=True,
+                pending_size=cfg.reconnect_buffer_bytes,
+                ping_interval=cfg.ping_interval,
+                max_outstanding_pings=cfg.max_outstanding_pings,
+                error_cb=self._on_error,
+                disconnected_cb=self._on_disconnected,
+                reconnected_cb=self._on_reconnected,
+            )
+        except (TimeoutError, nats.errors.Error, OSError) as exc:
+            raise NotConnected(f"cannot connect to {cfg.url}: {exc!r}") from exc
+        # nats-py uses one limit for the first connect and for reconnects; once in, never give up.
+        self._nc.options["max_reconnect_attempts"] = cfg.max_reconnect_attempts
+        self._jsm = self._nc.jsm(timeout=cfg.api_timeout)
+        try:
+            if cfg.provision:
+                await self._provision()
+            self._kv = await translated(
+                self._nc.jetstream(timeout=cfg.api_timeout).key_value(cfg.subjects.kv_bucket), "kv bucket"
+            )
+            self._acks = AckTracker(self._nc, ack_timeout=cfg.ack_timeout)
+            await self._acks.start()
+        except (TimeoutError, nats.errors.Error, OSError) as exc:
+            await self._nc.close()
+            raise translate(exc, f"provision streams on {cfg.url}") from exc
+        except BaseException:
+            await self._nc.close()
+            raise
+
+    async def _provision(self) -> None:
+        cfg, names, streams = self._config, self._config.subjects, self._config.streams
+        common: dict[str, Any] = {
+            "storage": api.StorageType.FILE,
+            "retention": api.RetentionPolicy.LIMITS,
+            "discard": api.DiscardPolicy.OLD,
+            "duplicate_window": streams.duplicate_window,
+            "num_replicas": streams.replicas,
+            "allow_direct": True,
+        }
+        await self._ensure_stream(
+            api.StreamConfig(
+                name=names.events_stream,
+                subjects=[names.events_all],
+                max_age=streams.events_max_age,
+                **common,
+            )
+        )
+        await self._ensure_stream(
+            api.StreamConfig(
+                name=names.loads_stream,
+                subjects=[names.loads_all],
+                max_age=streams.loads_max_age,
+                max_msgs_per_subject=streams.loads_max_msgs_per_subject,
+                **common,
+            )
+        )
+        js = self._parts()[0].jetstream(timeout=cfg.api_timeout)
+        try:
+            await js.create_key_value(
+                bucket=names.kv_bucket,
+                history=streams.kv_history,
+                storage=api.StorageType.FILE,
+                replicas=streams.replicas,
+            )
+        except nats.js.errors.BadRequestError as exc:
+            if exc.err_code != _STREAM_NAME_IN_USE:  # exists with another config: use it as it is
+                raise BusError(f"cannot create KV bucket {names.kv_bucket!r}: {exc}") from exc
+
+    async def _ensure_stream(self, config: api.StreamConfig) -> None:
+        """Create the stream, or update it to ``config`` if it exists with another one."""
+        jsm = self._parts()[1]
+        try:
+            await translated(jsm.add_stream(config), f"create stream {config.name}")
+        except BusError as exc:
+            cause = exc.__cause__
+            if not isinstance(cause, nats.js.errors.BadRequestError) or cause.err_code != _STREAM_NAME_IN_USE:
+                raise
+            await translated(jsm.update_stream(config), f"update stream {config.name}")
+
+    async def close(self) -> None:
+        """Stop services and readers, give unacknowledged appends ``ack_timeout`` to settle, disconnect."""
+        nc = self._nc
+        if nc is None:
+            return
+        for service in list(self._services):
+            await service.stop()
+        for reader in list(self._readers):
+            await reader.feed.aclose()
+        for subscription in list(self._subscriptions):
+            await subscription.aclose()
+        if self._acks is not None:
+            await self._acks.stop(grace=self._config.ack_timeout)
+            self._acks = None
+        self._nc = self._jsm = self._kv = None
+        if not nc.is_closed:
+            await nc.close()
+
+    async def __aenter__(self) -> Self:
+        await self.connect()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def _on_error(self, exc: Exception) -> None:
+        log.debug("nats: %r", exc)
+
+    async def _on_disconnected(self) -> None:
+        self.num_disconnects += 1
+        log.info("bus disconnected from %s", self._config.url)
+
+    async def _on_reconnected(self) -> None:
+        self.num_reconnects += 1
+        log.info("bus reconnected to %s", self._config.url)
+        if self._acks is not None:
+            self._acks.reconnected()
+        for reader in list(self._readers):
+            reader.request_reset()
+
+    # -- durable log --------------------------------------------------------------------
+    def _tracker(self) -> AckTracker:
+        if self._acks is None:
+            raise NotConnected("bus is not connected")
+        return self._acks
+
+    async def append(
+        self,
+        subject: str,
+        data: bytes,
+        *,
+        msg_id: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> Position:
+        future = await self._tracker().submit(
+            subject, data, msg_id, headers, self._config.append_timeout if timeout is None else timeout
+        )
+        return await future
+
+    async def _submit(
+        self, subject: str, data: bytes, msg_id: str | None, headers: Mapping[str, str] | None, timeout: float
+    ) -> asyncio.Future[Position]:
+        return await self._tracker().submit(subject, data, msg_id, headers, timeout)
+
+    def appender(self, *, max_in_flight: int = 256, timeout: float | None = None) -> Pipeline:
+        return Pipeline(
+            self._submit,
+            max_in_flight=max_in_flight,
+            timeout=self._config.append_timeout if timeout is None else timeout,
+        )
+
+    def _reader(self, stream: str, convert: Convert[R], **options: Any) -> Feed[R]:
+        nc, jsm = self._parts()
+        reader = OrderedConsumer(
+            nc,
+            jsm,
+            stream=stream,
+            convert=convert,
+            heartbeat=self._config.heartbeat,
+            api_timeout=self._config.api_timeout,
+            on_close=self._readers.discard,
+            **options,
+        )
+        self._readers.add(reader)
+        return reader.feed
+
+    def replay(
+        self,
+        stream: str,
+        *,
+        from_seq: int = 1,
+        until_seq: int | None = None,
+        subjects: Sequence[str] | None = None,
+    ) -> Feed[StoredMessage]:
+        return self._reader(
+            stream,
+            _stored_message(stream),
+            filters=_filters(subjects),
+            start_seq=max(1, from_seq),
+            until_seq=until_seq,
+            stop_at_end=True,
+        )
+
+    def tail(
+        self, stream: str, *, from_seq: int | None = None, subjects: Sequence[str] | None = None
+    ) -> Feed[StoredMessage]:
+        return self._reader(stream, _stored_message(stream), filters=_filters(subjects), start_seq=from_seq)
+
+    async def last_seq(self, stream: str) -> int:
+        info = await translated(self._parts()[1].stream_info(stream), f"stream {stream!r}")
+        return int(info.state.last_seq)
+
+    # -- core NATS ------------------------------------------------------------------------
+    async def publish(self, subject: str, data: bytes, *, headers: Mapping[str, str] | None = None) -> None:
+        validate_subject(subject)
+        nc = self._parts()[0]
+        await translated(nc.publish(subject, data, headers=dict(headers) if headers else None), "publish")
+
+    async def subscribe(self, subject: str, *, queue: str | None = None) -> CoreSubscription:
+        validate_subject(subject, wildcards=True)
+        nc = self._parts()[0]
+
+        async def on_message(msg: Msg) -> None:
+            subscription.push(BusMessage(msg.subject, msg.data, msg.headers or {}, msg.reply))
+
+        nats_sub = await translated(
+            nc.subscribe(subject, queue=queue or "", cb=on_message, pending_msgs_limit=0), "subscribe"
+        )
+        await self._settle(nc)
+
+        async def close() -> None:
+            self._subscriptions.discard(subscription)
+            try:
+                await nats_sub.unsubscribe()
+            except nats.errors.Error:
+                pass
+            await self._settle(nc)
+
+        subscription = CoreSubscription(subject, closer=close, max_buffered=self._config.subscription_buffer)
+        self._subscriptions.add(subscription)
+        return subscription
+
+    async def _settle(self, nc: NatsClient) -> None:
+        """Round-trip to the server so a new subscription is in place when the call returns."""
+        if nc.is_connected:
+            try:
+                await nc.flush(timeout=max(1, int(self._config.api_timeout)))
+            except (nats.errors.Error, TimeoutError):
+                pass  # it is registered on (re)connect anyway
+
+    async def request(
+        self, subject: str, data: bytes, *, timeout: float, headers: Mapping[str, str] | None = None
+    ) -> BusMessage:
+        validate_subject(subject)
+        nc = self._parts()[0]
+        try:
+            msg = await nc.request(subject, data, timeout=timeout, headers=dict(headers) if headers else None)
+        except nats.errors.NoRespondersError as exc:
+            raise NoResponders(f"no responders on {subject!r}") from exc
+        except (TimeoutError, nats.errors.TimeoutError) as exc:
+            raise RequestTimeout(f"no reply on {subject!r} within {timeout}s") from exc
+        except (nats.errors.ConnectionClosedError, nats.errors.OutboundBufferLimitError) as exc:
+            raise NotConnected(f"request on {subject!r}: {exc}") from exc
+        reply_headers = msg.headers or {}
+        if ERROR_HEADER in reply_headers:
+            raise HandlerFailed(subject, reply_headers[ERROR_HEADER])
+        return BusMessage(msg.subject, msg.data, reply_headers, "")
+
+    async def serve(self, subject: str, handler: Handler, *, queue: str | None = None) -> RequestService:
+        validate_subject(subject, wildcards=True)
+        nc = self._parts()[0]
+
+        async def reply(to: str, data: bytes, headers: Mapping[str, str] | None) -> None:
+            await nc.publish(to, data, headers=dict(headers) if headers else None)
+
+        service = RequestService(subject, handler, reply)
+
+        async def on_request(msg: Msg) -> None:
+            service.dispatch(BusMessage(msg.subject, msg.data, msg.headers or {}, msg.reply))
+
+        nats_sub = await translated(
+            nc.subscribe(subject, queue=queue or "", cb=on_request, pending_msgs_limit=0), "serve"
+        )
+        await self._settle(nc)
+
+        async def stop() -> None:
+            self._services.discard(service)
+            try:
+                await nats_sub.unsubscribe()
+            except nats.errors.Error:
+                pass
+            await self._settle(nc)
+
+        service.bind_stopper(stop)
+        self._services.add(service)
+        return service
+
+    # -- key-value --------------------------------------------------------------------------
+    def _bucket(self) -> KeyValue:
+        if self._kv is None:
+            raise NotConnected("bus is not connected")
+        return self._kv
+
+    async def kv_get(self, key: str) -> KvEntry | None:
+        validate_key(key)
+        try:
+            entry = await translated(self._bucket().get(key), f"kv get {key!r}")
+        except StreamNotFound as exc:
+            if isinstance(exc.__cause__, nats.js.errors.KeyNotFoundError):
+                return None
+            raise
+        return KvEntry(entry.value or b"", int(entry.revision or 0))
+
+    async def kv_put(self, key: str, value: bytes) -> int:
+        validate_key(key)
+        return int(await translated(self._bucket().put(key, value), f"kv put {key!r}"))
+
+    async def kv_create(self, key: str, value: bytes) -> int:
+        validate_key(key)
+        try:
+            return int(await self._bucket().create(key, value))
+        except nats.js.errors.KeyWrongLastSequenceError as exc:
+            raise KeyConflict(key, "key exists") from exc
+        except nats.errors.Error as exc:
+            raise translate(exc, f"kv create {key!r}") from exc
+
+    async def kv_update(self, key: str, value: bytes, *, last_revision: int) -> int:
+        validate_key(key)
+        try:
+            return int(await self._bucket().update(key, value, last=last_revision))
+        except nats.js.errors.KeyWrongLastSequenceError as exc:
+            if await self.kv_get(key) is None:
+                raise KeyNotFound(key, f"expected revision {last_revision}, key does not exist") from exc
+            raise KeyConflict(key, f"expected revision {last_revision}: {exc.description}") from exc
+        except nats.errors.Error as exc:
+            raise translate(exc, f"kv update {key!r}") from exc
+
+    async def kv_delete(self, key: str) -> None:
+        validate_key(key)
+        await translated(self._bucket().delete(key), f"kv delete {key!r}")
+
+    def kv_watch(self, pattern: str = ">") -> Feed[KvChange]:
+        validate_key_pattern(pattern)
+        bucket = self._config.subjects.kv_bucket
+        prefix = f"$KV.{bucket}."
+        return self._reader(
+            f"KV_{bucket}", _kv_change(prefix), filters=[prefix + pattern], last_per_subject=True
+        )
+
+
+def _filters(subjects: Sequence[str] | None) -> list[str]:
+    return [validate_subject(subject, wildcards=True) for subject in subjects or ()]
