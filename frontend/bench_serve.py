@@ -1,0 +1,257 @@
+"""``shoal bench serve``: streaming throughput and TTFT through shoal next to the engine driven directly.
+
+For each concurrency (default 8, 32, 64) the same workload — that many
+requests of ``--prompt-tokens`` prompt tokens and ``--max-tokens`` output
+tokens each (``ignore_eos``, greedy), all sent at once — runs both ways,
+alternately ``--rounds`` times (the run of median throughput of each side is
+reported, so both sides see the same background load on a shared machine):
+
+* **direct**: a torch engine of the preset in this process, stepped in a loop
+  (``add_request`` all, ``step()`` until done): the ceiling;
+* **shoal**: an embedded nats-server, one ``shoal agent`` (same engine
+  options and torch thread count) and ``shoal serve`` as child processes, and
+  that many concurrent streaming HTTP clients in this process (SSE with
+  ``include_usage``).
+
+Reported per concurrency: output tokens/s of each (``shoal_tps``,
+``direct_tps``) and their ratio, and shoal's TTFT p50/p99 (time to the first
+SSE chunk carrying text) next to the direct engine's (time to the first
+token), and the CPU time each process spends per 1000 output tokens (which,
+unlike wall-clock rates, hardly depends on what else runs on the machine).
+The shoal run's agent, frontend, NATS and clients all compete for the cores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+__all__ = ["bench_serve", "run_direct", "run_through_shoal"]
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used (all its threads), from /proc; 0.0 if unknown."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _prompt(index: int, length: int) -> list[int]:
+    return [(index * 37 + t * 11) % 200 + 32 for t in range(length)]
+
+
+def _engine_options(preset: str, concurrency: int, prompt_tokens: int, max_tokens: int) -> dict[str, Any]:
+    per_request = -(-(prompt_tokens + max_tokens + 1) // 16) + 1
+    return {"model": preset, "num_blocks": per_request * concurrency + 8, "max_batch_size": concurrency,
+            "max_model_len": prompt_tokens + max_tokens + 32}
+
+
+def run_direct(preset: str, concurrency: int, prompt_tokens: int, max_tokens: int) -> dict[str, float]:
+    """The engine alone in this process: tokens/s and TTFT of ``concurrency`` simultaneous requests."""
+    from agents.engines.torch_engine import TorchEngine, TorchEngineConfig
+    from schemas import SamplingParams
+
+    engine = TorchEngine(TorchEngineConfig(**_engine_options(preset, concurrency, prompt_tokens, max_tokens)))
+    sampling = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0)
+    engine.add_request("warmup", _prompt(999, prompt_tokens), SamplingParams(max_tokens=4, ignore_eos=True))
+    while engine.has_unfinished():
+        engine.step()
+    started = time.perf_counter()
+    cpu_before = time.process_time()
+    for index in range(concurrency):
+        engine.add_request(f"d{index}", _prompt(index, prompt_tokens), sampling)
+    first: dict[str, float] = {}
+    total = 0
+    while engine.has_unfinished():
+        result = engine.step()
+        now = time.perf_counter()
+        for output in result.outputs:
+            total += len(output.token_ids)
+            if output.token_ids:
+                first.setdefault(output.request_id, now - started)
+    wall = time.perf_counter() - started
+    cpu = time.process_time() - cpu_before
+    ttfts = list(first.values())
+    return {"tps": total / wall, "tokens": float(total), "wall_s": wall, "cpu_ms_per_ktok": 1e6 * cpu / total,
+            "ttft_p50_ms": 1000 * _percentile(ttfts, 0.5), "ttft_p99_ms": 1000 * _percentile(ttfts, 0.99)}
+
+
+async def _one_stream(client: Any, url: str, model: str, prompt: list[int], max_tokens: int,
+                      started: float) -> tuple[float | None, int]:
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}}
+    ttft: float | None = None
+    tokens = 0
+    async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if ttft is None and chunk.get("choices") and chunk["choices"][0].get("text"):
+                ttft = time.perf_counter() - started
+            if chunk.get("usage"):
+                tokens = int(chunk["usage"]["completion_tokens"])
+    return ttft, tokens
+
+
+async def _drive(url: str, model: str, concurrency: int, prompt_tokens: int, max_tokens: int,
+                 offset: int) -> dict[str, float]:
+    import httpx
+
+    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+        await _one_stream(client, url, model, _prompt(998, prompt_tokens), 4, time.perf_counter())  # warm-up
+        started = time.perf_counter()
+        results = await asyncio.gather(*(
+            _one_stream(client, url, model, _prompt(offset + i, prompt_tokens), max_tokens, started)
+            for i in range(concurrency)
+        ))
+        wall = time.perf_counter() - started
+    ttfts = [t for t, _ in results if t is not None]
+    total = sum(n for _, n in results)
+    return {"tps": total / wall, "tokens": float(total), "wall_s": wall,
+            "ttft_p50_ms": 1000 * _percentile(ttfts, 0.5), "ttft_p99_ms": 1000 * _percentile(ttfts, 0.99)}
+
+
+def _median_run(runs: list[dict[str, float]]) -> dict[str, float]:
+    """The run with the median throughput (its TTFTs and CPU figures come with it)."""
+    return sorted(runs, key=lambda run: run["tps"])[len(runs) // 2]
+
+
+def run_through_shoal(
+    preset: str, concurrencies: list[int], prompt_tokens: int, max_tokens: int, threads: int, log_dir: Path,
+    *, rounds: int = 1,
+) -> tuple[dict[int, dict[str, float]], dict[int, dict[str, float]]]:
+    """One agent and the frontend as child processes on an embedded NATS; streaming clients here.
+
+    Each concurrency runs ``rounds`` times through shoal, each followed at once by
+    the direct engine on the same workload (so both see the same load on a
+    shared machine); the run of median throughput of each side is reported.
+    Returns ``(shoal, direct)`` results by concurrency.
+    """
+    from bus.server import EmbeddedNats, free_port
+    from frontend.up import ClusterProcesses, _health
+
+    largest = max(concurrencies)
+    options = _engine_options(preset, largest, prompt_tokens, max_tokens)
+    processes = ClusterProcesses(log_dir)
+    processes.nats = EmbeddedNats(store_dir=log_dir / "nats-store").start()
+    url = processes.nats.url
+    port = free_port()
+    try:
+        processes.spawn("agent", [
+            "agent", "--nats-url", url, "--instance-id", "bench-0", "--engine", "torch", "--model", preset,
+            "--threads", str(threads), "--num-blocks", str(options["num_blocks"]),
+            "--max-batch-size", str(largest), "--max-model-len", str(options["max_model_len"]),
+            "--transport", "tcp", "--log-level", "WARNING",
+        ])
+        processes.spawn("frontend", [
+            "serve", "--nats-url", url, "--model", preset, "--port", str(port),
+            "--max-model-len", str(options["max_model_len"]), "--dispatch-timeout", "0.2",
+        ])
+        http_url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 180
+        while True:
+            health = _health(http_url)
+            if health is not None and health.get("instances"):
+                break
+            if time.monotonic() > deadline or processes.newly_dead():
+                raise click.ClickException(f"shoal did not start; logs in {log_dir}")
+            time.sleep(0.2)
+        shoal: dict[int, dict[str, float]] = {}
+        direct: dict[int, dict[str, float]] = {}
+        pids = {c.name: c.pid for c in processes.children}
+        pids["nats"] = processes.nats.pid
+        pids["clients"] = os.getpid()
+        for n, concurrency in enumerate(concurrencies):
+            shoal_runs, direct_runs = [], []
+            for round_index in range(rounds):
+                before = {name: _cpu_seconds(pid) for name, pid in pids.items()}
+                offset = 1000 * (n + 1) + 100 * round_index
+                result = asyncio.run(_drive(http_url, preset, concurrency, prompt_tokens, max_tokens, offset))
+                for name, pid in pids.items():  # CPU ms per 1000 output tokens, warm-up request included
+                    result[f"{name}_cpu_ms_per_ktok"] = (
+                        1e6 * (_cpu_seconds(pid) - before[name]) / max(result["tokens"], 1.0)
+                    )
+                shoal_runs.append(result)
+                direct_runs.append(run_direct(preset, concurrency, prompt_tokens, max_tokens))
+            shoal[concurrency] = _median_run(shoal_runs)
+            direct[concurrency] = _median_run(direct_runs)
+        return shoal, direct
+    finally:
+        processes.stop_all()
+
+
+@click.command("serve")
+@click.option("--preset", default="small", show_default=True, help="Torch preset of the engine.")
+@click.option("--concurrency", "concurrencies", type=int, multiple=True, default=(8, 32, 64),
+              show_default=True, help="Concurrent streaming clients (repeatable).")
+@click.option("--prompt-tokens", type=int, default=32, show_default=True)
+@click.option("--max-tokens", type=int, default=128, show_default=True)
+@click.option("--threads", type=int, default=1, show_default=True, help="Torch threads (both sides).")
+@click.option("--rounds", type=int, default=3, show_default=True,
+              help="Alternating shoal/direct runs per concurrency; the median is reported.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None)
+def bench_serve(preset: str, concurrencies: tuple[int, ...], prompt_tokens: int, max_tokens: int,
+                threads: int, rounds: int, json_path: Path | None) -> None:
+    """Streaming tokens/s and TTFT through shoal (frontend + NATS + agent) vs the engine alone."""
+    import torch
+
+    torch.set_num_threads(threads)
+    levels = sorted(set(concurrencies), key=int)
+    log_dir = Path(tempfile.mkdtemp(prefix="shoal-bench-serve-"))
+    shoal, direct = run_through_shoal(
+        preset, levels, prompt_tokens, max_tokens, threads, log_dir, rounds=rounds
+    )
+    results: dict[str, Any] = {}
+    machine = platform.processor() or platform.machine()
+    click.echo(f"preset {preset}, prompt {prompt_tokens} tokens, {max_tokens} output tokens per request, "
+               f"torch threads {threads}, {os.cpu_count()} CPUs, {machine}")
+    click.echo(f"{'streams':>8} {'shoal tok/s':>12} {'direct tok/s':>13} {'ratio':>6} "
+               f"{'TTFT p50 ms':>12} {'TTFT p99 ms':>12} {'direct p50':>11} {'direct p99':>11}")
+    for c in levels:
+        s, d = shoal[c], direct[c]
+        ratio = s["tps"] / d["tps"] if d["tps"] else float("nan")
+        results[str(c)] = {
+            "shoal_tps": s["tps"], "direct_tps": d["tps"], "ratio": ratio,
+            "ttft_p50_ms": s["ttft_p50_ms"], "ttft_p99_ms": s["ttft_p99_ms"],
+            "direct_ttft_p50_ms": d["ttft_p50_ms"], "direct_ttft_p99_ms": d["ttft_p99_ms"],
+            "shoal_tokens": s["tokens"], "direct_tokens": d["tokens"],
+            "cpu_ms_per_1k_tokens": {
+                name: s[f"{name}_cpu_ms_per_ktok"] for name in ("agent", "frontend", "nats", "clients")
+            },
+            "direct_cpu_ms_per_1k_tokens": d["cpu_ms_per_ktok"],
+        }
+        click.echo(f"{c:>8} {s['tps']:>12.1f} {d['tps']:>13.1f} {ratio:>6.2f} {s['ttft_p50_ms']:>12.1f} "
+                   f"{s['ttft_p99_ms']:>12.1f} {d['ttft_p50_ms']:>11.1f} {d['ttft_p99_ms']:>11.1f}")
+    click.echo("CPU ms per 1000 output tokens (direct engine | shoal: agent, frontend, nats, clients):")
+    for c in levels:
+        cpu = results[str(c)]["cpu_ms_per_1k_tokens"]
+        click.echo(f"{c:>8} {results[str(c)]['direct_cpu_ms_per_1k_tokens']:>9.0f} | "
+                   + ", ".join(f"{name} {value:.0f}" for name, value in cpu.items()))
+    meta = {"preset": preset, "prompt_tokens": prompt_tokens, "max_tokens": max_tokens, "threads": threads,
+            "rounds": rounds, "load_average": os.getloadavg(),
+            "cpus": os.cpu_count(), "median_ratio": statistics.median(r["ratio"] for r in results.values())}
+    if json_path is not None:
+        json_path.write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+        click.echo(f"wrote {json_path}")

@@ -1,0 +1,74 @@
+"""``shoal serve``: run the OpenAI-compatible HTTP frontend (uvicorn) against a NATS cluster.
+
+Parses options into a frozen :class:`~frontend.config.FrontendConfig`, builds
+the app with :func:`frontend.app.create_app` (its lifespan connects to NATS and
+runs the gateway) and serves it until SIGINT/SIGTERM.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import click
+
+from frontend.config import FrontendConfig
+
+__all__ = ["config_from_options", "serve"]
+
+
+def config_from_options(options: dict[str, Any]) -> FrontendConfig:
+    return FrontendConfig(
+        nats_url=options["nats_url"],
+        prefix=options["prefix"],
+        model=options["model"],
+        served_model_name=options["served_model_name"],
+        api_keys=tuple(options["api_key"]),
+        max_model_len=options["max_model_len"],
+        max_tokens_cap=options["max_tokens_cap"],
+        max_concurrent_requests=options["max_concurrent_requests"],
+        max_request_bytes=options["max_request_bytes"],
+        dispatch_policy=options["dispatch_policy"],
+        dispatch_timeout=options["dispatch_timeout"],
+        stall_timeout=options["stall_timeout"],
+        instance_stale_after=options["instance_stale_after"],
+        request_deadline=options["request_deadline"],
+    )
+
+
+@click.command("serve")
+@click.option("--nats-url", default="nats://127.0.0.1:4222", show_default=True, help="NATS server(s).")
+@click.option("--prefix", default="shoal", show_default=True, help="Subject prefix of the cluster.")
+@click.option("--model", default="tiny", show_default=True,
+              help="Tokenizer: torch preset, checkpoint folder, or sim:<profile>.")
+@click.option("--served-model-name", default=None, help="Name clients use (default: --model).")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=int, default=8000, show_default=True)
+@click.option("--api-key", multiple=True, help="Require this Bearer key (repeatable).")
+@click.option("--max-model-len", type=int, default=2048, show_default=True,
+              help="Context length until an instance announces its own.")
+@click.option("--max-tokens-cap", type=int, default=None, help="Clamp every request's max_tokens.")
+@click.option("--max-concurrent-requests", type=int, default=1024, show_default=True,
+              help="In flight before answering 429.")
+@click.option("--max-request-bytes", type=int, default=4 * 1024 * 1024, show_default=True)
+@click.option("--dispatch-policy", default="freeness", show_default=True, help="Bypass-mode dispatch policy.")
+@click.option("--dispatch-timeout", type=float, default=0.5, show_default=True,
+              help="Seconds to wait for the scheduler before placing by itself (bypass).")
+@click.option("--stall-timeout", type=float, default=30.0, show_default=True,
+              help="Seconds without a token before a request is rescued elsewhere.")
+@click.option("--instance-stale-after", type=float, default=3.0, show_default=True,
+              help="Seconds without a load report before an instance counts as dead.")
+@click.option("--request-deadline", type=float, default=None, help="End requests running longer (seconds).")
+@click.option("--log-level", default="warning", show_default=True)
+def serve(**options: Any) -> None:
+    """Run the OpenAI-compatible HTTP frontend."""
+    import uvicorn
+
+    from frontend.app import create_app
+
+    logging.basicConfig(level=options["log_level"].upper(),
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    config = config_from_options(options)
+    app = create_app(config)
+    uvicorn.run(app, host=options["host"], port=options["port"], log_level=options["log_level"].lower(),
+                access_log=False)

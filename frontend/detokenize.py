@@ -1,0 +1,134 @@
+"""Incremental, UTF-8 safe detokenization and stop-string matching. Pure: no I/O.
+
+:class:`IncrementalDetokenizer` turns token ids into text as they arrive. It
+decodes a short window (a few tokens of context plus the new ones) and emits
+only text that no longer ends in U+FFFD, so a multi-byte character split
+across tokens is held back until its last byte arrives and is never emitted
+half (the scheme vLLM uses, with ``prefix_offset`` / ``read_offset``). A
+window that still ends in U+FFFD after :data:`MAX_HELD_TOKENS` tokens is
+truly invalid output (a random model's bytes) and is emitted as decoded.
+
+:class:`StopStringMatcher` finds stop strings in the emitted text: it holds
+back the longest tail that could still begin a stop string, cuts the text
+before the first match and reports that generation should stop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+__all__ = ["MAX_HELD_TOKENS", "Decoder", "IncrementalDetokenizer", "StopStringMatcher"]
+
+#: A UTF-8 character has at most 4 bytes, and every token carries at least one.
+MAX_HELD_TOKENS = 6
+_CONTEXT_TOKENS = 4
+_REPLACEMENT = "\ufffd"
+
+
+class Decoder(Protocol):
+    def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = True) -> str: ...
+
+
+class IncrementalDetokenizer:
+    """Text of a growing token sequence, delivered in safe pieces.
+
+    ``prompt_ids``' last few tokens give the first output tokens their context
+    (a sentencepiece word start depends on what precedes it); they are never emitted.
+    """
+
+    def __init__(
+        self, tokenizer: Decoder, prompt_ids: Sequence[int] = (), *, skip_special_tokens: bool = True
+    ) -> None:
+        self._tokenizer = tokenizer
+        self._skip = skip_special_tokens
+        self._ids: list[int] = list(prompt_ids[-_CONTEXT_TOKENS:])
+        self._prefix_offset = 0
+        self._read_offset = len(self._ids)
+        self._text_parts: list[str] = []
+
+    @property
+    def text(self) -> str:
+        """Everything emitted so far."""
+        return "".join(self._text_parts)
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        return self._tokenizer.decode(ids, skip_special_tokens=self._skip)
+
+    def push(self, token_ids: Sequence[int]) -> str:
+        """Add tokens; return the new text that is safe to show (possibly "")."""
+        if not token_ids:
+            return ""
+        self._ids.extend(token_ids)
+        return self._advance(final=False)
+
+    def flush(self) -> str:
+        """The text still held back (at the end of generation), invalid bytes as U+FFFD."""
+        return self._advance(final=True)
+
+    def _advance(self, *, final: bool) -> str:
+        if self._read_offset >= len(self._ids):
+            return ""
+        prefix_text = self._decode(self._ids[self._prefix_offset : self._read_offset])
+        full_text = self._decode(self._ids[self._prefix_offset :])
+        end = len(self._ids)
+        if not final and (len(full_text) <= len(prefix_text) or full_text.endswith(_REPLACEMENT)):
+            if end - self._read_offset < MAX_HELD_TOKENS:
+                return ""
+            # Held too long: release what is complete, keep a possibly unfinished character's tokens.
+            for keep in range(1, 4):
+                candidate = self._decode(self._ids[self._prefix_offset : end - keep])
+                if end - keep > self._read_offset and not candidate.endswith(_REPLACEMENT):
+                    full_text, end = candidate, end - keep
+                    break  # otherwise: truly invalid bytes, released as U+FFFD
+        delta = full_text[len(prefix_text) :] if full_text.startswith(prefix_text) else full_text
+        self._prefix_offset = max(self._read_offset, end - _CONTEXT_TOKENS)
+        self._read_offset = end
+        if delta:
+            self._text_parts.append(delta)
+        return delta
+
+
+class StopStringMatcher:
+    """Cuts streamed text at the first stop string (which is not included).
+
+    ``push(text)`` returns ``(safe_text, stopped)``: the text that can be shown
+    now; once a stop string is found ``stopped`` is True and later calls return
+    nothing. ``flush()`` releases the held-back tail at the end of generation.
+    """
+
+    def __init__(self, stop_strings: Sequence[str]) -> None:
+        self._stops = tuple(s for s in stop_strings if s)
+        self._hold = max((len(s) for s in self._stops), default=1) - 1
+        self._pending = ""
+        self.stopped = False
+        self.matched: str | None = None
+
+    def push(self, text: str) -> tuple[str, bool]:
+        if self.stopped:
+            return "", True
+        if not self._stops:
+            return text, False
+        self._pending += text
+        first: tuple[int, str] | None = None
+        for stop in self._stops:
+            at = self._pending.find(stop)
+            if at >= 0 and (first is None or at < first[0]):
+                first = (at, stop)
+        if first is not None:
+            safe = self._pending[: first[0]]
+            self._pending = ""
+            self.stopped = True
+            self.matched = first[1]
+            return safe, True
+        cut = len(self._pending) - self._hold
+        if cut <= 0:
+            return "", False
+        safe, self._pending = self._pending[:cut], self._pending[cut:]
+        return safe, False
+
+    def flush(self) -> str:
+        if self.stopped:
+            return ""
+        tail, self._pending = self._pending, ""
+        return tail

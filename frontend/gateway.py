@@ -1,0 +1,442 @@
+"""The frontend's bus side: placing requests, following their token streams, bypass and rescue.
+
+:class:`Gateway` owns the frontend's view of the cluster (a :class:`~frontend.board.LoadBoard`
+fed by tailing instance events and load reports) and opens one
+:class:`RequestStream` per client request. Per request, as the contract says:
+
+1. subscribe to the request's token subject *before* placing it;
+2. ask the scheduler (``rpc_dispatch``, short timeout); on a timeout, no
+   responders, an error or no answer, place it from the board (bypass mode);
+3. send ``GenerateRequest`` to the chosen agent; an agent that does not answer
+   or refuses for its own reasons is excluded and the placement retried;
+4. reassemble deltas (:class:`~frontend.streams.DeltaAssembler`), ask the
+   owner to resend from a gap that outlives ``gap_grace``, and
+5. rescue — re-place prompt + generated tokens with the next owner epoch —
+   when the owner is declared failed, falls silent on the board, or the stream
+   stalls for ``stall_timeout`` since admission or the last token.
+
+Closing a stream that has not finished aborts the request on its owner (a
+client that went away frees its blocks). Lifecycle events go to
+:class:`~frontend.lifecycle.LifecycleLog`. Text, stop strings and HTTP live
+in :mod:`frontend.app`; this module speaks token ids only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import msgspec
+
+from bus import Bus, BusError, RequestTimeout, Subscription
+from frontend.board import LoadBoard
+from frontend.config import FrontendConfig
+from frontend.errors import APIError, context_length_exceeded, invalid_parameter, unavailable
+from frontend.lifecycle import LifecycleLog
+from frontend.metrics import FrontendMetrics
+from frontend.streams import Accepted, DeltaAssembler
+from scheduler.fold import Position
+from schemas import (
+    AbortRequest,
+    Codec,
+    DispatchReply,
+    DispatchRequest,
+    GenerateReply,
+    GenerateRequest,
+    ResendRequest,
+    SamplingParams,
+    TokenDelta,
+)
+from schemas.requests import (
+    RequestAborted,
+    RequestArrived,
+    RequestFinished,
+    RequestFirstToken,
+    RequestPlaced,
+    RequestRescued,
+)
+
+__all__ = ["Gateway", "Job", "RequestStream"]
+
+log = logging.getLogger(__name__)
+
+#: Agent refusals that another instance would repeat: the client's request is at fault.
+_CLIENT_FAULTS = ("exceeds_model_context", "token_out_of_range", "empty_prompt", "invalid_sampling")
+
+
+class Job(msgspec.Struct, frozen=True, kw_only=True):
+    """One request as the gateway runs it: token ids and engine sampling parameters."""
+
+    request_id: str
+    prompt_ids: tuple[int, ...]
+    sampling: SamplingParams
+    priority: int = 0
+    deadline: float | None = None  # monotonic seconds
+
+
+class Gateway:
+    """Places requests and follows their streams. ``await start()`` before use, ``stop()`` after."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        config: FrontendConfig,
+        *,
+        metrics: FrontendMetrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.bus = bus
+        self.config = config
+        self.subjects = bus.config.subjects
+        self.codec = Codec(producer="frontend")
+        self.clock = clock
+        self.board = LoadBoard(policy=config.dispatch_policy, stale_after=config.instance_stale_after)
+        self.metrics = metrics or FrontendMetrics(lambda: self.board.loads(self.clock()))
+        self.lifecycle = LifecycleLog(bus, self.codec)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.streams: dict[str, RequestStream] = {}
+        self.num_scheduler_placements = 0
+        self.scheduler_quiet_until = 0.0  # after a dispatch timed out: bypass without asking until then
+
+    # -- life ----------------------------------------------------------------
+    async def start(self) -> None:
+        await self.lifecycle.start()
+        events = [f"{self.subjects.prefix}.ev.instance.*"]
+        self._spawn(self._tail(self.subjects.events_stream, events), "tail-instances")
+        self._spawn(self._tail(self.subjects.loads_stream, None), "tail-loads")
+
+    async def stop(self) -> None:
+        for stream in list(self.streams.values()):
+            await stream.close()
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await self.lifecycle.close()
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.ensure_future(coroutine)
+        task.set_name(name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _tail(self, stream: str, subjects: list[str] | None) -> None:
+        while True:
+            try:
+                async with self.bus.tail(stream, from_seq=1, subjects=subjects) as feed:
+                    async for message in feed:
+                        envelope = self.codec.decode_or_none(message.data)
+                        if envelope is None:
+                            continue
+                        position = Position(message.position.stream, message.position.seq)
+                        age = max(0.0, time.time() - message.time) if message.time > 0 else 0.0
+                        try:
+                            self.board.observe(position, envelope.body, self.clock() - age)
+                        except Exception as exc:  # a fold error must not stop the tail
+                            log.warning("board could not fold %s: %s", position, exc)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("tail of %s failed (%s); retrying", stream, exc)
+                await asyncio.sleep(0.5)
+
+    def fire_and_forget(self, coroutine: Coroutine[Any, Any, None], name: str = "background") -> None:
+        self._spawn(coroutine, name)
+
+    # -- requests ------------------------------------------------------------
+    def max_model_len(self) -> int:
+        return self.board.max_model_len(self.config.max_model_len)
+
+    async def open(self, job: Job) -> RequestStream:
+        """Subscribe, place and start ``job``; raises :class:`APIError` if no instance takes it."""
+        subscription = await self.bus.subscribe(self.subjects.tok(job.request_id))
+        stream = RequestStream(self, job, subscription)
+        self.lifecycle.emit(RequestArrived(
+            request_id=job.request_id, num_prompt_tokens=len(job.prompt_ids),
+            max_tokens=job.sampling.max_tokens, priority=job.priority,
+        ))
+        self.streams[job.request_id] = stream
+        try:
+            await stream.start()
+        except BaseException:
+            await stream.close(reason="unplaced")
+            raise
+        return stream
+
+    async def place(
+        self, request: GenerateRequest, exclude: tuple[str, ...] = ()
+    ) -> tuple[str, bool]:
+        """Place and start ``request`` on some instance; returns ``(instance_id, bypass)``."""
+        excluded = list(exclude)
+        last_error = "no instance is available"
+        for _ in range(self.config.max_placement_attempts):
+            instance_id, bypass = await self._choose(request, tuple(excluded))
+            if instance_id is None:
+                break
+            outcome = await self._generate(instance_id, request)
+            if outcome is None:
+                if bypass:
+                    self.metrics.bypass.inc()
+                else:
+                    self.num_scheduler_placements += 1
+                    self.metrics.scheduler_placements.inc()
+                return instance_id, bypass
+            last_error = outcome
+            excluded.append(instance_id)
+        raise unavailable(f"no instance could take the request: {last_error}", self.config.retry_after_s)
+
+    async def _choose(self, request: GenerateRequest, exclude: tuple[str, ...]) -> tuple[str | None, bool]:
+        num_prompt = len(request.token_ids)
+        ask = DispatchRequest(
+            request_id=request.request_id, num_prompt_tokens=num_prompt, priority=request.priority,
+            exclude=exclude,
+        )
+        if self.clock() >= self.scheduler_quiet_until:
+            try:
+                reply = await self.bus.request(
+                    self.subjects.rpc_dispatch, self.codec.encode(ask, time=time.time()),
+                    timeout=self.config.dispatch_timeout,
+                )
+                envelope = self.codec.decode_or_none(reply.data)
+                body = envelope.body if envelope is not None else None
+                if isinstance(body, DispatchReply) and body.instance_id and body.instance_id not in exclude:
+                    return body.instance_id, False
+            except RequestTimeout as exc:  # a scheduler that hangs: stop waiting on it for a while
+                self.scheduler_quiet_until = self.clock() + self.config.scheduler_backoff
+                log.info("dispatch timed out (%s); bypass for %.1fs", exc, self.config.scheduler_backoff)
+            except BusError as exc:
+                log.debug("dispatch for %s fell back to bypass: %s", request.request_id, exc)
+        decision = self.board.choose(
+            request.request_id, num_prompt, priority=request.priority, exclude=exclude, now=self.clock()
+        )
+        if decision is None:
+            return None, True
+        self.board.record_placement(decision.instance_id, decision.demand_blocks)
+        return decision.instance_id, True
+
+    async def _generate(self, instance_id: str, request: GenerateRequest) -> str | None:
+        """Start ``request`` on ``instance_id``; None on success, else why not (client faults raise)."""
+        try:
+            reply = await self.bus.request(
+                self.subjects.rpc_agent(instance_id, "generate"),
+                self.codec.encode(request, time=time.time()),
+                timeout=self.config.generate_timeout,
+            )
+        except BusError as exc:
+            return f"{instance_id}: {exc}"
+        envelope = self.codec.decode_or_none(reply.data)
+        body = envelope.body if envelope is not None else None
+        if isinstance(body, GenerateReply):
+            if body.accepted:
+                return None
+            error = body.error or "refused"
+            if any(fault in error for fault in _CLIENT_FAULTS):
+                if "exceeds_model_context" in error:
+                    raise context_length_exceeded(error)
+                raise invalid_parameter(error)
+            return f"{instance_id}: {error}"
+        return f"{instance_id}: unexpected reply"
+
+    async def send_abort(self, instance_id: str, request_id: str, reason: str) -> None:
+        with contextlib.suppress(BusError):
+            await self.bus.request(
+                self.subjects.rpc_agent(instance_id, "abort"),
+                self.codec.encode(AbortRequest(request_id=request_id, reason=reason), time=time.time()),
+                timeout=self.config.generate_timeout,
+            )
+
+    async def send_resend(self, instance_id: str, request_id: str, from_index: int) -> None:
+        with contextlib.suppress(BusError):
+            await self.bus.request(
+                self.subjects.rpc_agent(instance_id, "resend"),
+                self.codec.encode(
+                    ResendRequest(request_id=request_id, from_index=from_index), time=time.time()
+                ),
+                timeout=self.config.generate_timeout,
+            )
+
+
+class RequestStream:
+    """One request's ordered tokens; iterate with ``await next_chunk()`` until it returns None."""
+
+    def __init__(self, gateway: Gateway, job: Job, subscription: Subscription) -> None:
+        self.gateway = gateway
+        self.job = job
+        self.subscription = subscription
+        self.assembler = DeltaAssembler()
+        self.generated: list[int] = []
+        self.owner_id: str | None = None
+        self.bypass = False
+        self.arrival = gateway.clock()
+        self.first_token_at: float | None = None
+        self.last_progress = self.arrival
+        self.gap_since: float | None = None
+        self.num_rescues = 0
+        self.next_rescue_at = 0.0
+        self.closed = False
+        self.finish_reason: str | None = None
+
+    @property
+    def request_id(self) -> str:
+        return self.job.request_id
+
+    def _request(self, generated: tuple[int, ...], epoch: int) -> GenerateRequest:
+        return GenerateRequest(
+            request_id=self.job.request_id,
+            token_ids=self.job.prompt_ids + generated,
+            sampling=self.job.sampling,
+            priority=self.job.priority,
+            num_prompt_tokens=len(self.job.prompt_ids),
+            first_index=len(generated),
+            owner_epoch=epoch,
+            stream=True,
+        )
+
+    async def start(self) -> None:
+        gateway = self.gateway
+        self.owner_id, self.bypass = await gateway.place(self._request((), 0))
+        self.assembler.expect_epoch(0, self.owner_id)
+        self.last_progress = gateway.clock()
+        gateway.lifecycle.emit(RequestPlaced(
+            request_id=self.request_id, instance_id=self.owner_id, bypass=self.bypass
+        ))
+
+    async def next_chunk(self) -> Accepted | None:
+        """The next tokens in order (a chunk with ``finish_reason`` ends it); None once finished."""
+        gateway = self.gateway
+        config = gateway.config
+        tick = min(config.gap_grace, 0.25)
+        while not self.assembler.finished:
+            try:
+                async with asyncio.timeout(tick):
+                    message = await self.subscription.__anext__()
+            except TimeoutError:
+                message = None
+            except StopAsyncIteration:
+                raise APIError(503, "the token stream closed unexpectedly") from None
+            now = gateway.clock()
+            if self.job.deadline is not None and now >= self.job.deadline:
+                await self._end_early("length")
+                break
+            if message is not None:
+                chunk = self._on_message(message.data, now)
+                if chunk is not None:
+                    return chunk
+            await self._watch(now)
+        return None
+
+    def _on_message(self, data: bytes, now: float) -> Accepted | None:
+        envelope = self.gateway.codec.decode_or_none(data)
+        delta = envelope.body if envelope is not None else None
+        if not isinstance(delta, TokenDelta) or delta.request_id != self.request_id:
+            return None
+        epoch_before = self.assembler.owner_epoch
+        stale_before = self.assembler.num_stale + self.assembler.num_duplicates
+        accepted = self.assembler.accept(delta)
+        metrics = self.gateway.metrics
+        if self.assembler.num_stale + self.assembler.num_duplicates > stale_before:
+            metrics.stale_deltas.inc()
+        if self.assembler.owner_epoch > epoch_before:
+            metrics.migrations.inc()
+        if self.assembler.owner_id is not None:
+            self.owner_id = self.assembler.owner_id
+        self.gap_since = (self.gap_since or now) if self.assembler.gap_from is not None else None
+        if not accepted.token_ids and accepted.finish_reason is None:
+            return None
+        if accepted.token_ids:
+            self.generated.extend(accepted.token_ids)
+            self.last_progress = now
+            if self.first_token_at is None:
+                self.first_token_at = now
+                self.gateway.metrics.ttft.observe(now - self.arrival)
+                self.gateway.lifecycle.emit(RequestFirstToken(
+                    request_id=self.request_id, instance_id=delta.instance_id, ttft_s=now - self.arrival
+                ))
+        if accepted.finish_reason is not None:
+            self.finish_reason = accepted.finish_reason
+        return accepted
+
+    async def _watch(self, now: float) -> None:
+        """Deadline, gap repair, owner failure and stall checks between messages."""
+        gateway, config = self.gateway, self.gateway.config
+        if self.gap_since is not None and now - self.gap_since >= config.gap_grace and self.owner_id:
+            gap = self.assembler.gap_from
+            if gap is not None:
+                gateway.metrics.resends.inc()
+                gateway.fire_and_forget(gateway.send_resend(self.owner_id, self.request_id, gap), "resend")
+            self.gap_since = now
+        if now < self.next_rescue_at:
+            return
+        owner = self.owner_id
+        if owner is not None and (gateway.board.is_failed(owner) or gateway.board.is_silent(owner, now)):
+            await self.rescue("failed")
+        elif now - self.last_progress >= config.stall_timeout:
+            await self.rescue("stall")
+
+    async def _end_early(self, reason: str) -> None:
+        if self.owner_id is not None:
+            self.gateway.fire_and_forget(
+                self.gateway.send_abort(self.owner_id, self.request_id, "deadline"), "abort"
+            )
+        self.assembler.finish_reason = reason
+        self.finish_reason = reason
+
+    async def rescue(self, cause: str) -> None:
+        """Continue the request elsewhere from its prompt plus the tokens generated so far."""
+        gateway = self.gateway
+        failed = self.owner_id or ""
+        if failed:  # it may be alive but stuck (or wrongly presumed dead): stop it producing
+            gateway.fire_and_forget(gateway.send_abort(failed, self.request_id, "rescued"), "abort")
+        generated = tuple(self.generated)
+        if len(generated) >= self.job.sampling.max_tokens:
+            self.assembler.finish_reason = self.finish_reason = "length"
+            return
+        epoch = self.assembler.owner_epoch + 1
+        self.assembler.expect_epoch(epoch)
+        exclude = tuple(i for i in (failed,) if i)
+        try:
+            new_owner, _ = await gateway.place(self._request(generated, epoch), exclude)
+        except APIError:
+            self.next_rescue_at = gateway.clock() + 1.0  # nothing can take it now: try again shortly
+            log.warning("rescue of %s found no instance; will retry", self.request_id)
+            return
+        self.num_rescues += 1
+        self.owner_id = new_owner
+        self.assembler.expect_epoch(epoch, new_owner)
+        self.last_progress = gateway.clock()
+        gateway.metrics.rescues.labels(cause=cause).inc()
+        gateway.metrics.recomputes.inc()
+        gateway.lifecycle.emit(RequestRescued(
+            request_id=self.request_id, failed_instance_id=failed, new_instance_id=new_owner,
+            num_tokens_kept=len(generated),
+        ))
+
+    async def close(self, reason: str = "finished") -> None:
+        """End the request: abort it on its owner unless it finished, log, unsubscribe. Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        gateway = self.gateway
+        gateway.streams.pop(self.request_id, None)
+        now = gateway.clock()
+        finished = self.assembler.finished and reason == "finished"
+        if not self.assembler.finished and self.owner_id is not None:
+            gateway.fire_and_forget(gateway.send_abort(self.owner_id, self.request_id, reason), "abort")
+        if finished or reason == "stop":
+            gateway.lifecycle.emit(RequestFinished(
+                request_id=self.request_id, finish_reason=self.finish_reason or reason,
+                num_prompt_tokens=len(self.job.prompt_ids), num_output_tokens=len(self.generated),
+                e2e_s=now - self.arrival,
+            ))
+            gateway.metrics.e2e.observe(now - self.arrival)
+            if self.first_token_at is not None and len(self.generated) > 1:
+                gateway.metrics.tpot.observe((now - self.first_token_at) / (len(self.generated) - 1))
+        else:
+            gateway.lifecycle.emit(RequestAborted(request_id=self.request_id, reason=reason))
+        with contextlib.suppress(Exception):
+            await self.subscription.unsubscribe()

@@ -1,0 +1,160 @@
+"""Pydantic models of the OpenAI requests the frontend accepts, and their translation to shoal's terms.
+
+:class:`CompletionRequest` and :class:`ChatCompletionRequest` declare every
+field with its range, so FastAPI's OpenAPI schema documents them and a
+schema-driven fuzzer (schemathesis) can exercise them. Unknown fields are
+accepted and ignored, as OpenAI clients and benchmark tools send many. The
+vLLM extensions real benchmark clients send are accepted: ``ignore_eos``,
+``top_k``, ``min_tokens``, ``repetition_penalty``; ``priority`` is shoal's
+extension (lower runs sooner, as in vLLM). Checks that depend on more than one
+field (``n > 1``, an unsupported option) raise :class:`~frontend.errors.APIError`
+in :func:`sampling_of`. Responses are built as plain dicts in
+:mod:`frontend.responses`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from frontend.errors import APIError, invalid_parameter
+from schemas import SamplingParams
+
+__all__ = [
+    "ChatCompletionRequest",
+    "ChatMessage",
+    "CompletionRequest",
+    "ContentPart",
+    "StreamOptions",
+    "sampling_of",
+    "stop_strings_of",
+    "wants_logprobs",
+]
+
+_MAX_INT = 2**31 - 1
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    include_usage: bool | None = False
+    continuous_usage_stats: bool | None = False
+
+
+class _Common(BaseModel):
+    """Fields shared by completions and chat completions."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    max_tokens: Annotated[int, Field(ge=1, le=_MAX_INT)] | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    top_k: Annotated[int, Field(ge=-1, le=_MAX_INT)] | None = None
+    min_tokens: Annotated[int, Field(ge=0, le=_MAX_INT)] | None = None
+    repetition_penalty: Annotated[float, Field(gt=0.0, le=10.0)] | None = None
+    presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
+    frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
+    seed: Annotated[int, Field(ge=-(2**63), le=2**63 - 1)] | None = None
+    stop: str | list[str] | None = None
+    n: Annotated[int, Field(ge=1, le=128)] | None = 1
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    ignore_eos: bool | None = False
+    priority: Annotated[int, Field(ge=-1000, le=1000)] | None = None
+    user: str | None = None
+
+
+class CompletionRequest(_Common):
+    """``POST /v1/completions``: ``prompt`` is a string or token ids (one prompt per request)."""
+
+    prompt: str | list[int] | list[str] | list[list[int]]
+    logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    echo: bool | None = False
+    best_of: Annotated[int, Field(ge=1, le=128)] | None = None
+    suffix: str | None = None
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+
+class ChatCompletionRequest(_Common):
+    """``POST /v1/chat/completions``."""
+
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: Annotated[int, Field(ge=1, le=_MAX_INT)] | None = None
+    logprobs: bool | None = False
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    add_generation_prompt: bool | None = True
+
+
+def stop_strings_of(request: _Common, max_stop_strings: int) -> tuple[str, ...]:
+    """The request's stop strings (empty ones dropped); 400 if there are too many."""
+    raw = request.stop
+    stops = [raw] if isinstance(raw, str) else list(raw or [])
+    if len(stops) > max_stop_strings:
+        raise invalid_parameter(f"at most {max_stop_strings} stop strings are supported", "stop")
+    return tuple(s for s in stops if s)
+
+
+def _unsupported(condition: bool, message: str, param: str) -> None:
+    if condition:
+        raise invalid_parameter(message, param)
+
+
+def wants_logprobs(request: CompletionRequest | ChatCompletionRequest) -> bool:
+    if isinstance(request, ChatCompletionRequest):
+        return bool(request.logprobs)
+    return request.logprobs is not None
+
+
+def sampling_of(
+    request: CompletionRequest | ChatCompletionRequest, *, max_tokens: int
+) -> SamplingParams:
+    """The engine's sampling parameters for a request whose output may be ``max_tokens`` long.
+
+    Raises a 400 :class:`APIError` for options shoal does not support yet
+    (``n > 1``, ``best_of > 1``, ``echo``, ``suffix``, non-zero penalties other
+    than ``repetition_penalty``, more than one logprob alternative).
+    """
+    _unsupported((request.n or 1) != 1, "n > 1 is not supported yet; send n = 1", "n")
+    _unsupported(bool(request.presence_penalty), "presence_penalty is not supported", "presence_penalty")
+    _unsupported(bool(request.frequency_penalty), "frequency_penalty is not supported", "frequency_penalty")
+    if isinstance(request, CompletionRequest):
+        _unsupported((request.best_of or 1) != 1, "best_of > 1 is not supported", "best_of")
+        _unsupported(bool(request.echo), "echo is not supported", "echo")
+        _unsupported(request.suffix is not None, "suffix is not supported", "suffix")
+        _unsupported((request.logprobs or 0) > 1, "logprobs > 1 (alternatives) is not supported", "logprobs")
+    else:
+        _unsupported((request.top_logprobs or 0) > 1, "top_logprobs > 1 is not supported", "top_logprobs")
+    min_tokens = request.min_tokens or 0
+    if min_tokens > max_tokens:
+        raise invalid_parameter(f"min_tokens ({min_tokens}) exceeds max_tokens ({max_tokens})", "min_tokens")
+    top_k = request.top_k if request.top_k not in (None, 0) else -1
+    try:
+        return SamplingParams(
+            max_tokens=max_tokens,
+            min_tokens=min_tokens,
+            temperature=1.0 if request.temperature is None else request.temperature,
+            top_p=1.0 if request.top_p is None else request.top_p,
+            top_k=-1 if top_k is None else top_k,
+            repetition_penalty=1.0 if request.repetition_penalty is None else request.repetition_penalty,
+            seed=None if request.seed is None else request.seed % (2**63),
+            ignore_eos=bool(request.ignore_eos),
+            logprobs=wants_logprobs(request),
+        )
+    except (TypeError, ValueError) as exc:  # pragma: no cover - the model's ranges already hold
+        raise APIError(400, f"invalid sampling parameters: {exc}") from exc

@@ -1,0 +1,121 @@
+"""OpenAI response bodies and SSE chunks, built as plain dicts (encoded with msgspec). Pure.
+
+Completions (``text_completion``) and chat completions (``chat.completion`` /
+``chat.completion.chunk``), usage blocks, and logprobs in each endpoint's
+format. Token strings for logprobs come from a ``decode_one`` function so this
+module needs no tokenizer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import msgspec
+
+__all__ = [
+    "DONE",
+    "chat_chunk",
+    "chat_logprobs",
+    "chat_response",
+    "completion_chunk",
+    "completion_logprobs",
+    "completion_response",
+    "sse",
+    "usage",
+]
+
+DONE = b"data: [DONE]\n\n"
+_encode = msgspec.json.Encoder().encode
+
+
+def sse(payload: dict[str, Any]) -> bytes:
+    return b"data: " + _encode(payload) + b"\n\n"
+
+
+def usage(num_prompt_tokens: int, num_output_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": num_prompt_tokens,
+        "completion_tokens": num_output_tokens,
+        "total_tokens": num_prompt_tokens + num_output_tokens,
+    }
+
+
+def completion_logprobs(
+    token_ids: Sequence[int], logprobs: Sequence[float], decode_one: Callable[[int], str], text_offset: int
+) -> dict[str, Any]:
+    tokens = [decode_one(t) for t in token_ids]
+    offsets: list[int] = []
+    at = text_offset
+    for token in tokens:
+        offsets.append(at)
+        at += len(token)
+    return {
+        "tokens": tokens,
+        "token_logprobs": list(logprobs),
+        "top_logprobs": [{token: lp} for token, lp in zip(tokens, logprobs, strict=True)],
+        "text_offset": offsets,
+    }
+
+
+def chat_logprobs(
+    token_ids: Sequence[int], logprobs: Sequence[float], decode_one: Callable[[int], str]
+) -> dict[str, Any]:
+    content = []
+    for token_id, lp in zip(token_ids, logprobs, strict=True):
+        token = decode_one(token_id)
+        content.append({
+            "token": token, "logprob": lp, "bytes": list(token.encode("utf-8")), "top_logprobs": [],
+        })
+    return {"content": content}
+
+
+def completion_chunk(
+    request_id: str, created: int, model: str, text: str, finish_reason: str | None,
+    logprobs: dict[str, Any] | None = None, *, with_usage_field: bool = False,
+) -> dict[str, Any]:
+    chunk: dict[str, Any] = {
+        "id": request_id, "object": "text_completion", "created": created, "model": model,
+        "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}],
+    }
+    if with_usage_field:
+        chunk["usage"] = None
+    return chunk
+
+
+def chat_chunk(
+    request_id: str, created: int, model: str, delta: dict[str, Any], finish_reason: str | None,
+    logprobs: dict[str, Any] | None = None, *, with_usage_field: bool = False,
+) -> dict[str, Any]:
+    chunk: dict[str, Any] = {
+        "id": request_id, "object": "chat.completion.chunk", "created": created, "model": model,
+        "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}],
+    }
+    if with_usage_field:
+        chunk["usage"] = None
+    return chunk
+
+
+def completion_response(
+    request_id: str, created: int, model: str, text: str, finish_reason: str,
+    num_prompt_tokens: int, num_output_tokens: int, logprobs: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    return {
+        "id": request_id, "object": "text_completion", "created": created, "model": model,
+        "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}],
+        "usage": usage(num_prompt_tokens, num_output_tokens),
+    }
+
+
+def chat_response(
+    request_id: str, created: int, model: str, text: str, finish_reason: str,
+    num_prompt_tokens: int, num_output_tokens: int, logprobs: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    return {
+        "id": request_id, "object": "chat.completion", "created": created, "model": model,
+        "choices": [{
+            "index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
+            "finish_reason": finish_reason,
+        }],
+        "usage": usage(num_prompt_tokens, num_output_tokens),
+    }

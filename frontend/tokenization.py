@@ -1,0 +1,84 @@
+"""Turning OpenAI prompts and chat messages into token ids; the frontend's tokenizer.
+
+The frontend tokenizes (agents see token ids only) with the same tokenizer
+the engine's model uses: :func:`load_frontend_tokenizer` takes the model spec
+of ``shoal up`` / ``shoal serve`` — a torch preset (byte tokenizer), a
+checkpoint folder (its ``tokenizer.json`` and chat template) or
+``sim:<profile>`` (a byte tokenizer over the profile's vocabulary). Chat
+messages are rendered with the tokenizer's chat template (a simple
+role-tagged default for the byte tokenizer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from agents.engines.torch_engine.tokenizer import ByteTokenizer, TextTokenizer, load_tokenizer, render_chat
+from frontend.errors import APIError, invalid_parameter
+from frontend.openai_models import ChatMessage
+
+__all__ = ["chat_prompt_ids", "completion_prompt_ids", "load_frontend_tokenizer", "token_text"]
+
+
+def load_frontend_tokenizer(model: str) -> TextTokenizer:
+    """The tokenizer for a model spec; ``sim:<profile>`` gives a byte tokenizer of that vocabulary."""
+    if model.startswith("sim:") or model == "sim":
+        from agents.engines.profile import load_profile
+
+        name = model.partition(":")[2] or "tiny-test"
+        return ByteTokenizer(max(load_profile(name).vocab_size, 259))
+    return load_tokenizer(model)
+
+
+def completion_prompt_ids(tokenizer: TextTokenizer, prompt: Any) -> list[int]:
+    """Token ids of a completions ``prompt``: a string, token ids, or a list of exactly one of those."""
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
+        if len(prompt) != 1:
+            raise invalid_parameter("only one prompt per request is supported (batch prompts: n/a)", "prompt")
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        ids = tokenizer.encode(prompt)
+    elif isinstance(prompt, list):
+        ids = [int(t) for t in prompt]
+        vocab = tokenizer.vocab_size
+        if any(not 0 <= t < vocab for t in ids):
+            raise invalid_parameter(f"prompt token ids must be in [0, {vocab})", "prompt")
+    else:  # pragma: no cover - pydantic already restricts the type
+        raise invalid_parameter("prompt must be a string or token ids", "prompt")
+    if not ids:
+        raise invalid_parameter("the prompt is empty", "prompt")
+    return ids
+
+
+def _content_text(message: ChatMessage) -> str:
+    content = message.content
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    parts: list[str] = []
+    for part in content:
+        if part.type != "text" or part.text is None:
+            raise invalid_parameter(f"content parts of type {part.type!r} are not supported", "messages")
+        parts.append(part.text)
+    return "".join(parts)
+
+
+def chat_prompt_ids(
+    tokenizer: TextTokenizer, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True
+) -> list[int]:
+    rendered = [{"role": m.role, "content": _content_text(m)} for m in messages]
+    try:
+        text = render_chat(tokenizer, rendered, add_generation_prompt=add_generation_prompt)
+    except Exception as exc:  # a template error is the messages' fault (e.g. roles out of order)
+        raise APIError(400, f"the chat template rejected the messages: {exc}", param="messages") from exc
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    if not ids:
+        raise invalid_parameter("the rendered chat prompt is empty", "messages")
+    return ids
+
+
+def token_text(tokenizer: TextTokenizer, token_id: int) -> str:
+    """One token's text (for logprobs), special tokens included."""
+    return tokenizer.decode([token_id], skip_special_tokens=False)

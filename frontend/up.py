@@ -1,0 +1,240 @@
+"""``shoal up``: a whole local cluster in one command — NATS, scheduler, agents and the frontend.
+
+Starts an embedded ``nats-server`` (unless ``--nats URL`` names an existing
+deployment), then ``shoal scheduler``, ``--instances N`` times ``shoal agent`` and
+``shoal serve`` as child processes, waits until the frontend answers
+``/health`` with every instance visible, prints the URL and a curl example,
+and supervises. Each child runs in a session of its own (so a terminal's
+Ctrl-C reaches only ``shoal up``) and is told by the kernel to exit if
+``shoal up`` itself dies (``PR_SET_PDEATHSIG``); on Ctrl-C or SIGTERM every
+child's process group gets SIGTERM, then SIGKILL after a grace period, and the
+embedded server stops last: no orphans. A child that dies is reported; the
+cluster keeps serving while the frontend lives (rescue and bypass cover
+agents and the scheduler).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import click
+
+__all__ = ["Child", "ClusterProcesses", "up"]
+
+_SHOAL = [sys.executable, "-c", "from frontend.cli import main; main()"]
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+@dataclass
+class Child:
+    name: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+
+@dataclass
+class ClusterProcesses:
+    """The children of one ``shoal up``; :meth:`stop_all` ends every one of them."""
+
+    log_dir: Path
+    children: list[Child] = field(default_factory=list)
+    nats: Any = None
+    reported_dead: set[str] = field(default_factory=set)
+
+    def spawn(self, name: str, args: Sequence[str]) -> Child:
+        log_path = self.log_dir / f"{name}.log"
+        log: IO[bytes] = open(log_path, "ab")
+        try:
+            process = subprocess.Popen(
+                [*_SHOAL, *args], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True, preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            )
+        finally:
+            log.close()
+        child = Child(name, process, log_path)
+        self.children.append(child)
+        return child
+
+    def stop_all(self, grace_s: float = 10.0) -> None:
+        for child in reversed(self.children):
+            if child.alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(child.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for child in self.children:
+            remaining = max(0.0, deadline - time.monotonic())
+            try:
+                child.process.wait(remaining)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(child.pid, signal.SIGKILL)
+                child.process.wait()
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(child.pid, signal.SIGKILL)  # anything the child left in its group
+        if self.nats is not None:
+            self.nats.stop()
+
+    def newly_dead(self) -> list[Child]:
+        dead = [c for c in self.children if not c.alive() and c.name not in self.reported_dead]
+        self.reported_dead.update(c.name for c in dead)
+        return dead
+
+
+def _health(url: str) -> dict[str, Any] | None:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=1.0) as response:
+            data: dict[str, Any] = json.loads(response.read())
+            return data
+    except Exception:
+        return None
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    with contextlib.suppress(OSError):
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    return ""
+
+
+@click.command("up")
+@click.option("--instances", type=int, default=2, show_default=True, help="Agents to start.")
+@click.option("--engine", type=click.Choice(["torch", "sim"]), default="torch", show_default=True)
+@click.option("--model", default=None,
+              help="torch: preset (default tiny) or a Hugging Face checkpoint folder; sim: a profile.")
+@click.option("--port", type=int, default=8000, show_default=True, help="Frontend HTTP port.")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--nats", "nats_url", default=None, help="Use this NATS deployment instead of an embedded one.")
+@click.option("--prefix", default="shoal", show_default=True, help="Subject prefix of the cluster.")
+@click.option("--threads", type=int, default=1, show_default=True, help="Torch threads per agent.")
+@click.option("--num-blocks", type=int, default=None, help="KV blocks per agent (engine default if unset).")
+@click.option("--time-scale", type=float, default=1.0, show_default=True, help="sim: step time multiplier.")
+@click.option("--no-scheduler", is_flag=True, help="Run without a scheduler (the frontend places requests).")
+@click.option("--stall-timeout", type=float, default=30.0, show_default=True)
+@click.option("--max-tokens-cap", type=int, default=None, help="Clamp every request's max_tokens.")
+@click.option("--log-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where each process logs (default: a temporary folder).")
+@click.option("--ready-timeout", type=float, default=180.0, show_default=True)
+def up(**options: Any) -> None:
+    """Run a whole local cluster: NATS, scheduler, agents, frontend. Ctrl-C stops everything."""
+    log_dir: Path = options["log_dir"] or Path(tempfile.mkdtemp(prefix="shoal-up-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    cluster = ClusterProcesses(log_dir)
+    stop_requested = False
+
+    def on_signal(signum: int, frame: object) -> None:
+        nonlocal stop_requested
+        stop_requested = True
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        if _start(cluster, options, log_dir, lambda: stop_requested):
+            _supervise(cluster, options, lambda: stop_requested)
+    finally:
+        click.echo("stopping shoal ...", err=True)
+        cluster.stop_all()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        click.echo("stopped", err=True)
+
+
+def _start(
+    cluster: ClusterProcesses, options: dict[str, Any], log_dir: Path, stopping: Callable[[], bool]
+) -> bool:
+    """Start everything and wait until the frontend sees every instance; False if stopped meanwhile."""
+    nats_url = options["nats_url"]
+    if nats_url is None:
+        from bus.server import EmbeddedNats
+
+        cluster.nats = EmbeddedNats(store_dir=log_dir / "nats-store", log_file=log_dir / "nats.log").start()
+        nats_url = cluster.nats.url
+        click.echo(f"nats-server     {nats_url} (embedded, pid {cluster.nats.pid})")
+    else:
+        click.echo(f"nats            {nats_url}")
+    common = ["--nats-url", nats_url, "--prefix", options["prefix"]]
+    engine = options["engine"]
+    model = options["model"] or ("tiny" if engine == "torch" else "tiny-test")
+    if options["no_scheduler"]:
+        click.echo("scheduler       (none: the frontend places requests itself)")
+    elif importlib.util.find_spec("scheduler.cli") is None:
+        click.echo("scheduler       (not built yet: the frontend places requests itself)")
+    else:
+        child = cluster.spawn("scheduler", ["scheduler", "--nats", nats_url, "--prefix", options["prefix"]])
+        click.echo(f"scheduler       pid {child.pid}")
+    for index in range(options["instances"]):
+        instance_id = f"agent-{index}"
+        args = ["agent", *common, "--instance-id", instance_id, "--engine", engine,
+                "--threads", str(options["threads"]), "--transport", "tcp"]
+        args += ["--model", model] if engine == "torch" else ["--profile", model,
+                                                              "--time-scale", str(options["time_scale"])]
+        if options["num_blocks"] is not None:
+            args += ["--num-blocks", str(options["num_blocks"])]
+        child = cluster.spawn(instance_id, args)
+        click.echo(f"agent           {instance_id} pid {child.pid}")
+    tokenizer = model if engine == "torch" else f"sim:{model}"
+    serve_args = ["serve", *common, "--model", tokenizer, "--host", options["host"],
+                  "--port", str(options["port"]), "--stall-timeout", str(options["stall_timeout"])]
+    if options["max_tokens_cap"] is not None:
+        serve_args += ["--max-tokens-cap", str(options["max_tokens_cap"])]
+    child = cluster.spawn("frontend", serve_args)
+    click.echo(f"frontend        pid {child.pid}")
+    click.echo(f"logs            {log_dir}")
+    url = f"http://{options['host']}:{options['port']}"
+    deadline = time.monotonic() + options["ready_timeout"]
+    while not stopping():
+        health = _health(url)
+        if health is not None and len(health.get("instances", [])) >= options["instances"]:
+            break
+        for dead in cluster.newly_dead():
+            raise click.ClickException(
+                f"{dead.name} exited with code {dead.process.returncode}:\n{_tail(dead.log_path)}"
+            )
+        if time.monotonic() > deadline:
+            raise click.ClickException(f"the cluster was not ready within {options['ready_timeout']}s")
+        time.sleep(0.2)
+    else:
+        return False
+    name = tokenizer
+    click.echo("")
+    click.echo(f"shoal is serving {name} at {url}/v1  (Ctrl-C stops everything)")
+    click.echo("try:")
+    click.echo(
+        f"  curl {url}/v1/completions -H 'Content-Type: application/json' "
+        f"-d '{{\"model\": \"{name}\", \"prompt\": \"Hello\", \"max_tokens\": 16}}'"
+    )
+    sys.stdout.flush()
+    return True
+
+
+def _supervise(cluster: ClusterProcesses, options: dict[str, Any], stopping: Callable[[], bool]) -> None:
+    frontend = next(c for c in cluster.children if c.name == "frontend")
+    while not stopping():
+        for dead in cluster.newly_dead():
+            click.echo(f"{dead.name} (pid {dead.pid}) exited with code {dead.process.returncode}", err=True)
+        if not frontend.alive():
+            raise click.ClickException(f"the frontend exited:\n{_tail(frontend.log_path)}")
+        time.sleep(0.2)

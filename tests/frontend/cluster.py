@@ -1,0 +1,157 @@
+"""Test helpers: agents (sim or torch engines) and a frontend in one process on the real nats-server.
+
+:func:`frontend_cluster` starts ``n`` real :class:`agents.agent.Agent` s under a
+prefix unique to the test, a :class:`~frontend.gateway.Gateway` on its own bus
+connection, and the FastAPI app; ``client()`` gives an ``httpx.AsyncClient``
+talking to the app in process and ``openai()`` the official ``openai`` client
+on top of it. Streams are deleted afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from agents.agent import Agent, AgentConfig
+from bus import BusConfig, JetStreamBus, StreamConfig
+from frontend.app import create_app
+from frontend.config import FrontendConfig
+from frontend.gateway import Gateway
+from schemas import Subjects
+from transport import TransportConfig
+
+__all__ = ["Cluster", "bus_config", "frontend_cluster", "make_engine"]
+
+
+def bus_config(url: str, subjects: Subjects, name: str) -> BusConfig:
+    return BusConfig(
+        url=url, subjects=subjects, name=name,
+        streams=StreamConfig(events_max_age=3600.0, loads_max_age=3600.0, loads_max_msgs_per_subject=100),
+        ack_timeout=0.5, append_timeout=10.0, heartbeat=0.5, reconnect_time_wait=0.05, api_timeout=3.0,
+    )
+
+
+def make_engine(kind: str, **options: Any) -> Any:
+    if kind == "sim":
+        from agents.engines.sim import SimEngine
+
+        return SimEngine("tiny-test", num_blocks=options.get("num_blocks", 256), max_batch_size=16,
+                         time_scale=options.get("time_scale", 1.0))
+    from agents.engines.torch_engine import TorchEngine
+
+    return TorchEngine("tiny", num_blocks=options.get("num_blocks", 128), max_batch_size=32,
+                       max_model_len=options.get("max_model_len", 512))
+
+
+def agent_config(instance_id: str) -> AgentConfig:
+    return AgentConfig(
+        instance_id=instance_id, report_interval_s=0.05, heartbeat_interval_s=0.3, tick_interval_s=0.02,
+        transport=TransportConfig(kind="tcp"),
+    )
+
+
+@dataclass
+class Cluster:
+    url: str
+    subjects: Subjects
+    config: FrontendConfig
+    engine: str
+    agents: dict[str, Agent] = field(default_factory=dict)
+    gateway: Gateway | None = None
+    app: Any = None
+    buses: list[JetStreamBus] = field(default_factory=list)
+    server: Any = None
+    server_task: Any = None
+
+    async def add_agent(self, instance_id: str, **engine_options: Any) -> Agent:
+        bus = JetStreamBus(bus_config(self.url, self.subjects, instance_id))
+        await bus.connect()
+        self.buses.append(bus)
+        agent = Agent(make_engine(self.engine, **engine_options), bus, agent_config(instance_id))
+        await agent.start()
+        self.agents[instance_id] = agent
+        return agent
+
+    async def wait_instances(self, count: int, timeout: float = 10.0) -> None:
+        assert self.gateway is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while len(self.gateway.board.live_instance_ids(self.gateway.clock())) < count:
+            if loop.time() > deadline:
+                raise TimeoutError(f"fewer than {count} instances visible to the frontend")
+            await asyncio.sleep(0.05)
+
+    def client(self, **kwargs: Any) -> httpx.AsyncClient:
+        """A client of the app in process (responses are buffered whole: no streaming timing)."""
+        transport = httpx.ASGITransport(app=self.app)
+        return httpx.AsyncClient(transport=transport, base_url="http://shoal", timeout=60.0, **kwargs)
+
+    async def serve(self) -> str:
+        """Serve the app over real HTTP (uvicorn, in this loop); returns the base URL."""
+        import uvicorn
+
+        from bus.server import free_port
+
+        port = free_port()
+        server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=port, lifespan="off",
+                                               log_level="warning"))
+        self.server = server
+        self.server_task = asyncio.ensure_future(server.serve())
+        while not server.started:
+            await asyncio.sleep(0.01)
+        return f"http://127.0.0.1:{port}"
+
+    def openai(self, base_url: str) -> Any:
+        import openai
+
+        return openai.AsyncOpenAI(api_key="none", base_url=f"{base_url}/v1", max_retries=0, timeout=60.0)
+
+
+@contextlib.asynccontextmanager
+async def frontend_cluster(
+    url: str, *, instances: int = 2, engine: str = "sim", **config_changes: Any
+) -> AsyncIterator[Cluster]:
+    subjects = Subjects(f"t{uuid.uuid4().hex[:12]}")
+    model = "sim:tiny-test" if engine == "sim" else "tiny"
+    config = FrontendConfig(nats_url=url, prefix=subjects.prefix, model=model, max_model_len=256,
+                            instance_stale_after=1.0, gap_grace=0.1)
+    config = dataclasses.replace(config, **config_changes)
+    cluster = Cluster(url=url, subjects=subjects, config=config, engine=engine)
+    try:
+        for index in range(instances):
+            await cluster.add_agent(f"i{index}")
+        bus = JetStreamBus(bus_config(url, subjects, "frontend"))
+        await bus.connect()
+        cluster.buses.append(bus)
+        cluster.gateway = Gateway(bus, config)
+        await cluster.gateway.start()
+        cluster.app = create_app(config, gateway=cluster.gateway)
+        await cluster.wait_instances(instances)
+        yield cluster
+    finally:
+        if cluster.server is not None:
+            cluster.server.should_exit = True
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(cluster.server_task, 5.0)
+        if cluster.gateway is not None:
+            await cluster.gateway.stop()
+        for agent in cluster.agents.values():
+            with contextlib.suppress(Exception):
+                await agent.stop()
+        for bus in cluster.buses:
+            with contextlib.suppress(Exception):
+                await bus.close()
+        cleaner = JetStreamBus(dataclasses.replace(bus_config(url, subjects, "cleaner"), provision=False))
+        await cleaner.connect()
+        jsm = cleaner.client.jsm()
+        for stream in (subjects.events_stream, subjects.loads_stream, f"KV_{subjects.kv_bucket}"):
+            with contextlib.suppress(Exception):
+                await jsm.delete_stream(stream)
+        await cleaner.close()

@@ -1,0 +1,96 @@
+"""Incremental detokenization never shows half a character, and stop strings cut the text right."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agents.engines.torch_engine.tokenizer import ByteTokenizer
+from frontend.detokenize import IncrementalDetokenizer, StopStringMatcher
+
+TOKENIZER = ByteTokenizer(320)
+
+
+def _stream(token_ids: list[int], splits: list[int]) -> list[str]:
+    detok = IncrementalDetokenizer(TOKENIZER)
+    pieces: list[str] = []
+    at = 0
+    for size in splits:
+        if at >= len(token_ids):
+            break
+        pieces.append(detok.push(token_ids[at : at + size]))
+        at += size
+    pieces.append(detok.push(token_ids[at:]))
+    pieces.append(detok.flush())
+    return pieces
+
+
+def test_multibyte_character_split_across_tokens_is_held_until_complete() -> None:
+    detok = IncrementalDetokenizer(TOKENIZER)
+    euro = list("€".encode())  # three bytes
+    assert detok.push([ord("a")]) == "a"
+    assert detok.push(euro[:1]) == ""
+    assert detok.push(euro[1:2]) == ""
+    assert detok.push(euro[2:]) == "€"
+    assert detok.flush() == ""
+    assert detok.text == "a€"
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    text=st.text(min_size=0, max_size=40),
+    splits=st.lists(st.integers(min_value=1, max_value=5), max_size=40),
+)
+def test_streamed_text_equals_full_decode_and_no_piece_is_half_a_character(
+    text: str, splits: list[int]
+) -> None:
+    ids = TOKENIZER.encode(text)
+    pieces = _stream(ids, splits)
+    assert "".join(pieces) == text
+    assert all("\ufffd" not in piece for piece in pieces)
+
+
+@settings(max_examples=100, deadline=None)
+@given(ids=st.lists(st.integers(min_value=0, max_value=319), max_size=60),
+       splits=st.lists(st.integers(min_value=1, max_value=4), max_size=30))
+def test_random_bytes_and_specials_stream_to_the_full_decode(ids: list[int], splits: list[int]) -> None:
+    """A random model's output (invalid UTF-8, special ids) streams to exactly what one decode gives."""
+    assert "".join(_stream(ids, splits)) == TOKENIZER.decode(ids)
+
+
+def test_stop_string_cuts_before_the_match_even_across_pieces() -> None:
+    matcher = StopStringMatcher(["STOP", "\n\n"])
+    out = []
+    for piece in ["hello S", "TO", "P world"]:
+        safe, stopped = matcher.push(piece)
+        out.append(safe)
+        if stopped:
+            break
+    assert "".join(out) == "hello "
+    assert matcher.stopped and matcher.matched == "STOP"
+    assert matcher.push("more") == ("", True)
+
+
+def test_text_without_stop_is_released_in_full_at_flush() -> None:
+    matcher = StopStringMatcher(["xyz"])
+    safe, stopped = matcher.push("abcxy")
+    assert not stopped
+    assert safe + matcher.flush() == "abcxy"
+
+
+@settings(max_examples=100, deadline=None)
+@given(text=st.text(alphabet="abc", max_size=30), stop=st.text(alphabet="abc", min_size=1, max_size=3),
+       cuts=st.lists(st.integers(min_value=1, max_value=4), max_size=12))
+def test_stop_matcher_agrees_with_str_find(text: str, stop: str, cuts: list[int]) -> None:
+    matcher = StopStringMatcher([stop])
+    out, at = [], 0
+    for size in [*cuts, len(text)]:
+        safe, stopped = matcher.push(text[at : at + size])
+        out.append(safe)
+        at += size
+        if stopped:
+            break
+    if not matcher.stopped:
+        out.append(matcher.flush())
+    found = text.find(stop)
+    assert "".join(out) == (text if found < 0 else text[:found])

@@ -1,0 +1,171 @@
+"""The official ``openai`` client against shoal (real agents with the torch ``tiny`` model, real NATS).
+
+Completions and chat, streaming and not, stop strings, max_tokens, seeds and
+usage; a migration forced mid-stream and an agent killed mid-stream are
+invisible to the client (greedy text equals an undisturbed run); a lost delta
+is repaired by a resend; a client that disconnects frees its blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.frontend.cluster import Cluster, frontend_cluster
+
+pytestmark = pytest.mark.slow
+
+PROMPT = "Once upon a time"
+
+
+@pytest.fixture(scope="module")
+async def cluster(nats_url: str) -> AsyncIterator[Cluster]:
+    async with frontend_cluster(nats_url, instances=2, engine="torch", max_model_len=512) as running:
+        running.base_url = await running.serve()  # type: ignore[attr-defined]
+        yield running
+
+
+@pytest.fixture
+async def client(cluster: Cluster) -> AsyncIterator[Any]:
+    openai_client = cluster.openai(cluster.base_url)  # type: ignore[attr-defined]
+    yield openai_client
+    await openai_client.close()
+
+
+async def _stream_text(client: Any, **kwargs: Any) -> tuple[str, list[str], Any]:
+    parts: list[str] = []
+    finish: list[str] = []
+    usage = None
+    stream = await client.completions.create(model="tiny", prompt=PROMPT, stream=True,
+                                             stream_options={"include_usage": True}, **kwargs)
+    async for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            parts.append(choice.text)
+            if choice.finish_reason:
+                finish.append(choice.finish_reason)
+    return "".join(parts), finish, usage
+
+
+async def test_completions_streaming_and_not_agree_and_count_usage(cluster: Cluster, client: Any) -> None:
+    plain = await client.completions.create(model="tiny", prompt=PROMPT, max_tokens=24, temperature=0)
+    assert plain.usage.prompt_tokens == len(PROMPT.encode())
+    assert plain.usage.completion_tokens == 24
+    assert plain.choices[0].finish_reason == "length"
+    text, finish, usage = await _stream_text(client, max_tokens=24, temperature=0)
+    assert text == plain.choices[0].text
+    assert finish == ["length"]
+    assert usage.completion_tokens == 24 and usage.total_tokens == 24 + len(PROMPT.encode())
+
+
+async def test_chat_streaming_and_not(cluster: Cluster, client: Any) -> None:
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    reply = await client.chat.completions.create(model="tiny", messages=messages, max_completion_tokens=12,
+                                                 temperature=0)
+    assert reply.choices[0].message.role == "assistant"
+    assert reply.usage.completion_tokens == 12
+    stream = await client.chat.completions.create(model="tiny", messages=messages, max_tokens=12,
+                                                  temperature=0, stream=True)
+    pieces = [c.choices[0].delta.content or "" async for c in stream if c.choices]
+    assert "".join(pieces) == reply.choices[0].message.content
+
+
+async def test_stop_string_ends_the_text_before_it(cluster: Cluster, client: Any) -> None:
+    full = await client.completions.create(model="tiny", prompt=PROMPT, max_tokens=40, temperature=0)
+    text = full.choices[0].text
+    stop = next((text[i : i + 2] for i in range(3, len(text) - 2) if "\ufffd" not in text[i : i + 2]), None)
+    assert stop is not None
+    cut = await client.completions.create(model="tiny", prompt=PROMPT, max_tokens=40, temperature=0,
+                                          stop=[stop])
+    assert cut.choices[0].text == text[: text.index(stop)]
+    assert cut.choices[0].finish_reason == "stop"
+    streamed, finish, _ = await _stream_text(client, max_tokens=40, temperature=0, stop=stop)
+    assert streamed == text[: text.index(stop)] and finish == ["stop"]
+
+
+async def test_seeds_reproduce_sampled_text(cluster: Cluster, client: Any) -> None:
+    runs = [await client.completions.create(model="tiny", prompt=PROMPT, max_tokens=20, temperature=1.0,
+                                            seed=seed) for seed in (7, 7, 8)]
+    texts = [r.choices[0].text for r in runs]
+    assert texts[0] == texts[1]
+    assert texts[0] != texts[2]
+
+
+async def _owner_after_first_token(cluster: Cluster, before: set[str]) -> tuple[str, str]:
+    gateway = cluster.gateway
+    assert gateway is not None
+    for _ in range(400):
+        for request_id, stream in list(gateway.streams.items()):
+            if request_id not in before and stream.generated and stream.owner_id:
+                return request_id, stream.owner_id
+        await asyncio.sleep(0.005)
+    raise AssertionError("no request produced a token")
+
+
+async def test_migration_mid_stream_is_invisible(cluster: Cluster, client: Any) -> None:
+    reference, _, _ = await _stream_text(client, max_tokens=150, temperature=0)
+    before = set(cluster.gateway.streams)  # type: ignore[union-attr]
+    task = asyncio.ensure_future(_stream_text(client, max_tokens=150, temperature=0))
+    request_id, owner = await _owner_after_first_token(cluster, before)
+    other = next(i for i in cluster.agents if i != owner)
+    outcome = await cluster.agents[owner].migrate(request_id, other)
+    text, finish, usage = await task
+    assert outcome.migrated, outcome
+    assert text == reference
+    assert usage.completion_tokens == 150 and finish == ["length"]
+    async with httpx.AsyncClient() as http:
+        metrics = (await http.get(f"{cluster.base_url}/metrics")).text  # type: ignore[attr-defined]
+    observed = re.search(r"^shoal_migrations_observed_total (\S+)$", metrics, re.MULTILINE)
+    assert observed is not None and float(observed.group(1)) >= 1
+
+
+async def test_lost_delta_is_repaired_by_resend(cluster: Cluster, client: Any) -> None:
+    reference, _, _ = await _stream_text(client, max_tokens=30, temperature=0)
+    dropped: list[str] = []
+    originals = {}
+    for instance_id, agent in cluster.agents.items():
+        original = agent.bus.publish
+        originals[instance_id] = original
+
+        async def lossy(
+            subject: str, data: bytes, *, headers: Any = None, _original: Any = original, _agent: Any = agent
+        ) -> None:
+            if ".tok." in subject and not dropped:
+                envelope = _agent.codec.decode_or_none(data)
+                if envelope is not None and getattr(envelope.body, "first_index", 0) == 5:
+                    dropped.append(subject)
+                    return
+            await _original(subject, data, headers=headers)
+
+        agent.bus.publish = lossy  # type: ignore[method-assign]
+    try:
+        text, _, usage = await _stream_text(client, max_tokens=30, temperature=0)
+    finally:
+        for instance_id, agent in cluster.agents.items():
+            agent.bus.publish = originals[instance_id]  # type: ignore[method-assign]
+    assert dropped, "the test did not drop a delta"
+    assert text == reference and usage.completion_tokens == 30
+
+
+async def test_client_disconnect_aborts_and_frees_blocks(cluster: Cluster, client: Any) -> None:
+    url = cluster.base_url  # type: ignore[attr-defined]
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 400, "stream": True, "temperature": 0}
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+        async with http.stream("POST", "/v1/completions", json=body) as response:
+            async for line in response.aiter_lines():
+                if line.startswith("data: ") and '"text":"' in line:
+                    break
+    for _ in range(200):
+        if not any(agent.engine.has_unfinished() for agent in cluster.agents.values()):
+            break
+        await asyncio.sleep(0.02)
+    assert not any(agent.engine.has_unfinished() for agent in cluster.agents.values())
+    free = [agent.engine.stats().num_free_blocks for agent in cluster.agents.values()]
+    total = [agent.engine.stats().num_total_blocks for agent in cluster.agents.values()]
+    assert free == total

@@ -1,0 +1,144 @@
+"""``shoal up`` as a user runs it: child processes, the official openai client, faults, Ctrl-C.
+
+One cluster (embedded NATS, scheduler if built, two torch ``tiny`` agents, the
+frontend) serves completions and chat; the scheduler is killed under a load of
+concurrent streams (every stream completes: bypass); an agent is killed with
+SIGKILL mid-stream (its streams complete through rescue, greedy text equal to
+an undisturbed run); SIGINT then stops everything and leaves no process behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from bus.server import free_port
+
+pytestmark = pytest.mark.slow
+
+PROMPT = "In a hole in the ground"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is not alive
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+async def _stream(
+    client: openai.AsyncOpenAI, max_tokens: int, started: asyncio.Event | None = None
+) -> tuple[str, int]:
+    stream = await client.completions.create(model="tiny", prompt=PROMPT, max_tokens=max_tokens,
+                                             temperature=0, stream=True,
+                                             stream_options={"include_usage": True})
+    parts, usage = [], 0
+    async for chunk in stream:
+        if started is not None:
+            started.set()
+        if chunk.usage is not None:
+            usage = chunk.usage.completion_tokens
+        parts.extend(c.text for c in chunk.choices)
+    return "".join(parts), usage
+
+
+async def _metrics(port: int) -> str:
+    async with httpx.AsyncClient() as http:
+        return (await http.get(f"http://127.0.0.1:{port}/metrics")).text
+
+
+def _counter(metrics: str, name: str) -> float:
+    found = re.search(rf"^{name} (\S+)$", metrics, re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
+
+
+def _start_up(port: int, tmp_path: Path) -> tuple[subprocess.Popen[str], dict[str, int], list[str]]:
+    process = subprocess.Popen(
+        [sys.executable, "-c", "from frontend.cli import main; main()", "up", "--instances", "2",
+         "--port", str(port), "--log-dir", str(tmp_path / "logs"), "--ready-timeout", "150"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    pids: dict[str, int] = {}
+    lines: list[str] = []
+    assert process.stdout is not None
+    deadline = time.monotonic() + 170
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if not line:
+            break
+        lines.append(line.rstrip())
+        found = re.search(r"^(\S+)\s+(?:(agent-\d+) )?pid (\d+)", line)
+        if found:
+            pids[found.group(2) or found.group(1)] = int(found.group(3))
+        embedded = re.search(r"embedded, pid (\d+)", line)
+        if embedded:
+            pids["nats-server"] = int(embedded.group(1))
+        if line.startswith("shoal is serving"):
+            lines += [process.stdout.readline().rstrip(), process.stdout.readline().rstrip()]
+            return process, pids, lines
+    process.kill()
+    process.stdout.close()
+    raise AssertionError("shoal up did not become ready:\n" + "\n".join(lines))
+
+
+async def test_shoal_up_serves_survives_faults_and_stops_cleanly(tmp_path: Path) -> None:
+    port = free_port()
+    process, pids, lines = _start_up(port, tmp_path)
+    try:
+        assert any(line.strip().startswith("curl http://") for line in lines)
+        assert {"nats-server", "agent-0", "agent-1", "frontend"} <= set(pids)
+        async with openai.AsyncOpenAI(api_key="x", base_url=f"http://127.0.0.1:{port}/v1", max_retries=0,
+                                      timeout=120) as client:
+            reference, usage = await _stream(client, 60)
+            assert usage == 60
+            chat = await client.chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=8, temperature=0)
+            assert chat.usage.completion_tokens == 8
+
+            if "scheduler" in pids:  # kill the scheduler under a load of concurrent streams
+                assert _counter(await _metrics(port), "shoal_scheduler_placements_total") >= 1
+                load = [asyncio.ensure_future(_stream(client, 60)) for _ in range(8)]
+                await asyncio.sleep(0.3)
+                os.kill(pids["scheduler"], signal.SIGKILL)
+                more = [asyncio.ensure_future(_stream(client, 60)) for _ in range(8)]
+                results = await asyncio.wait_for(asyncio.gather(*load, *more), 120)
+                assert all(r == (reference, 60) for r in results)
+                assert _counter(await _metrics(port), "shoal_bypass_placements_total") >= 1
+
+            started = [asyncio.Event() for _ in range(6)]
+            streams = [asyncio.ensure_future(_stream(client, 400, event)) for event in started]
+            for event in started:
+                await event.wait()
+            os.kill(pids["agent-0"], signal.SIGKILL)
+            results = await asyncio.wait_for(asyncio.gather(*streams), 120)
+            long_reference, _ = await _stream(client, 400)
+            assert all(r == (long_reference, 400) for r in results)
+            metrics = await _metrics(port)
+            rescued = re.findall(r'^shoal_rescues_total\{cause="\w+"\} (\S+)$', metrics, re.MULTILINE)
+            assert sum(float(v) for v in rescued) >= 1, metrics
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            raise
+        finally:
+            if process.stdout is not None:
+                process.stdout.close()
+    time.sleep(0.5)
+    assert not [name for name, pid in pids.items() if _alive(pid)]
