@@ -7,17 +7,43 @@ decoder), ``kv_cache`` (the paged pool and the KV buffer format), ``attention``
 ``engine`` (``TorchEngine``, the :class:`agents.engine.Engine` implementation).
 """
 
+from typing import TYPE_CHECKING, Any
+
+# Light modules import eagerly; the ones that need torch load on first use, so
+# the frontend can use the tokenizer without paying for a torch import.
 from agents.engines.torch_engine.config import PRESETS, ModelConfig, preset
-from agents.engines.torch_engine.engine import TorchEngine, TorchEngineConfig
-from agents.engines.torch_engine.kv_cache import (
-    KV_BUFFER_FORMAT_VERSION,
-    KVPoolShape,
-    PagedKVPool,
-    buffer_from_bytes,
-    buffer_to_bytes,
-)
-from agents.engines.torch_engine.loader import load_model
 from agents.engines.torch_engine.tokenizer import ByteTokenizer, HFTokenizer, TextTokenizer, load_tokenizer
+
+if TYPE_CHECKING:
+    from agents.engines.torch_engine.engine import TorchEngine, TorchEngineConfig
+    from agents.engines.torch_engine.kv_cache import (
+        KV_BUFFER_FORMAT_VERSION,
+        KVPoolShape,
+        PagedKVPool,
+        buffer_from_bytes,
+        buffer_to_bytes,
+    )
+    from agents.engines.torch_engine.loader import load_model
+
+_LAZY = {
+    "TorchEngine": "engine",
+    "TorchEngineConfig": "engine",
+    "KV_BUFFER_FORMAT_VERSION": "kv_cache",
+    "KVPoolShape": "kv_cache",
+    "PagedKVPool": "kv_cache",
+    "buffer_from_bytes": "kv_cache",
+    "buffer_to_bytes": "kv_cache",
+    "load_model": "loader",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
 
 __all__ = [
     "KV_BUFFER_FORMAT_VERSION",
