@@ -177,10 +177,14 @@ class MigrationConfig:
     commit_timeout_s: float = 2.0
     claim_retry_s: float = 1.0
     destination_idle_timeout_s: float = 60.0
+    #: Migrations one instance takes part in at once, as source and as destination each.
+    max_concurrent_per_instance: int = 1
 
     def __post_init__(self) -> None:
         if self.last_stage_max_blocks < 0:
             raise ValueError("last_stage_max_blocks must be >= 0")
+        if self.max_concurrent_per_instance < 1:
+            raise ValueError("max_concurrent_per_instance must be >= 1")
         if self.max_stages < 1:
             raise ValueError("max_stages must be >= 1")
         timeouts = (

@@ -7,7 +7,9 @@ model it takes the step time from a profile (:mod:`agents.engines.profile`).
 Two ways to drive it:
 
 * **virtual clock** (the cluster simulator): ``result = engine.step()`` returns
-  at once; the simulator advances its clock by ``result.duration_s``;
+  at once; the simulator advances its clock by ``result.duration_s``. Or
+  ``plan, d = engine.begin_step()`` now and ``engine.end_step(plan, d)`` once
+  ``d`` has passed, so that calls in between see the engine mid-step;
 * **real time** (live tests, scale benchmarks): ``await engine.step_async()``
   schedules, sleeps the modeled duration, then completes the step; other calls
   (add, abort, migration) may run during the sleep. ``run_until_idle`` loops it.
@@ -159,6 +161,22 @@ class SimEngine:
         outputs = self.scheduler.update_from_output(plan, self._sample(plan))
         return self._result(plan, outputs)
 
+    def begin_step(self) -> tuple[SchedulerOutput, float]:
+        """Plan one step without completing it: ``(plan, modeled duration in seconds)``.
+
+        For virtual-clock drivers that let the step's time pass before its
+        tokens exist (the cluster simulator): finish it with :meth:`end_step`.
+        Calls in between (add, abort, suspend, release) see the engine as it is
+        *during* the step, as with :meth:`step_async`.
+        """
+        plan = self.scheduler.schedule()
+        return plan, self.modeled_duration_s(plan)
+
+    def end_step(self, plan: SchedulerOutput, duration_s: float) -> StepResult:
+        """Complete a step planned by :meth:`begin_step` (its tokens, stop rules, freed blocks)."""
+        outputs = self.scheduler.update_from_output(plan, self._sample(plan))
+        return self._result(plan, outputs, duration_s)
+
     async def step_async(self) -> StepResult:
         plan = self.scheduler.schedule()
         duration = self.modeled_duration_s(plan)
@@ -208,14 +226,16 @@ class SimEngine:
             sampled[rid] = _token_from_key(key, len(r.all_token_ids) - r.num_prompt_tokens, vocab, eos)
         return sampled
 
-    def _result(self, plan: SchedulerOutput, outputs: list[RequestOutput]) -> StepResult:
+    def _result(
+        self, plan: SchedulerOutput, outputs: list[RequestOutput], duration_s: float | None = None
+    ) -> StepResult:
         keys = self._token_keys
         for output in outputs:
             if output.finish_reason is not None:
                 keys.pop(output.request_id, None)
         return StepResult(
             outputs=outputs,
-            duration_s=self.modeled_duration_s(plan),
+            duration_s=self.modeled_duration_s(plan) if duration_s is None else duration_s,
             num_scheduled=plan.num_scheduled,
             num_prefill_tokens=plan.num_prefill_tokens,
             num_decode_requests=len(plan.decodes),

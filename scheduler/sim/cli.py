@@ -1,0 +1,337 @@
+"""``shoal simulate``: one discrete-event simulation; ``shoal simulate sweep``: a rate sweep.
+
+The entry point of the simulator: options become a frozen
+:class:`~scheduler.sim.config.SimConfig` and a workload, the run shows a rich
+progress bar, and the result is printed as a table and optionally written as
+JSON (``--json``) and PNG plots (``--plots DIR``). Whenever an Azure trace is
+used its credit is printed. Nothing below this module reads options or the
+environment.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from agents.engines.profile import load_profile
+from scheduler.config import (
+    DispatchPolicy,
+    MigrationConfig,
+    PairingConfig,
+    ScalingConfig,
+)
+from scheduler.sim.config import MigrationModel, PolicyName, PolicySetup, SimConfig, policy_setup
+from scheduler.sim.metrics import SimResult
+from scheduler.sim.simulator import ProgressCallback
+from scheduler.sim.simulator import simulate as run_simulation
+from scheduler.sim.sweep import SweepSpec, run_sweep
+from scheduler.sim.workload import AZURE_CREDIT, build_workload
+
+__all__ = ["dumps", "simulate", "simulate_command", "sweep_command"]
+
+_POLICIES = [p.value for p in PolicyName]
+_DISPATCH = [d.value for d in DispatchPolicy]
+
+
+def _float_pair(text: str) -> tuple[float, float]:
+    parts = text.split(",")
+    if len(parts) != 2:
+        raise click.BadParameter(f"expected two numbers 'x,y', got {text!r}")
+    return float(parts[0]), float(parts[1])
+
+
+def _cluster_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Options shared by a single run and a sweep: the cluster, migration and scaling."""
+    options = [
+        click.option("--instances", default=16, show_default=True,
+                     help="Instances (the start when scaling)."),
+        click.option("--profile", default="llama-7b-a10", show_default=True,
+                     help="Engine profile: a built-in name or a file "
+                     "(e.g. from `shoal bench engine --profile-out`)."),
+        click.option("--dispatch", type=click.Choice(_DISPATCH), default=None,
+                     help="Override the policy's dispatch rule (ablations)."),
+        click.option("--pairing", default="3,30", show_default=True,
+                     help="Migration pairing band 'low,high' in freeness: "
+                     "sources below low, destinations above high."),
+        click.option("--bandwidth-gbps", default=10.0, show_default=True,
+                     help="KV copy bandwidth between instances, GB/s."),
+        click.option("--handshake-ms", default=2.0, show_default=True,
+                     help="Latency of one stage's handshake."),
+        click.option("--commit-ms", default=5.0, show_default=True, help="Commit latency of the last stage."),
+        click.option("--max-migrations", default=1, show_default=True,
+                     help="Concurrent migrations per instance (as source and as destination each)."),
+        click.option("--report-ms", default=100.0, show_default=True, help="Load-report interval (virtual)."),
+        click.option("--pairing-ms", default=100.0, show_default=True, help="Pairing interval (virtual)."),
+        click.option("--autoscale/--no-autoscale", default=False, show_default=True, help="Auto-scaling."),
+        click.option("--scale-band", default="10,60", show_default=True,
+                     help="Auto-scaling band 'x,y' of average normal-usage freeness."),
+        click.option("--min-instances", default=1, show_default=True),
+        click.option("--max-instances", default=16, show_default=True),
+        click.option("--sustain-s", default=10.0, show_default=True,
+                     help="Seconds outside the band before scaling."),
+        click.option("--startup-delay-s", default=20.0, show_default=True,
+                     help="Cold start of a launched instance (the paper assumed 0)."),
+        click.option("--requests", "num_requests", default=10_000, show_default=True,
+                     help="Requests to simulate."),
+        click.option("--cv", default=1.0, show_default=True,
+                     help="Gamma arrival CV for synthetic mixes (1 = Poisson)."),
+        click.option("--high-share", default=0.0, show_default=True, help="Share of high-priority requests."),
+        click.option("--seed", default=0, show_default=True),
+        click.option("--quiet", is_flag=True, help="No progress bar."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def _base_config(opts: dict[str, Any]) -> SimConfig:
+    """A SimConfig from the shared options (its ``setup`` is replaced per policy)."""
+    return SimConfig(
+        profile=load_profile(opts["profile"]),
+        num_instances=opts["instances"],
+        migration=MigrationModel(
+            bandwidth_bytes_per_s=opts["bandwidth_gbps"] * 1e9,
+            handshake_latency_s=opts["handshake_ms"] / 1000.0,
+            commit_latency_s=opts["commit_ms"] / 1000.0,
+            config=MigrationConfig(max_concurrent_per_instance=opts["max_migrations"]),
+        ),
+        report_interval_s=opts["report_ms"] / 1000.0,
+        pairing_interval_s=opts["pairing_ms"] / 1000.0,
+        autoscale=opts["autoscale"],
+        startup_delay_s=opts["startup_delay_s"],
+    )
+
+
+def _setup(name: str, opts: dict[str, Any]) -> PolicySetup:
+    low, high = _float_pair(opts["pairing"])
+    lo_band, hi_band = _float_pair(opts["scale_band"])
+    scaling = ScalingConfig(
+        min_freeness=lo_band, max_freeness=hi_band, sustain_s=opts["sustain_s"],
+        min_instances=opts["min_instances"], max_instances=opts["max_instances"],
+    )
+    dispatch = None if opts["dispatch"] is None else DispatchPolicy(opts["dispatch"])
+    return policy_setup(
+        name, pairing=PairingConfig(low_freeness=low, high_freeness=high), scaling=scaling, dispatch=dispatch
+    )
+
+
+def _progress(console: Console, quiet: bool) -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("virtual {task.fields[virtual]:.0f} s"), TimeElapsedColumn(),
+        console=console, disable=quiet, transient=False,
+    )
+
+
+def _progress_callback(progress: Progress, label: str, total: int) -> ProgressCallback:
+    task = progress.add_task(label, total=total, virtual=0.0)
+
+    def update(done: int, total_requests: int, now: float) -> None:
+        progress.update(task, completed=done, virtual=now)
+
+    return update
+
+
+def _result_table(results: Sequence[SimResult]) -> Table:
+    """One column per run, one row per metric (latencies in seconds)."""
+    table = Table(title="simulation results")
+    rows: list[tuple[str, Callable[[SimResult], str]]] = [
+        ("TTFT mean / P99 (s)", lambda r: f"{r.ttft_mean_s:.3f} / {r.ttft_p99_s:.3f}"),
+        ("TPOT mean / P99 (s)", lambda r: f"{r.tpot_mean_s:.4f} / {r.tpot_p99_s:.4f}"),
+        ("E2E mean / P99 (s)", lambda r: f"{r.e2e_mean_s:.2f} / {r.e2e_p99_s:.2f}"),
+        ("preemptions / loss (s)", lambda r: f"{r.preemptions} / {r.preemption_loss_s:.1f}"),
+        ("fragmentation mean", lambda r: f"{100 * r.fragmentation_mean:.2f}%"),
+        ("migrations (aborted)", lambda r: f"{r.migrations} ({r.migrations_aborted})"),
+        ("downtime mean (ms)", lambda r: f"{1000 * r.migration_downtime_mean_s:.1f}"),
+        ("churn (>3 moves)", lambda r: f"{100 * r.churn:.2f}%"),
+        ("rejected", lambda r: str(r.rejected)),
+        ("instances mean", lambda r: f"{r.instances_mean:.2f}"),
+        ("finished / requests", lambda r: f"{r.num_finished} / {r.num_requests}"),
+        ("virtual / wall (s)", lambda r: f"{r.virtual_s:.0f} / {r.wall_s:.1f}"),
+    ]
+    table.add_column("metric")
+    for result in results:
+        table.add_column(result.policy, justify="right")
+    for name, fmt in rows:
+        table.add_row(name, *(fmt(r) for r in results))
+    return table
+
+
+def _priority_table(result: SimResult) -> Table:
+    table = Table(title=f"{result.policy}: by priority class")
+    for name in ("class", "count", "TTFT mean", "TTFT P99", "TPOT mean", "E2E mean", "E2E P99"):
+        table.add_column(name, justify="right")
+    for name, s in result.by_priority.items():
+        table.add_row(
+            name, str(s.count), f"{s.ttft_mean_s:.3f}", f"{s.ttft_p99_s:.3f}", f"{s.tpot_mean_s:.4f}",
+            f"{s.e2e_mean_s:.2f}", f"{s.e2e_p99_s:.2f}",
+        )
+    return table
+
+
+def _policy_names(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    bad = [n for n in names if n not in _POLICIES]
+    if bad or not names:
+        raise click.BadParameter(f"unknown policies {bad}; choose from {', '.join(_POLICIES)}")
+    return names
+
+
+def _workload_name(trace: str | None, mix: str | None) -> str:
+    if trace and mix:
+        raise click.UsageError("give --trace or --mix, not both")
+    return trace or mix or "azure-conv"
+
+
+def _json_document(result: SimResult) -> dict[str, object]:
+    data = result.to_dict()
+    data["fragmentation_series"] = [[round(t, 2), round(v, 6)] for t, v in result.fragmentation_series]
+    data["instances_series"] = [[round(t, 2), n] for t, n in result.instances_series]
+    return data
+
+
+_PAIR = re.compile(r"\[\s+(-?[\d.e+-]+),\s+(-?[\d.e+-]+)\s+\]")
+
+
+def dumps(document: object) -> str:
+    """Indented JSON with ``[time, value]`` pairs kept on one line (series stay compact)."""
+    return _PAIR.sub(r"[\1, \2]", json.dumps(document, indent=1)) + "\n"
+
+
+@click.group(
+    name="simulate", invoke_without_command=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+@click.option("--policy", "policies", default="shoal", show_default=True,
+              help=f"One of {', '.join(_POLICIES)}; or several, comma-separated, to compare on one workload.")
+@click.option("--trace", default=None,
+              help="azure-conv (default), azure-code, or a CSV arrival_s,input_tokens,output_tokens.")
+@click.option("--mix", default=None,
+              help="A synthetic length mix instead of a trace: S-S, M-M, L-L, S-L or L-S.")
+@click.option("--rate", type=float, default=None,
+              help="Mean request rate (req/s); traces are time-scaled to it.")
+@click.option("--time-scale", default=1.0, show_default=True,
+              help="Trace speed-up when --rate is not given.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+              help="Write the result as JSON (several policies: an object keyed by policy).")
+@click.option("--plots", "plots_dir", type=click.Path(file_okay=False), default=None,
+              help="Write fragmentation (and, when scaling, instances) over time PNGs here.")
+@_cluster_options
+@click.pass_context
+def simulate_command(ctx: click.Context, /, **opts: Any) -> None:
+    """Simulate a cluster on a virtual clock with the live policies (subcommand `sweep`: a rate sweep)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    console = Console()
+    names = _policy_names(opts["policies"])
+    name = _workload_name(opts["trace"], opts["mix"])
+    workload = build_workload(
+        name, num_requests=opts["num_requests"], rate=opts["rate"], cv=opts["cv"], seed=opts["seed"],
+        high_share=opts["high_share"], time_scale=opts["time_scale"],
+    )
+    base = _base_config(opts)
+    console.print(f"[bold]workload:[/] {workload.description}")
+    if workload.credit:
+        console.print(f"[dim]{workload.credit}[/]")
+    results: list[SimResult] = []
+    with _progress(console, opts["quiet"]) as progress:
+        for policy in names:
+            callback = _progress_callback(progress, policy, len(workload.requests))
+            config = replace(base, setup=_setup(policy, opts))
+            results.append(run_simulation(config, workload, on_progress=callback))
+    console.print(_result_table(results))
+    for result in results:
+        if len(result.by_priority) > 1:
+            console.print(_priority_table(result))
+    if opts["json_path"]:
+        path = Path(opts["json_path"])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        document: object = (
+            _json_document(results[0]) if len(results) == 1
+            else {r.policy: _json_document(r) for r in results}
+        )
+        path.write_text(dumps(document))
+        console.print(f"wrote {path}")
+    if opts["plots_dir"]:
+        from scheduler.sim.plots import plot_fragmentation, plot_instances
+
+        out = Path(opts["plots_dir"])
+        fragmentation = {r.policy: r.fragmentation_series for r in results}
+        console.print(f"wrote {plot_fragmentation(fragmentation, out / 'fragmentation.png')}")
+        if base.autoscale:
+            instances = {r.policy: [(t, float(n)) for t, n in r.instances_series] for r in results}
+            console.print(f"wrote {plot_instances(instances, out / 'instances.png')}")
+
+
+@simulate_command.command(name="sweep")
+@click.option("--workload", "workloads", multiple=True, default=("azure-conv",), show_default=True,
+              help="Repeatable: azure-conv, azure-code, a CSV path, or a mix (S-S, M-M, L-L, S-L, L-S).")
+@click.option("--rates", required=True, help="Comma-separated request rates (req/s).")
+@click.option("--policies", default="rr,infaas,llumnix,shoal", show_default=True)
+@click.option("--out", "out_prefix", type=click.Path(), required=True,
+              help="Output prefix: writes PREFIX.json and PREFIX.png.")
+@click.option("--plot/--no-plot", default=True, show_default=True, help="Write PREFIX.png.")
+@_cluster_options
+def sweep_command(
+    workloads: tuple[str, ...], rates: str, policies: str, out_prefix: str, plot: bool, **opts: Any
+) -> None:
+    """Run every (workload, rate, policy) and plot latency against rate per policy."""
+    console = Console()
+    names = _policy_names(policies)
+    spec = SweepSpec(
+        workloads=tuple(workloads),
+        rates=tuple(float(r) for r in rates.split(",")),
+        setups=tuple(_setup(n, opts) for n in names),
+        num_requests=opts["num_requests"],
+        cv=opts["cv"],
+        seed=opts["seed"],
+        high_share=opts["high_share"],
+    )
+    if any("azure" in w for w in workloads):
+        console.print(f"[dim]{AZURE_CREDIT}[/]")
+    out = Path(out_prefix)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    points: list[dict[str, object]] = []
+    with _progress(console, opts["quiet"]) as progress:
+        overall = progress.add_task(f"sweep ({spec.num_runs} runs)", total=spec.num_runs, virtual=0.0)
+
+        def on_start(workload: str, rate: float, setup: PolicySetup) -> ProgressCallback:
+            label = f"{workload} @ {rate:g} {setup.name.value}"
+            return _progress_callback(progress, label, spec.num_requests)
+
+        def on_result(point: dict[str, object]) -> None:
+            points.append(point)
+            progress.advance(overall)
+            out.with_suffix(".json").write_text(dumps(points))
+
+        run_sweep(spec, _base_config(opts), on_start=on_start, on_result=on_result)
+    table = Table(title=f"sweep: {out.with_suffix('.json')}")
+    headers = ("workload", "rate", "policy", "TTFT mean", "TTFT P99", "TPOT P99", "preempt loss", "frag",
+               "migr")
+    for name in headers:
+        table.add_column(name, justify="right")
+    for p in points:
+        table.add_row(
+            str(p["workload"]), f"{p['rate']:g}", str(p["policy"]), f"{p['ttft_mean_s']:.3f}",
+            f"{p['ttft_p99_s']:.3f}", f"{p['tpot_p99_s']:.4f}", f"{p['preemption_loss_s']:.1f}",
+            f"{100 * float(str(p['fragmentation_mean'])):.2f}%", str(p["migrations"]),
+        )
+    console.print(table)
+    console.print(f"wrote {out.with_suffix('.json')}")
+    if plot:
+        from scheduler.sim.plots import plot_latency_vs_rate
+
+        console.print(f"wrote {plot_latency_vs_rate(points, out.with_suffix('.png'))}")
+
+
+#: What ``frontend.cli`` resolves ``shoal simulate`` to.
+simulate = simulate_command

@@ -1,0 +1,165 @@
+"""Frozen configuration of one simulation: the cluster, the named policies, the migration model.
+
+Built once at the entry point (``shoal simulate`` or a test) and passed down;
+nothing below reads the environment. The five named policies of
+``--policy`` map to a :class:`PolicySetup`:
+
+==============  ===========================  =========  ==========
+name            dispatch                     migration  priorities
+==============  ===========================  =========  ==========
+``rr``          round-robin                  no         no
+``infaas``      INFaaS++ (least memory load) no         no
+``llumnix-base``  freeness (the paper)       yes        no (all normal)
+``llumnix``     freeness (the paper)         yes        yes (headroom)
+``shoal``       freeness after admission     yes        yes (headroom)
+==============  ===========================  =========  ==========
+
+"Priorities no" means every request is submitted with the normal priority,
+to the policies and to the engines alike (the paper's baselines have none);
+the metrics still group requests by the class the workload gave them.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from agents.engines.profile import EngineProfile, load_profile
+from scheduler.config import (
+    DEFAULT_PRIORITY_CLASSES,
+    DispatchPolicy,
+    MigrationConfig,
+    PairingConfig,
+    PolicyConfig,
+    PriorityClass,
+    ScalingConfig,
+)
+
+__all__ = [
+    "DEFAULT_BANDWIDTH_BYTES_PER_S",
+    "MigrationModel",
+    "PolicyName",
+    "PolicySetup",
+    "SimConfig",
+    "policy_setup",
+]
+
+#: Default KV-copy bandwidth between two instances: 10 GB/s, what Gloo/NCCL reach over
+#: PCIe 4.0 between A10s in one host (docs/SIMULATION.md says more).
+DEFAULT_BANDWIDTH_BYTES_PER_S = 10e9
+
+
+class PolicyName(enum.StrEnum):
+    """The ``--policy`` choices."""
+
+    ROUND_ROBIN = "rr"
+    INFAAS = "infaas"
+    LLUMNIX_BASE = "llumnix-base"
+    LLUMNIX = "llumnix"
+    SHOAL = "shoal"
+
+
+@dataclass(frozen=True, slots=True)
+class PolicySetup:
+    """A named policy resolved: the policy core's config, whether it migrates and honours priorities."""
+
+    name: PolicyName
+    policy: PolicyConfig
+    migrate: bool
+    priorities: bool
+
+
+_DISPATCH: dict[PolicyName, DispatchPolicy] = {
+    PolicyName.ROUND_ROBIN: DispatchPolicy.ROUND_ROBIN,
+    PolicyName.INFAAS: DispatchPolicy.INFAAS,
+    PolicyName.LLUMNIX_BASE: DispatchPolicy.FREENESS,
+    PolicyName.LLUMNIX: DispatchPolicy.FREENESS,
+    PolicyName.SHOAL: DispatchPolicy.FREENESS_AFTER_ADMIT,
+}
+
+
+def policy_setup(
+    name: PolicyName | str,
+    *,
+    pairing: PairingConfig | None = None,
+    scaling: ScalingConfig | None = None,
+    priority_classes: tuple[PriorityClass, ...] = DEFAULT_PRIORITY_CLASSES,
+    dispatch: DispatchPolicy | None = None,
+) -> PolicySetup:
+    """The setup of a named policy; ``dispatch`` overrides its dispatch rule (for ablations)."""
+    kind = PolicyName(name)
+    config = PolicyConfig(
+        priority_classes=priority_classes,
+        dispatch_policy=_DISPATCH[kind] if dispatch is None else dispatch,
+        pairing=PairingConfig() if pairing is None else pairing,
+        scaling=ScalingConfig() if scaling is None else scaling,
+    )
+    return PolicySetup(
+        name=kind,
+        policy=config,
+        migrate=kind in (PolicyName.LLUMNIX_BASE, PolicyName.LLUMNIX, PolicyName.SHOAL),
+        priorities=kind in (PolicyName.LLUMNIX, PolicyName.SHOAL),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class MigrationModel:
+    """How long migration stages take: ``bytes / bandwidth + handshake`` per stage.
+
+    Stage 0 copies every full block while the request keeps decoding; each
+    next stage copies the full blocks produced meanwhile; once a stage leaves
+    at most ``config.last_stage_max_blocks`` new blocks (or ``config.max_stages``
+    is reached) the request is suspended at its source's next step boundary
+    and the rest is copied: its downtime is that copy plus ``commit_latency_s``.
+    """
+
+    bandwidth_bytes_per_s: float = DEFAULT_BANDWIDTH_BYTES_PER_S
+    handshake_latency_s: float = 0.002
+    commit_latency_s: float = 0.005
+    config: MigrationConfig = field(default_factory=MigrationConfig)
+
+    def __post_init__(self) -> None:
+        if self.bandwidth_bytes_per_s <= 0:
+            raise ValueError("bandwidth_bytes_per_s must be > 0")
+        if self.handshake_latency_s < 0 or self.commit_latency_s < 0:
+            raise ValueError("latencies must be >= 0")
+
+    def copy_s(self, num_blocks: int, bytes_per_block: int) -> float:
+        """Seconds to copy ``num_blocks`` blocks (no handshake)."""
+        return num_blocks * bytes_per_block / self.bandwidth_bytes_per_s
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """One simulated cluster and how it is driven.
+
+    * ``report_interval_s``: agents report their load this often (virtual time),
+      and only when something changed since their last report;
+    * ``pairing_interval_s``: the scheduler pairs instances this often;
+    * ``scaling_interval_s``: the scheduler evaluates auto-scaling this often
+      (when ``autoscale``); a launched instance joins ``startup_delay_s`` later;
+    * ``sample_interval_s``: fragmentation and instance counts are sampled this often;
+    * ``max_virtual_s``: give up (and say so) past this much virtual time.
+    """
+
+    setup: PolicySetup = field(default_factory=lambda: policy_setup(PolicyName.SHOAL))
+    profile: EngineProfile = field(default_factory=lambda: load_profile("llama-7b-a10"))
+    num_instances: int = 16
+    migration: MigrationModel = field(default_factory=MigrationModel)
+    report_interval_s: float = 0.1
+    pairing_interval_s: float = 0.1
+    autoscale: bool = False
+    scaling_interval_s: float = 1.0
+    startup_delay_s: float = 20.0
+    sample_interval_s: float = 1.0
+    max_virtual_s: float = 1e6
+    record_policy_log: bool = False
+
+    def __post_init__(self) -> None:
+        if self.num_instances < 1:
+            raise ValueError("num_instances must be >= 1")
+        for name in ("report_interval_s", "pairing_interval_s", "scaling_interval_s", "sample_interval_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0")
+        if self.startup_delay_s < 0:
+            raise ValueError("startup_delay_s must be >= 0")

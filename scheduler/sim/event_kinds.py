@@ -1,0 +1,23 @@
+"""The simulator's event kinds: what each heap entry of the virtual clock stands for.
+
+Heap entries are ``(time, insertion counter, kind, payload)``; equal times run
+in insertion order, so a run is deterministic.
+"""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = ["EventKind"]
+
+
+class EventKind(enum.IntEnum):
+    ARRIVAL = 0  # payload: index of the request in the workload
+    STEP_END = 1  # payload: the SimInstance whose step ends
+    REPORT = 2  # payload: tick number
+    PAIR = 3  # payload: tick number
+    SCALE = 4  # payload: tick number
+    SAMPLE = 5  # payload: tick number
+    STAGE_END = 6  # payload: the Migration whose (non-last) stage copy ends
+    COMMIT = 7  # payload: the Migration whose last stage ends
+    READY = 8  # payload: id of a launched instance that joins now

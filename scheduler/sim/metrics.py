@@ -1,0 +1,231 @@
+"""What one simulation measured: per-request records, time series, and their summary.
+
+Per request (:class:`RequestRecord`): arrival, first token, finish, output
+tokens, preemptions and the time they cost, migrations. Summary
+(:class:`SimResult`, the ``--json`` document):
+
+* **TTFT**: arrival to first token, queuing included;
+* **TPOT**: time per output token after the first, ``(finish - first) / (n - 1)``
+  over requests with at least two output tokens;
+* **end-to-end**: arrival to the last token; each as mean and P99;
+* **preemptions** and **preemption loss**: for every preemption, the time from
+  the step that preempted the request to the step that gave it its next token
+  (queuing again plus recomputing), summed over requests;
+* **fragmentation**: at each sample, the free blocks that sit on other
+  instances while an instance's head-of-line request waits for lack of them,
+  counted up to each such request's demand (and at most all free blocks), as a
+  share of all cluster blocks; the mean over samples;
+* **migrations** committed (and aborted), **churn** (the share of requests
+  migrated more than 3 times), mean **downtime** of a migration;
+* **rejected** requests (prompt beyond every instance's capacity);
+* **instances_mean**: the time-average of instances held (launching, serving
+  or draining), the cost when auto-scaling.
+
+Pure arithmetic over the records; no clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import msgspec
+import numpy as np
+
+from scheduler.config import PolicyConfig
+
+__all__ = [
+    "LATENCY_KEYS",
+    "LatencySummary",
+    "RequestRecord",
+    "SimResult",
+    "fragmentation_share",
+    "summarize",
+    "summarize_latency",
+]
+
+LATENCY_KEYS = ("ttft_mean_s", "ttft_p99_s", "tpot_mean_s", "tpot_p99_s", "e2e_mean_s", "e2e_p99_s")
+CHURN_THRESHOLD = 3
+
+
+class RequestRecord:
+    """Mutable per-request measurements, filled in by the simulator as events happen."""
+
+    __slots__ = (
+        "arrival_s",
+        "finish_s",
+        "first_token_s",
+        "num_migrations",
+        "num_output_tokens",
+        "num_preemptions",
+        "preempted_at_s",
+        "preemption_loss_s",
+        "priority",
+    )
+
+    def __init__(self, arrival_s: float, priority: int) -> None:
+        self.arrival_s = arrival_s
+        self.priority = priority
+        self.first_token_s = -1.0
+        self.finish_s = -1.0
+        self.num_output_tokens = 0
+        self.num_preemptions = 0
+        self.preempted_at_s = -1.0
+        self.preemption_loss_s = 0.0
+        self.num_migrations = 0
+
+
+class LatencySummary(msgspec.Struct, frozen=True, kw_only=True):
+    """Mean and P99 of TTFT, time per output token and end-to-end latency, in seconds."""
+
+    count: int
+    ttft_mean_s: float
+    ttft_p99_s: float
+    tpot_mean_s: float
+    tpot_p99_s: float
+    e2e_mean_s: float
+    e2e_p99_s: float
+
+
+def _mean_p99(values: np.ndarray) -> tuple[float, float]:
+    if values.size == 0:
+        return 0.0, 0.0
+    return float(values.mean()), float(np.percentile(values, 99))
+
+
+def summarize_latency(records: Sequence[RequestRecord]) -> LatencySummary:
+    """Latency summary of the finished requests among ``records``."""
+    done = [r for r in records if r.finish_s >= 0]
+    ttft = np.fromiter((r.first_token_s - r.arrival_s for r in done), dtype=float, count=len(done))
+    e2e = np.fromiter((r.finish_s - r.arrival_s for r in done), dtype=float, count=len(done))
+    decoding = [r for r in done if r.num_output_tokens > 1]
+    tpot = np.fromiter(
+        ((r.finish_s - r.first_token_s) / (r.num_output_tokens - 1) for r in decoding),
+        dtype=float, count=len(decoding),
+    )
+    ttft_mean, ttft_p99 = _mean_p99(ttft)
+    tpot_mean, tpot_p99 = _mean_p99(tpot)
+    e2e_mean, e2e_p99 = _mean_p99(e2e)
+    return LatencySummary(
+        count=len(done), ttft_mean_s=ttft_mean, ttft_p99_s=ttft_p99, tpot_mean_s=tpot_mean,
+        tpot_p99_s=tpot_p99, e2e_mean_s=e2e_mean, e2e_p99_s=e2e_p99,
+    )
+
+
+def fragmentation_share(
+    free_blocks: Sequence[int], head_of_line_demand: Sequence[int], total_blocks: int
+) -> float:
+    """Free blocks stranded on other instances while heads of line wait for lack of them.
+
+    ``head_of_line_demand[i]`` is the blocks instance ``i``'s queue head needs
+    (0 if none, or if it is not waiting for blocks). Each blocked head counts
+    the free blocks elsewhere up to its demand; the sum is capped at all free
+    blocks; the result is a share of ``total_blocks``.
+    """
+    if total_blocks <= 0:
+        return 0.0
+    free_total = sum(free_blocks)
+    stranded = 0
+    for free, demand in zip(free_blocks, head_of_line_demand, strict=True):
+        if demand > free:
+            stranded += min(demand, free_total - free)
+    return min(stranded, free_total) / total_blocks
+
+
+class SimResult(msgspec.Struct, kw_only=True):
+    """The summary of one run (the ``--json`` document) plus its time series."""
+
+    policy: str
+    workload: str
+    credit: str = ""
+    num_requests: int
+    num_finished: int
+    num_instances: int
+    ttft_mean_s: float
+    ttft_p99_s: float
+    tpot_mean_s: float
+    tpot_p99_s: float
+    e2e_mean_s: float
+    e2e_p99_s: float
+    ttft_p50_s: float
+    preemptions: int
+    preemption_loss_s: float
+    fragmentation_mean: float
+    migrations: int
+    migrations_aborted: int
+    migration_downtime_mean_s: float
+    churn: float
+    rejected: int
+    instances_mean: float
+    virtual_s: float
+    wall_s: float
+    by_priority: dict[str, LatencySummary]
+    fragmentation_series: list[tuple[float, float]] = msgspec.field(default_factory=list)
+    instances_series: list[tuple[float, int]] = msgspec.field(default_factory=list)
+    parameters: dict[str, object] = msgspec.field(default_factory=dict)
+
+    def to_dict(self, *, series: bool = True) -> dict[str, object]:
+        data = msgspec.to_builtins(self)
+        if not series:
+            data.pop("fragmentation_series", None)
+            data.pop("instances_series", None)
+        return data  # type: ignore[no-any-return]
+
+
+def summarize(
+    *,
+    records: Sequence[RequestRecord],
+    policy: PolicyConfig,
+    policy_name: str,
+    workload: str,
+    credit: str,
+    num_instances: int,
+    rejected: int,
+    migrations: int,
+    migrations_aborted: int,
+    downtime_total_s: float,
+    fragmentation_series: list[tuple[float, float]],
+    instances_series: list[tuple[float, int]],
+    instance_seconds: float,
+    virtual_s: float,
+    wall_s: float,
+    parameters: dict[str, object],
+) -> SimResult:
+    """Fold the per-request records and series into a :class:`SimResult`."""
+    overall = summarize_latency(records)
+    done = [r for r in records if r.finish_s >= 0]
+    ttft = np.fromiter((r.first_token_s - r.arrival_s for r in done), dtype=float, count=len(done))
+    by_class: dict[str, list[RequestRecord]] = {}
+    for record in records:
+        by_class.setdefault(policy.priority_class(record.priority).name, []).append(record)
+    frag = [v for _, v in fragmentation_series]
+    churned = sum(1 for r in records if r.num_migrations > CHURN_THRESHOLD)
+    return SimResult(
+        policy=policy_name,
+        workload=workload,
+        credit=credit,
+        num_requests=len(records),
+        num_finished=overall.count,
+        num_instances=num_instances,
+        ttft_mean_s=overall.ttft_mean_s,
+        ttft_p99_s=overall.ttft_p99_s,
+        tpot_mean_s=overall.tpot_mean_s,
+        tpot_p99_s=overall.tpot_p99_s,
+        e2e_mean_s=overall.e2e_mean_s,
+        e2e_p99_s=overall.e2e_p99_s,
+        ttft_p50_s=float(np.percentile(ttft, 50)) if ttft.size else 0.0,
+        preemptions=sum(r.num_preemptions for r in records),
+        preemption_loss_s=sum(r.preemption_loss_s for r in records),
+        fragmentation_mean=float(np.mean(frag)) if frag else 0.0,
+        migrations=migrations,
+        migrations_aborted=migrations_aborted,
+        migration_downtime_mean_s=downtime_total_s / migrations if migrations else 0.0,
+        churn=churned / len(records) if records else 0.0,
+        rejected=rejected,
+        instances_mean=instance_seconds / virtual_s if virtual_s > 0 else float(num_instances),
+        virtual_s=virtual_s,
+        wall_s=wall_s,
+        by_priority={name: summarize_latency(rs) for name, rs in sorted(by_class.items())},
+        fragmentation_series=fragmentation_series,
+        instances_series=instances_series,
+        parameters=parameters,
+    )

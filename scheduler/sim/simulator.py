@@ -1,0 +1,370 @@
+"""The discrete-event cluster simulator: N sim engines, the live policies, a virtual clock.
+
+One event heap, ordered by (virtual time, insertion order), no sleeps, no bus:
+
+* **arrival** — the request goes to :meth:`PolicyLayer.dispatch` (the live
+  dispatcher over the folded load views); a prompt no instance could ever
+  hold is rejected and counted; with no instance live it waits for one;
+* **step end** — an instance's step, planned with ``begin_step`` when it
+  started, completes (tokens, finished requests, preemptions); the next step
+  is planned at once while the instance has work;
+* **report tick** (``report_interval_s``) — every instance whose state
+  changed builds a load report; the batch is folded into the scheduler's state;
+* **pairing tick** (``pairing_interval_s``, migrating policies) — the
+  scheduler pairs instances; each source in a pair picks requests with
+  :func:`~scheduler.policy.select_requests_to_migrate` toward the pair's
+  target freeness and migrates them (see :mod:`scheduler.sim.migration`);
+* **scaling tick** (``scaling_interval_s``, with ``autoscale``) — the
+  scheduler decides; a launched instance joins ``startup_delay_s`` later, a
+  terminating one drains (by migration where the policy migrates) and leaves;
+* **sample tick** (``sample_interval_s``) — fragmentation and instances held.
+
+The engine, local scheduler, virtual usage, dispatch, pairing, selection and
+scaling are the shared code, imported; this module only moves time and data
+between them.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from collections.abc import Callable
+from typing import Any
+
+from agents.engine import RequestRejected
+from agents.engines.sim import SimEngine
+from scheduler.policy import (
+    PendingRequest,
+    ScaleDownDecision,
+    ScaleUpDecision,
+    order_pending,
+)
+from scheduler.sim.config import SimConfig
+from scheduler.sim.event_kinds import EventKind
+from scheduler.sim.instance import SimInstance
+from scheduler.sim.metrics import RequestRecord, SimResult, fragmentation_share, summarize
+from scheduler.sim.migration import MigrationDriver
+from scheduler.sim.policy_layer import PolicyLayer, PolicyLog
+from scheduler.sim.workload import SimRequest, Workload
+from schemas import SamplingParams
+from schemas.instance import InstanceLeft
+
+__all__ = ["SimulationIncomplete", "Simulator", "simulate"]
+
+ARRIVAL, STEP_END, REPORT, PAIR, SCALE, SAMPLE, STAGE_END, COMMIT, READY = (
+    EventKind.ARRIVAL, EventKind.STEP_END, EventKind.REPORT, EventKind.PAIR, EventKind.SCALE,
+    EventKind.SAMPLE, EventKind.STAGE_END, EventKind.COMMIT, EventKind.READY,
+)
+
+ProgressCallback = Callable[[int, int, float], None]
+
+
+class SimulationIncomplete(RuntimeError):
+    """The run passed ``max_virtual_s`` with requests unfinished."""
+
+
+class Simulator:
+    """One run over one workload. Build, call :meth:`run` once."""
+
+    def __init__(
+        self, config: SimConfig, workload: Workload, *, on_progress: ProgressCallback | None = None
+    ) -> None:
+        self.config = config
+        self.setup = config.setup
+        self.policy = config.setup.policy
+        self.workload = workload
+        self.on_progress = on_progress
+        self.log = PolicyLog() if config.record_policy_log else None
+        self.layer = PolicyLayer(self.policy, log=self.log)
+        self.instances: dict[str, SimInstance] = {}
+        self.records: dict[str, RequestRecord] = {}
+        self.now = 0.0
+        self.unplaced: list[PendingRequest] = []
+        self.num_done = 0
+        self.num_rejected = 0
+        self._heap: list[tuple[float, int, int, Any]] = []
+        self._counter = itertools.count()
+        self._next_instance = 0
+        self._launching: dict[str, float] = {}
+        self._held: list[tuple[float, float]] = []  # (launched, left) of departed instances
+        self.joins: list[tuple[str, float, float]] = []  # (instance id, launched, joined)
+        self.fragmentation_series: list[tuple[float, float]] = []
+        self.instances_series: list[tuple[float, int]] = []
+        self.migrations = MigrationDriver(self)
+        self._by_id: dict[str, SimRequest] = {r.request_id: r for r in workload.requests}
+
+    # ------------------------------------------------------------ plumbing
+
+    def push(self, at: float, kind: int, payload: Any = None) -> None:
+        heapq.heappush(self._heap, (at, next(self._counter), kind, payload))
+
+    def _new_instance_id(self) -> str:
+        instance_id = f"i{self._next_instance:03d}"
+        self._next_instance += 1
+        return instance_id
+
+    def _join(self, instance_id: str, launched_s: float) -> SimInstance:
+        engine = SimEngine(self.config.profile)
+        instance = SimInstance(instance_id, engine, launched_s=launched_s, joined_s=self.now)
+        self.instances[instance_id] = instance
+        self.joins.append((instance_id, launched_s, self.now))
+        return instance
+
+    def _leave(self, instance: SimInstance) -> None:
+        del self.instances[instance.instance_id]
+        self._held.append((instance.launched_s, self.now))
+        self.layer.fold((InstanceLeft(instance_id=instance.instance_id),))
+
+    def leave_if_drained(self, instance: SimInstance) -> None:
+        """A terminating instance with nothing left on it leaves the cluster."""
+        if instance.terminating and instance.is_drained() and instance.instance_id in self.instances:
+            self._leave(instance)
+
+    def done(self) -> bool:
+        return self.num_done >= len(self.workload.requests)
+
+    # ------------------------------------------------------------ run
+
+    def run(self) -> SimResult:
+        started = time.perf_counter()
+        config = self.config
+        joined = [self._join(self._new_instance_id(), 0.0) for _ in range(config.num_instances)]
+        self.layer.fold(tuple(inst.joined for inst in joined))
+        requests = self.workload.requests
+        if requests:
+            self.push(requests[0].arrival_s, ARRIVAL, 0)
+        self.push(config.report_interval_s, REPORT, 1)
+        if self.setup.migrate:
+            self.push(config.pairing_interval_s, PAIR, 1)
+        if config.autoscale:
+            self.push(config.scaling_interval_s, SCALE, 1)
+        self.push(0.0, SAMPLE, 0)
+        handlers: dict[int, Callable[[Any], None]] = {
+            ARRIVAL: self._on_arrival,
+            STEP_END: self._on_step_end,
+            REPORT: self._on_report,
+            PAIR: self._on_pair,
+            SCALE: self._on_scale,
+            SAMPLE: self._on_sample,
+            STAGE_END: self.migrations.on_stage_end,
+            COMMIT: self.migrations.on_commit,
+            READY: self._on_ready,
+        }
+        heap = self._heap
+        pop = heapq.heappop
+        total = len(requests)
+        while heap and self.num_done < total:
+            at, _, kind, payload = pop(heap)
+            if at > config.max_virtual_s:
+                raise SimulationIncomplete(
+                    f"{total - self.num_done} of {total} requests unfinished after {config.max_virtual_s} s"
+                )
+            self.now = at
+            handlers[kind](payload)
+        if self.num_done < total:
+            raise SimulationIncomplete(f"{total - self.num_done} of {total} requests never finished")
+        self._on_sample(None, reschedule=False)
+        return self._result(time.perf_counter() - started)
+
+    def _result(self, wall_s: float) -> SimResult:
+        end = self.now
+        held = sum(left - launched for launched, left in self._held)
+        held += sum(end - inst.launched_s for inst in self.instances.values())
+        held += sum(end - launched for launched in self._launching.values())
+        config = self.config
+        setup = self.setup
+        parameters: dict[str, object] = {
+            "policy": setup.name.value,
+            "dispatch": setup.policy.dispatch_policy.value,
+            "migrate": setup.migrate,
+            "priorities": setup.priorities,
+            "profile": config.profile.name,
+            "instances": config.num_instances,
+            "pairing_low_high": [setup.policy.pairing.low_freeness, setup.policy.pairing.high_freeness],
+            "bandwidth_bytes_per_s": config.migration.bandwidth_bytes_per_s,
+            "report_interval_s": config.report_interval_s,
+            "pairing_interval_s": config.pairing_interval_s,
+            "autoscale": config.autoscale,
+        }
+        if config.autoscale:
+            scaling = setup.policy.scaling
+            parameters["scaling_band"] = [scaling.min_freeness, scaling.max_freeness]
+            parameters["scaling_instances"] = [scaling.min_instances, scaling.max_instances]
+            parameters["startup_delay_s"] = config.startup_delay_s
+        return summarize(
+            records=list(self.records.values()),
+            policy=self.policy,
+            policy_name=setup.name.value,
+            workload=self.workload.description,
+            credit=self.workload.credit,
+            num_instances=config.num_instances,
+            rejected=self.num_rejected,
+            migrations=self.migrations.num_committed,
+            migrations_aborted=self.migrations.num_aborted,
+            downtime_total_s=self.migrations.downtime_total_s,
+            fragmentation_series=self.fragmentation_series,
+            instances_series=self.instances_series,
+            instance_seconds=held,
+            virtual_s=end,
+            wall_s=wall_s,
+            parameters=parameters,
+        )
+
+    # ------------------------------------------------------------ requests
+
+    def _on_arrival(self, index: int) -> None:
+        requests = self.workload.requests
+        request = requests[index]
+        self.records[request.request_id] = RequestRecord(request.arrival_s, request.priority)
+        pending = PendingRequest(
+            request_id=request.request_id,
+            num_prompt_tokens=request.num_prompt_tokens,
+            priority=request.priority if self.setup.priorities else 0,
+            arrival=request.arrival_s,
+        )
+        self._place(pending, request)
+        if index + 1 < len(requests):
+            self.push(requests[index + 1].arrival_s, ARRIVAL, index + 1)
+
+    def _reject(self, request_id: str) -> None:
+        self.num_rejected += 1
+        self.num_done += 1
+        self.records[request_id].finish_s = -2.0
+
+    def _place(self, pending: PendingRequest, request: SimRequest) -> None:
+        fits = self.layer.can_ever_place(pending.num_prompt_tokens)
+        if fits is False:
+            self._reject(pending.request_id)
+            return
+        decision = self.layer.dispatch(pending) if fits else None
+        if decision is None:
+            self.unplaced.append(pending)
+            return
+        instance = self.instances[decision.instance_id]
+        sampling = SamplingParams(max_tokens=request.num_output_tokens, ignore_eos=True)
+        try:
+            instance.engine.add_request(
+                request.request_id, [1] * request.num_prompt_tokens, sampling, pending.priority
+            )
+        except RequestRejected:
+            self._reject(request.request_id)
+            return
+        instance.num_accepted += 1
+        instance.request_ids[request.request_id] = None
+        instance.dirty = True
+        self.kick(instance)
+
+    def _retry_unplaced(self) -> None:
+        if not self.unplaced:
+            return
+        waiting, self.unplaced = self.unplaced, []
+        for pending in order_pending(waiting):
+            self._place(pending, self._by_id[pending.request_id])
+
+    # ------------------------------------------------------------ steps
+
+    def kick(self, instance: SimInstance) -> None:
+        """Start the instance's next step if it is idle and has something to run."""
+        if instance.plan is not None or not instance.request_ids:
+            return
+        plan, duration = instance.engine.begin_step()
+        if plan.preempted:
+            records = self.records
+            for request_id in plan.preempted:
+                record = records[request_id]
+                record.num_preemptions += 1
+                if record.preempted_at_s < 0:
+                    record.preempted_at_s = self.now
+        if plan.num_scheduled == 0:
+            return
+        instance.plan = plan
+        instance.plan_duration_s = duration
+        self.push(self.now + duration, STEP_END, instance)
+
+    def _on_step_end(self, instance: SimInstance) -> None:
+        plan = instance.plan
+        assert plan is not None
+        instance.plan = None
+        result = instance.engine.end_step(plan, instance.plan_duration_s)
+        now = self.now
+        records = self.records
+        for output in result.outputs:
+            record = records[output.request_id]
+            if record.first_token_s < 0:
+                record.first_token_s = now
+            if record.preempted_at_s >= 0:
+                record.preemption_loss_s += now - record.preempted_at_s
+                record.preempted_at_s = -1.0
+            if output.finish_reason is not None:
+                record.finish_s = now
+                record.num_output_tokens = output.first_index + 1
+                del instance.request_ids[output.request_id]
+                self.num_done += 1
+        instance.dirty = True
+        if instance.pending_suspends:
+            self.migrations.on_step_boundary(instance)
+        if instance.terminating and instance.is_drained():
+            self._leave(instance)
+            return
+        self.kick(instance)
+
+    # ------------------------------------------------------------ ticks
+
+    def _on_report(self, tick: int) -> None:
+        policy = self.policy
+        reports = [inst.build_report(policy) for inst in self.instances.values() if inst.dirty]
+        if reports:
+            self.layer.fold(reports)
+        self._retry_unplaced()
+        self.push((tick + 1) * self.config.report_interval_s, REPORT, tick + 1)
+
+    def _on_pair(self, tick: int) -> None:
+        self.layer.pair()
+        self.migrations.start_all()
+        self.push((tick + 1) * self.config.pairing_interval_s, PAIR, tick + 1)
+
+    def _on_scale(self, tick: int) -> None:
+        decision = self.layer.scale(self.now)
+        if isinstance(decision, ScaleUpDecision):
+            for _ in range(decision.num_instances):
+                instance_id = self._new_instance_id()
+                self._launching[instance_id] = self.now
+                self.push(self.now + self.config.startup_delay_s, READY, instance_id)
+        elif isinstance(decision, ScaleDownDecision):
+            instance = self.instances.get(decision.instance_id)
+            if instance is not None:
+                instance.terminating = True
+                instance.dirty = True
+                self.leave_if_drained(instance)
+        self.push((tick + 1) * self.config.scaling_interval_s, SCALE, tick + 1)
+
+    def _on_ready(self, instance_id: str) -> None:
+        launched = self._launching.pop(instance_id)
+        instance = self._join(instance_id, launched)
+        self.layer.fold((instance.joined,))
+        self._retry_unplaced()
+
+    def _on_sample(self, tick: int | None, *, reschedule: bool = True) -> None:
+        free: list[int] = []
+        blocked: list[int] = []
+        total = 0
+        for instance in self.instances.values():
+            num_free = instance.num_free_blocks
+            demand = instance.head_of_line_demand(instance.snapshot())
+            free.append(num_free)
+            blocked.append(demand if demand > num_free else 0)
+            total += instance.num_total_blocks
+        self.fragmentation_series.append((self.now, fragmentation_share(free, blocked, total)))
+        self.instances_series.append((self.now, len(self.instances) + len(self._launching)))
+        if self.on_progress is not None:
+            self.on_progress(self.num_done, len(self.workload.requests), self.now)
+        if reschedule and tick is not None:
+            self.push((tick + 1) * self.config.sample_interval_s, SAMPLE, tick + 1)
+
+
+def simulate(
+    config: SimConfig, workload: Workload, *, on_progress: ProgressCallback | None = None
+) -> SimResult:
+    """Run one simulation and return its summary."""
+    return Simulator(config, workload, on_progress=on_progress).run()

@@ -1,0 +1,82 @@
+"""``shoal simulate`` and ``shoal simulate sweep`` as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from agents.engines.profile import PROFILES_DIR
+from frontend.cli import cli
+from scheduler.sim.metrics import LATENCY_KEYS
+
+SINGLE_RUN_KEYS = {
+    *LATENCY_KEYS, "preemptions", "preemption_loss_s", "fragmentation_mean", "migrations", "churn",
+    "rejected", "instances_mean", "wall_s", "by_priority",
+}
+
+
+def test_one_run_writes_the_json_document_and_plots(tmp_path: Path) -> None:
+    out = tmp_path / "run.json"
+    result = CliRunner().invoke(cli, [
+        "simulate", "--trace", "azure-conv", "--requests", "150", "--rate", "4", "--instances", "4",
+        "--high-share", "0.2", "--json", str(out), "--plots", str(tmp_path / "plots"), "--quiet",
+        "--autoscale", "--sustain-s", "1", "--startup-delay-s", "2", "--max-instances", "6",
+    ])
+    assert result.exit_code == 0, result.output
+    assert "Azure LLM inference trace 2023" in result.output  # the trace is credited
+    data = json.loads(out.read_text())
+    assert SINGLE_RUN_KEYS <= set(data)
+    assert set(data["by_priority"]) == {"high", "normal"}
+    assert set(LATENCY_KEYS) <= set(data["by_priority"]["high"])
+    assert data["policy"] == "shoal" and data["num_finished"] + data["rejected"] == 150
+    assert (tmp_path / "plots" / "fragmentation.png").stat().st_size > 1000
+    assert (tmp_path / "plots" / "instances.png").stat().st_size > 1000
+
+
+def test_a_profile_file_can_stand_in_for_the_default(tmp_path: Path) -> None:
+    profile = tmp_path / "measured.json"
+    shutil.copy(PROFILES_DIR / "tiny-test.json", profile)
+    out = tmp_path / "run.json"
+    result = CliRunner().invoke(cli, [
+        "simulate", "--mix", "S-S", "--rate", "5", "--requests", "80", "--instances", "2",
+        "--profile", str(profile), "--policy", "rr", "--json", str(out), "--quiet",
+    ])
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    assert data["parameters"]["profile"] == "tiny-test"
+    assert data["rejected"] > 0  # S-S prompts reach 6k tokens; this instance holds 256
+
+
+def test_sweep_runs_every_rate_and_policy_and_plots(tmp_path: Path) -> None:
+    prefix = tmp_path / "sweep" / "mm"
+    result = CliRunner().invoke(cli, [
+        "simulate", "sweep", "--workload", "M-M", "--rates", "2,4", "--policies", "infaas,shoal",
+        "--requests", "80", "--instances", "2", "--out", str(prefix), "--quiet",
+    ])
+    assert result.exit_code == 0, result.output
+    points = json.loads(prefix.with_suffix(".json").read_text())
+    assert {(p["rate"], p["policy"]) for p in points} == {(2.0, "infaas"), (4.0, "infaas"),
+                                                           (2.0, "shoal"), (4.0, "shoal")}
+    assert all(p["workload"] == "M-M" and "Poisson" in p["workload_description"] for p in points)
+    assert prefix.with_suffix(".png").stat().st_size > 1000
+
+
+def test_unknown_policy_is_a_usage_error() -> None:
+    result = CliRunner().invoke(cli, ["simulate", "--policy", "fastest", "--quiet"])
+    assert result.exit_code == 2
+
+
+def test_several_policies_compare_on_one_workload(tmp_path: Path) -> None:
+    out = tmp_path / "both.json"
+    result = CliRunner().invoke(cli, [
+        "simulate", "--mix", "L-L", "--rate", "6", "--requests", "120", "--instances", "3",
+        "--policy", "infaas,shoal", "--json", str(out), "--quiet",
+    ])
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    assert set(data) == {"infaas", "shoal"}
+    assert data["infaas"]["migrations"] == 0
+    assert "infaas" in result.output and "shoal" in result.output
