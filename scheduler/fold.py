@@ -12,7 +12,7 @@ Every event type in :mod:`schemas` has a rule here:
   ``pending_report_limit`` reports is taken as lost. An out-of-order report
   (agent ``seq`` not newer) and reports of unknown or failed instances are ignored;
 * decisions (``Dispatched``, ``Paired``, ``Unpaired``, ``ScaleUp``,
-  ``ScaleDown``): applied if their lease epoch is at least the current one (a
+  ``ScaleDown``, ``SchedulerTick``): applied if their lease epoch is at least the current one (a
   newer epoch becomes current), ignored and counted as stale otherwise;
 * migration steps: a record per migration from its stage-0 ``PreAllocate`` to
   its outcome. The destination's ``CommitAck`` in the log decides the owner of
@@ -51,7 +51,7 @@ from scheduler.cluster_state import (
 from scheduler.policy.load import InstanceLoad
 from scheduler.policy.pairing import Pairing
 from scheduler.policy.virtual_usage import blocks_for_tokens
-from schemas.decisions import Dispatched, Paired, ScaleDown, ScaleUp, Unpaired
+from schemas.decisions import Dispatched, Paired, ScaleDown, ScaleUp, SchedulerTick, Unpaired
 from schemas.envelope import Body
 from schemas.instance import (
     InstanceFailed,
@@ -282,6 +282,12 @@ def _scale_down(state: ClusterState, body: ScaleDown) -> _Changes:
     return {"epoch": body.epoch, **(_mark_terminating(state, body.instance_id) or {})}
 
 
+def _tick(state: ClusterState, body: SchedulerTick) -> _Changes:
+    if (stale := _stale(state, body.epoch)) is not None:
+        return stale
+    return {"epoch": body.epoch}
+
+
 # -- migration steps ------------------------------------------------------------
 
 
@@ -401,6 +407,7 @@ _RULES: dict[type, _Rule] = {
     Unpaired: _unpaired,
     ScaleUp: _scale_up,
     ScaleDown: _scale_down,
+    SchedulerTick: _tick,
     PreAllocate: _pre_allocate,
     Ack: _ack,
     StageDone: _stage_done,

@@ -17,6 +17,7 @@ __all__ = [
     "Paired",
     "ScaleDown",
     "ScaleUp",
+    "SchedulerTick",
     "Unpaired",
 ]
 
@@ -36,6 +37,12 @@ class Dispatched(Message, frozen=True, kw_only=True, tag="dispatched"):
     num_prompt_tokens: int
     priority: int = 0
     loads: tuple[LoadPosition, ...] = ()
+    #: The fold point the decision was made at: the last events / loads stream
+    #: sequences folded (events first, then loads) before deciding (0: not recorded).
+    events_seq: int = 0
+    loads_seq: int = 0
+    #: Instances the request asked to avoid (a rescue excludes the failed one).
+    exclude: tuple[str, ...] = ()
 
 
 class Paired(Message, frozen=True, kw_only=True, tag="paired"):
@@ -66,4 +73,16 @@ class ScaleDown(Message, frozen=True, kw_only=True, tag="scale_down"):
     average_freeness: float
 
 
-DecisionEvent = Dispatched | Paired | Unpaired | ScaleUp | ScaleDown
+class SchedulerTick(Message, frozen=True, kw_only=True, tag="scheduler_tick"):
+    """A fold point of the active scheduler that no dispatch records, or (with
+    ``takeover``) the first event of a new lease epoch. Decisions without a
+    fold point of their own (pairing, scaling, failures) were made at the last
+    one recorded in their epoch."""
+
+    epoch: int
+    events_seq: int = 0
+    loads_seq: int = 0
+    takeover: bool = False
+
+
+DecisionEvent = Dispatched | Paired | Unpaired | ScaleUp | ScaleDown | SchedulerTick

@@ -1,0 +1,255 @@
+"""``shoal bench recovery``: scheduler start to first successful dispatch, by log size.
+
+For each log size (default 100k and 1M events) it writes a synthetic log
+shaped like a busy cluster into a fresh prefix on an embedded nats-server: 64
+instances join, then every dispatch is a ``Dispatched`` fold point (as the
+live scheduler records them) followed by request lifecycle events, with a
+load report per instance every few dispatches. Then it starts a scheduler and
+times from ``run()`` to the first ``DispatchRequest`` answered with an
+instance, twice: without a snapshot (the whole log is folded) and with one
+(taken by a scheduler that ran over the log and stopped cleanly; the tail is
+empty). Rows: ``events``, ``snapshot``, ``recovery_s`` (plus the snapshot's
+size). Target: <= 1 s at 1M events with a snapshot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from bus import BusConfig, JetStreamBus
+from bus.errors import BusError
+from bus.protocol import StreamConfig
+from bus.server import EmbeddedNats
+from scheduler.lease import LEASE_KEY
+from scheduler.service import SchedulerConfig, SchedulerService
+from schemas import Codec, Subjects
+from schemas.decisions import Dispatched, LoadPosition, SchedulerTick
+from schemas.instance import InstanceJoined, KVLayout, ModelIdentity
+from schemas.load import LoadReport, PriorityLoad
+from schemas.requests import RequestArrived, RequestFinished
+from schemas.rpc import DispatchReply, DispatchRequest
+
+__all__ = ["bench_recovery", "measure_recovery", "write_synthetic_log"]
+
+NUM_INSTANCES = 64
+#: Events appended after the snapshot for the "snapshot + tail" case (the default snapshot cadence).
+TAIL_EVENTS = 20_000
+
+
+async def write_synthetic_log(bus: JetStreamBus, num_events: int, *, epoch: int = 1) -> None:
+    """Append about ``num_events`` events (plus load reports) shaped like a busy cluster's log.
+
+    Appends to what the streams hold already (fold points continue from their
+    last sequences), as the scheduler of lease ``epoch``.
+    """
+    subjects = bus.config.subjects
+    codec = Codec(producer="bench")
+    now = time.time()
+    layout = KVLayout(num_layers=32, num_kv_heads=32, head_dim=128, block_size=16, dtype="float16")
+    ids = [f"inst-{k:03d}" for k in range(NUM_INSTANCES)]
+    events_seq = start_events = await bus.last_seq(subjects.events_stream)
+    loads_seq = await bus.last_seq(subjects.loads_stream)
+    report_seq = dict.fromkeys(ids, loads_seq)
+    accepted = dict.fromkeys(ids, 0)
+    async with bus.appender(max_in_flight=4096) as pipe:
+
+        async def event(subject: str, body: Any) -> None:
+            nonlocal events_seq
+            events_seq += 1
+            await pipe.append(subject, codec.encode(body, time=now))
+
+        async def report(instance_id: str) -> None:
+            nonlocal loads_seq
+            loads_seq += 1
+            report_seq[instance_id] += 1
+            body = LoadReport(
+                instance_id=instance_id,
+                seq=report_seq[instance_id],
+                num_total_blocks=851,
+                num_free_blocks=700,
+                num_reserved_blocks=0,
+                running=(PriorityLoad(priority=0, num_running=8, num_blocks=151),),
+                head_of_line_demand=0,
+                num_waiting=0,
+                batch_size=8,
+                freeness=87.0,
+                virtual_usage=151.0,
+                num_accepted=accepted[instance_id],
+            )
+            await pipe.append(subjects.load(instance_id), codec.encode(body, time=now))
+
+        await event(subjects.sched("tick"), SchedulerTick(epoch=epoch, takeover=True))
+        for instance_id in ids:
+            await event(
+                subjects.instance(instance_id),
+                InstanceJoined(
+                    instance_id=instance_id,
+                    num_blocks=851,
+                    block_size=16,
+                    model=ModelIdentity(model_id="m"),
+                    kv_layout=layout,
+                    transport_address=f"tcp://{instance_id}",
+                    engine="sim",
+                ),
+            )
+        request = 0
+        while events_seq - start_events < num_events:
+            instance_id = ids[request % NUM_INSTANCES]
+            request_id = f"req-{request}"
+            await event(
+                subjects.req(request_id),
+                RequestArrived(request_id=request_id, num_prompt_tokens=128, max_tokens=32),
+            )
+            await event(
+                subjects.sched("dispatch"),
+                Dispatched(
+                    epoch=epoch,
+                    request_id=request_id,
+                    instance_id=instance_id,
+                    policy="freeness",
+                    num_prompt_tokens=128,
+                    loads=(LoadPosition(instance_id=instance_id, stream_seq=loads_seq),),
+                    events_seq=events_seq,
+                    loads_seq=loads_seq,
+                ),
+            )
+            accepted[instance_id] += 1
+            await event(
+                subjects.req(request_id),
+                RequestFinished(
+                    request_id=request_id,
+                    finish_reason="length",
+                    num_prompt_tokens=128,
+                    num_output_tokens=32,
+                    e2e_s=1.0,
+                ),
+            )
+            if request % 4 == 0:
+                await report(ids[(request // 4) % NUM_INSTANCES])
+            request += 1
+
+
+async def _first_dispatch(url: str, subjects: Subjects, config: SchedulerConfig) -> float:
+    """Seconds from starting a scheduler to its first successful dispatch."""
+    codec = Codec(producer="bench-client")
+    async with (
+        JetStreamBus(BusConfig(url=url, subjects=subjects, provision=False)) as client,
+        JetStreamBus(_bus_config(url, subjects)) as bus,
+    ):
+        service = SchedulerService(bus, config)
+        started = time.perf_counter()
+        task = asyncio.create_task(service.run())
+        request = codec.encode(DispatchRequest(request_id="probe", num_prompt_tokens=128), time=time.time())
+        try:
+            while True:
+                try:
+                    reply = await client.request(subjects.rpc_dispatch, request, timeout=0.2)
+                    body = codec.decode(reply.data).body
+                    if isinstance(body, DispatchReply) and body.instance_id is not None:
+                        return time.perf_counter() - started
+                except BusError:
+                    pass
+                if task.done():
+                    task.result()
+                await asyncio.sleep(0.005)
+        finally:
+            await service.stop()
+            await asyncio.wait_for(task, 30)
+
+
+def _bus_config(url: str, subjects: Subjects) -> BusConfig:
+    return BusConfig(url=url, subjects=subjects, streams=StreamConfig(loads_max_msgs_per_subject=1_000_000))
+
+
+async def measure_recovery(url: str, num_events: int) -> list[dict[str, Any]]:
+    subjects = Subjects(f"bench{uuid.uuid4().hex[:8]}")
+    async with JetStreamBus(_bus_config(url, subjects)) as bus:
+        written = time.perf_counter()
+        await write_synthetic_log(bus, num_events)
+        written = time.perf_counter() - written
+        total = await bus.last_seq(subjects.events_stream)
+        loads = await bus.last_seq(subjects.loads_stream)
+    fast: dict[str, Any] = dict(
+        lease_ttl_s=2.0, pairing_interval_s=0.2, failure_timeout_s=3600.0, verify_shadow=False
+    )
+    rows = []
+    cold = await _first_dispatch(
+        url, subjects, SchedulerConfig(use_snapshot=False, snapshot_every_s=0.05, **fast)
+    )
+    rows.append({"events": total, "loads": loads, "snapshot": False, "recovery_s": round(cold, 3)})
+    async with JetStreamBus(_bus_config(url, subjects)) as bus:
+        entry = await bus.kv_get("scheduler.snapshot")
+        assert entry is not None, "the first run should have left a snapshot"
+        lease = await bus.kv_get(LEASE_KEY)
+        assert lease is not None
+    warm = await _first_dispatch(url, subjects, SchedulerConfig(use_snapshot=True, **fast))
+    rows.append({"events": total, "loads": loads, "snapshot": True, "tail": 0, "recovery_s": round(warm, 3)})
+    async with JetStreamBus(_bus_config(url, subjects)) as bus:  # a crash 20k events after the last snapshot
+        await write_synthetic_log(bus, TAIL_EVENTS, epoch=4)
+        tail_total = await bus.last_seq(subjects.events_stream)
+        tail_loads = await bus.last_seq(subjects.loads_stream)
+    tail = await _first_dispatch(url, subjects, SchedulerConfig(use_snapshot=True, **fast))
+    rows.append(
+        {
+            "events": tail_total,
+            "loads": tail_loads,
+            "snapshot": True,
+            "tail": tail_total - total,
+            "recovery_s": round(tail, 3),
+            "log_write_s": round(written, 1),
+        }
+    )
+    return rows
+
+
+@click.command("recovery")
+@click.option(
+    "--events",
+    "sizes",
+    multiple=True,
+    type=int,
+    default=(100_000, 1_000_000),
+    show_default=True,
+    help="Log sizes to test (repeat the option).",
+)
+@click.option(
+    "--nats-url", "--nats", "nats_url", default=None, help="Use this NATS server instead of an embedded one."
+)
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None)
+def bench_recovery(sizes: tuple[int, ...], nats_url: str | None, json_path: Path | None) -> None:
+    """Scheduler recovery time (start to first dispatch) with and without a snapshot."""
+
+    async def run(url: str) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = []
+        for size in sizes:
+            rows += await measure_recovery(url, size)
+        return rows
+
+    if nats_url is None:
+        with tempfile.TemporaryDirectory() as store, EmbeddedNats(store_dir=Path(store)) as server:
+            rows = asyncio.run(run(server.url))
+    else:
+        rows = asyncio.run(run(nats_url))
+    table = Table(title="scheduler recovery: start to first dispatch")
+    for column in ("events", "load reports", "snapshot", "recovery s"):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(
+            str(row["events"]),
+            str(row["loads"]),
+            f"yes, tail {row['tail']}" if row["snapshot"] else "no",
+            f"{row['recovery_s']:.3f}",
+        )
+    Console().print(table)
+    if json_path is not None:
+        json_path.write_text(json.dumps(rows, indent=2))

@@ -1,0 +1,203 @@
+"""``shoal scheduler``: run the global scheduler (or a standby) against a NATS server.
+
+Parses options into a frozen :class:`~scheduler.service.SchedulerConfig` and
+runs :class:`~scheduler.service.SchedulerService` until SIGINT/SIGTERM (a
+clean stop releases the lease so a standby takes over at once). With
+``--autoscale-command`` scale decisions start and stop local agent processes
+through :class:`~scheduler.instances.LocalProcessManager`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import shlex
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+import msgspec
+
+from bus import BusConfig, JetStreamBus, StreamConfig
+from scheduler.config import DispatchPolicy, PairingConfig, PolicyConfig, ScalingConfig
+from scheduler.instances import InstanceManager, LocalProcessManager
+from scheduler.service import SchedulerConfig, SchedulerService, default_scheduler_id
+from schemas import Subjects
+
+__all__ = ["policy_from_options", "policy_options", "scheduler"]
+
+F = Callable[..., Any]
+
+
+def policy_options(function: F) -> F:
+    """``--policy``, ``--low-freeness``, ``--high-freeness``, ``--target-freeness``."""
+    for option in reversed(
+        [
+            click.option(
+                "--policy",
+                type=click.Choice([p.value for p in DispatchPolicy]),
+                default="freeness",
+                show_default=True,
+                help="Dispatch policy.",
+            ),
+            click.option(
+                "--low-freeness",
+                type=float,
+                default=PairingConfig().low_freeness,
+                show_default=True,
+                help="Migration sources are below this freeness.",
+            ),
+            click.option(
+                "--high-freeness",
+                type=float,
+                default=PairingConfig().high_freeness,
+                show_default=True,
+                help="Migration destinations are above this freeness.",
+            ),
+            click.option(
+                "--target-freeness",
+                type=float,
+                default=None,
+                help="Freeness a source is asked to reach (default: the low threshold).",
+            ),
+        ]
+    ):
+        function = option(function)
+    return function
+
+
+def policy_from_options(
+    policy: str,
+    low_freeness: float,
+    high_freeness: float,
+    target_freeness: float | None,
+    scaling: ScalingConfig | None = None,
+) -> PolicyConfig:
+    return PolicyConfig(
+        dispatch_policy=DispatchPolicy(policy),
+        pairing=PairingConfig(
+            low_freeness=low_freeness, high_freeness=high_freeness, target_freeness=target_freeness
+        ),
+        scaling=scaling or ScalingConfig(),
+    )
+
+
+@click.command("scheduler")
+@click.option(
+    "--nats-url",
+    "--nats",
+    "nats_url",
+    default="nats://127.0.0.1:4222",
+    show_default=True,
+    help="NATS server URL(s).",
+)
+@click.option("--prefix", default="shoal", show_default=True, help="Subject prefix of the cluster.")
+@click.option("--id", "scheduler_id", default=None, help="Lease holder id (default: host-pid-random).")
+@click.option(
+    "--standby", is_flag=True, help="Start as a standby: follow the log, take over when the lease expires."
+)
+@policy_options
+@click.option(
+    "--pairing-interval", type=float, default=0.5, show_default=True, help="Seconds between pairing rounds."
+)
+@click.option(
+    "--failure-timeout",
+    type=float,
+    default=3.0,
+    show_default=True,
+    help="Seconds without a load report before an instance is marked failed.",
+)
+@click.option(
+    "--lease-ttl", type=float, default=3.0, show_default=True, help="Lease time-to-live in seconds."
+)
+@click.option(
+    "--snapshot-every", type=int, default=20_000, show_default=True, help="Snapshot every N folded events."
+)
+@click.option(
+    "--snapshot-interval", type=float, default=10.0, show_default=True, help="... or every T seconds."
+)
+@click.option("--no-snapshot", is_flag=True, help="Recover by replaying the whole log (no snapshot read).")
+@click.option(
+    "--autoscale-command",
+    default=None,
+    help="Agent command line with {instance_id}; enables auto-scaling with local processes.",
+)
+@click.option("--min-instances", type=int, default=1, show_default=True)
+@click.option("--max-instances", type=int, default=16, show_default=True)
+@click.option(
+    "--loads-per-instance",
+    type=int,
+    default=StreamConfig().loads_max_msgs_per_subject,
+    show_default=True,
+    help="Load reports the loads stream keeps per instance (replay's window).",
+)
+@click.option(
+    "--stats-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="On exit, write counters and per-dispatch decision times (JSON) here.",
+)
+@click.option("--log-level", default="INFO", show_default=True)
+def scheduler(**options: Any) -> None:
+    """Run the global scheduler: dispatch, pairing, failure detection, scaling, snapshots."""
+    logging.basicConfig(level=options["log_level"].upper(), format="%(asctime)s %(name)s %(message)s")
+    scaling = ScalingConfig(min_instances=options["min_instances"], max_instances=options["max_instances"])
+    config = SchedulerConfig(
+        policy=policy_from_options(
+            options["policy"],
+            options["low_freeness"],
+            options["high_freeness"],
+            options["target_freeness"],
+            scaling,
+        ),
+        scheduler_id=options["scheduler_id"] or default_scheduler_id(),
+        standby=options["standby"],
+        pairing_interval_s=options["pairing_interval"],
+        failure_timeout_s=options["failure_timeout"],
+        lease_ttl_s=options["lease_ttl"],
+        snapshot_every_events=options["snapshot_every"],
+        snapshot_every_s=options["snapshot_interval"],
+        use_snapshot=not options["no_snapshot"],
+        record_decision_times=options["stats_file"] is not None,
+    )
+    manager: InstanceManager | None = None
+    if options["autoscale_command"]:
+        manager = LocalProcessManager(shlex.split(options["autoscale_command"]))
+    bus_config = BusConfig(
+        url=options["nats_url"],
+        subjects=Subjects(options["prefix"]),
+        name="shoal-scheduler",
+        streams=StreamConfig(loads_max_msgs_per_subject=options["loads_per_instance"]),
+    )
+    asyncio.run(run_scheduler(bus_config, config, manager, stats_file=options["stats_file"]))
+
+
+async def run_scheduler(
+    bus_config: BusConfig,
+    config: SchedulerConfig,
+    manager: InstanceManager | None = None,
+    *,
+    stats_file: Path | None = None,
+) -> None:
+    """Connect, run the service until a signal, clean up."""
+    async with JetStreamBus(bus_config) as bus:
+        service = SchedulerService(bus, config, instance_manager=manager)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError):
+                loop.add_signal_handler(sig, lambda: asyncio.ensure_future(service.stop()))
+        try:
+            await service.run()
+        finally:
+            if manager is not None:
+                await manager.close()
+            if stats_file is not None:
+                stats = msgspec.to_builtins(service.stats)
+                stats["appended"] = service.outbox.total_acked
+                stats["append_failures"] = service.outbox.total_failed
+                stats["decision_times"] = list(service.decision_times)
+                stats_file.write_text(json.dumps(stats))

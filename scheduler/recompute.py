@@ -1,0 +1,183 @@
+"""Fold points and decision recomputation: what makes a scheduler decision replayable.
+
+The live scheduler folds the two streams only at *fold points*: it folds the
+events it has buffered (in stream order), then the load reports it has
+buffered (in stream order), then decides. Every fold point is recorded in the
+log by exactly one ``Dispatched`` or ``SchedulerTick`` carrying its
+:class:`Cursor` (the last events / loads sequences folded); decisions without
+a cursor of their own (pairing, scaling, failures) were made at the last fold
+point recorded in their epoch. A decision is then a pure function of
+
+* the state at its fold point (the log folded segment by segment, each
+  segment events-then-loads, exactly as the scheduler did), and
+* the *overlay*: the scheduler's own events of the same epoch that sit between
+  the fold point's events sequence and the decision in the events stream —
+  decisions it had made but not yet folded back from the log;
+
+plus the request. :func:`dispatch_decision` and :func:`next_pairing_decision`
+are that function; the live scheduler and every recomputation call them.
+Pairing is emitted one decision at a time: the first decision of
+:func:`~scheduler.policy.pair_instances` over the view, applied to the view,
+again, until the plan is empty.
+
+Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple
+
+from scheduler.cluster_state import ClusterState, live_loads
+from scheduler.config import DispatchPolicy, PolicyConfig
+from scheduler.fold import Position, evolve
+from scheduler.policy.dispatch import PendingRequest, make_dispatcher
+from scheduler.policy.pairing import pair_instances
+from schemas.decisions import Dispatched, Paired, ScaleDown, ScaleUp, SchedulerTick, Unpaired
+from schemas.envelope import Body
+from schemas.instance import InstanceFailed
+from schemas.rpc import DispatchRequest
+
+__all__ = [
+    "OVERLAY_STREAM",
+    "Cursor",
+    "SchedulerEvent",
+    "apply_overlay",
+    "dispatch_decision",
+    "fold_point_of",
+    "next_pairing_decision",
+    "overlay_of",
+    "pairing_plan_events",
+    "recompute",
+    "scheduler_epoch",
+]
+
+#: The pseudo stream under which overlay events are applied to a transient view.
+OVERLAY_STREAM = "~overlay"
+
+SchedulerEvent = Dispatched | Paired | Unpaired | ScaleUp | ScaleDown | SchedulerTick | InstanceFailed
+
+
+class Cursor(NamedTuple):
+    """A fold point: the last events and loads sequences folded (0: none)."""
+
+    events_seq: int
+    loads_seq: int
+
+    def covers(self, other: Cursor) -> bool:
+        return self.events_seq >= other.events_seq and self.loads_seq >= other.loads_seq
+
+
+def scheduler_epoch(body: Body) -> int | None:
+    """The lease epoch of an event the active scheduler appended; None for anything else."""
+    if isinstance(body, (Dispatched, Paired, Unpaired, ScaleUp, ScaleDown, SchedulerTick)):
+        return body.epoch
+    if isinstance(body, InstanceFailed) and body.epoch > 0:
+        return body.epoch
+    return None
+
+
+def fold_point_of(body: Body) -> Cursor | None:
+    """The fold point an event records, if it records one."""
+    if isinstance(body, Dispatched) and (body.events_seq or body.loads_seq):
+        return Cursor(body.events_seq, body.loads_seq)
+    if isinstance(body, SchedulerTick) and not body.takeover:
+        return Cursor(body.events_seq, body.loads_seq)
+    return None
+
+
+def apply_overlay(state: ClusterState, bodies: Iterable[Body]) -> ClusterState:
+    """``state`` with ``bodies`` folded after it under the overlay pseudo stream."""
+    view = state
+    for body in bodies:
+        view = evolve(view, Position(OVERLAY_STREAM, view.positions.get(OVERLAY_STREAM, 0) + 1), body)
+    return view
+
+
+def dispatch_decision(
+    view: ClusterState,
+    request: DispatchRequest,
+    *,
+    epoch: int,
+    cursor: Cursor,
+    policy: PolicyConfig,
+) -> Dispatched | None:
+    """The placement of ``request`` over ``view`` as the event the scheduler appends (None: no place)."""
+    dispatcher = make_dispatcher(policy.dispatch_policy, policy)
+    pending = PendingRequest(
+        request_id=request.request_id,
+        num_prompt_tokens=request.num_prompt_tokens,
+        priority=request.priority,
+        exclude=request.exclude,
+    )
+    decision = dispatcher.choose(pending, live_loads(view), num_dispatched=view.num_dispatched)
+    if decision is None:
+        return None
+    event = decision.to_event(epoch)
+    return Dispatched(
+        epoch=event.epoch,
+        request_id=event.request_id,
+        instance_id=event.instance_id,
+        policy=event.policy,
+        num_prompt_tokens=event.num_prompt_tokens,
+        priority=event.priority,
+        loads=event.loads,
+        events_seq=cursor.events_seq,
+        loads_seq=cursor.loads_seq,
+        exclude=request.exclude,
+    )
+
+
+def next_pairing_decision(
+    view: ClusterState, *, epoch: int, policy: PolicyConfig
+) -> Paired | Unpaired | None:
+    """The first decision of the pairing plan over ``view``: an un-pairing first, else a pairing."""
+    plan = pair_instances(live_loads(view), view.pairings.values(), policy)
+    if plan.unpaired:
+        return plan.unpaired[0].to_event(epoch)
+    if plan.paired:
+        return plan.paired[0].to_event(epoch)
+    return None
+
+
+def pairing_plan_events(
+    view: ClusterState, *, epoch: int, policy: PolicyConfig, limit: int = 1024
+) -> tuple[ClusterState, list[Paired | Unpaired]]:
+    """Emit pairing decisions one at a time until the plan is empty; the view after them, and them."""
+    events: list[Paired | Unpaired] = []
+    for _ in range(limit):
+        event = next_pairing_decision(view, epoch=epoch, policy=policy)
+        if event is None:
+            break
+        events.append(event)
+        view = apply_overlay(view, (event,))
+    return view, events
+
+
+def recompute(
+    view: ClusterState, recorded: Body, *, policy: PolicyConfig
+) -> Dispatched | Paired | Unpaired | None:
+    """What the scheduler would decide in ``recorded``'s place over ``view``; None if not recomputable.
+
+    Only dispatch and pairing decisions are recomputed; scaling and failure
+    decisions read the clock and are not.
+    """
+    if isinstance(recorded, Dispatched):
+        request = DispatchRequest(
+            request_id=recorded.request_id,
+            num_prompt_tokens=recorded.num_prompt_tokens,
+            priority=recorded.priority,
+            exclude=recorded.exclude,
+        )
+        recorded_policy = dataclasses.replace(policy, dispatch_policy=DispatchPolicy(recorded.policy))
+        cursor = Cursor(recorded.events_seq, recorded.loads_seq)
+        return dispatch_decision(view, request, epoch=recorded.epoch, cursor=cursor, policy=recorded_policy)
+    if isinstance(recorded, (Paired, Unpaired)):
+        return next_pairing_decision(view, epoch=recorded.epoch, policy=policy)
+    return None
+
+
+def overlay_of(buffered: Sequence[tuple[int, Body]], *, epoch: int, before_seq: int) -> list[Body]:
+    """The scheduler's own events of ``epoch`` among ``buffered`` (unfolded events) before ``before_seq``."""
+    return [body for seq, body in buffered if seq < before_seq and scheduler_epoch(body) == epoch]

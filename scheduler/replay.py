@@ -1,0 +1,302 @@
+"""Replaying a recorded log: state at a position or time, recomputed decisions, what-if.
+
+:func:`replay_log` folds a :class:`~scheduler.logfile.RecordedLog` with the
+same :class:`~scheduler.follower.Shadow` a standby scheduler runs, so the
+state at each recorded fold point is the one the scheduler decided from. For
+every dispatch and pairing decision it recomputes the decision over that view
+and compares (replay recomputes, it never reads decisions back into state it
+would not have derived). With ``what_if`` (another :class:`PolicyConfig`) it
+also decides each point under the other policy and reports where the choice
+differs and the freeness of both choices. Migrations are summarised from
+their handshake steps with stage timings. Pure apart from reading the
+in-memory log.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+import msgspec
+
+from scheduler.cluster_state import ClusterState, initial_state
+from scheduler.config import PolicyConfig
+from scheduler.follower import LogFollower, Shadow, ShadowStats
+from scheduler.logfile import RecordedLog
+from scheduler.policy.load import freeness_after_admit, load_freeness
+from scheduler.recompute import Cursor, dispatch_decision, next_pairing_decision, recompute
+from schemas.decisions import Dispatched, Paired, Unpaired
+from schemas.envelope import Body, Codec
+from schemas.load import LoadReport
+from schemas.migration import Abort, Commit, CommitAck, PreAllocate, StageDone
+from schemas.rpc import DispatchRequest, RpcError
+
+__all__ = [
+    "DecisionRow",
+    "MigrationSummary",
+    "ReplayOptions",
+    "ReplayResult",
+    "WhatIfRow",
+    "replay_log",
+]
+
+_MALFORMED = RpcError(code="malformed", message="undecodable log entry")
+
+
+@dataclass(frozen=True)
+class ReplayOptions:
+    until_seq: int | None = None
+    until_time: float | None = None
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    what_if: PolicyConfig | None = None
+
+
+class DecisionRow(msgspec.Struct, frozen=True):
+    """A recorded decision and its recomputation. ``verifiable`` is False when load reports it
+    depended on are gone (outside the loads stream's retention): such a row is not a mismatch."""
+
+    seq: int
+    decision: Body
+    recomputed: Body | None
+    matches: bool
+    verifiable: bool = True
+
+
+class WhatIfRow(msgspec.Struct, frozen=True):
+    seq: int
+    kind: str
+    subject: str
+    recorded: str
+    alternative: str
+    recorded_freeness: float
+    alternative_freeness: float
+
+
+class StageTiming(msgspec.Struct, frozen=True):
+    stage: int
+    num_blocks: int
+    duration_s: float
+
+
+class MigrationSummary(msgspec.Struct):
+    migration_id: str
+    request_id: str
+    source_id: str
+    destination_id: str
+    started_at: float
+    ended_at: float = 0.0
+    outcome: str = "in_flight"
+    stages: list[StageTiming] = msgspec.field(default_factory=list)
+    downtime_s: float | None = None
+
+
+class ReplayResult(msgspec.Struct):
+    state: ClusterState
+    cursor: Cursor
+    stats: ShadowStats
+    decisions: list[DecisionRow]
+    what_if: list[WhatIfRow]
+    migrations: list[MigrationSummary]
+    num_events: int
+    num_loads: int
+
+    @property
+    def num_recomputed(self) -> int:
+        return sum(1 for row in self.decisions if row.recomputed is not None or row.matches)
+
+    @property
+    def mismatches(self) -> list[DecisionRow]:
+        return [row for row in self.decisions if row.verifiable and not row.matches]
+
+    @property
+    def num_unverifiable(self) -> int:
+        return sum(1 for row in self.decisions if not row.verifiable)
+
+
+def _decoded(codec: Codec, data: bytes) -> Body:
+    envelope = codec.decode_or_none(data)
+    return _MALFORMED if envelope is None else envelope.body
+
+
+class _Retention:
+    """Which fold points had every load report they depended on (the loads stream drops old ones).
+
+    ``last_missing`` is the highest loads sequence absent from the log. A fold
+    point at loads sequence ``L`` is complete if every instance has at least
+    ``pending_report_limit + 1`` reports in ``(last_missing, L]``: an instance's
+    view then depends only on reports that are present.
+    """
+
+    def __init__(self, loads: list[tuple[int, LoadReport]], pending_report_limit: int) -> None:
+        present = [seq for seq, _ in loads]
+        expected = range(1, (present[-1] if present else 0) + 1)
+        self.last_missing = 0 if len(present) == len(expected) else max(set(expected) - set(present))
+        self.needed = pending_report_limit + 1
+        self.by_instance: dict[str, list[int]] = {}
+        for seq, report in loads:
+            if seq > self.last_missing:
+                self.by_instance.setdefault(report.instance_id, []).append(seq)
+
+    def complete(self, view: ClusterState, loads_seq: int) -> bool:
+        if self.last_missing == 0:
+            return True
+        if loads_seq <= self.last_missing:
+            return False
+        return all(
+            bisect.bisect_right(self.by_instance.get(instance_id, []), loads_seq) >= self.needed
+            for instance_id in view.instances
+        )
+
+
+class _Observer:
+    def __init__(self, options: ReplayOptions, retention: _Retention, follower: LogFollower) -> None:
+        self.options = options
+        self.retention = retention
+        self.follower = follower
+        self.rows: list[DecisionRow] = []
+        self.what_if: list[WhatIfRow] = []
+
+    def __call__(self, seq: int, body: Body, view: ClusterState) -> None:
+        if not isinstance(body, (Dispatched, Paired, Unpaired)):
+            return
+        recomputed = recompute(view, body, policy=self.options.policy)
+        verifiable = self.retention.complete(view, self.follower.cursor.loads_seq)
+        self.rows.append(DecisionRow(seq, body, recomputed, recomputed == body, verifiable))
+        if self.options.what_if is not None:
+            self._what_if(seq, body, view, self.options.what_if)
+
+    def _what_if(self, seq: int, body: Body, view: ClusterState, policy: PolicyConfig) -> None:
+        if isinstance(body, Dispatched):
+            request = DispatchRequest(
+                request_id=body.request_id,
+                num_prompt_tokens=body.num_prompt_tokens,
+                priority=body.priority,
+                exclude=body.exclude,
+            )
+            alternative = dispatch_decision(
+                view, request, epoch=body.epoch, cursor=Cursor(0, 0), policy=policy
+            )
+            chosen = alternative.instance_id if alternative is not None else "-"
+            if chosen != body.instance_id:
+                self.what_if.append(
+                    WhatIfRow(
+                        seq,
+                        "dispatch",
+                        body.request_id,
+                        body.instance_id,
+                        chosen,
+                        self._after(view, body.instance_id, body.num_prompt_tokens, policy),
+                        self._after(view, chosen, body.num_prompt_tokens, policy),
+                    )
+                )
+            return
+        assert isinstance(body, (Paired, Unpaired))
+        other = next_pairing_decision(view, epoch=body.epoch, policy=policy)
+        if other != body:
+            self.what_if.append(
+                WhatIfRow(
+                    seq,
+                    "pairing",
+                    body.source_id,
+                    _describe(body),
+                    _describe(other),
+                    self._freeness(view, body.source_id, policy),
+                    self._freeness(view, getattr(other, "source_id", ""), policy),
+                )
+            )
+
+    @staticmethod
+    def _freeness(view: ClusterState, instance_id: str, policy: PolicyConfig) -> float:
+        record = view.instances.get(instance_id)
+        return float("nan") if record is None else load_freeness(record.load, policy)
+
+    @staticmethod
+    def _after(view: ClusterState, instance_id: str, num_prompt_tokens: int, policy: PolicyConfig) -> float:
+        record = view.instances.get(instance_id)
+        if record is None:
+            return float("nan")
+        return freeness_after_admit(record.load, record.load.demand_blocks(num_prompt_tokens), policy)
+
+
+def _describe(body: Body | None) -> str:
+    if isinstance(body, Paired):
+        return f"pair {body.source_id}->{body.destination_id}"
+    if isinstance(body, Unpaired):
+        return f"unpair {body.source_id}->{body.destination_id} ({body.reason})"
+    return "-"
+
+
+def _migrations(events: list[tuple[int, float, Body]]) -> list[MigrationSummary]:
+    found: dict[str, MigrationSummary] = {}
+    suspended: dict[str, float] = {}
+    for _, time, body in events:
+        if isinstance(body, PreAllocate) and body.stage == 0 and body.migration_id not in found:
+            found[body.migration_id] = MigrationSummary(
+                body.migration_id,
+                body.request_id,
+                body.source_id,
+                body.destination_id,
+                started_at=time,
+            )
+        summary = found.get(getattr(body, "migration_id", ""))
+        if summary is None or summary.outcome != "in_flight":
+            continue
+        if isinstance(body, StageDone):
+            summary.stages.append(StageTiming(body.stage, body.num_blocks, body.duration_s))
+        elif isinstance(body, Commit):
+            suspended[body.migration_id] = body.suspended_at
+        elif isinstance(body, CommitAck):
+            summary.outcome, summary.ended_at = "committed", time
+            if body.migration_id in suspended:
+                summary.downtime_s = body.resumed_at - suspended[body.migration_id]
+        elif isinstance(body, Abort):
+            summary.outcome, summary.ended_at = f"aborted: {body.reason}", time
+    return list(found.values())
+
+
+def replay_log(log: RecordedLog, options: ReplayOptions | None = None) -> ReplayResult:
+    """Fold ``log`` up to ``until_seq`` / ``until_time`` the way the scheduler did, recomputing decisions."""
+    options = options or ReplayOptions()
+    codec = Codec()
+    subjects = log.subjects
+    events = [
+        (e.seq, e.time, e.msg_id, _decoded(codec, e.data))
+        for e in log.events
+        if (options.until_seq is None or e.seq <= options.until_seq)
+        and (options.until_time is None or e.time <= options.until_time)
+    ]
+    until_time = options.until_time
+    if until_time is None and options.until_seq is not None and events:
+        until_time = events[-1][1]
+    loads = [
+        (e.seq, body)
+        for e in log.loads
+        if until_time is None or e.time <= until_time
+        if isinstance(body := _decoded(codec, e.data), LoadReport)
+    ]
+    first_event = events[0][0] if events else 1
+    state = initial_state(
+        gapless_streams=(subjects.events_stream,),
+        start_positions={subjects.events_stream: first_event - 1} if first_event > 1 else None,
+    )
+    follower = LogFollower(state, events_stream=subjects.events_stream, loads_stream=subjects.loads_stream)
+    shadow = Shadow(follower, policy=options.policy, verify=False)
+    observer = _Observer(options, _Retention(loads, state.pending_report_limit), follower)
+    shadow.observer = observer
+    for seq, report in loads:
+        shadow.on_load(seq, report)
+    for seq, _, msg_id, body in events:
+        shadow.on_event(seq, body, msg_id)
+        shadow.advance()
+    shadow.advance()
+    follower.fold_to(follower.received)
+    return ReplayResult(
+        state=follower.state,
+        cursor=follower.cursor,
+        stats=shadow.stats,
+        decisions=observer.rows,
+        what_if=observer.what_if,
+        migrations=_migrations([(s, t, b) for s, t, _, b in events]),
+        num_events=len(events),
+        num_loads=len(loads),
+    )

@@ -1,0 +1,580 @@
+"""The global scheduler service: a thin shell around the fold, the policies and the lease.
+
+One :class:`SchedulerService` per process. It
+
+* recovers: loads the latest snapshot (:mod:`scheduler.snapshots`) and
+  follows the log's tail from its fold point as a :class:`~scheduler.follower.Shadow`
+  of the active scheduler, applying the fold points the log records, and
+  (``verify_shadow``) recomputing each decision it sees;
+* contends for the lease (:mod:`scheduler.lease`); on winning, appends a
+  takeover ``SchedulerTick`` of its new epoch and, once that is back from the
+  log, becomes active;
+* while active: answers ``DispatchRequest`` on ``subjects.rpc_dispatch``
+  (queue group ``scheduler``) from memory — folds what arrived since the
+  last fold point, decides with :func:`scheduler.recompute.dispatch_decision`,
+  replies, and hands the ``Dispatched`` event to a pipelined appender without
+  waiting; every ``pairing_interval_s`` records a fold point, marks instances
+  whose load reports stopped as failed, runs auto-scaling (if an
+  :class:`~scheduler.instances.InstanceManager` is given), emits pairing
+  decisions and sends the agents their ``MigrateOut`` / ``StopMigration`` /
+  ``Drain`` commands; saves snapshots every ``snapshot_every_events`` folded
+  events or ``snapshot_every_s`` seconds;
+* steps down when it sees a newer epoch in the log or cannot renew its lease,
+  and starts over as a standby.
+
+The decision rules live in :mod:`scheduler.recompute`; this module only moves
+messages, keeps time and holds the lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from bus.errors import BusError
+from bus.protocol import Bus, StoredMessage
+from scheduler.cluster_state import ClusterState, InstanceStatus, initial_state, live_loads
+from scheduler.follower import LogFollower, Shadow
+from scheduler.instances import InstanceManager
+from scheduler.lease import Lease, LeaseLost
+from scheduler.outbox import Outbox
+from scheduler.policy.scaling import ScaleDownDecision, ScalingState, decide_scaling
+from scheduler.recompute import (
+    Cursor,
+    apply_overlay,
+    dispatch_decision,
+    pairing_plan_events,
+    scheduler_epoch,
+)
+from scheduler.service_config import (
+    SENT_HEADER,
+    Role,
+    SchedulerConfig,
+    SchedulerStats,
+    default_scheduler_id,
+)
+from scheduler.snapshots import SnapshotStore
+from schemas.decisions import Dispatched, Paired, ScaleDown, ScaleUp, SchedulerTick, Unpaired
+from schemas.envelope import Body, Codec
+from schemas.instance import InstanceFailed, InstanceJoined
+from schemas.load import LoadReport
+from schemas.rpc import DispatchReply, DispatchRequest, Drain, MigrateOut, RpcError, StopMigration
+
+__all__ = [
+    "SENT_HEADER",
+    "Role",
+    "SchedulerConfig",
+    "SchedulerService",
+    "SchedulerStats",
+    "default_scheduler_id",
+]
+
+log = logging.getLogger(__name__)
+
+_MALFORMED = RpcError(code="malformed", message="undecodable log entry")
+
+
+class _Deposed(Exception):
+    pass
+
+
+class SchedulerService:
+    """Runs until :meth:`stop`; see the module docstring."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        config: SchedulerConfig | None = None,
+        *,
+        instance_manager: InstanceManager | None = None,
+        wall_clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.bus = bus
+        self.config = config or SchedulerConfig()
+        self.manager = instance_manager
+        self.subjects = bus.config.subjects
+        self.codec = Codec(producer=f"scheduler:{self.config.scheduler_id}")
+        self._wall = wall_clock
+        self._clock = clock
+        self.role = Role.STARTING
+        self.epoch = 0
+        self.stats = SchedulerStats()
+        self.snapshots = SnapshotStore(bus)
+        self.lease = Lease(bus, holder=self.config.scheduler_id, ttl_s=self.config.lease_ttl_s, clock=clock)
+        self.shadow: Shadow | None = None
+        self._stop = asyncio.Event()
+        self._deposed = asyncio.Event()
+        self._changed = asyncio.Event()
+        self._own: deque[tuple[str, Body]] = deque()
+        self._own_counter = 0
+        self._view: ClusterState | None = None
+        self.outbox = Outbox(bus, max_in_flight=self.config.max_in_flight_appends)
+        self._last_seen: dict[str, float] = {}
+        self._scaling = ScalingState()
+        self._draining: set[str] = set()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._background: set[asyncio.Task[Any]] = set()
+        self._snapshot_events = 0
+        self._snapshot_at = 0.0
+        self._active_since = 0.0
+        self._crashed = False
+        #: ``(wall time, handling ms, inbound ms)`` per dispatch (benchmarks): handling is from the
+        #: handler's start to the encoded reply; inbound from the requester's ``SENT_HEADER`` stamp
+        #: (wall clock, same host) to the handler's start, -1 without it.
+        self.decision_times: deque[tuple[float, float, float]] = deque(maxlen=500_000)
+
+    # -- public -------------------------------------------------------------------------
+    @property
+    def follower(self) -> LogFollower:
+        if self.shadow is None:
+            raise RuntimeError("the scheduler has not started")
+        return self.shadow.follower
+
+    @property
+    def state(self) -> ClusterState:
+        """The folded state at the last fold point (no own decisions in flight)."""
+        return self.follower.state
+
+    def view(self) -> ClusterState:
+        """The state the next decision would see: the fold point plus own decisions not folded yet."""
+        if self._view is None:
+            self._view = apply_overlay(self.follower.state, [body for _, body in self._own])
+        return self._view
+
+    async def run(self) -> None:
+        """Serve until :meth:`stop`: recover, follow, take over, decide; start over when deposed."""
+        while not self._stop.is_set():
+            try:
+                await self._run_once()
+            except _Deposed:
+                self.stats.step_downs += 1
+                log.warning("scheduler %s stepped down from epoch %d", self.config.scheduler_id, self.epoch)
+            finally:
+                await self._teardown()
+        self.role = Role.STOPPED
+
+    async def stop(self) -> None:
+        self._stop.set()
+        self._changed.set()
+
+    async def wait_active(self, timeout: float = 30.0) -> None:
+        deadline = self._clock() + timeout
+        while self.role is not Role.ACTIVE:
+            if self._clock() > deadline:
+                raise TimeoutError(f"scheduler not active after {timeout}s (role {self.role})")
+            await asyncio.sleep(0.01)
+
+    def crash(self) -> None:
+        """Stop every task at once without releasing anything (tests: a kill -9 in process)."""
+        self._stop.set()
+        for task in [*self._tasks, *self._background]:
+            task.cancel()
+        self.outbox.reset()
+        self._crashed = True
+
+    # -- lifecycle ----------------------------------------------------------------------
+    async def _recover(self) -> tuple[ClusterState, Cursor, int]:
+        events = self.subjects.events_stream
+        record = await self.snapshots.load() if self.config.use_snapshot else None
+        if record is not None:
+            return record.decode_state(), record.cursor, record.control_epoch
+        state = initial_state(
+            gapless_streams=(events,), pending_report_limit=self.config.pending_report_limit
+        )
+        return state, Cursor(0, 0), 0
+
+    async def _run_once(self) -> None:
+        self.role = Role.STARTING
+        self._deposed.clear()
+        self._own.clear()
+        self._view = None
+        self._own_counter = 0
+        self.outbox.reset()
+        state, cursor, control_epoch = await self._recover()
+        follower = LogFollower(
+            state,
+            events_stream=self.subjects.events_stream,
+            loads_stream=self.subjects.loads_stream,
+            cursor=cursor,
+        )
+        # no recomputation while catching up (that is ``shoal replay``'s job): only the live tail is checked
+        self.shadow = Shadow(follower, control_epoch=control_epoch, policy=self.config.policy, verify=False)
+        targets = Cursor(
+            await self.bus.last_seq(self.subjects.events_stream),
+            await self.bus.last_seq(self.subjects.loads_stream),
+        )
+        self._tasks = [
+            asyncio.create_task(self._read_events(cursor.events_seq + 1)),
+            asyncio.create_task(self._read_loads(cursor.loads_seq + 1)),
+            asyncio.create_task(self.outbox.run()),
+        ]
+        while not follower.received.covers(targets):
+            await self._wait_changed(0.05)
+            self._check_tasks()
+            self.shadow.advance()
+        self.shadow.advance()
+        gc.freeze()  # what recovery built is long-lived: keep it out of later collections (latency)
+        self.role = Role.STANDBY
+        self.shadow.verify = self.config.verify_shadow
+        self.stats.recovered_at = self._wall()
+        while not await self.lease.try_acquire(min_epoch=self.shadow.control_epoch):
+            await self._wait_changed(self.config.lease_ttl_s / 4)
+            self._check_tasks()
+            if self._stop.is_set():
+                return
+        renew = asyncio.create_task(self._renew_lease())
+        self._tasks.append(renew)
+        # serving before the takeover completes: until then requests get an error (requesters bypass)
+        service = await self.bus.serve(self.subjects.rpc_dispatch, self._handle_dispatch, queue="scheduler")
+        try:
+            await self._take_over()
+            self._tasks.append(asyncio.create_task(self._ticker()))
+            while not self._stop.is_set():
+                await self._wait_changed(0.5)
+                self._check_tasks()
+                if self._deposed.is_set():
+                    raise _Deposed()
+        finally:
+            if not self._crashed:
+                await service.stop()
+            if not self._deposed.is_set() and self._stop.is_set() and not self._crashed:
+                self.tick()  # record the last fold point, then snapshot it for a quick handover
+                await self._maybe_snapshot(force=True)
+                await self.outbox.drain()
+                with contextlib.suppress(BusError):
+                    await self.lease.release()
+
+    async def _take_over(self) -> None:
+        assert self.shadow is not None
+        self.epoch = self.lease.epoch
+        self.role = Role.TAKING_OVER
+        self._emit(SchedulerTick(epoch=self.epoch, takeover=True))
+        while self.shadow.control_epoch < self.epoch:
+            await self._wait_changed(0.05)
+            self._check_tasks()
+            if self._stop.is_set() or self._deposed.is_set():
+                return
+        follower = self.shadow.follower
+        self._own = deque(
+            (event.msg_id, event.body)
+            for event in follower.events
+            if scheduler_epoch(event.body) == self.epoch
+        )
+        self._view = None
+        self._active_since = self._clock()
+        self._snapshot_at = self._clock()
+        self._snapshot_events = follower.state.num_events
+        self.stats.takeovers += 1
+        self.role = Role.ACTIVE
+        log.info("scheduler %s active at epoch %d", self.config.scheduler_id, self.epoch)
+
+    async def _teardown(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks = []
+        self.outbox.reset()
+        if self.role is not Role.STOPPED:
+            self.role = Role.STARTING
+
+    def _check_tasks(self) -> None:
+        for task in self._tasks:
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
+
+    async def _wait_changed(self, timeout: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), timeout)
+        self._changed.clear()
+
+    # -- reading the log -----------------------------------------------------------------
+    def _body(self, message: StoredMessage) -> Body:
+        envelope = self.codec.decode_or_none(message.data)
+        return _MALFORMED if envelope is None else envelope.body
+
+    async def _read_events(self, from_seq: int) -> None:
+        async with self.bus.tail(self.subjects.events_stream, from_seq=from_seq) as feed:
+            async for message in feed:
+                self._on_event(
+                    message.position.seq, self._body(message), message.headers.get("Nats-Msg-Id", "")
+                )
+
+    def _on_event(self, seq: int, body: Body, msg_id: str) -> None:
+        assert self.shadow is not None
+        if self.role is Role.ACTIVE:
+            self.follower.add_event(seq, body, msg_id)
+            epoch = scheduler_epoch(body)
+            if epoch is not None and epoch > self.epoch:
+                self._deposed.set()
+        else:
+            self.shadow.on_event(seq, body, msg_id)
+            if self.role is not Role.STARTING:  # catching up advances in batches (see _run_once)
+                self.shadow.advance()
+        if isinstance(body, InstanceJoined):
+            self._last_seen[body.instance_id] = self._clock()
+        self._changed.set()
+
+    async def _read_loads(self, from_seq: int) -> None:
+        async with self.bus.tail(self.subjects.loads_stream, from_seq=from_seq) as feed:
+            async for message in feed:
+                body = self._body(message)
+                if not isinstance(body, LoadReport):
+                    continue
+                self._last_seen[body.instance_id] = self._clock()
+                assert self.shadow is not None
+                self.shadow.on_load(message.position.seq, body)
+                if self.role not in (Role.ACTIVE, Role.STARTING):
+                    self.shadow.advance()
+                self._changed.set()
+
+    # -- deciding -------------------------------------------------------------------------
+    def _fold_point(self) -> tuple[ClusterState, Cursor]:
+        """Fold what arrived since the last fold point, committing it; the view after it."""
+        follower = self.follower
+        if not follower.num_buffered:
+            return self.view(), follower.cursor
+        state, cursor = follower.preview()
+        self._commit(state, cursor)
+        return self.view(), cursor
+
+    def _commit(self, state: ClusterState, cursor: Cursor) -> None:
+        folded = self.follower.commit(state, cursor)
+        own_ids = {event.msg_id for event in folded if event.msg_id}
+        if own_ids:
+            self._own = deque(item for item in self._own if item[0] not in own_ids)
+        self._view = None
+
+    def _emit(self, body: Body) -> None:
+        """Append ``body`` through the pipelined appender and count it as an own decision in flight."""
+        self._own_counter += 1
+        msg_id = f"{self.config.scheduler_id}:{self.epoch}:{self._own_counter}"
+        self.outbox.put(self._subject_of(body), self.codec.encode(body, time=self._wall()), msg_id)
+        if self.role is not Role.TAKING_OVER:
+            self._own.append((msg_id, body))
+            self._view = apply_overlay(self._view, (body,)) if self._view is not None else None
+
+    def _subject_of(self, body: Body) -> str:
+        match body:
+            case Dispatched():
+                return self.subjects.sched("dispatch")
+            case Paired():
+                return self.subjects.sched("pair")
+            case Unpaired():
+                return self.subjects.sched("unpair")
+            case ScaleUp():
+                return self.subjects.sched("scale_up")
+            case ScaleDown():
+                return self.subjects.sched("scale_down")
+            case InstanceFailed():
+                return self.subjects.instance(body.instance_id)
+            case _:
+                return self.subjects.sched("tick")
+
+    def dispatch(self, request: DispatchRequest) -> DispatchReply:
+        """Place one request now (the RPC handler's body; synchronous, from memory)."""
+        if self.role is not Role.ACTIVE or self.lease.expired_locally():
+            self.stats.dispatch_errors += 1
+            return DispatchReply(
+                request_id=request.request_id,
+                instance_id=None,
+                epoch=self.epoch,
+                error=f"scheduler is {self.role.value}",
+            )
+        follower = self.follower
+        if follower.num_buffered:
+            state, cursor = follower.preview()
+            folded_ids = {e.msg_id for e in follower.events if e.seq <= cursor.events_seq and e.msg_id}
+            view = apply_overlay(state, [body for mid, body in self._own if mid not in folded_ids])
+        else:
+            state, cursor, view = follower.state, follower.cursor, self.view()
+        event = dispatch_decision(view, request, epoch=self.epoch, cursor=cursor, policy=self.config.policy)
+        if event is None:
+            self.stats.dispatch_errors += 1
+            return DispatchReply(
+                request_id=request.request_id,
+                instance_id=None,
+                epoch=self.epoch,
+                error="no instance can take the request",
+            )
+        if state is not follower.state:
+            self._commit(state, cursor)
+            self._view = view
+        self._emit(event)
+        self.stats.dispatched += 1
+        if not self.stats.first_dispatch_at:
+            self.stats.first_dispatch_at = self._wall()
+        return DispatchReply(request_id=request.request_id, instance_id=event.instance_id, epoch=self.epoch)
+
+    async def _handle_dispatch(self, data: bytes, headers: dict[str, str]) -> bytes:
+        started = time.perf_counter()
+        try:
+            return self._answer_dispatch(data)
+        finally:
+            if self.config.record_decision_times:
+                now = self._wall()
+                sent = headers.get(SENT_HEADER)
+                inbound = (now - float(sent)) * 1e3 if sent else -1.0
+                self.decision_times.append((now, (time.perf_counter() - started) * 1e3, inbound))
+
+    def _answer_dispatch(self, data: bytes) -> bytes:
+        envelope = self.codec.decode_or_none(data)
+        if envelope is None or not isinstance(envelope.body, DispatchRequest):
+            reply = DispatchReply(
+                request_id="", instance_id=None, epoch=self.epoch, error="malformed request"
+            )
+        else:
+            reply = self.dispatch(envelope.body)
+        return self.codec.encode(reply, time=self._wall())
+
+    def tick(self) -> list[Body]:
+        """One round: record the fold point, detect failures, scale, pair. Returns the events emitted."""
+        if self.role is not Role.ACTIVE:
+            return []
+        emitted: list[Body] = []
+        before = self.follower.cursor
+        view, cursor = self._fold_point()
+        if cursor != before:
+            emitted.append(
+                SchedulerTick(epoch=self.epoch, events_seq=cursor.events_seq, loads_seq=cursor.loads_seq)
+            )
+            self._emit(emitted[-1])
+            view = self.view()
+        now = self._clock()
+        for instance_id in sorted(view.instances):
+            record = view.instances[instance_id]
+            if record.status is InstanceStatus.FAILED:
+                continue
+            seen = self._last_seen.setdefault(instance_id, max(now, self._active_since))
+            if now - seen > self.config.failure_timeout_s:
+                emitted.append(
+                    InstanceFailed(
+                        instance_id=instance_id,
+                        reason=f"no load report for {now - seen:.1f}s",
+                        last_heartbeat=self._wall() - (now - seen),
+                        epoch=self.epoch,
+                    )
+                )
+                self._emit(emitted[-1])
+                self.stats.failures_detected += 1
+        view = self.view()
+        if self.manager is not None:
+            self._scaling, decision = decide_scaling(
+                live_loads(view),
+                now=now,
+                state=self._scaling,
+                config=self.config.policy.scaling,
+                num_launching=view.num_launching,
+            )
+            if decision is not None:
+                emitted.append(decision.to_event(self.epoch))
+                self._emit(emitted[-1])
+                self._carry_out_scaling(decision)
+                view = self.view()
+        if self.config.policy.dispatch_policy.migrates:
+            _, pairing = pairing_plan_events(view, epoch=self.epoch, policy=self.config.policy)
+            for event in pairing:
+                self._emit(event)
+                self._send_command(event)
+            emitted.extend(pairing)
+        self.stats.ticks += 1
+        return emitted
+
+    async def _ticker(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.pairing_interval_s)
+            if self.lease.expired_locally():
+                self._deposed.set()
+                self._changed.set()
+                return
+            self.tick()
+            await self._maybe_snapshot()
+
+    async def _maybe_snapshot(self, *, force: bool = False) -> None:
+        state = self.follower.state
+        due_events = state.num_events - self._snapshot_events >= self.config.snapshot_every_events
+        due_time = self._clock() - self._snapshot_at >= self.config.snapshot_every_s
+        if not (due_events or due_time or force):
+            return
+        self._snapshot_events = state.num_events
+        self._snapshot_at = self._clock()
+        cursor, emitted = self.follower.cursor, self._own_counter
+        # the fold point must be in the log before a snapshot names it
+        stored = await self.outbox.wait_acked(emitted, timeout=self.config.lease_ttl_s)
+        if not stored or self.role is not Role.ACTIVE:
+            return
+        try:
+            await self.snapshots.save(
+                state,
+                cursor,
+                control_epoch=self.epoch,
+                taken_at=self._wall(),
+                holder=self.config.scheduler_id,
+            )
+            self.stats.snapshots += 1
+        except BusError as exc:
+            log.warning("snapshot failed: %s", exc)
+
+    async def _renew_lease(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.lease_ttl_s / 3)
+            try:
+                await self.lease.renew()
+            except LeaseLost:
+                self._deposed.set()
+                self._changed.set()
+                return
+            except BusError as exc:
+                log.warning("lease renewal failed: %s", exc)
+
+    # -- side effects ------------------------------------------------------------------------
+    def _spawn(self, coroutine: Coroutine[Any, Any, Any]) -> None:
+        task: asyncio.Task[Any] = asyncio.create_task(coroutine)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _send_command(self, event: Paired | Unpaired) -> None:
+        if isinstance(event, Paired):
+            body: Body = MigrateOut(
+                epoch=self.epoch, destination_id=event.destination_id, target_freeness=event.target_freeness
+            )
+            subject = self.subjects.rpc_agent(event.source_id, "migrate_out")
+        else:
+            body = StopMigration(epoch=self.epoch, destination_id=event.destination_id)
+            subject = self.subjects.rpc_agent(event.source_id, "stop_migration")
+        self._spawn(self._request(subject, body))
+
+    def _carry_out_scaling(self, decision: object) -> None:
+        if isinstance(decision, ScaleDownDecision):
+            self._draining.add(decision.instance_id)
+            subject = self.subjects.rpc_agent(decision.instance_id, "drain")
+            self._spawn(self._request(subject, Drain(epoch=self.epoch)))
+            if self.manager is not None:
+                self._spawn(self._stop_after_drain(decision.instance_id))
+        elif self.manager is not None:
+            count = getattr(decision, "num_instances", 1)
+            self._spawn(self.manager.start_instances(count))
+
+    async def _stop_after_drain(self, instance_id: str) -> None:
+        while instance_id in self.follower.state.instances and not self._stop.is_set():
+            await asyncio.sleep(self.config.pairing_interval_s)
+        if self.manager is not None:
+            await self.manager.stop_instance(instance_id)
+
+    async def _request(self, subject: str, body: Body) -> None:
+        try:
+            await self.bus.request(
+                subject, self.codec.encode(body, time=self._wall()), timeout=self.config.command_timeout_s
+            )
+            self.stats.commands_sent += 1
+        except BusError as exc:
+            self.stats.command_errors += 1
+            log.info("command on %s failed: %s", subject, exc)

@@ -1,0 +1,75 @@
+"""The scheduler service's frozen configuration, its roles and its counters.
+
+Split from :mod:`scheduler.service` (which re-exports everything here); no I/O.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import socket
+import uuid
+from dataclasses import dataclass, field
+
+import msgspec
+
+from scheduler.config import PolicyConfig
+
+__all__ = ["SENT_HEADER", "Role", "SchedulerConfig", "SchedulerStats", "default_scheduler_id"]
+
+#: A requester may stamp a dispatch request with its send time (epoch seconds) for latency breakdowns.
+SENT_HEADER = "Shoal-Sent"
+
+
+class Role(enum.StrEnum):
+    STARTING = "starting"
+    STANDBY = "standby"
+    TAKING_OVER = "taking_over"
+    ACTIVE = "active"
+    STOPPED = "stopped"
+
+
+def default_scheduler_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """How the scheduler service behaves (seconds for times). Built at the entry point."""
+
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    scheduler_id: str = field(default_factory=default_scheduler_id)
+    standby: bool = False
+    pairing_interval_s: float = 0.5
+    failure_timeout_s: float = 3.0
+    lease_ttl_s: float = 3.0
+    snapshot_every_events: int = 20_000
+    snapshot_every_s: float = 10.0
+    use_snapshot: bool = True
+    verify_shadow: bool = True
+    pending_report_limit: int = 3
+    command_timeout_s: float = 1.0
+    max_in_flight_appends: int = 1024
+    #: Keep the last 500k dispatch handling times in ``decision_times`` (benchmarks).
+    record_decision_times: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("pairing_interval_s", "failure_timeout_s", "lease_ttl_s", "snapshot_every_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
+        if self.snapshot_every_events < 1:
+            raise ValueError("snapshot_every_events must be >= 1")
+
+
+class SchedulerStats(msgspec.Struct):
+    dispatched: int = 0
+    dispatch_errors: int = 0
+    ticks: int = 0
+    failures_detected: int = 0
+    commands_sent: int = 0
+    command_errors: int = 0
+    snapshots: int = 0
+    takeovers: int = 0
+    step_downs: int = 0
+    recovered_at: float = 0.0
+    first_dispatch_at: float = 0.0

@@ -1,0 +1,195 @@
+"""Helpers for the scheduler-service tests: a bus per test prefix and a tiny fake agent.
+
+The fake agent appends ``InstanceJoined``, serves ``generate`` (each accepted
+request holds its prompt's blocks for ``lifetime_reports`` reports, then
+finishes) and appends a ``LoadReport`` every ``report_interval`` seconds.
+Enough to drive the scheduler's dispatch, pairing and failure detection on a
+real nats-server without an engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from bus import BusConfig, BusError, JetStreamBus
+from bus.protocol import StreamConfig
+from schemas import Codec, Subjects
+from schemas.instance import InstanceJoined, KVLayout, ModelIdentity
+from schemas.load import LoadReport, PriorityLoad
+from schemas.rpc import DispatchReply, DispatchRequest, GenerateReply, GenerateRequest
+
+LAYOUT = KVLayout(num_layers=2, num_kv_heads=2, head_dim=8, block_size=16, dtype="float32")
+
+
+def bus_config(url: str, prefix: str) -> BusConfig:
+    return BusConfig(
+        url=url,
+        subjects=Subjects(prefix),
+        ack_timeout=0.5,
+        append_timeout=5.0,
+        heartbeat=0.5,
+        streams=StreamConfig(duplicate_window=10.0, loads_max_msgs_per_subject=100_000),
+    )
+
+
+def new_prefix() -> str:
+    return f"t{uuid.uuid4().hex[:10]}"
+
+
+@contextlib.asynccontextmanager
+async def connected(url: str, prefix: str) -> AsyncIterator[JetStreamBus]:
+    bus = JetStreamBus(bus_config(url, prefix))
+    await bus.connect()
+    try:
+        yield bus
+    finally:
+        await bus.close()
+
+
+async def delete_streams(url: str, prefix: str) -> None:
+    async with connected(url, prefix) as bus:
+        jsm = bus.client.jsm()
+        subjects = Subjects(prefix)
+        for stream in (subjects.events_stream, subjects.loads_stream, f"KV_{subjects.kv_bucket}"):
+            with contextlib.suppress(Exception):
+                await jsm.delete_stream(stream)
+
+
+class FakeAgent:
+    """Joins, accepts generate requests, reports load; no engine."""
+
+    def __init__(
+        self,
+        bus: JetStreamBus,
+        instance_id: str,
+        *,
+        num_blocks: int = 400,
+        report_interval: float = 0.05,
+        lifetime_reports: int = 6,
+        hog_blocks: int = 0,
+    ) -> None:
+        self.bus = bus
+        self.instance_id = instance_id
+        self.num_blocks = num_blocks
+        self.report_interval = report_interval
+        self.lifetime_reports = lifetime_reports
+        #: Blocks held by one long-running request (makes the instance a migration source).
+        self.hog_blocks = hog_blocks
+        self.codec = Codec(producer=f"fake:{instance_id}")
+        self.subjects: Subjects = bus.config.subjects
+        self.running: dict[str, list[int]] = {}  # request -> [blocks, reports left]
+        self.accepted: set[str] = set()
+        self.seq = 0
+        self._tasks: list[asyncio.Task[None]] = []
+        self._service = None
+
+    async def start(self) -> None:
+        joined = InstanceJoined(
+            instance_id=self.instance_id,
+            num_blocks=self.num_blocks,
+            block_size=16,
+            model=ModelIdentity(model_id="tiny"),
+            kv_layout=LAYOUT,
+            transport_address="inproc://x",
+            engine="fake",
+        )
+        await self.bus.append(
+            self.subjects.instance(self.instance_id), self.codec.encode(joined, time=time.time())
+        )
+        self._service = await self.bus.serve(
+            self.subjects.rpc_agent(self.instance_id, "generate"), self._generate
+        )
+        self._tasks.append(asyncio.create_task(self._report_loop()))
+
+    async def _generate(self, data: bytes, headers: dict[str, str]) -> bytes:
+        envelope = self.codec.decode(data)
+        request = envelope.body
+        assert isinstance(request, GenerateRequest)
+        if request.request_id not in self.accepted:
+            self.accepted.add(request.request_id)
+            self.running[request.request_id] = [-(-len(request.token_ids) // 16), self.lifetime_reports]
+        reply = GenerateReply(
+            request_id=request.request_id,
+            instance_id=self.instance_id,
+            accepted=True,
+            num_accepted=len(self.accepted),
+        )
+        return self.codec.encode(reply, time=time.time())
+
+    def report(self) -> LoadReport:
+        self.seq += 1
+        used = sum(blocks for blocks, _ in self.running.values()) + self.hog_blocks
+        count = len(self.running) + (1 if self.hog_blocks else 0)
+        freeness = (self.num_blocks - used) / max(count, 1)
+        return LoadReport(
+            instance_id=self.instance_id,
+            seq=self.seq,
+            num_total_blocks=self.num_blocks,
+            num_free_blocks=self.num_blocks - used,
+            num_reserved_blocks=0,
+            running=(PriorityLoad(priority=0, num_running=count, num_blocks=used),) if count else (),
+            head_of_line_demand=0,
+            num_waiting=0,
+            batch_size=count,
+            freeness=freeness,
+            virtual_usage=float(used),
+            num_accepted=len(self.accepted),
+        )
+
+    async def _report_loop(self) -> None:
+        while self.bus.is_connected:
+            report = self.report()
+            with contextlib.suppress(BusError):
+                await self.bus.append(
+                    self.subjects.load(self.instance_id), self.codec.encode(report, time=time.time())
+                )
+            for request_id in list(self.running):
+                entry = self.running[request_id]
+                entry[1] -= 1
+                if entry[1] <= 0:
+                    del self.running[request_id]
+            await asyncio.sleep(self.report_interval)
+
+    async def stop(self) -> None:
+        """Stop reporting and serving (looks like a crash to the scheduler)."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._service is not None:
+            await self._service.stop()
+
+
+async def dispatch(
+    bus: JetStreamBus, request_id: str, prompt: int = 64, *, timeout: float = 2.0
+) -> DispatchReply:
+    codec = Codec(producer="test-frontend")
+    data = codec.encode(DispatchRequest(request_id=request_id, num_prompt_tokens=prompt), time=time.time())
+    message = await bus.request(bus.config.subjects.rpc_dispatch, data, timeout=timeout)
+    body = codec.decode(message.data).body
+    assert isinstance(body, DispatchReply)
+    return body
+
+
+async def place(bus: JetStreamBus, request_id: str, prompt: int = 64) -> DispatchReply:
+    """Dispatch, then send the request to the chosen agent (what a frontend does)."""
+    reply = await dispatch(bus, request_id, prompt)
+    if reply.instance_id is not None:
+        codec = Codec(producer="test-frontend")
+        generate = GenerateRequest(request_id=request_id, token_ids=tuple(range(prompt)), sampling=_SAMPLING)
+        await bus.request(
+            bus.config.subjects.rpc_agent(reply.instance_id, "generate"),
+            codec.encode(generate, time=time.time()),
+            timeout=2.0,
+        )
+    return reply
+
+
+from schemas.rpc import SamplingParams  # noqa: E402
+
+_SAMPLING = SamplingParams(max_tokens=4)
