@@ -125,7 +125,7 @@ def _tail(path: Path, lines: int = 15) -> str:
 @click.option("--instances", type=int, default=2, show_default=True, help="Agents to start.")
 @click.option("--engine", type=click.Choice(["torch", "sim"]), default="torch", show_default=True)
 @click.option("--model", default=None,
-              help="torch: preset (default tiny) or a Hugging Face checkpoint folder; sim: a profile.")
+              help="torch: preset (default small) or a Hugging Face checkpoint folder; sim: a profile.")
 @click.option("--port", type=int, default=8000, show_default=True, help="Frontend HTTP port.")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--nats", "nats_url", default=None, help="Use this NATS deployment instead of an embedded one.")
@@ -177,7 +177,7 @@ def _start(
         click.echo(f"nats            {nats_url}")
     common = ["--nats-url", nats_url, "--prefix", options["prefix"]]
     engine = options["engine"]
-    model = options["model"] or ("tiny" if engine == "torch" else "tiny-test")
+    model = options["model"] or ("small" if engine == "torch" else "tiny-test")
     if options["no_scheduler"]:
         click.echo("scheduler       (none: the frontend places requests itself)")
     elif importlib.util.find_spec("scheduler.cli") is None:
