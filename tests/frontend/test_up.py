@@ -69,7 +69,8 @@ def _counter(metrics: str, name: str) -> float:
 def _start_up(port: int, tmp_path: Path) -> tuple[subprocess.Popen[str], dict[str, int], list[str]]:
     process = subprocess.Popen(
         [sys.executable, "-c", "from frontend.cli import main; main()", "up", "--instances", "2",
-         "--model", "tiny", "--port", str(port), "--log-dir", str(tmp_path / "logs"), "--ready-timeout", "150"],
+         "--model", "tiny", "--port", str(port), "--log-dir", str(tmp_path / "logs"),
+         "--ready-timeout", "150"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     pids: dict[str, int] = {}
