@@ -11,6 +11,7 @@ the request if the reply is lost.
 from __future__ import annotations
 
 from schemas.base import Message
+from schemas.rpc import SamplingParams
 
 __all__ = [
     "Abort",
@@ -21,6 +22,7 @@ __all__ = [
     "MigrationMessage",
     "PreAllocate",
     "StageDone",
+    "StageWritten",
 ]
 
 
@@ -54,6 +56,18 @@ class StageDone(Message, frozen=True, kw_only=True, tag="mig_stage_done"):
     last: bool = False
 
 
+class StageWritten(Message, frozen=True, kw_only=True, tag="mig_stage_written"):
+    """Destination → source: a stage's data is in its reserved blocks (the transport only says it landed).
+
+    The source counts a stage as copied only after this, so the destination's
+    write of a big stage overlaps the source's decoding instead of the downtime.
+    The state machines never see it; the agents' shells do.
+    """
+
+    migration_id: str
+    stage: int
+
+
 class Commit(Message, frozen=True, kw_only=True, tag="mig_commit"):
     """Sent after the last stage. Carries what the destination needs to resume."""
 
@@ -65,6 +79,10 @@ class Commit(Message, frozen=True, kw_only=True, tag="mig_commit"):
     num_prompt_tokens: int
     owner_epoch: int
     suspended_at: float
+    #: How the destination continues the request (defaults keep older senders decodable).
+    sampling: SamplingParams = SamplingParams()
+    priority: int = 0
+    stream: bool = True
 
 
 class CommitAck(Message, frozen=True, kw_only=True, tag="mig_commit_ack"):
@@ -75,5 +93,5 @@ class CommitAck(Message, frozen=True, kw_only=True, tag="mig_commit_ack"):
     resumed_at: float
 
 
-MigrationMessage = PreAllocate | Ack | Abort | StageDone | Commit | CommitAck
+MigrationMessage = PreAllocate | Ack | Abort | StageDone | StageWritten | Commit | CommitAck
 MigrationEvent = MigrationMessage

@@ -10,6 +10,7 @@ from schemas.base import Message
 __all__ = [
     "AbortReply",
     "AbortRequest",
+    "CommandReply",
     "DispatchReply",
     "DispatchRequest",
     "Drain",
@@ -121,6 +122,13 @@ class RpcError(Message, frozen=True, kw_only=True, tag="rpc_error"):
     message: str
 
 
+class CommandReply(Message, frozen=True, kw_only=True, tag="command_reply"):
+    """An agent's answer to ``resend``, ``migrate_out``, ``stop_migration`` and ``drain``."""
+
+    accepted: bool
+    detail: str = ""
+
+
 RpcMessage = (
     GenerateRequest
     | GenerateReply
@@ -133,4 +141,5 @@ RpcMessage = (
     | StopMigration
     | Drain
     | RpcError
+    | CommandReply
 )

@@ -1,0 +1,489 @@
+"""``shoal bench migration``: downtime of live migration vs blocking copy vs recompute, by sequence length.
+
+Setup (stated in the output): two agents driving the torch engine (``kv-heavy``
+preset by default, float32 on CPU) in one process, each on its own thread and
+event loop with its own NATS connection (an embedded nats-server unless
+``--nats-url``) and its own KV transport (TCP on loopback by default); one torch
+intra-op thread per agent. Each run puts ``--background`` other requests
+decoding on both instances, and the request to move — ``seq_len`` tokens of KV
+filled without prefill (:func:`agents.bench_harness.admit_filled`) — on the
+source. A client subscribed to its token subject records arrival times.
+
+* **live**: the agent's multi-stage live migration;
+* **blocking**: the same machinery with ``max_stages=1``: suspend, copy everything, resume there;
+* **recompute**: drop it on the source, send prompt + generated tokens to the destination,
+  which prefills them again (the rescue path).
+
+Downtime, client-side: the gap between the last token before the move and the
+first after it, minus the request's median inter-token gap before the move.
+Agent-side: ``Commit.suspended_at`` to ``CommitAck.resumed_at`` read back from
+the migration's events (live, blocking); for recompute, the drop to the first
+token the destination published (its delta's envelope time). Also: the number
+of stages, the transport bandwidth of the stage copies, and the source's decode
+step time for its co-located requests before and during a live migration.
+Every figure is a median over ``--repeats`` runs; recompute at lengths of
+``--long-from`` tokens and more runs ``--recompute-long-repeats`` times (an 8k
+prefill takes tens of seconds here), which the output says.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import platform
+import statistics
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import click
+
+__all__ = ["bench_migration", "run_benchmark"]
+
+_PATH = click.Path(dir_okay=False, path_type=Path)
+
+
+class MigrationFailed(RuntimeError):
+    """A measured migration did not complete (counted in the row's ``failures``)."""
+
+
+@dataclass
+class Sample:
+    client_ms: float
+    agent_ms: float | None
+    stages: int = 0
+    stage_bytes: int = 0
+    stage_seconds: float = 0.0
+    step_ms_idle: float | None = None
+    step_ms_migrating: float | None = None
+
+
+@dataclass
+class Row:
+    seq_len: int
+    samples: dict[str, list[Sample]] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+
+    def median(self, method: str, attribute: str) -> float | None:
+        values = [getattr(s, attribute) for s in self.samples.get(method, [])]
+        values = [v for v in values if v is not None]
+        return statistics.median(values) if values else None
+
+    def as_json(self) -> dict[str, Any]:
+        live = self.samples.get("live", [])
+        blocking = self.samples.get("blocking", [])
+        copies = [s for s in live + blocking if s.stage_seconds > 0]
+        bandwidth = (
+            statistics.median(s.stage_bytes / s.stage_seconds / 1e9 for s in copies) if copies else None
+        )
+        return {
+            "seq_len": self.seq_len,
+            "live_ms": self.median("live", "client_ms"),
+            "blocking_ms": self.median("blocking", "client_ms"),
+            "recompute_ms": self.median("recompute", "client_ms"),
+            "live_agent_ms": self.median("live", "agent_ms"),
+            "blocking_agent_ms": self.median("blocking", "agent_ms"),
+            "recompute_agent_ms": self.median("recompute", "agent_ms"),
+            "stages": self.median("live", "stages"),
+            "transport_gb_per_s": bandwidth,
+            "colocated_step_ms_idle": self.median("live", "step_ms_idle"),
+            "colocated_step_ms_migrating": self.median("live", "step_ms_migrating"),
+            "repeats": {method: len(samples) for method, samples in sorted(self.samples.items())},
+            "failures": self.failures,
+        }
+
+
+class Client:
+    """Subscribes to a request's tokens and records arrivals (its own loop, in the benchmark thread)."""
+
+    def __init__(self, bus: Any, codec: Any) -> None:
+        self.bus = bus
+        self.codec = codec
+        self.arrivals: list[tuple[float, int, int, float]] = []  # (arrival, first index, epoch, sent at)
+
+    async def watch(self, subject: str) -> Any:
+        subscription = await self.bus.subscribe(subject)
+
+        async def collect() -> None:
+            async for message in subscription:
+                envelope = self.codec.decode_or_none(message.data)
+                if envelope is not None:
+                    delta = envelope.body
+                    self.arrivals.append(
+                        (time.perf_counter(), delta.first_index, delta.owner_epoch, envelope.time)
+                    )
+
+        return subscription, asyncio.get_running_loop().create_task(collect())
+
+    def count(self, epoch: int) -> int:
+        return sum(1 for a in self.arrivals if a[2] == epoch)
+
+
+async def _wait(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.002)
+
+
+async def _one_run(
+    method: str, seq_len: int, source: Any, destination: Any, client: Client, *, background: int, gaps: int
+) -> Sample:
+    from agents.bench_harness import drop_everything, is_empty
+
+    run_id = uuid.uuid4().hex[:8]
+    try:
+        return await _measure(
+            method, seq_len, source, destination, client, run_id, background=background, gaps=gaps
+        )
+    finally:
+        for agent in (source, destination):
+            agent.call(drop_everything)
+        for agent in (source, destination):
+            await _wait(lambda a=agent: a.call(is_empty), 60, "engines to empty")
+
+
+async def _measure(
+    method: str,
+    seq_len: int,
+    source: Any,
+    destination: Any,
+    client: Client,
+    run_id: str,
+    *,
+    background: int,
+    gaps: int,
+) -> Sample:
+    from agents.bench_harness import admit_filled
+
+    request_id = f"m{run_id}"
+    for index in range(background):
+        source.call(lambda a, i=index: admit_filled(a, f"bgs{run_id}{i}", 256, salt=i))
+        destination.call(lambda a, i=index: admit_filled(a, f"bgd{run_id}{i}", 256, salt=i + 50))
+    subscription, collector = await client.watch(source.agent.subjects.tok(request_id))
+    client.arrivals = []
+    try:
+        return await _move(method, seq_len, source, destination, client, request_id, gaps=gaps)
+    finally:
+        await subscription.unsubscribe()
+        collector.cancel()
+
+
+async def _move(
+    method: str, seq_len: int, source: Any, destination: Any, client: Client, request_id: str, *, gaps: int
+) -> Sample:
+    from agents.bench_harness import admit_filled, drop_request
+    from schemas import GenerateRequest, SamplingParams
+
+    source.call(lambda a: admit_filled(a, request_id, seq_len, salt=seq_len))
+    await _wait(lambda: client.count(0) >= gaps + 1, 120, "tokens before the move")
+    before = [a[0] for a in client.arrivals if a[2] == 0]
+    median_gap = statistics.median(b - a for a, b in itertools.pairwise(before[1:]))
+    steps_before = len(source.steps)
+    moved_at = time.perf_counter()
+    outcome: Any = None
+    dropped_at = 0.0
+    if method == "recompute":
+        dropped_at = time.time()
+        dropped = source.call(lambda a: drop_request(a, request_id))
+        assert dropped is not None
+        tokens, num_prompt = dropped
+        request = GenerateRequest(
+            request_id=request_id,
+            token_ids=tokens,
+            num_prompt_tokens=num_prompt,
+            first_index=len(tokens) - num_prompt,
+            owner_epoch=1,
+            sampling=SamplingParams(max_tokens=1_000_000, ignore_eos=True, temperature=0.0),
+        )
+        reply = destination.call(lambda a: a.generate(request))
+        assert reply.accepted, reply.error
+    else:
+        config = source.agent.config.migration
+        if method == "blocking":
+            config = replace(config, max_stages=1)
+        outcome = await asyncio.to_thread(
+            source.call, lambda a: a.migrate(request_id, destination.agent.instance_id, config=config)
+        )
+        if not outcome.migrated:
+            raise MigrationFailed(f"{method} migration of {seq_len} tokens failed: {outcome.reason}")
+    await _wait(lambda: client.count(1) >= 1, 300, "the first token after the move")
+    last_before = max(a[0] for a in client.arrivals if a[2] == 0)
+    first_after = min(a for a in client.arrivals if a[2] == 1)
+    sample = Sample(client_ms=(first_after[0] - last_before - median_gap) * 1e3, agent_ms=None)
+    if method == "recompute":
+        sample.agent_ms = (first_after[3] - dropped_at) * 1e3
+    else:
+        sample.agent_ms = await _logged_downtime_ms(client, source.agent.subjects, outcome.migration_id)
+        if sample.agent_ms is None and outcome.downtime_s is not None:  # the log lagged: same two stamps
+            sample.agent_ms = outcome.downtime_s * 1e3
+        sample.stages = outcome.num_stages
+        sample.stage_bytes = sum(s.num_bytes for s in outcome.stages)
+        sample.stage_seconds = sum(s.duration_s for s in outcome.stages)
+        idle = [s.duration_s for s in source.steps[:steps_before][-gaps:]]
+        suspended = outcome.suspended_at or time.time()
+        window_end = moved_at + (suspended - outcome.started_at)
+        during = [s.duration_s for s in source.steps[steps_before:] if s.ended_at <= window_end]
+        sample.step_ms_idle = statistics.median(idle) * 1e3 if idle else None
+        sample.step_ms_migrating = statistics.median(during) * 1e3 if during else None
+    return sample
+
+
+async def _logged_downtime_ms(client: Client, subjects: Any, migration_id: str) -> float | None:
+    """Suspend (``Commit.suspended_at``) to resume (``CommitAck.resumed_at``), read back from the events."""
+    from schemas import Commit, CommitAck
+
+    suspended = resumed = None
+    subject = subjects.mig(migration_id)
+    async with client.bus.replay(subjects.events_stream, subjects=[subject, f"{subject}.outcome"]) as feed:
+        async for stored in feed:
+            envelope = client.codec.decode_or_none(stored.data)
+            body = None if envelope is None else envelope.body
+            if isinstance(body, Commit):
+                suspended = body.suspended_at
+            elif isinstance(body, CommitAck):
+                resumed = body.resumed_at
+    if suspended is None or resumed is None:
+        return None
+    return (resumed - suspended) * 1e3
+
+
+def run_benchmark(
+    *,
+    seq_lens: Sequence[int],
+    repeats: int,
+    recompute_long_repeats: int,
+    long_from: int,
+    preset: str,
+    transport: str,
+    background: int,
+    gaps: int,
+    nats_url: str | None,
+    echo: Any = print,
+) -> dict[str, Any]:
+    """Run every (length, method, repeat) and return the JSON document."""
+    import torch
+
+    from agents.agent import AgentConfig
+    from agents.bench_harness import AgentThread
+    from agents.engines.torch_engine import TorchEngine
+    from agents.engines.torch_engine import preset as model_preset
+    from bus import BusConfig, JetStreamBus
+    from bus.server import EmbeddedNats
+    from scheduler.config import MigrationConfig
+    from schemas import Codec, Subjects
+    from transport import TransportConfig
+
+    torch.set_num_threads(1)
+    server = None
+    if nats_url is None:
+        server = EmbeddedNats().start()
+        nats_url = server.url
+    subjects = Subjects(f"bench{uuid.uuid4().hex[:8]}")
+    block_size = 16
+    num_blocks = (max(seq_lens) + 600) // block_size + background * 48 + 8
+    model = model_preset(preset)
+    kv_bytes_per_token = model.kv_bytes_per_token("float32")
+
+    def make(instance_id: str) -> AgentThread:
+        config = AgentConfig(
+            instance_id=instance_id,
+            migration=MigrationConfig(
+                copy_timeout_s=120.0,
+                destination_idle_timeout_s=300.0,
+                ack_timeout_s=30.0,
+                commit_timeout_s=30.0,
+            ),
+            transport=TransportConfig(
+                kind="ucx" if transport == "ucx" else "tcp",
+                ucx_tls="tcp" if transport == "ucx" else "",
+                send_timeout_s=120.0,
+            ),
+        )
+        return AgentThread(
+            lambda: TorchEngine(preset, num_blocks=num_blocks, block_size=block_size, max_batch_size=64),
+            config,
+            nats_url,
+            subjects,
+        )
+
+    source, destination = make("src"), make("dst")
+    rows: list[Row] = []
+    started = time.monotonic()
+    try:
+        source.start()
+        destination.start()
+
+        async def main() -> None:
+            bus = JetStreamBus(BusConfig(url=nats_url, subjects=subjects, name="bench-client"))
+            await bus.connect()
+            client = Client(bus, Codec(producer="bench"))
+            try:
+                for seq_len in seq_lens:
+                    row = Row(seq_len)
+                    rows.append(row)
+                    for method in ("live", "blocking", "recompute"):
+                        count = repeats
+                        if method == "recompute" and seq_len >= long_from:
+                            count = recompute_long_repeats
+                        samples = row.samples.setdefault(method, [])
+                        for _ in range(count):
+                            try:
+                                sample = await _one_run(
+                                    method,
+                                    seq_len,
+                                    source,
+                                    destination,
+                                    client,
+                                    background=background,
+                                    gaps=gaps,
+                                )
+                            except MigrationFailed as exc:
+                                row.failures.append(str(exc))
+                                echo(f"  FAILED: {exc}")
+                            else:
+                                samples.append(sample)
+                    echo(f"  {seq_len:>5} tokens done ({time.monotonic() - started:.0f} s)")
+            finally:
+                await bus.close()
+
+        asyncio.run(main())
+    finally:
+        source.stop()
+        destination.stop()
+        if server is not None:
+            server.stop()
+    return {
+        "benchmark": "migration",
+        "setup": {
+            "preset": preset,
+            "kv_bytes_per_token": kv_bytes_per_token,
+            "block_size": block_size,
+            "transport": transport,
+            "torch_threads_per_agent": 1,
+            "agents": "two agents in one process, each on its own thread, event loop, NATS connection and "
+            "transport; engine steps and KV export/import run in worker threads",
+            "background_requests_per_instance": background,
+            "repeats": repeats,
+            "recompute_repeats_from_long": {"from_seq_len": long_from, "repeats": recompute_long_repeats},
+            "machine": platform.platform(),
+            "cpu_count": __import__("os").cpu_count(),
+            "runtime_s": round(time.monotonic() - started, 1),
+        },
+        "rows": [row.as_json() for row in rows],
+    }
+
+
+def _fmt(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    header = (
+        f"{'seq_len':>7} {'live ms':>8} {'live agent':>10} {'stages':>6} {'blocking ms':>11} "
+        f"{'recompute ms':>12} {'block/live':>10} {'recomp/live':>11} {'GB/s':>5} "
+        f"{'step idle':>9} {'step mig':>8}"
+    )
+    lines = [header]
+    for row in rows:
+        live = row["live_ms"] or float("nan")
+        lines.append(
+            f"{row['seq_len']:>7} {_fmt(row['live_ms']):>8} {_fmt(row['live_agent_ms']):>10} "
+            f"{_fmt(row['stages'], 0):>6} {_fmt(row['blocking_ms']):>11} {_fmt(row['recompute_ms']):>12} "
+            f"{_fmt((row['blocking_ms'] or 0) / live):>10} {_fmt((row['recompute_ms'] or 0) / live):>11} "
+            f"{_fmt(row['transport_gb_per_s'], 2):>5} {_fmt(row['colocated_step_ms_idle']):>9} "
+            f"{_fmt(row['colocated_step_ms_migrating']):>8}"
+        )
+    return "\n".join(lines)
+
+
+def _plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(7, 4.5))
+    lengths = [row["seq_len"] for row in rows]
+    for key, label in (
+        ("live_ms", "live (client)"),
+        ("live_agent_ms", "live (agent)"),
+        ("blocking_ms", "blocking copy"),
+        ("recompute_ms", "recompute"),
+    ):
+        points = [(n, row[key]) for n, row in zip(lengths, rows, strict=True) if row[key] is not None]
+        if points:
+            axis.plot([p[0] for p in points], [max(p[1], 0.1) for p in points], marker="o", label=label)
+    axis.set_xscale("log", base=2)
+    axis.set_yscale("log")
+    axis.set_xlabel("sequence length (tokens)")
+    axis.set_ylabel("downtime (ms)")
+    axis.set_title("shoal migration downtime")
+    axis.grid(True, which="both", alpha=0.3)
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+@click.command("migration")
+@click.option("--json", "json_path", type=_PATH, help="Write the results as JSON here.")
+@click.option(
+    "--plot",
+    "plot_path",
+    type=_PATH,
+    help="PNG plot path (default: beside --json, or ./bench_migration.png).",
+)
+@click.option("--seq-lens", default="256,1024,2048,4096,8192", show_default=True)
+@click.option("--repeats", default=5, show_default=True, help="Runs per point (median).")
+@click.option(
+    "--recompute-long-repeats", default=2, show_default=True, help="Recompute runs at long lengths."
+)
+@click.option("--long-from", default=8192, show_default=True, help="Lengths from here count as long.")
+@click.option("--preset", default="kv-heavy", show_default=True)
+@click.option("--transport", type=click.Choice(["tcp", "ucx"]), default="tcp", show_default=True)
+@click.option("--background", default=2, show_default=True, help="Co-located decoding requests per instance.")
+@click.option("--gaps", default=6, show_default=True, help="Tokens observed before each move.")
+@click.option("--nats-url", default=None, help="Use this NATS server instead of an embedded one.")
+def bench_migration(
+    json_path: Path | None,
+    plot_path: Path | None,
+    seq_lens: str,
+    repeats: int,
+    recompute_long_repeats: int,
+    long_from: int,
+    preset: str,
+    transport: str,
+    background: int,
+    gaps: int,
+    nats_url: str | None,
+) -> None:
+    """Live vs blocking vs recompute downtime by sequence length (torch engine, two agents)."""
+    lengths = [int(part) for part in seq_lens.split(",") if part.strip()]
+    result = run_benchmark(
+        seq_lens=lengths,
+        repeats=repeats,
+        recompute_long_repeats=recompute_long_repeats,
+        long_from=long_from,
+        preset=preset,
+        transport=transport,
+        background=background,
+        gaps=gaps,
+        nats_url=nats_url,
+        echo=click.echo,
+    )
+    click.echo(json.dumps(result["setup"], indent=1))
+    click.echo(_table(result["rows"]))
+    if json_path is not None:
+        rows = [{**row, "setup": result["setup"]} for row in result["rows"]]
+        json_path.write_text(json.dumps(rows, indent=1))
+    plot = plot_path or (
+        json_path.with_suffix(".png") if json_path is not None else Path("bench_migration.png")
+    )
+    _plot(result["rows"], plot)
+    click.echo(f"plot: {plot}")

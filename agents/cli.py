@@ -1,0 +1,183 @@
+"""``shoal agent``: run one instance agent driving one engine until stopped or drained.
+
+Parses options into frozen configs (engine, transport, migration, agent), sets
+torch's thread count before the engine is built, connects to NATS, starts the
+:class:`~agents.service.Agent` and runs until SIGINT/SIGTERM (a clean stop
+with ``InstanceLeft``) or until a ``drain`` completes. ``--ready-file`` writes
+a small JSON (instance id, transport address) once the agent is serving, for
+scripts and benchmarks that start agents as subprocesses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import uuid
+from pathlib import Path
+from typing import Any
+
+import click
+
+__all__ = ["agent", "build_engine"]
+
+log = logging.getLogger(__name__)
+
+
+def build_engine(
+    engine: str,
+    *,
+    model: str,
+    profile: str,
+    num_blocks: int | None,
+    kv_cache_bytes: int | None,
+    block_size: int,
+    max_batch_size: int,
+    max_model_len: int | None,
+    seed: int,
+    device: str,
+    time_scale: float,
+) -> Any:
+    """The engine the options describe (torch is imported only when chosen)."""
+    if engine == "sim":
+        from agents.engines.sim import SimEngine
+
+        return SimEngine(profile, num_blocks=num_blocks, max_batch_size=max_batch_size, time_scale=time_scale)
+    if engine == "torch":
+        from agents.engines.torch_engine import TorchEngine, TorchEngineConfig
+
+        return TorchEngine(
+            TorchEngineConfig(
+                model=model,
+                seed=seed,
+                device=device,
+                block_size=block_size,
+                num_blocks=num_blocks,
+                kv_cache_bytes=kv_cache_bytes,
+                max_model_len=max_model_len,
+                max_batch_size=max_batch_size,
+            )
+        )
+    raise click.BadParameter(f"unknown engine {engine!r}", param_hint="--engine")
+
+
+@click.command("agent")
+@click.option("--nats-url", default="nats://127.0.0.1:4222", show_default=True, help="NATS server(s).")
+@click.option("--prefix", default="shoal", show_default=True, help="Subject prefix of the cluster.")
+@click.option("--instance-id", default=None, help="Instance id (default: agent-<random>).")
+@click.option("--engine", type=click.Choice(["torch", "sim"]), default="torch", show_default=True)
+@click.option(
+    "--model", default="tiny", show_default=True, help="torch: preset name or HF checkpoint folder."
+)
+@click.option("--profile", default="tiny-test", show_default=True, help="sim: timing profile.")
+@click.option("--time-scale", type=float, default=1.0, show_default=True, help="sim: step time multiplier.")
+@click.option("--num-blocks", type=int, default=None, help="KV blocks (default: engine's choice).")
+@click.option("--kv-cache-bytes", type=int, default=None, help="torch: KV budget instead of --num-blocks.")
+@click.option("--block-size", type=int, default=16, show_default=True)
+@click.option("--max-batch-size", type=int, default=256, show_default=True)
+@click.option("--max-model-len", type=int, default=None)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--device", default="cpu", show_default=True)
+@click.option("--threads", type=int, default=1, show_default=True, help="torch.set_num_threads (CPU).")
+@click.option(
+    "--transport",
+    "transport_kind",
+    type=click.Choice(["auto", "ucx", "tcp"]),
+    default="auto",
+    show_default=True,
+    help="KV data plane; auto tries UCX then TCP.",
+)
+@click.option("--transport-host", default="127.0.0.1", show_default=True)
+@click.option("--transport-port", type=int, default=0, show_default=True)
+@click.option("--ucx-tls", default="", help="UCX transport list, e.g. 'tcp'.")
+@click.option("--report-interval", type=float, default=0.1, show_default=True, help="Seconds.")
+@click.option("--heartbeat-interval", type=float, default=1.0, show_default=True, help="Seconds.")
+@click.option("--last-stage-max-blocks", type=int, default=2, show_default=True)
+@click.option("--max-stages", type=int, default=8, show_default=True)
+@click.option("--max-concurrent-migrations", type=int, default=1, show_default=True)
+@click.option("--otlp-endpoint", default=None, help="Export spans over OTLP (needs the exporter package).")
+@click.option("--ready-file", type=click.Path(dir_okay=False, path_type=Path), default=None)
+@click.option("--log-level", default="INFO", show_default=True)
+def agent(**options: Any) -> None:
+    """Run one instance agent driving an engine."""
+    logging.basicConfig(
+        level=options["log_level"].upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
+    if options["engine"] == "torch":
+        import torch
+
+        torch.set_num_threads(options["threads"])
+    asyncio.run(_run(options))
+
+
+async def _run(options: dict[str, Any]) -> None:
+    from agents.agent import Agent, AgentConfig
+    from agents.tracing import configure_tracing
+    from bus import BusConfig, JetStreamBus
+    from scheduler.config import MigrationConfig
+    from schemas import Subjects
+    from transport import TransportConfig
+
+    instance_id = options["instance_id"] or f"agent-{uuid.uuid4().hex[:8]}"
+    engine = build_engine(
+        options["engine"],
+        model=options["model"],
+        profile=options["profile"],
+        num_blocks=options["num_blocks"],
+        kv_cache_bytes=options["kv_cache_bytes"],
+        block_size=options["block_size"],
+        max_batch_size=options["max_batch_size"],
+        max_model_len=options["max_model_len"],
+        seed=options["seed"],
+        device=options["device"],
+        time_scale=options["time_scale"],
+    )
+    config = AgentConfig(
+        instance_id=instance_id,
+        report_interval_s=options["report_interval"],
+        heartbeat_interval_s=options["heartbeat_interval"],
+        migration=MigrationConfig(
+            last_stage_max_blocks=options["last_stage_max_blocks"],
+            max_stages=options["max_stages"],
+            max_concurrent_per_instance=options["max_concurrent_migrations"],
+        ),
+        transport=TransportConfig(
+            kind=options["transport_kind"],
+            host=options["transport_host"],
+            port=options["transport_port"],
+            ucx_tls=options["ucx_tls"],
+        ),
+    )
+    provider = configure_tracing(f"shoal-agent-{instance_id}", options["otlp_endpoint"])
+    bus = JetStreamBus(
+        BusConfig(url=options["nats_url"], subjects=Subjects(options["prefix"]), name=instance_id)
+    )
+    await bus.connect()
+    runner = Agent(engine, bus, config, tracer_provider=provider)
+    await runner.start()
+    log.info(
+        "agent %s serving (%s engine, transport %s)",
+        instance_id,
+        engine.info.engine,
+        runner.transport.address,
+    )
+    if options["ready_file"] is not None:
+        ready = {"instance_id": instance_id, "transport_address": runner.transport.address}
+        options["ready_file"].write_text(json.dumps(ready))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    stop_wait = asyncio.ensure_future(stop.wait())
+    drained = asyncio.ensure_future(runner.stopped.wait())
+    await asyncio.wait({stop_wait, drained}, return_when=asyncio.FIRST_COMPLETED)
+    stop_wait.cancel()
+    drained.cancel()
+    if not runner.stopped.is_set():
+        await runner.stop()
+    await bus.close()
+    if provider is not None:
+        provider.shutdown()

@@ -1,0 +1,97 @@
+"""The frozen configuration of one agent, and its fault-injection plan.
+
+:class:`AgentConfig` is built once at the entry point (``shoal agent`` or a
+test) and passed down; nothing below reads the environment. :class:`FaultPlan`
+is the test hook on the agent's migration messages: it drops or duplicates
+outgoing or incoming handshake messages by type name (``"PreAllocate"``,
+``"Ack"``, ``"Abort"``, ``"StageDone"``, ``"Commit"``, ``"CommitAck"``), and can
+slow every stage copy down so that something can happen in the middle of one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from scheduler.config import MigrationConfig, PolicyConfig
+from transport import TransportConfig
+
+__all__ = ["MIGRATION_MESSAGE_TYPES", "AgentConfig", "FaultPlan"]
+
+#: Names a :class:`FaultPlan` may use.
+MIGRATION_MESSAGE_TYPES = frozenset({"PreAllocate", "Ack", "Abort", "StageDone", "Commit", "CommitAck"})
+
+
+@dataclass(frozen=True)
+class FaultPlan:
+    """Which migration messages to lose or repeat, on the way out or in.
+
+    ``max_faults`` bounds how many messages of each (direction, kind, type) are
+    affected (``None``: every one). ``copy_delay_s`` sleeps before each stage's
+    transfer on the source, so a test can act while a copy is under way.
+    """
+
+    drop_outgoing: frozenset[str] = frozenset()
+    duplicate_outgoing: frozenset[str] = frozenset()
+    drop_incoming: frozenset[str] = frozenset()
+    duplicate_incoming: frozenset[str] = frozenset()
+    max_faults: int | None = None
+    copy_delay_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        for names in (
+            self.drop_outgoing,
+            self.duplicate_outgoing,
+            self.drop_incoming,
+            self.duplicate_incoming,
+        ):
+            unknown = set(names) - MIGRATION_MESSAGE_TYPES
+            if unknown:
+                raise ValueError(f"unknown migration message types {sorted(unknown)}")
+        if self.copy_delay_s < 0:
+            raise ValueError("copy_delay_s must be >= 0")
+
+    @property
+    def is_empty(self) -> bool:
+        return not (
+            self.drop_outgoing
+            or self.duplicate_outgoing
+            or self.drop_incoming
+            or self.duplicate_incoming
+            or self.copy_delay_s
+        )
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """Everything one agent needs besides its engine and its bus connection.
+
+    * ``report_interval_s``: a load report when something changed, at most this often;
+      ``heartbeat_interval_s``: a report at least this often (reports are the heartbeat).
+    * ``delta_buffer_steps``: token deltas kept per request for ``resend``;
+      ``finished_buffers``: how many finished requests keep their buffer.
+    * ``tick_interval_s``: how often migration machines see the clock.
+    * ``idle_sleep_s``: the step loop's pause after a step that scheduled nothing.
+    * ``peer_lookup_timeout_s``: how long to wait for a destination's ``InstanceJoined``.
+    """
+
+    instance_id: str
+    report_interval_s: float = 0.1
+    heartbeat_interval_s: float = 1.0
+    delta_buffer_steps: int = 256
+    finished_buffers: int = 1024
+    tick_interval_s: float = 0.05
+    idle_sleep_s: float = 0.002
+    peer_lookup_timeout_s: float = 2.0
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    migration: MigrationConfig = field(default_factory=MigrationConfig)
+    transport: TransportConfig = field(default_factory=lambda: TransportConfig(kind="tcp"))
+    faults: FaultPlan = field(default_factory=FaultPlan)
+
+    def __post_init__(self) -> None:
+        if not self.instance_id or any(c in self.instance_id for c in ".*> \t\r\n"):
+            raise ValueError(f"invalid instance id {self.instance_id!r}")
+        for name in ("report_interval_s", "heartbeat_interval_s", "tick_interval_s", "peer_lookup_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
+        if self.delta_buffer_steps < 1 or self.finished_buffers < 0:
+            raise ValueError("delta_buffer_steps must be >= 1 and finished_buffers >= 0")

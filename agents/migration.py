@@ -1,0 +1,362 @@
+"""The agent's migration shell: routing handshake messages, faults, ticks and scheduler commands.
+
+:class:`MigrationManager` belongs to one :class:`agents.service.Agent`. It
+subscribes to the agent's migration subject (``<prefix>.rpc.mig.<id>``) and
+routes each handshake message to the machine of its migration (starting a
+destination machine for a new one), sends messages to peers (with the trace
+context in the headers, each also appended to the migration's log subject),
+applies the :class:`~agents.config.FaultPlan` to messages going out and coming
+in, feeds every machine a ``Tick`` periodically, follows the peers' lifecycle
+events (a failed or departed peer becomes ``PeerFailed``), and carries out the
+scheduler's ``MigrateOut`` command: it picks requests with the shared
+selection rule and migrates them, at most ``max_concurrent_per_instance`` at a
+time, until the freeness target is reached. Migration happens only between
+instances whose model identity and KV layout match.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections import Counter, OrderedDict
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from opentelemetry import trace
+from opentelemetry.trace import Span
+
+from agents.directory import PeerDirectory
+from agents.migration_dest import DestinationDriver
+from agents.migration_log import MigrationLog
+from agents.migration_source import MigrationOutcome, SourceDriver
+from agents.reporting import running_requests
+from agents.tracing import headers_for, tracer_from
+from bus import BusError, Subscription
+from scheduler.config import MigrationConfig
+from scheduler.migration_fsm import PeerFailed, RequestGone, Tick, start_destination
+from scheduler.policy import select_requests_to_migrate
+from schemas import MigrateOut
+from schemas.migration import CommitAck, MigrationMessage, StageWritten
+
+if TYPE_CHECKING:
+    from agents.service import Agent
+
+__all__ = ["MigrationManager", "MigrationOutcome"]
+
+log = logging.getLogger(__name__)
+
+_FINISHED_KEPT = 1024
+
+
+class MigrationManager:
+    """Every migration of one agent, both sides; see the module docstring."""
+
+    def __init__(self, agent: Agent, *, tracer_provider: trace.TracerProvider | None = None) -> None:
+        self.agent = agent
+        self.config = agent.config.migration
+        self.faults = agent.config.faults
+        self.tracer = tracer_from(tracer_provider)
+        self.log = MigrationLog(agent.bus, agent.codec)
+        self.directory = PeerDirectory(self._peer_gone)
+        self.sources: dict[str, SourceDriver] = {}
+        self.sources_by_request: dict[str, SourceDriver] = {}
+        self.destinations: dict[str, DestinationDriver] = {}
+        self.finished_destinations: OrderedDict[str, DestinationDriver] = OrderedDict()
+        self.outcomes: list[MigrationOutcome] = []
+        self.faults_applied: Counter[tuple[str, str, str]] = Counter()
+        self._subscription: Subscription | None = None
+        self._command: MigrateOut | None = None
+        self._command_failures: set[str] = set()
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        agent = self.agent
+        self._subscription = await agent.bus.subscribe(agent.subjects.rpc_mig(agent.instance_id))
+        agent.spawn(self._receive_loop(self._subscription))
+        agent.spawn(self._directory_loop())
+        agent.spawn(self._tick_loop())
+
+    async def close(self) -> None:
+        """Clean stop: end every migration where it stands (peers time out) and unsubscribe."""
+        self.abandon()
+        if self._subscription is not None:
+            with contextlib.suppress(BusError):
+                await self._subscription.unsubscribe()
+        await self.log.flush()
+
+    def abandon(self) -> None:
+        for driver in [*self.sources.values(), *self.destinations.values()]:
+            driver.abandon()
+        self.log.cancel()
+
+    # -- counts -------------------------------------------------------------------------
+
+    @property
+    def num_outgoing(self) -> int:
+        return len(self.sources)
+
+    @property
+    def num_incoming(self) -> int:
+        return len(self.destinations)
+
+    @property
+    def is_idle(self) -> bool:
+        return not self.sources and not self.destinations
+
+    def is_migrating(self, request_id: str) -> bool:
+        return request_id in self.sources_by_request
+
+    # -- sending and receiving ----------------------------------------------------------
+
+    def _fault(self, direction: str, message: MigrationMessage) -> int:
+        """How many copies of ``message`` go through (0: dropped, 2: duplicated)."""
+        faults = self.faults
+        if faults.is_empty:
+            return 1
+        name = type(message).__name__
+        drop = faults.drop_outgoing if direction == "out" else faults.drop_incoming
+        dup = faults.duplicate_outgoing if direction == "out" else faults.duplicate_incoming
+        for kind, names, copies in (("drop", drop, 0), ("duplicate", dup, 2)):
+            if name in names:
+                key = (direction, kind, name)
+                if faults.max_faults is None or self.faults_applied[key] < faults.max_faults:
+                    self.faults_applied[key] += 1
+                    return copies
+        return 1
+
+    async def send(self, peer_id: str, message: MigrationMessage, span: Span | None) -> None:
+        """Send a handshake message to ``peer_id`` and append it to the migration's log."""
+        agent = self.agent
+        headers = headers_for(span)
+        data = agent.codec.encode(message, time=time.time(), trace=headers.get("traceparent"))
+        self.log.record(message, trace=headers.get("traceparent"))
+        for _ in range(self._fault("out", message)):
+            try:
+                await agent.bus.publish(agent.subjects.rpc_mig(peer_id), data, headers=headers)
+            except BusError as exc:
+                log.warning("agent %s: sending %s failed: %s", agent.instance_id, type(message).__name__, exc)
+
+    async def _receive_loop(self, subscription: Subscription) -> None:
+        async with subscription:
+            async for received in subscription:
+                envelope = self.agent.codec.decode_or_none(received.data)
+                if envelope is None:
+                    continue
+                body = envelope.body
+                if not hasattr(body, "migration_id") or not isinstance(body, MigrationMessage):
+                    continue
+                for _ in range(self._fault("in", body)):
+                    self.route(body, received.headers)
+
+    def route(self, message: MigrationMessage, headers: Mapping[str, str]) -> None:
+        """Hand a received message to its machine (a new destination machine for a new migration)."""
+        migration_id = message.migration_id
+        source = self.sources.get(migration_id)
+        if isinstance(message, StageWritten):  # a shell-level confirmation, not a machine input
+            if source is not None:
+                source.on_written(message.stage)
+            return
+        if source is not None:
+            if isinstance(message, CommitAck):
+                source.on_commit_ack(message)
+            source.feed(message)
+            return
+        destination = self.destinations.get(migration_id) or self.finished_destinations.get(migration_id)
+        if destination is not None:
+            destination.feed(message)
+            return
+        if any(o.migration_id == migration_id for o in self.outcomes[-64:]):
+            return  # a late message for a migration this agent sourced and finished
+        state, actions = start_destination(
+            message,
+            destination_id=self.agent.instance_id,
+            now=time.time(),
+            config=self.config,
+        )
+        driver = DestinationDriver(self, state, headers)
+        if driver.is_final:
+            self.finished_destinations[migration_id] = driver
+            driver.span.end()
+            self.agent.spawn(driver.execute_all(actions))
+            return
+        self.destinations[migration_id] = driver
+        driver.start(actions)
+
+    # -- local events -------------------------------------------------------------------
+
+    def request_gone(self, request_id: str, reason: str) -> None:
+        driver = self.sources_by_request.get(request_id)
+        if driver is not None:
+            driver.feed(RequestGone(reason=reason))
+
+    def step_done(self) -> None:
+        for driver in list(self.sources.values()):
+            driver.on_step_done()
+
+    def _peer_gone(self, instance_id: str) -> None:
+        for source in list(self.sources.values()):
+            if source.destination_id == instance_id:
+                source.feed(PeerFailed())
+        for destination in list(self.destinations.values()):
+            if destination.state.source_id == instance_id:
+                destination.feed(PeerFailed())
+        if self._command is not None and self._command.destination_id == instance_id:
+            self._command = None
+
+    async def _directory_loop(self) -> None:
+        agent = self.agent
+        subjects = agent.subjects
+        pattern = f"{subjects.prefix}.ev.instance.*"
+        while True:
+            try:
+                async with agent.bus.tail(subjects.events_stream, from_seq=1, subjects=[pattern]) as feed:
+                    async for stored in feed:
+                        envelope = agent.codec.decode_or_none(stored.data)
+                        if envelope is not None:
+                            self.directory.apply(envelope.body)
+            except BusError as exc:
+                log.warning("agent %s: instance events feed failed: %s", agent.instance_id, exc)
+                await asyncio.sleep(1.0)
+
+    async def _tick_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.agent.config.tick_interval_s)
+            for driver in [*self.sources.values(), *self.destinations.values()]:
+                driver.feed(Tick())
+            self._drive_command()
+
+    def source_finished(self, driver: SourceDriver) -> None:
+        self.sources.pop(driver.migration_id, None)
+        if self.sources_by_request.get(driver.request_id) is driver:
+            del self.sources_by_request[driver.request_id]
+        self.outcomes.append(driver.outcome)
+        del self.outcomes[:-_FINISHED_KEPT]
+        if not driver.outcome.migrated:
+            self._command_failures.add(driver.request_id)
+            if driver.outcome.reason.startswith("destination aborted: no space"):
+                self._command = None  # the destination is full: wait for the next pairing
+        self.agent.wake()
+
+    def destination_finished(self, driver: DestinationDriver) -> None:
+        self.destinations.pop(driver.migration_id, None)
+        self.finished_destinations[driver.migration_id] = driver
+        while len(self.finished_destinations) > _FINISHED_KEPT:
+            self.finished_destinations.popitem(last=False)
+        self.agent.wake()
+
+    # -- starting migrations ------------------------------------------------------------
+
+    async def migrate(
+        self, request_id: str, destination_id: str, *, config: MigrationConfig | None = None
+    ) -> MigrationOutcome:
+        """Migrate ``request_id`` to ``destination_id`` and wait for the outcome.
+
+        ``config`` overrides the agent's migration config for this one migration
+        (``max_stages=1`` is a blocking copy: suspend, copy everything, resume there).
+        """
+        driver = await self.begin(request_id, destination_id, config=config)
+        if isinstance(driver, MigrationOutcome):
+            return driver
+        return await driver.done
+
+    async def begin(
+        self, request_id: str, destination_id: str, *, config: MigrationConfig | None = None
+    ) -> SourceDriver | MigrationOutcome:
+        """Start a migration; a refusal comes back as a failed :class:`MigrationOutcome`."""
+        migration_id = f"{self.agent.instance_id}-{uuid.uuid4().hex[:12]}"
+
+        def refused(reason: str) -> MigrationOutcome:
+            outcome = MigrationOutcome(
+                migration_id,
+                request_id,
+                destination_id,
+                reason=reason,
+                started_at=time.time(),
+                finished_at=time.time(),
+            )
+            self.outcomes.append(outcome)
+            return outcome
+
+        if destination_id == self.agent.instance_id:
+            return refused("cannot migrate to itself")
+        joined = await self.directory.wait_for(destination_id, self.agent.config.peer_lookup_timeout_s)
+        if joined is None:
+            return refused(f"unknown destination {destination_id!r}")
+        info = self.agent.engine.info
+        if joined.model != info.model or joined.kv_layout != info.kv_layout:
+            return refused("incompatible: model identity or KV layout differ")
+        if len(self.sources) >= self.config.max_concurrent_per_instance:
+            return refused("too many outgoing migrations")
+        if request_id in self.sources_by_request:
+            return refused("already migrating")
+        stats = self.agent.engine.request_stats(request_id)
+        if stats is None or not stats.status.holds_blocks or self.agent.request_record(request_id) is None:
+            return refused("not running here")
+        driver = SourceDriver(
+            self,
+            migration_id=migration_id,
+            request_id=request_id,
+            destination_id=destination_id,
+            destination_address=joined.transport_address,
+            config=config,
+        )
+        self.sources[migration_id] = driver
+        self.sources_by_request[request_id] = driver
+        driver.begin()
+        return driver
+
+    async def command_migrate_out(self, command: MigrateOut) -> tuple[bool, str]:
+        """Adopt the scheduler's command: migrate towards the destination until the target freeness."""
+        joined = await self.directory.wait_for(
+            command.destination_id, self.agent.config.peer_lookup_timeout_s
+        )
+        if joined is None:
+            return False, f"unknown destination {command.destination_id!r}"
+        info = self.agent.engine.info
+        if joined.model != info.model or joined.kv_layout != info.kv_layout:
+            return False, "incompatible: model identity or KV layout differ"
+        self._command = command
+        self._command_failures = set()
+        self._drive_command()
+        return True, "migrating"
+
+    def command_stop(self, destination_id: str) -> bool:
+        if self._command is not None and self._command.destination_id == destination_id:
+            self._command = None
+            return True
+        return False
+
+    @property
+    def command(self) -> MigrateOut | None:
+        return self._command
+
+    def _drive_command(self) -> None:
+        command = self._command
+        if command is None:
+            return
+        free_slots = self.config.max_concurrent_per_instance - len(self.sources)
+        if free_slots <= 0:
+            return
+        stats = self.agent.engine.stats()
+        exclude = set(self.sources_by_request) | self._command_failures
+        chosen = select_requests_to_migrate(
+            running_requests(stats),
+            num_total_blocks=stats.num_total_blocks,
+            head_of_line_demand=stats.head_of_line_demand,
+            target_freeness=command.target_freeness,
+            config=self.agent.config.policy,
+            terminating=self.agent.terminating,
+            num_reserved_blocks=stats.num_reserved_blocks,
+            exclude=exclude,
+            max_requests=free_slots,
+        )
+        if not chosen:
+            if not self.sources:
+                self._command = None  # target reached (or nothing left to move)
+            return
+        for request in chosen:
+            self.agent.spawn(self.begin(request.request_id, command.destination_id))

@@ -1,0 +1,259 @@
+"""The destination side of a live migration: executing the destination machine's actions.
+
+A :class:`DestinationDriver` runs one :class:`~scheduler.migration_fsm.DestinationState`
+machine: on ``PreAllocate`` it reserves blocks in the engine (answering at
+once, ``Reserved`` or ``ReserveFailed``) and registers the transport slot for
+that stage *before* the ``Ack`` goes out; a landed buffer is written into the
+stage's reserved blocks only when the machine says so (``WriteBlocks``); on
+``Commit`` the machine claims the outcome in the log and, if it wins, the
+request joins the running batch and the agent publishes its tokens on the same
+subject from the next index with the owner epoch incremented. Releases cancel
+the transport slots too, so late data never lands in released blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from agents.engine import KVBuffer, MigrationError, OutOfBlocks, Reservation
+from agents.migration_driver import Input, MachineDriver
+from agents.migration_source import reservation_tag
+from agents.tracing import parent_context
+from scheduler.migration_fsm import (
+    Action,
+    AdmitRequest,
+    BlocksReceived,
+    ClaimOutcome,
+    DestinationState,
+    OutcomeClaimed,
+    RejectBlocks,
+    ReleaseReservation,
+    ReportFailed,
+    ReportMigrated,
+    Reserve,
+    Reserved,
+    ReserveFailed,
+    SendToPeer,
+    WriteBlocks,
+)
+from schemas.migration import Commit, StageWritten
+from transport import PendingTransfer, TransportError
+
+if TYPE_CHECKING:
+    from agents.migration import MigrationManager
+
+__all__ = ["DestinationDriver", "payload_bytes_per_block"]
+
+#: Imports bigger than this run in a worker thread.
+_THREAD_IMPORT_BYTES = 1 << 20
+
+
+def payload_bytes_per_block(engine_name: str, bytes_per_block: int) -> int:
+    """Bytes a KV buffer carries per block: the KV itself, or an 8-byte fingerprint for ``sim``."""
+    return 8 if engine_name == "sim" else bytes_per_block
+
+
+class DestinationDriver(MachineDriver):
+    """Executes a destination machine's actions against the engine, the transport and the bus."""
+
+    state: DestinationState
+
+    def __init__(
+        self, manager: MigrationManager, state: DestinationState, headers: Mapping[str, str]
+    ) -> None:
+        super().__init__(manager, state)
+        self.reservations: dict[int, Reservation] = {}
+        self.pending: dict[int, PendingTransfer] = {}
+        self.received: dict[int, object] = {}
+        self.delivered: set[int] = set()
+        self.writes: list[asyncio.Future[None]] = []
+        self.span = manager.tracer.start_span(
+            "migration.destination",
+            context=parent_context(headers),
+            attributes={
+                "shoal.migration.id": state.migration_id,
+                "shoal.request.id": state.request_id,
+                "shoal.migration.source": state.source_id,
+                "shoal.migration.destination": manager.agent.instance_id,
+                "shoal.migration.side": "destination",
+            },
+        )
+
+    # -- actions ----------------------------------------------------------------------
+
+    async def execute(self, action: Action) -> Input | None:
+        if isinstance(action, Reserve):
+            return self._reserve(action)
+        if isinstance(action, SendToPeer):
+            await self.manager.send(self.state.source_id, action.message, self.span)
+        elif isinstance(action, WriteBlocks):
+            await self._write(action)
+        elif isinstance(action, RejectBlocks):
+            self.received.pop(action.stage, None)
+            self.span.add_event("rejected-blocks", {"shoal.migration.stage": action.stage})
+        elif isinstance(action, ReleaseReservation):
+            await self._release()
+        elif isinstance(action, AdmitRequest):
+            await self._admit(action.commit)
+        elif isinstance(action, ClaimOutcome):
+            self.helper(self._claim(action))
+        elif isinstance(action, ReportMigrated):
+            self.span.set_attribute("shoal.migration.outcome", "migrated")
+            self.span.end()
+        elif isinstance(action, ReportFailed):
+            self.span.set_attribute("shoal.migration.outcome", "aborted")
+            self.span.set_attribute("shoal.migration.reason", action.reason)
+            self.span.end()
+        return None
+
+    def _reserve(self, action: Reserve) -> Input:
+        engine = self.agent.engine
+        if action.stage == 0 and self.manager.num_incoming > self.manager.config.max_concurrent_per_instance:
+            return ReserveFailed(stage=action.stage, reason="too many incoming migrations")
+        if action.stage == 0 and self.agent.terminating:
+            return ReserveFailed(stage=action.stage, reason="instance is terminating")
+        try:
+            reservation = engine.reserve(action.num_blocks)
+        except OutOfBlocks as exc:
+            return ReserveFailed(stage=action.stage, reason=str(exc))
+        self.reservations[action.stage] = reservation
+        info = engine.info
+        nbytes = action.num_blocks * payload_bytes_per_block(info.engine, info.bytes_per_block)
+        pending = self.agent.transport.expect(
+            self.migration_id,
+            action.stage,
+            nbytes,
+            reservation_id=reservation_tag(reservation.block_ids),
+        )
+        self.pending[action.stage] = pending
+        self.helper(self._await_transfer(action.stage, pending))
+        return Reserved(stage=action.stage, block_ids=reservation.block_ids)
+
+    async def _await_transfer(self, stage: int, pending: PendingTransfer) -> None:
+        try:
+            buffer = await pending.wait()
+        except TransportError:  # cancelled, timed out or closed: the machine decides what that means
+            return
+        self._landed(stage, buffer)
+
+    def _landed(self, stage: int, buffer: object) -> bool:
+        if stage in self.delivered:
+            return False
+        self.delivered.add(stage)
+        self.received[stage] = buffer
+        self.feed(BlocksReceived(stage=stage))
+        return True
+
+    async def before_input(self, event: Input) -> None:
+        """Before a ``Commit``, write every stage whose data has landed but was not seen yet.
+
+        The source sends ``Commit`` only after its last transfer returned (the data
+        sits in our slot), but the waiter task may not have run yet.
+        """
+        if not isinstance(event, Commit):
+            return
+        for stage, pending in sorted(self.pending.items(), key=lambda item: item[0]):
+            if pending.done() and stage not in self.delivered:
+                self.delivered.add(stage)
+                try:
+                    self.received[stage] = await pending.wait()
+                except TransportError:
+                    continue
+                await self.apply(BlocksReceived(stage=stage))
+
+    async def _write(self, action: WriteBlocks) -> None:
+        """Write a landed stage into its reserved blocks.
+
+        A big stage is written by a worker thread while the machine goes on (the
+        next stage's ``PreAllocate`` is answered meanwhile, so the source never
+        waits on it); releasing and admitting wait for every write first, so no
+        block is released or handed to the batch while data is still going in.
+        """
+        payload = self.received.pop(action.stage)
+        self.pending.pop(action.stage, None)  # it holds the landed buffer too
+        engine = self.agent.engine
+        num_blocks = len(action.block_ids)
+        buffer = KVBuffer(num_blocks, num_blocks * engine.info.bytes_per_block, payload)  # type: ignore[arg-type]
+        if buffer.nbytes > _THREAD_IMPORT_BYTES:
+            self.writes.append(
+                asyncio.ensure_future(self._write_in_thread(action.stage, action.block_ids, buffer))
+            )
+        else:
+            engine.import_blocks(action.block_ids, buffer)
+            await self._confirm(action.stage)
+        self.span.add_event(
+            "stage-written", {"shoal.migration.stage": action.stage, "shoal.blocks": num_blocks}
+        )
+
+    async def _write_in_thread(self, stage: int, block_ids: tuple[int, ...], buffer: KVBuffer) -> None:
+        await asyncio.to_thread(self.agent.engine.import_blocks, block_ids, buffer)
+        await self._confirm(stage)
+
+    async def _confirm(self, stage: int) -> None:
+        """Tell the source the stage is written (only now does it count the stage as copied)."""
+        written = StageWritten(migration_id=self.migration_id, stage=stage)
+        await self.manager.send(self.state.source_id, written, self.span)
+
+    async def _writes_done(self) -> BaseException | None:
+        """Wait for the stage writes under way; the first error, if any."""
+        writes, self.writes = self.writes, []
+        results = await asyncio.gather(*writes, return_exceptions=True)
+        return next((r for r in results if isinstance(r, BaseException)), None)
+
+    async def _release(self) -> None:
+        self.agent.transport.cancel(self.migration_id)
+        await self._writes_done()
+        for reservation in self.reservations.values():
+            self.agent.engine.release_reservation(reservation)
+        self.reservations.clear()
+        self.received.clear()
+
+    async def _admit(self, commit: Commit) -> None:
+        agent = self.agent
+        reservations = [self.reservations[s] for s in sorted(self.reservations)]
+        prompt = commit.token_ids[: commit.num_prompt_tokens]
+        outputs = commit.token_ids[commit.num_prompt_tokens :]
+        failed_write = await self._writes_done()
+        try:
+            if failed_write is not None:
+                raise MigrationError(f"writing a stage failed: {failed_write!r}")
+            agent.engine.admit_migrated(
+                commit.request_id,
+                prompt,
+                outputs,
+                commit.sampling,
+                commit.priority,
+                reservations,
+            )
+        except MigrationError as exc:  # the data did not all arrive: the request cannot continue here
+            self.span.record_exception(exc)
+            for reservation in reservations:
+                agent.engine.release_reservation(reservation)
+            self.reservations.clear()
+            agent.spawn(agent.publish_failure(commit, str(exc)))
+            return
+        self.reservations.clear()
+        agent.deltas.open(
+            commit.request_id,
+            owner_epoch=commit.owner_epoch + 1,
+            stream=commit.stream,
+            prompt_token_ids=prompt,
+            sampling=commit.sampling,
+            priority=commit.priority,
+            output_token_ids=outputs,
+        )
+        agent.wake()
+
+    async def _claim(self, action: ClaimOutcome) -> None:
+        try:
+            committed = await self.manager.log.claim(action.outcome)
+        except Exception:  # the bus is unreachable: the machine claims again on its next deadline
+            return
+        self.feed(OutcomeClaimed(committed=committed))
+
+    def finished(self) -> None:
+        self.pending.clear()  # landed buffers: a finished machine is kept (for late messages), its data not
+        self.received.clear()
+        self.manager.destination_finished(self)

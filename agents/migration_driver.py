@@ -1,0 +1,126 @@
+"""Running one migration state machine: a queue of inputs, actions executed in order.
+
+:class:`MachineDriver` owns the pure state of one side of one migration
+(:mod:`scheduler.migration_fsm`) and feeds it inputs one at a time from a
+queue. Each input's actions are executed in order by the subclass
+(:mod:`agents.migration_source`, :mod:`agents.migration_dest`); an action that
+is answered synchronously (``Reserve``, ``WriteBlocks``) returns its answer,
+which is applied before the next queued input, as the protocol requires.
+Time is the wall clock (``time.time()``), so ``Commit.suspended_at`` and
+``CommitAck.resumed_at`` of two agents on one host compare directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from scheduler.config import MigrationConfig
+from scheduler.migration_fsm import Action, DestinationState, LocalEvent, SourceState, is_final, step
+from schemas.migration import MigrationMessage
+
+if TYPE_CHECKING:
+    from agents.migration import MigrationManager
+
+__all__ = ["MachineDriver"]
+
+log = logging.getLogger(__name__)
+
+Input = MigrationMessage | LocalEvent
+
+
+class MachineDriver:
+    """Feeds one machine; subclasses implement :meth:`execute`."""
+
+    def __init__(
+        self,
+        manager: MigrationManager,
+        state: SourceState | DestinationState,
+        config: MigrationConfig | None = None,
+    ) -> None:
+        self.manager = manager
+        self.config = manager.config if config is None else config
+        self.agent = manager.agent
+        self.state: SourceState | DestinationState = state
+        self.queue: asyncio.Queue[Input] = asyncio.Queue()
+        self.task: asyncio.Task[None] | None = None
+        self.helpers: set[asyncio.Task[Any]] = set()
+        self.history: list[str] = []  # phases passed through, for tests and logs
+
+    @property
+    def migration_id(self) -> str:
+        return self.state.migration_id
+
+    @property
+    def is_final(self) -> bool:
+        return is_final(self.state)
+
+    def start(self, actions: tuple[Action, ...]) -> None:
+        self.task = self.agent.spawn(self._run(actions))
+
+    def feed(self, event: Input) -> None:
+        """Queue an input; after the machine finished, late messages are still answered."""
+        if self.task is not None and not self.task.done():
+            self.queue.put_nowait(event)
+        elif self.is_final:
+            self.agent.spawn(self.apply(event))
+
+    def helper(self, coro: Any) -> asyncio.Task[Any]:
+        """A task working for this machine (a copy, a claim, a transfer waiter)."""
+        task = self.agent.spawn(coro)
+        self.helpers.add(task)
+        task.add_done_callback(self.helpers.discard)
+        return task
+
+    async def _run(self, actions: tuple[Action, ...]) -> None:
+        try:
+            await self.execute_all(actions)
+            while not self.is_final:
+                event = await self.queue.get()
+                await self.before_input(event)
+                await self.apply(event)
+        finally:
+            self.finished()
+
+    async def before_input(self, event: Input) -> None:
+        """Hook run before each queued input (the destination flushes landed transfers here)."""
+
+    async def apply(self, event: Input) -> None:
+        before = self.state.phase
+        state, actions = step(self.state, event, now=time.time(), config=self.config)
+        self.state = state
+        if state.phase != before:
+            self.history.append(str(state.phase))
+            log.debug(
+                "%s %s: %s -> %s on %s",
+                self.agent.instance_id,
+                self.migration_id,
+                before,
+                state.phase,
+                type(event).__name__,
+            )
+        await self.execute_all(actions)
+
+    async def execute_all(self, actions: tuple[Action, ...]) -> None:
+        answers: list[Input] = []
+        for action in actions:
+            answer = await self.execute(action)
+            if answer is not None:
+                answers.append(answer)
+        for answer in answers:
+            await self.apply(answer)
+
+    async def execute(self, action: Action) -> Input | None:
+        raise NotImplementedError
+
+    def finished(self) -> None:
+        """The machine reached a final phase (or its task ended)."""
+
+    def abandon(self) -> None:
+        """Stop everything at once, undoing nothing (the agent is being killed)."""
+        for task in list(self.helpers):
+            task.cancel()
+        if self.task is not None:
+            self.task.cancel()

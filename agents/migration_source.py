@@ -1,0 +1,347 @@
+"""The source side of a live migration: executing the source machine's actions.
+
+A :class:`SourceDriver` runs one :class:`~scheduler.migration_fsm.SourceState`
+machine for one request: it sends the handshake messages, copies each stage's
+blocks over the transport while the request keeps decoding, suspends the
+request between engine steps for the last stage, builds the ``Commit``, frees
+the request's blocks only on the destination's ``CommitAck`` (or the log's
+word), claims "aborted" in the log when the ack never comes, and resumes the
+request when anything goes wrong. It records one OpenTelemetry span for the
+migration and a child span per stage. The outcome is a :class:`MigrationOutcome`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import zlib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from opentelemetry import trace
+
+from agents.engine import InvalidRequestState, KVBuffer, MigrationError, UnknownRequest
+from agents.migration_driver import Input, MachineDriver
+from scheduler.config import MigrationConfig
+from scheduler.migration_fsm import (
+    Action,
+    CancelCopy,
+    ClaimOutcome,
+    CopyBlocks,
+    CopyDone,
+    CopyFailed,
+    FreeSourceBlocks,
+    OutcomeClaimed,
+    ReportFailed,
+    ReportMigrated,
+    RequestGone,
+    ResumeOnSource,
+    SendCommit,
+    SendToPeer,
+    SourceState,
+    Suspend,
+    Suspended,
+    start_source,
+)
+from schemas.migration import Commit, CommitAck
+from transport import TransferHeader
+
+if TYPE_CHECKING:
+    from agents.migration import MigrationManager
+
+__all__ = ["MigrationOutcome", "SourceDriver", "StageRecord", "reservation_tag"]
+
+#: Stages bigger than this are exported in a worker thread (the event loop stays responsive).
+_THREAD_EXPORT_BYTES = 1 << 20
+
+
+def reservation_tag(block_ids: tuple[int, ...]) -> str:
+    """The transport's reservation id for a stage: both sides derive it from the block ids."""
+    return f"{len(block_ids)}-{zlib.crc32(repr(block_ids).encode()) & 0xFFFFFFFF:08x}"
+
+
+@dataclass(frozen=True)
+class StageRecord:
+    stage: int
+    num_blocks: int
+    num_bytes: int
+    duration_s: float
+
+
+@dataclass
+class MigrationOutcome:
+    """How one migration ended, seen from the source."""
+
+    migration_id: str
+    request_id: str
+    destination_id: str
+    migrated: bool = False
+    reason: str = ""
+    stages: list[StageRecord] = field(default_factory=list)
+    started_at: float = 0.0
+    suspended_at: float | None = None
+    resumed_at: float | None = None
+    finished_at: float = 0.0
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stages)
+
+    @property
+    def downtime_s(self) -> float | None:
+        """Suspend (source clock) to resume (destination clock), if both are known."""
+        if self.suspended_at is None or self.resumed_at is None:
+            return None
+        return self.resumed_at - self.suspended_at
+
+
+class SourceDriver(MachineDriver):
+    """Executes a source machine's actions against the engine, the transport and the bus."""
+
+    state: SourceState
+
+    def __init__(
+        self,
+        manager: MigrationManager,
+        *,
+        migration_id: str,
+        request_id: str,
+        destination_id: str,
+        destination_address: str,
+        config: MigrationConfig | None = None,
+    ) -> None:
+        agent = manager.agent
+        config = manager.config if config is None else config
+        stats = agent.engine.request_stats(request_id)
+        if stats is None:
+            raise UnknownRequest(request_id)
+        num_full = stats.num_computed_tokens // agent.engine.info.block_size
+        state, actions = start_source(
+            migration_id=migration_id,
+            request_id=request_id,
+            source_id=agent.instance_id,
+            destination_id=destination_id,
+            num_full_blocks=num_full,
+            now=time.time(),
+            config=config,
+        )
+        super().__init__(manager, state, config)
+        self.request_id = request_id
+        self.destination_id = destination_id
+        self.destination_address = destination_address
+        self.outcome = MigrationOutcome(migration_id, request_id, destination_id, started_at=time.time())
+        self.done: asyncio.Future[MigrationOutcome] = asyncio.get_running_loop().create_future()
+        self.copies: dict[int, asyncio.Task[None]] = {}
+        self.written: dict[int, asyncio.Future[None]] = {}
+        self.awaiting_suspend = False
+        self.span = manager.tracer.start_span(
+            "migration",
+            attributes={
+                "shoal.migration.id": migration_id,
+                "shoal.request.id": request_id,
+                "shoal.migration.source": agent.instance_id,
+                "shoal.migration.destination": destination_id,
+                "shoal.migration.side": "source",
+            },
+        )
+        self._initial = actions
+
+    def begin(self) -> None:
+        self.start(self._initial)
+
+    # -- actions ----------------------------------------------------------------------
+
+    async def execute(self, action: Action) -> Input | None:
+        engine = self.agent.engine
+        if isinstance(action, SendToPeer):
+            await self.manager.send(self.destination_id, action.message, self.span)
+        elif isinstance(action, SendCommit):
+            await self.manager.send(self.destination_id, self._commit(), self.span)
+        elif isinstance(action, CopyBlocks):
+            self.copies[action.stage] = self.helper(self._copy(action))
+        elif isinstance(action, CancelCopy):
+            copy = self.copies.pop(action.stage, None)
+            if copy is not None:
+                copy.cancel()
+        elif isinstance(action, Suspend):
+            self._suspend()
+        elif isinstance(action, ResumeOnSource):
+            try:
+                engine.resume(self.request_id)
+            except (UnknownRequest, InvalidRequestState):
+                pass
+            self.awaiting_suspend = False
+            self.agent.wake()
+        elif isinstance(action, FreeSourceBlocks):
+            try:
+                engine.release_request(self.request_id)
+            except UnknownRequest:
+                pass
+            self.agent.forget_request(self.request_id)
+            self.agent.wake()
+        elif isinstance(action, ClaimOutcome):
+            self.helper(self._claim(action))
+        elif isinstance(action, ReportMigrated):
+            self._report(migrated=True, reason="")
+        elif isinstance(action, ReportFailed):
+            self._report(migrated=False, reason=action.reason)
+        return None
+
+    def _commit(self) -> Commit:
+        record = self.agent.request_record(self.request_id)
+        if record is None:
+            raise RuntimeError(f"request {self.request_id!r} vanished while suspended for its commit")
+        outputs = self.agent.engine.output_token_ids(self.request_id)
+        return Commit(
+            migration_id=self.migration_id,
+            request_id=self.request_id,
+            source_id=self.agent.instance_id,
+            destination_id=self.destination_id,
+            token_ids=(*record.prompt_token_ids, *outputs),
+            num_prompt_tokens=record.num_prompt_tokens,
+            owner_epoch=record.owner_epoch,
+            suspended_at=self.outcome.suspended_at or time.time(),
+            sampling=record.sampling,
+            priority=record.priority,
+            stream=record.stream,
+        )
+
+    def _suspend(self) -> None:
+        try:
+            self.agent.engine.suspend(self.request_id)
+        except UnknownRequest:
+            self.feed(RequestGone(reason="finished"))
+            return
+        except InvalidRequestState:
+            self.feed(RequestGone(reason="preempted"))
+            return
+        if self.agent.is_stepping:
+            self.awaiting_suspend = True  # applies once the step in flight completes
+        else:
+            self._report_suspended()
+
+    def on_step_done(self) -> None:
+        if self.awaiting_suspend:
+            self.awaiting_suspend = False
+            self._report_suspended()
+
+    def _report_suspended(self) -> None:
+        stats = self.agent.engine.request_stats(self.request_id)
+        if stats is None or not stats.status.holds_blocks:
+            self.feed(RequestGone(reason="finished" if stats is None else "preempted"))
+            return
+        self.outcome.suspended_at = time.time()
+        self.span.add_event("suspended", {"shoal.blocks": stats.num_blocks})
+        self.feed(Suspended(num_blocks=stats.num_blocks))
+
+    async def _copy(self, action: CopyBlocks) -> None:
+        engine = self.agent.engine
+        num_blocks = action.end_block - action.first_block
+        span = self.manager.tracer.start_span(
+            "migration.stage",
+            context=trace.set_span_in_context(self.span),
+            attributes={"shoal.migration.stage": action.stage, "shoal.migration.blocks": num_blocks},
+        )
+        started = time.perf_counter()
+        try:
+            delay = self.manager.agent.config.faults.copy_delay_s
+            if delay:
+                await asyncio.sleep(delay)
+            indices = list(range(action.first_block, action.end_block))
+            if num_blocks * engine.info.bytes_per_block > _THREAD_EXPORT_BYTES:
+                buffer: KVBuffer = await asyncio.to_thread(engine.export_blocks, self.request_id, indices)
+            else:
+                buffer = engine.export_blocks(self.request_id, indices)
+            payload = buffer.payload
+            header = TransferHeader(
+                migration_id=self.migration_id,
+                stage=action.stage,
+                nbytes=memoryview(payload).nbytes,
+                reservation_id=reservation_tag(action.destination_block_ids),
+            )
+            written = self._written_future(action.stage)
+            await self.agent.transport.send(
+                self.destination_address,
+                header,
+                payload,
+                timeout=self.config.copy_timeout_s,
+            )
+            remaining = self.config.copy_timeout_s - (time.perf_counter() - started)
+            await asyncio.wait_for(written, max(remaining, 0.001))
+        except asyncio.CancelledError:
+            span.set_attribute("shoal.migration.cancelled", True)
+            span.end()
+            raise
+        except Exception as exc:  # the engine or the transport refused: the stage failed
+            span.record_exception(exc)
+            span.end()
+            gone = isinstance(exc, UnknownRequest) or (
+                isinstance(exc, MigrationError) and not self._holds_blocks()
+            )
+            reason = "request finished or preempted" if gone else f"{type(exc).__name__}: {exc}"
+            self.feed(CopyFailed(stage=action.stage, reason=reason))
+            return
+        duration = time.perf_counter() - started
+        span.set_attribute("shoal.migration.bytes", buffer.nbytes)
+        span.set_attribute("shoal.migration.duration_ms", duration * 1e3)
+        span.end()
+        self.outcome.stages.append(StageRecord(action.stage, num_blocks, buffer.nbytes, duration))
+        stats = engine.request_stats(self.request_id)
+        full = 0 if stats is None else stats.num_computed_tokens // engine.info.block_size
+        self.feed(
+            CopyDone(stage=action.stage, num_full_blocks=full, num_bytes=buffer.nbytes, duration_s=duration)
+        )
+
+    def _written_future(self, stage: int) -> asyncio.Future[None]:
+        future = self.written.get(stage)
+        if future is None:
+            future = self.written[stage] = asyncio.get_running_loop().create_future()
+        return future
+
+    def on_written(self, stage: int) -> None:
+        """The destination wrote the stage into its blocks (``StageWritten``)."""
+        future = self._written_future(stage)
+        if not future.done():
+            future.set_result(None)
+
+    def _holds_blocks(self) -> bool:
+        stats = self.agent.engine.request_stats(self.request_id)
+        return stats is not None and stats.status.holds_blocks
+
+    async def _claim(self, action: ClaimOutcome) -> None:
+        try:
+            committed = await self.manager.log.claim(action.outcome)
+        except Exception:  # the bus is unreachable: the machine claims again on its next deadline
+            return
+        self.feed(OutcomeClaimed(committed=committed))
+
+    def on_commit_ack(self, ack: CommitAck) -> None:
+        self.outcome.resumed_at = ack.resumed_at
+
+    def _report(self, *, migrated: bool, reason: str) -> None:
+        outcome = self.outcome
+        outcome.migrated, outcome.reason, outcome.finished_at = migrated, reason, time.time()
+        span = self.span
+        span.set_attribute("shoal.migration.outcome", "migrated" if migrated else "aborted")
+        if reason:
+            span.set_attribute("shoal.migration.reason", reason)
+        span.set_attribute("shoal.migration.stages", outcome.num_stages)
+        span.set_attribute("shoal.migration.bytes", sum(s.num_bytes for s in outcome.stages))
+        if outcome.downtime_s is not None:
+            span.set_attribute("shoal.migration.downtime_ms", outcome.downtime_s * 1e3)
+        span.end()
+        if not self.done.done():
+            self.done.set_result(outcome)
+
+    def finished(self) -> None:
+        self.manager.source_finished(self)
+        if not self.done.done():  # cancelled before an outcome: report it as failed
+            self.outcome.reason = self.outcome.reason or "cancelled"
+            self.outcome.finished_at = time.time()
+            self.span.end()
+            self.done.set_result(self.outcome)
+
+    def abandon(self) -> None:
+        super().abandon()
+        for copy in self.copies.values():
+            copy.cancel()

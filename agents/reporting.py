@@ -1,0 +1,107 @@
+"""Load reports from engine stats: the agent's virtual usage and freeness, with their inputs.
+
+Pure: :func:`build_load_report` turns an :class:`~agents.engine.EngineStats`
+snapshot into a :class:`~schemas.LoadReport` using the shared policy functions
+(:func:`scheduler.policy.instance_freeness`, :func:`~scheduler.policy.group_running`),
+so the agent and the scheduler agree on every number. :func:`load_signature`
+is what "something changed" compares. No I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from agents.engine import EngineStats, RequestStatus
+from scheduler.config import PolicyConfig
+from scheduler.policy import (
+    RunningRequest,
+    blocks_for_tokens,
+    group_running,
+    instance_freeness,
+    virtual_usage,
+)
+from schemas import LoadReport
+
+__all__ = ["build_load_report", "load_signature", "running_requests"]
+
+
+def running_requests(stats: EngineStats) -> tuple[RunningRequest, ...]:
+    """Every request holding blocks (running or suspended), as the policy functions see it."""
+    return tuple(
+        RunningRequest(
+            priority=r.priority,
+            num_blocks=r.num_blocks,
+            request_id=r.request_id,
+            num_tokens=r.num_tokens,
+        )
+        for r in stats.requests
+        if r.status.holds_blocks
+    )
+
+
+def build_load_report(
+    stats: EngineStats,
+    *,
+    instance_id: str,
+    seq: int,
+    block_size: int,
+    num_accepted: int,
+    config: PolicyConfig,
+    terminating: bool = False,
+    num_migrating_out: int = 0,
+    num_migrating_in: int = 0,
+) -> LoadReport:
+    """The report of one engine snapshot; freeness counts reserved (migrating-in) blocks as used."""
+    running = running_requests(stats)
+    waiting_demand = sum(
+        blocks_for_tokens(r.num_tokens, block_size)
+        for r in stats.requests
+        if r.status is RequestStatus.WAITING or r.status is RequestStatus.PREEMPTED
+    )
+    usage = virtual_usage(
+        running,
+        stats.head_of_line_demand,
+        config=config,
+        terminating=terminating,
+        num_reserved_blocks=stats.num_reserved_blocks,
+    )
+    free = instance_freeness(
+        stats.num_total_blocks,
+        running,
+        stats.head_of_line_demand,
+        config=config,
+        terminating=terminating,
+        num_reserved_blocks=stats.num_reserved_blocks,
+    )
+    return LoadReport(
+        instance_id=instance_id,
+        seq=seq,
+        num_total_blocks=stats.num_total_blocks,
+        num_free_blocks=stats.num_free_blocks,
+        num_reserved_blocks=stats.num_reserved_blocks,
+        running=group_running(running),
+        head_of_line_demand=stats.head_of_line_demand,
+        num_waiting=stats.num_waiting,
+        batch_size=len(running),
+        freeness=free,
+        virtual_usage=usage,
+        num_accepted=num_accepted,
+        head_of_line_priority=stats.head_of_line_priority,
+        terminating=terminating,
+        num_migrating_out=num_migrating_out,
+        num_migrating_in=num_migrating_in,
+        waiting_demand=waiting_demand,
+    )
+
+
+def load_signature(report: LoadReport) -> tuple[object, ...]:
+    """The parts of a report whose change warrants a new report before the heartbeat is due."""
+    return (
+        report.num_free_blocks,
+        report.num_reserved_blocks,
+        report.running,
+        report.head_of_line_demand,
+        report.num_waiting,
+        report.num_accepted,
+        report.terminating,
+        report.num_migrating_out,
+        report.num_migrating_in,
+    )

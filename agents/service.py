@@ -1,0 +1,531 @@
+"""The agent: one engine, its step loop, its RPCs, its token deltas and load reports.
+
+:class:`Agent` is the shell around an :class:`~agents.engine.Engine`. Started
+(``await agent.start()``), it announces the instance (``InstanceJoined``), runs
+the engine step loop without ever waiting on the scheduler, publishes one
+:class:`~schemas.TokenDelta` per request per step on the request's token
+subject (keeping a short buffer for ``resend``), appends load reports (which
+are the liveness heartbeat), serves the RPCs of the contract (``generate``,
+``abort``, ``resend``, ``migrate_out``, ``stop_migration``, ``drain``) and
+hands migration messages to :class:`agents.migration.MigrationManager`.
+
+Not here: load-report arithmetic (:mod:`agents.reporting`), the delta buffer
+(:mod:`agents.deltas`), the migration shells (:mod:`agents.migration`,
+:mod:`agents.migration_source`, :mod:`agents.migration_dest`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+import msgspec
+from opentelemetry import trace
+
+from agents.config import AgentConfig
+from agents.deltas import DeltaBuffer, RequestTokens
+from agents.engine import Engine, RequestRejected, StepResult
+from agents.migration import MigrationManager, MigrationOutcome
+from agents.reporting import build_load_report, load_signature
+from bus import Bus, BusError, Service
+from scheduler.config import MigrationConfig
+from schemas import (
+    AbortReply,
+    AbortRequest,
+    Body,
+    Codec,
+    CommandReply,
+    Commit,
+    Drain,
+    GenerateReply,
+    GenerateRequest,
+    InstanceJoined,
+    InstanceLeft,
+    InstanceTerminating,
+    LoadReport,
+    MigrateOut,
+    ResendRequest,
+    RpcError,
+    StopMigration,
+    TokenDelta,
+)
+from transport import KVTransport, open_transport
+
+__all__ = ["Agent"]
+
+log = logging.getLogger(__name__)
+
+_REPLY_CACHE = 16_384
+
+
+class Agent:
+    """Drives one engine on the bus; see the module docstring.
+
+    ``bus`` must be connected; the agent never closes it except in :meth:`kill`.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        bus: Bus,
+        config: AgentConfig,
+        *,
+        tracer_provider: trace.TracerProvider | None = None,
+    ) -> None:
+        self.engine = engine
+        self.bus = bus
+        self.config = config
+        self.subjects = bus.config.subjects
+        self.codec = Codec(producer=config.instance_id)
+        self.deltas = DeltaBuffer(
+            steps_per_request=config.delta_buffer_steps, finished_limit=config.finished_buffers
+        )
+        self.num_accepted = 0
+        self.num_steps = 0
+        self.terminating = False
+        self._replies: OrderedDict[str, GenerateReply] = OrderedDict()
+        self._transport: KVTransport | None = None
+        self._services: list[Service] = []
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._work = asyncio.Event()
+        self._stopped = asyncio.Event()
+        self._stepping = False
+        self._report_seq = 0
+        self._last_signature: tuple[object, ...] | None = None
+        self._last_report_at = 0.0
+        self._epoch_seen = -1
+        self._started = False
+        self.step_listeners: list[Callable[[StepResult], None]] = []
+        self.migration = MigrationManager(self, tracer_provider=tracer_provider)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def instance_id(self) -> str:
+        return self.config.instance_id
+
+    @property
+    def transport(self) -> KVTransport:
+        if self._transport is None:
+            raise RuntimeError("agent not started")
+        return self._transport
+
+    @property
+    def is_stepping(self) -> bool:
+        """Whether an engine step is in flight (a suspend then applies after it)."""
+        return self._stepping
+
+    @property
+    def stopped(self) -> asyncio.Event:
+        """Set when the agent stops (after a drain completes, :meth:`stop` or :meth:`kill`)."""
+        return self._stopped
+
+    def joined_event(self) -> InstanceJoined:
+        info = self.engine.info
+        return InstanceJoined(
+            instance_id=self.instance_id,
+            num_blocks=info.num_blocks,
+            block_size=info.block_size,
+            model=info.model,
+            kv_layout=info.kv_layout,
+            transport_address=self.transport.address,
+            engine=info.engine,
+            max_batch_size=info.max_batch_size,
+            max_model_len=info.max_model_len,
+        )
+
+    async def start(self) -> None:
+        """Open the transport, announce the instance, serve RPCs and start the loops."""
+        if self._started:
+            raise RuntimeError("agent already started")
+        self._started = True
+        self._transport = await open_transport(self.config.transport)
+        await self.migration.start()
+        await self._append_instance_event(self.joined_event())
+        handlers: dict[str, Callable[[bytes, dict[str, str]], Awaitable[bytes]]] = {
+            "generate": self._serve_generate,
+            "abort": self._serve_abort,
+            "resend": self._serve_resend,
+            "migrate_out": self._serve_migrate_out,
+            "stop_migration": self._serve_stop_migration,
+            "drain": self._serve_drain,
+        }
+        for method, handler in sorted(handlers.items(), key=lambda item: item[0]):
+            self._services.append(
+                await self.bus.serve(self.subjects.rpc_agent(self.instance_id, method), handler)
+            )
+        self.spawn(self._step_loop())
+        self.spawn(self._report_loop())
+
+    async def stop(self) -> None:
+        """Stop cleanly: stop serving, end migrations, announce ``InstanceLeft``, close the transport."""
+        for service in self._services:
+            with contextlib.suppress(BusError):
+                await service.stop()
+        self._services.clear()
+        await self.migration.close()
+        await self._cancel_tasks()
+        with contextlib.suppress(BusError):
+            await self._append_instance_event(InstanceLeft(instance_id=self.instance_id))
+        if self._transport is not None:
+            await self._transport.close()
+        self._stopped.set()
+
+    async def kill(self) -> None:
+        """Die abruptly (tests): cancel everything, close the connection and transport, no goodbyes."""
+        self.migration.abandon()
+        await self._cancel_tasks()
+        for service in self._services:
+            with contextlib.suppress(Exception):
+                await service.stop()
+        self._services.clear()
+        with contextlib.suppress(Exception):
+            await self.bus.close()
+        if self._transport is not None:
+            with contextlib.suppress(Exception):
+                await self._transport.close()
+        self._stopped.set()
+
+    async def _cancel_tasks(self) -> None:
+        tasks = [t for t in self._tasks if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._tasks.clear()
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        """Run ``coro`` as one of the agent's tasks (cancelled on stop or kill; errors logged)."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("agent %s: task failed", self.instance_id, exc_info=task.exception())
+
+    async def _append_instance_event(self, event: Body) -> None:
+        await self.bus.append(
+            self.subjects.instance(self.instance_id), self.codec.encode(event, time=time.time())
+        )
+
+    def wake(self) -> None:
+        """New work for the step loop."""
+        self._work.set()
+
+    # ------------------------------------------------------------------ step loop
+
+    async def _step_loop(self) -> None:
+        engine = self.engine
+        while True:
+            if not engine.has_unfinished():
+                self._work.clear()
+                if self.terminating and self.migration.is_idle:
+                    self.spawn(self._finish_drain())
+                    return
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._work.wait(), self.config.tick_interval_s)
+                continue
+            self._stepping = True
+            try:
+                result = await engine.step_async()
+            finally:
+                self._stepping = False
+            self.num_steps += 1
+            await self._after_step(result)
+            if result.num_scheduled == 0:
+                self._work.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._work.wait(), self.config.idle_sleep_s)
+            else:
+                await asyncio.sleep(0)
+
+    async def _after_step(self, result: StepResult) -> None:
+        for output in result.outputs:
+            tokens = self.deltas.live(output.request_id)
+            if tokens is None:
+                continue  # moved away or aborted while the step ran
+            tokens.output_token_ids.extend(output.token_ids)
+            if tokens.stream:
+                delta = TokenDelta(
+                    request_id=output.request_id,
+                    instance_id=self.instance_id,
+                    owner_epoch=tokens.owner_epoch,
+                    first_index=output.first_index,
+                    token_ids=output.token_ids,
+                    finish_reason=output.finish_reason,
+                    num_prompt_tokens=tokens.num_prompt_tokens,
+                )
+                await self._publish_delta(delta)
+            elif output.finish_reason is not None:
+                await self._publish_delta(
+                    TokenDelta(
+                        request_id=output.request_id,
+                        instance_id=self.instance_id,
+                        owner_epoch=tokens.owner_epoch,
+                        first_index=0,
+                        token_ids=tuple(tokens.output_token_ids),
+                        finish_reason=output.finish_reason,
+                        num_prompt_tokens=tokens.num_prompt_tokens,
+                    )
+                )
+            if output.finish_reason is not None:
+                self._request_done(output.request_id)
+                self.migration.request_gone(output.request_id, "finished")
+        for request_id in result.preempted:
+            self.migration.request_gone(request_id, "preempted")
+        self.engine.take_events()
+        self.migration.step_done()
+        for listener in self.step_listeners:
+            listener(result)
+
+    async def _publish_delta(self, delta: TokenDelta) -> None:
+        self.deltas.record(delta)
+        try:
+            await self.bus.publish(
+                self.subjects.tok(delta.request_id), self.codec.encode(delta, time=time.time())
+            )
+        except BusError as exc:
+            log.warning(
+                "agent %s: publishing a delta of %s failed: %s", self.instance_id, delta.request_id, exc
+            )
+
+    def _request_done(self, request_id: str) -> None:
+        self.deltas.close(request_id)
+
+    async def publish_failure(self, commit: Commit, reason: str) -> None:
+        """A migrated request could not be admitted after the log gave it to us: end its stream."""
+        log.error("agent %s: migrated request %s lost: %s", self.instance_id, commit.request_id, reason)
+        await self._publish_delta(
+            TokenDelta(
+                request_id=commit.request_id,
+                instance_id=self.instance_id,
+                owner_epoch=commit.owner_epoch + 1,
+                first_index=len(commit.token_ids) - commit.num_prompt_tokens,
+                token_ids=(),
+                finish_reason="abort",
+                num_prompt_tokens=commit.num_prompt_tokens,
+            )
+        )
+
+    def request_record(self, request_id: str) -> RequestTokens | None:
+        """The agent's record of a live request (prompt, sampling, priority, epoch, tokens)."""
+        return self.deltas.live(request_id)
+
+    def forget_request(self, request_id: str) -> None:
+        """A request that moved away: stop publishing for it (its buffer stays for resends)."""
+        self._request_done(request_id)
+
+    # ------------------------------------------------------------------ reports
+
+    def load_report(self) -> LoadReport:
+        """The load report of the engine as it is now (also used by tests)."""
+        return build_load_report(
+            self.engine.stats(),
+            instance_id=self.instance_id,
+            seq=self._report_seq,
+            block_size=self.engine.info.block_size,
+            num_accepted=self.num_accepted,
+            config=self.config.policy,
+            terminating=self.terminating,
+            num_migrating_out=self.migration.num_outgoing,
+            num_migrating_in=self.migration.num_incoming,
+        )
+
+    async def _report_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        interval, heartbeat = self.config.report_interval_s, self.config.heartbeat_interval_s
+        while True:
+            report = self.load_report()
+            signature = load_signature(report)
+            now = loop.time()
+            if signature != self._last_signature or now - self._last_report_at >= heartbeat:
+                self._report_seq += 1
+                report = msgspec.structs.replace(report, seq=self._report_seq)
+                try:
+                    await self.bus.append(
+                        self.subjects.load(self.instance_id),
+                        self.codec.encode(report, time=time.time()),
+                        timeout=max(1.0, heartbeat),
+                    )
+                except BusError as exc:
+                    log.warning("agent %s: load report failed: %s", self.instance_id, exc)
+                else:
+                    self._last_signature = signature
+                    self._last_report_at = now
+            await asyncio.sleep(interval)
+
+    # ------------------------------------------------------------------ RPCs
+
+    def _reply(self, body: Body) -> bytes:
+        return self.codec.encode(body, time=time.time())
+
+    def _decode(self, data: bytes, expected: type) -> Any:
+        envelope = self.codec.decode_or_none(data)
+        if envelope is None or not isinstance(envelope.body, expected):
+            return None
+        return envelope.body
+
+    async def _serve_generate(self, data: bytes, headers: dict[str, str]) -> bytes:
+        request: GenerateRequest | None = self._decode(data, GenerateRequest)
+        if request is None:
+            return self._reply(RpcError(code="bad_request", message="expected a GenerateRequest"))
+        return self._reply(self.generate(request))
+
+    def generate(self, request: GenerateRequest) -> GenerateReply:
+        """Start a request (idempotent by request id); the reply says whether it was accepted."""
+        cached = self._replies.get(request.request_id)
+        if cached is not None:
+            return cached
+        if self.terminating:
+            return GenerateReply(
+                request_id=request.request_id,
+                instance_id=self.instance_id,
+                accepted=False,
+                num_accepted=self.num_accepted,
+                error="instance is terminating",
+            )
+        num_prompt = (
+            len(request.token_ids) if request.num_prompt_tokens is None else request.num_prompt_tokens
+        )
+        prompt = request.token_ids[:num_prompt]
+        outputs = request.token_ids[num_prompt:]
+        try:
+            added = self.engine.add_request(
+                request.request_id,
+                prompt,
+                request.sampling,
+                request.priority,
+                output_token_ids=outputs,
+            )
+        except RequestRejected as exc:
+            reply = GenerateReply(
+                request_id=request.request_id,
+                instance_id=self.instance_id,
+                accepted=False,
+                num_accepted=self.num_accepted,
+                error=str(exc),
+            )
+        else:
+            if added:
+                self.num_accepted += 1
+                self.deltas.open(
+                    request.request_id,
+                    owner_epoch=request.owner_epoch,
+                    stream=request.stream,
+                    prompt_token_ids=prompt,
+                    sampling=request.sampling,
+                    priority=request.priority,
+                    output_token_ids=outputs,
+                )
+                self.wake()
+            reply = GenerateReply(
+                request_id=request.request_id,
+                instance_id=self.instance_id,
+                accepted=True,
+                num_accepted=self.num_accepted,
+            )
+        self._replies[request.request_id] = reply
+        while len(self._replies) > _REPLY_CACHE:
+            self._replies.popitem(last=False)
+        return reply
+
+    async def _serve_abort(self, data: bytes, headers: dict[str, str]) -> bytes:
+        request: AbortRequest | None = self._decode(data, AbortRequest)
+        if request is None:
+            return self._reply(RpcError(code="bad_request", message="expected an AbortRequest"))
+        return self._reply(await self.abort(request.request_id))
+
+    async def abort(self, request_id: str) -> AbortReply:
+        """Abort a request here; publishes a final delta with ``finish_reason="abort"``."""
+        found = self.engine.abort(request_id)
+        tokens = self.deltas.live(request_id)
+        if found and tokens is not None:
+            await self._publish_delta(
+                TokenDelta(
+                    request_id=request_id,
+                    instance_id=self.instance_id,
+                    owner_epoch=tokens.owner_epoch,
+                    first_index=len(tokens.output_token_ids),
+                    token_ids=(),
+                    finish_reason="abort",
+                    num_prompt_tokens=tokens.num_prompt_tokens,
+                )
+            )
+            self._request_done(request_id)
+        if found:
+            self.migration.request_gone(request_id, "aborted")
+        return AbortReply(request_id=request_id, found=found)
+
+    async def _serve_resend(self, data: bytes, headers: dict[str, str]) -> bytes:
+        request: ResendRequest | None = self._decode(data, ResendRequest)
+        if request is None:
+            return self._reply(RpcError(code="bad_request", message="expected a ResendRequest"))
+        deltas = self.deltas.resend(request.request_id, request.from_index)
+        if deltas is None:
+            return self._reply(CommandReply(accepted=False, detail="unknown request"))
+        for delta in deltas:
+            await self.bus.publish(
+                self.subjects.tok(delta.request_id), self.codec.encode(delta, time=time.time())
+            )
+        return self._reply(CommandReply(accepted=True, detail=f"{len(deltas)} deltas"))
+
+    def _epoch_ok(self, epoch: int) -> bool:
+        if epoch < self._epoch_seen:
+            return False
+        self._epoch_seen = epoch
+        return True
+
+    async def _serve_migrate_out(self, data: bytes, headers: dict[str, str]) -> bytes:
+        command: MigrateOut | None = self._decode(data, MigrateOut)
+        if command is None:
+            return self._reply(RpcError(code="bad_request", message="expected a MigrateOut"))
+        if not self._epoch_ok(command.epoch):
+            return self._reply(CommandReply(accepted=False, detail="stale epoch"))
+        accepted, detail = await self.migration.command_migrate_out(command)
+        return self._reply(CommandReply(accepted=accepted, detail=detail))
+
+    async def _serve_stop_migration(self, data: bytes, headers: dict[str, str]) -> bytes:
+        command: StopMigration | None = self._decode(data, StopMigration)
+        if command is None:
+            return self._reply(RpcError(code="bad_request", message="expected a StopMigration"))
+        if not self._epoch_ok(command.epoch):
+            return self._reply(CommandReply(accepted=False, detail="stale epoch"))
+        stopped = self.migration.command_stop(command.destination_id)
+        return self._reply(CommandReply(accepted=True, detail="stopped" if stopped else "no such command"))
+
+    async def _serve_drain(self, data: bytes, headers: dict[str, str]) -> bytes:
+        command: Drain | None = self._decode(data, Drain)
+        if command is None:
+            return self._reply(RpcError(code="bad_request", message="expected a Drain"))
+        if not self._epoch_ok(command.epoch):
+            return self._reply(CommandReply(accepted=False, detail="stale epoch"))
+        await self.drain()
+        return self._reply(CommandReply(accepted=True, detail="terminating"))
+
+    async def drain(self, reason: str = "scale-down") -> None:
+        """Terminate: refuse new requests, report terminating, stop once every request has left."""
+        if self.terminating:
+            return
+        self.terminating = True
+        self._last_signature = None
+        await self._append_instance_event(InstanceTerminating(instance_id=self.instance_id, reason=reason))
+        self.wake()
+
+    async def _finish_drain(self) -> None:
+        await self.stop()
+
+    async def migrate(
+        self, request_id: str, destination_id: str, *, config: MigrationConfig | None = None
+    ) -> MigrationOutcome:
+        """Migrate one running request to ``destination_id`` now and wait for the outcome.
+
+        ``config`` overrides the agent's migration settings for this migration only.
+        """
+        return await self.migration.migrate(request_id, destination_id, config=config)

@@ -1,0 +1,107 @@
+"""Scheduler commands on a real nats-server: migrate out to a freeness target, stop, drain, stale epochs."""
+
+from __future__ import annotations
+
+import asyncio
+
+from agents.engines.sim import SimEngine, sim_token_id
+from schemas import (
+    CommandReply,
+    Drain,
+    GenerateRequest,
+    InstanceLeft,
+    InstanceTerminating,
+    LoadReport,
+    MigrateOut,
+    StopMigration,
+)
+from tests.agents.agent_cluster import AgentCluster, agent_cluster, fast_agent_config, greedy, sim_engine
+
+PROMPT = tuple(range(1, 41))
+
+
+async def _run(
+    cluster: AgentCluster, instance: str, request_id: str, priority: int = 0, max_tokens: int = 150
+) -> None:
+    request = GenerateRequest(
+        request_id=request_id, token_ids=PROMPT, sampling=greedy(max_tokens), priority=priority
+    )
+    assert (await cluster.generate(instance, request)).accepted
+
+
+async def test_migrate_out_moves_lowest_priority_until_the_target(nats_url: str) -> None:
+    async with agent_cluster(nats_url) as cluster:
+        a1 = await cluster.add(sim_engine(time_scale=4.0), fast_agent_config("a1"))
+        a2 = await cluster.add(sim_engine(time_scale=4.0), fast_agent_config("a2"))
+        await _run(cluster, "a1", "urgent", priority=0)
+        await _run(cluster, "a1", "normal", priority=1)
+        await _run(cluster, "a1", "lowest", priority=3)
+        await asyncio.sleep(0.05)
+        assert a1.load_report().freeness < 15
+        reply = await cluster.call(
+            "a1", "migrate_out", MigrateOut(epoch=1, destination_id="a2", target_freeness=15.0)
+        )
+        assert reply == CommandReply(accepted=True, detail="migrating")
+        async with asyncio.timeout(5):
+            while a1.migration.command is not None or not a1.migration.is_idle:
+                await asyncio.sleep(0.01)
+        on_a2 = {r.request_id for r in a2.engine.stats().requests}
+        on_a1 = {r.request_id for r in a1.engine.stats().requests}
+        assert on_a2 == {"lowest"} and on_a1 == {"urgent", "normal"}
+        stale = await cluster.call("a1", "stop_migration", StopMigration(epoch=0, destination_id="a2"))
+        assert stale == CommandReply(accepted=False, detail="stale epoch")
+        stopped = await cluster.call("a1", "stop_migration", StopMigration(epoch=1, destination_id="a2"))
+        assert stopped.accepted
+
+
+async def test_migration_needs_matching_model_and_kv_layout(nats_url: str) -> None:
+    async with agent_cluster(nats_url) as cluster:
+        a1 = await cluster.add(sim_engine(time_scale=4.0), fast_agent_config("a1"))
+        await cluster.add(SimEngine("llama-7b-a10", num_blocks=64), fast_agent_config("big"))
+        await _run(cluster, "a1", "r1")
+        reply = await cluster.call(
+            "a1", "migrate_out", MigrateOut(epoch=1, destination_id="big", target_freeness=99)
+        )
+        assert not reply.accepted and "incompatible" in reply.detail
+        outcome = await a1.migrate("r1", "big")
+        assert not outcome.migrated and "incompatible" in outcome.reason
+        unknown = await a1.migrate("r1", "nobody")
+        assert not unknown.migrated and "unknown destination" in unknown.reason
+
+
+async def test_drain_migrates_everything_away_then_leaves(nats_url: str) -> None:
+    async with agent_cluster(nats_url) as cluster:
+        a1 = await cluster.add(sim_engine(time_scale=4.0), fast_agent_config("a1"))
+        a2 = await cluster.add(sim_engine(time_scale=4.0), fast_agent_config("a2"))
+        watchers = {rid: await cluster.watch(rid) for rid in ("r1", "r2")}
+        await _run(cluster, "a1", "r1", max_tokens=200)
+        await _run(cluster, "a1", "r2", max_tokens=200)
+        reply = await cluster.call("a1", "drain", Drain(epoch=2))
+        assert reply.accepted
+        refused = await cluster.generate(
+            "a1", GenerateRequest(request_id="late", token_ids=(1, 2), sampling=greedy(4))
+        )
+        assert not refused.accepted and "terminating" in (refused.error or "")
+        await asyncio.sleep(0.15)
+        reports = [
+            env.body
+            for _, env in await cluster.stored(cluster.subjects.load("a1"), cluster.subjects.loads_stream)
+        ]
+        assert isinstance(reports[-1], LoadReport) and reports[-1].terminating
+        assert reports[-1].freeness == float("-inf")
+        move = await cluster.call(
+            "a1", "migrate_out", MigrateOut(epoch=2, destination_id="a2", target_freeness=10.0)
+        )
+        assert move.accepted
+        await asyncio.wait_for(a1.stopped.wait(), 10)
+        events = [env.body for _, env in await cluster.stored(cluster.subjects.instance("a1"))]
+        assert any(isinstance(e, InstanceTerminating) for e in events) and isinstance(
+            events[-1], InstanceLeft
+        )
+        for rid, watcher in watchers.items():
+            await watcher.wait_finished()
+            assert watcher.tokens() == [sim_token_id(rid, None, i, 1000, 0) for i in range(200)]
+            assert {d.owner_epoch for d in watcher.deltas} == {0, 1}
+            assert watcher.deltas[-1].instance_id == "a2", rid
+            await watcher.close()
+        assert not a2.engine.has_unfinished()

@@ -1,0 +1,68 @@
+"""Pure parts of the agent: load reports from engine stats, the delta buffer behind ``resend``."""
+
+from __future__ import annotations
+
+from agents.deltas import DeltaBuffer
+from agents.engines.sim import SimEngine
+from agents.reporting import build_load_report, load_signature
+from scheduler.config import PolicyConfig
+from scheduler.policy import InstanceLoad, load_freeness
+from schemas import InstanceJoined, SamplingParams, TokenDelta
+
+
+def test_agent_and_scheduler_agree_on_freeness() -> None:
+    engine = SimEngine("tiny-test", num_blocks=64)
+    engine.add_request("hi", list(range(1, 30)), SamplingParams(max_tokens=50), priority=-1)
+    engine.add_request("lo", list(range(1, 10)), SamplingParams(max_tokens=50), priority=2)
+    engine.add_request("queued", list(range(1, 241)), SamplingParams(max_tokens=5), priority=2)
+    for _ in range(3):
+        engine.step()
+    engine.reserve(5)
+    config = PolicyConfig()
+    report = build_load_report(
+        engine.stats(), instance_id="a", seq=1, block_size=4, num_accepted=3, config=config
+    )
+    assert report.batch_size == 2 and report.num_reserved_blocks == 5 and report.num_waiting == 1
+    assert report.head_of_line_demand == engine.stats().head_of_line_demand >= 60
+    assert report.waiting_demand == 60
+    info = engine.info
+    joined = InstanceJoined(
+        instance_id="a",
+        num_blocks=64,
+        block_size=4,
+        model=info.model,
+        kv_layout=info.kv_layout,
+        transport_address="tcp://x:1",
+    )
+    assert load_freeness(InstanceLoad.from_report(report, joined), config) == report.freeness
+    terminating = build_load_report(
+        engine.stats(), instance_id="a", seq=2, block_size=4, num_accepted=3, config=config, terminating=True
+    )
+    assert terminating.freeness == float("-inf")
+    assert load_signature(report) != load_signature(terminating)
+
+
+def _delta(first: int, tokens: tuple[int, ...], finish: str | None = None) -> TokenDelta:
+    return TokenDelta(
+        request_id="r",
+        instance_id="a",
+        owner_epoch=0,
+        first_index=first,
+        token_ids=tokens,
+        finish_reason=finish,
+    )
+
+
+def test_resend_trims_to_the_asked_index_and_survives_the_finish() -> None:
+    buffer = DeltaBuffer(steps_per_request=3, finished_limit=1)
+    buffer.open("r", owner_epoch=0, stream=True, prompt_token_ids=(1,), sampling=SamplingParams(), priority=0)
+    for delta in (_delta(0, (10,)), _delta(1, (11, 12)), _delta(3, (13,)), _delta(4, (14,), "length")):
+        buffer.record(delta)
+    assert buffer.resend("r", 2) == [_delta(2, (12,)), _delta(3, (13,)), _delta(4, (14,), "length")]
+    assert buffer.resend("r", 5) == [_delta(5, (), "length")]  # only the finish is left to say
+    assert buffer.resend("r", 0) == [_delta(1, (11, 12)), _delta(3, (13,)), _delta(4, (14,), "length")]
+    buffer.close("r")
+    assert buffer.live("r") is None and buffer.resend("r", 4) == [_delta(4, (14,), "length")]
+    buffer.open("s", owner_epoch=0, stream=True, prompt_token_ids=(1,), sampling=SamplingParams(), priority=0)
+    buffer.close("s")  # only one finished request is kept
+    assert buffer.resend("r", 0) is None and buffer.resend("unknown", 0) is None

@@ -1,0 +1,95 @@
+"""The agent on a real nats-server with the sim engine: announce, RPCs, token deltas, load reports."""
+
+from __future__ import annotations
+
+import asyncio
+
+from agents.engines.sim import sim_token_id
+from schemas import (
+    AbortReply,
+    AbortRequest,
+    CommandReply,
+    GenerateRequest,
+    InstanceJoined,
+    InstanceLeft,
+    LoadReport,
+    ResendRequest,
+)
+from tests.agents.agent_cluster import agent_cluster, fast_agent_config, greedy, sim_engine
+
+
+async def test_announces_streams_tokens_and_reports_load(nats_url: str) -> None:
+    async with agent_cluster(nats_url) as cluster:
+        agent = await cluster.add(sim_engine(time_scale=10.0), fast_agent_config("a1"))
+        joined = [env.body for _, env in await cluster.stored(cluster.subjects.instance("a1"))]
+        assert isinstance(joined[0], InstanceJoined)
+        assert joined[0].num_blocks == 64 and joined[0].block_size == 4
+        assert joined[0].transport_address == agent.transport.address
+        assert joined[0].model.model_id == "shoal/tiny-test"
+
+        watcher = await cluster.watch("r1")
+        request = GenerateRequest(request_id="r1", token_ids=(5, 6, 7), sampling=greedy(12, seed=3))
+        reply = await cluster.generate("a1", request)
+        assert reply.accepted and reply.num_accepted == 1
+        again = await cluster.generate("a1", request)  # idempotent: no second copy
+        assert again == reply
+        await watcher.wait_finished()
+        tokens = watcher.tokens()
+        assert tokens == [sim_token_id("r1", 3, i, 1000, 0) for i in range(12)]
+        assert watcher.deltas[-1].finish_reason == "length"
+        assert all(d.owner_epoch == 0 and d.instance_id == "a1" for d in watcher.deltas)
+        assert len(watcher.deltas) > 1  # one delta per step, not one in all
+        await asyncio.sleep(0.2)
+        assert agent.num_accepted == 1
+        stored = await cluster.stored(cluster.subjects.load("a1"), cluster.subjects.loads_stream)
+        reports = [env.body for _, env in stored]
+        assert reports and all(isinstance(r, LoadReport) for r in reports)
+        assert [r.seq for r in reports] == sorted(r.seq for r in reports)
+        assert any(r.batch_size == 1 for r in reports)  # it saw the request running
+        last = reports[-1]
+        assert last.num_accepted == 1 and last.num_free_blocks == 64 and last.freeness == 64.0
+
+        # resend re-publishes from an index
+        num_before = len(watcher.deltas)
+        resend = await cluster.call("a1", "resend", ResendRequest(request_id="r1", from_index=10))
+        assert isinstance(resend, CommandReply) and resend.accepted
+        await asyncio.sleep(0.1)
+        resent = watcher.deltas[num_before:]
+        assert resent and resent[-1].first_index + len(resent[-1].token_ids) == 12
+        assert resent[0].first_index == 10 and resent[0].token_ids[0] == tokens[10]
+        await watcher.close()
+
+        await agent.stop()
+        events = [env.body for _, env in await cluster.stored(cluster.subjects.instance("a1"))]
+        assert isinstance(events[-1], InstanceLeft)
+
+
+async def test_abort_and_rejection(nats_url: str) -> None:
+    async with agent_cluster(nats_url) as cluster:
+        await cluster.add(sim_engine(time_scale=5.0), fast_agent_config("a1"))
+        watcher = await cluster.watch("long")
+        reply = await cluster.generate(
+            "a1", GenerateRequest(request_id="long", token_ids=(1, 2), sampling=greedy(200))
+        )
+        assert reply.accepted
+        await asyncio.sleep(0.1)
+        answer = await cluster.call("a1", "abort", AbortRequest(request_id="long"))
+        assert answer == AbortReply(request_id="long", found=True)
+        await watcher.wait_finished()
+        assert watcher.deltas[-1].finish_reason == "abort"
+        assert len(watcher.tokens()) < 200
+        await watcher.close()
+        quiet = await cluster.watch("quiet")
+        request = GenerateRequest(request_id="quiet", token_ids=(9, 9), sampling=greedy(6), stream=False)
+        assert (await cluster.generate("a1", request)).accepted
+        await quiet.wait_finished()
+        assert len(quiet.deltas) == 1 and quiet.tokens() == [
+            sim_token_id("quiet", None, i, 1000, 0) for i in range(6)
+        ]
+        await quiet.close()
+        missing = await cluster.call("a1", "abort", AbortRequest(request_id="nope"))
+        assert missing == AbortReply(request_id="nope", found=False)
+        too_long = await cluster.generate(
+            "a1", GenerateRequest(request_id="big", token_ids=tuple(range(1, 400)), sampling=greedy(4))
+        )
+        assert not too_long.accepted and too_long.error
