@@ -88,7 +88,7 @@ class Agent:
         self.num_accepted = 0
         self.num_steps = 0
         self.terminating = False
-        self._replies: OrderedDict[str, GenerateReply] = OrderedDict()
+        self._replies: OrderedDict[tuple[str, int], GenerateReply] = OrderedDict()
         self._transport: KVTransport | None = None
         self._services: list[Service] = []
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -379,8 +379,14 @@ class Agent:
         return self._reply(self.generate(request))
 
     def generate(self, request: GenerateRequest) -> GenerateReply:
-        """Start a request (idempotent by request id); the reply says whether it was accepted."""
-        cached = self._replies.get(request.request_id)
+        """Start a request; the reply says whether it was accepted.
+
+        Idempotent by (request id, owner epoch): a retried generate gets the
+        first reply, while a rescue (the next owner epoch) of a request that
+        once ran here — and has since moved away — starts it again.
+        """
+        key = (request.request_id, request.owner_epoch)
+        cached = self._replies.get(key)
         if cached is not None:
             return cached
         if self.terminating:
@@ -431,7 +437,7 @@ class Agent:
                 accepted=True,
                 num_accepted=self.num_accepted,
             )
-        self._replies[request.request_id] = reply
+        self._replies[key] = reply
         while len(self._replies) > _REPLY_CACHE:
             self._replies.popitem(last=False)
         return reply
