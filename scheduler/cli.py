@@ -40,7 +40,7 @@ def policy_options(function: F) -> F:
             click.option(
                 "--policy",
                 type=click.Choice([p.value for p in DispatchPolicy]),
-                default="freeness",
+                default="freeness_after_admit",
                 show_default=True,
                 help="Dispatch policy.",
             ),
