@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 
 from transport.address import parse_inproc_name
-from transport.base import Payload, RejectReason, TransferHeader, TransportStats, WritableBuffer
+from transport.base import Payload, RejectReason, TransferHeader
 from transport.buffers import (
     Landing,
     checksum_of,
@@ -29,7 +29,7 @@ from transport.buffers import (
 )
 from transport.config import TransportConfig
 from transport.errors import PeerUnreachable, TransferRejected, TransportClosed, TransportError
-from transport.receiving import ExpectationTable, PendingTransfer
+from transport.receiving import ExpectationTable, TransportBase
 
 __all__ = ["InprocTransport"]
 
@@ -37,7 +37,7 @@ _registry: dict[str, InprocTransport] = {}
 _names = itertools.count(1)
 
 
-class InprocTransport:
+class InprocTransport(TransportBase):
     """A ``KVTransport`` whose peers live in the same process."""
 
     kind = "inproc"
@@ -68,13 +68,6 @@ class InprocTransport:
             del _registry[self._name]
         self._name = ""
         self._table.close()
-
-    async def __aenter__(self) -> InprocTransport:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
 
     async def send(
         self, address: str, header: TransferHeader, payload: Payload, *, timeout: float | None = None
@@ -109,23 +102,6 @@ class InprocTransport:
         refusal = self._table.land(admission, checksum=checksum)
         if refusal is not None:
             raise TransferRejected(refusal.value)
-
-    def expect(
-        self,
-        migration_id: str,
-        stage: int,
-        nbytes: int,
-        *,
-        reservation_id: str = "",
-        into: WritableBuffer | None = None,
-    ) -> PendingTransfer:
-        return self._table.expect(migration_id, stage, nbytes, reservation_id=reservation_id, into=into)
-
-    def cancel(self, migration_id: str) -> int:
-        return self._table.cancel(migration_id)
-
-    def stats(self) -> TransportStats:
-        return self._table.stats()
 
 
 def _copy_into(landing: Landing, payload: Any) -> None:

@@ -15,21 +15,27 @@ tombstones are bounded (the oldest are forgotten, and then read as
 
 Counters (transfers and bytes in and out, refusals by reason) live here too,
 so ``stats()`` reads the same for every transport.
+
+``TransportBase`` is what every transport class shares on top of the table
+(``expect``, ``cancel``, ``stats``, ``async with``), and ``serve_offer`` is the
+receive side of one offer in ``transport.wire``'s protocol (verdict, payload,
+landed), for the transports that speak it over a connection.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import Counter, OrderedDict
-from collections.abc import Generator
+from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 from transport.base import RejectReason, TransferHeader, TransportStats, WritableBuffer
 from transport.buffers import Landing
 from transport.errors import TransferCancelled, TransferTimeout, TransportClosed
+from transport.wire import PROTOCOL_VERSION, Control, Offer, landed_for, verdict_for
 
-__all__ = ["Admission", "ExpectationTable", "PendingTransfer"]
+__all__ = ["Admission", "ExpectationTable", "PendingTransfer", "TransportBase", "serve_offer"]
 
 TransferKey = tuple[str, int]
 
@@ -259,3 +265,67 @@ def _fail(future: asyncio.Future[Any], error: BaseException) -> None:
         return
     future.set_exception(error)
     future.exception()  # a dropped expectation need not be awaited: mark the error retrieved
+
+
+class TransportBase:
+    """The part of a ``KVTransport`` that is its expectation table; subclasses set ``_table``."""
+
+    _table: ExpectationTable
+
+    async def start(self) -> str:
+        raise NotImplementedError(f"{type(self).__name__} does not implement start")
+
+    async def close(self) -> None:
+        raise NotImplementedError(f"{type(self).__name__} does not implement close")
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    def expect(
+        self,
+        migration_id: str,
+        stage: int,
+        nbytes: int,
+        *,
+        reservation_id: str = "",
+        into: WritableBuffer | None = None,
+    ) -> PendingTransfer:
+        return self._table.expect(migration_id, stage, nbytes, reservation_id=reservation_id, into=into)
+
+    def cancel(self, migration_id: str) -> int:
+        return self._table.cancel(migration_id)
+
+    def stats(self) -> TransportStats:
+        return self._table.stats()
+
+
+async def serve_offer(
+    table: ExpectationTable,
+    offer: Offer,
+    reply: Callable[[Control], Awaitable[None]],
+    receive_payload: Callable[[Admission], Awaitable[int | None]],
+) -> None:
+    """The receive side of one offer: answer a verdict, take the payload, land it, answer ``Landed``.
+
+    An unsupported protocol version or a header the table refuses gets a refusing
+    verdict and nothing more. ``receive_payload`` writes the admitted bytes into
+    ``admission.landing`` and returns their checksum (None when not computed); if it
+    raises, the slot is released for a retry and the error propagates.
+    """
+    if offer.protocol != PROTOCOL_VERSION:
+        await reply(verdict_for(table.refuse(RejectReason.UNSUPPORTED_PROTOCOL)))
+        return
+    admission = table.admit(offer.header)
+    await reply(verdict_for(admission))
+    if isinstance(admission, RejectReason):
+        return
+    try:
+        checksum = await receive_payload(admission)
+    except BaseException:
+        table.release(admission)
+        raise
+    await reply(landed_for(table.land(admission, checksum=checksum)))

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from transport.address import format_address, parse_host_port
-from transport.base import Payload, RejectReason, TransferHeader, TransportStats, WritableBuffer
+from transport.base import Payload, TransferHeader
 from transport.buffers import checksum_of, host_readable, is_device_tensor, payload_nbytes
 from transport.config import TransportConfig
 from transport.errors import (
@@ -36,11 +36,10 @@ from transport.errors import (
     TransportClosed,
     TransportError,
 )
-from transport.receiving import ExpectationTable, PendingTransfer
+from transport.receiving import Admission, ExpectationTable, TransportBase, serve_offer
 from transport.wire import (
     CONTROL_SLOT_BYTES,
     FRAME_PREFIX,
-    PROTOCOL_VERSION,
     Control,
     Landed,
     Offer,
@@ -48,9 +47,7 @@ from transport.wire import (
     decode_control,
     expect_reply,
     frame_control,
-    landed_for,
     raise_if_refused,
-    verdict_for,
 )
 
 __all__ = ["TcpTransport"]
@@ -68,7 +65,7 @@ class _PeerPool:
     idle: list[socket.socket] = field(default_factory=list)
 
 
-class TcpTransport:
+class TcpTransport(TransportBase):
     """A ``KVTransport`` over TCP."""
 
     kind = "tcp"
@@ -131,31 +128,7 @@ class TcpTransport:
             pool.idle.clear()
         self._pools.clear()
 
-    async def __aenter__(self) -> TcpTransport:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
-
     # -- receive side ------------------------------------------------------------------
-
-    def expect(
-        self,
-        migration_id: str,
-        stage: int,
-        nbytes: int,
-        *,
-        reservation_id: str = "",
-        into: WritableBuffer | None = None,
-    ) -> PendingTransfer:
-        return self._table.expect(migration_id, stage, nbytes, reservation_id=reservation_id, into=into)
-
-    def cancel(self, migration_id: str) -> int:
-        return self._table.cancel(migration_id)
-
-    def stats(self) -> TransportStats:
-        return self._table.stats()
 
     async def _accept_loop(self, listener: socket.socket) -> None:
         loop = asyncio.get_running_loop()
@@ -189,24 +162,17 @@ class TcpTransport:
     ) -> None:
         if not isinstance(message, Offer):
             raise ProtocolViolation(f"expected an offer, got {type(message).__name__}")
-        if message.protocol != PROTOCOL_VERSION:
-            unsupported = self._table.refuse(RejectReason.UNSUPPORTED_PROTOCOL)
-            await loop.sock_sendall(conn, frame_control(verdict_for(unsupported)))
-            return
-        admission = self._table.admit(message.header)
-        await loop.sock_sendall(conn, frame_control(verdict_for(admission)))
-        if isinstance(admission, RejectReason):
-            return
-        target, finish = admission.landing.host_target()
-        try:
+
+        async def reply(control: Control) -> None:
+            await loop.sock_sendall(conn, frame_control(control))
+
+        async def receive_payload(admission: Admission) -> int | None:
+            target, finish = admission.landing.host_target()
             await _recv_exactly(loop, conn, target)
-        except BaseException:
-            self._table.release(admission)
-            raise
-        finish()
-        checksum = checksum_of(target) if message.header.checksum is not None else None
-        refusal = self._table.land(admission, checksum=checksum)
-        await loop.sock_sendall(conn, frame_control(landed_for(refusal)))
+            finish()
+            return checksum_of(target) if admission.header.checksum is not None else None
+
+        await serve_offer(self._table, message, reply, receive_payload)
 
     # -- send side -----------------------------------------------------------------------
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import logging
 from dataclasses import dataclass, field
@@ -48,7 +49,7 @@ from typing import Any
 import msgspec
 
 from transport.address import format_address, parse_host_port
-from transport.base import Payload, RejectReason, TransferHeader, TransportStats, WritableBuffer
+from transport.base import Payload, TransferHeader
 from transport.buffers import (
     checksum_of,
     device_readable,
@@ -66,20 +67,17 @@ from transport.errors import (
     TransportError,
     TransportUnavailable,
 )
-from transport.receiving import Admission, ExpectationTable, PendingTransfer
+from transport.receiving import Admission, ExpectationTable, TransportBase, serve_offer
 from transport.wire import (
     CONTROL_SLOT_BYTES,
-    PROTOCOL_VERSION,
     Control,
     Landed,
     Offer,
     Verdict,
     expect_reply,
     frame_control,
-    landed_for,
     raise_if_refused,
     unframe_control,
-    verdict_for,
 )
 
 __all__ = ["UcxTransport", "ucx_available"]
@@ -183,7 +181,7 @@ class _PeerPool:
     idle: list[Any] = field(default_factory=list)
 
 
-class UcxTransport:
+class UcxTransport(TransportBase):
     """A ``KVTransport`` over UCX."""
 
     kind = "ucx"
@@ -248,31 +246,7 @@ class UcxTransport:
         runtime, self._runtime = self._runtime, None
         _release_runtime(runtime)
 
-    async def __aenter__(self) -> UcxTransport:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
-
     # -- receive side ------------------------------------------------------------------
-
-    def expect(
-        self,
-        migration_id: str,
-        stage: int,
-        nbytes: int,
-        *,
-        reservation_id: str = "",
-        into: WritableBuffer | None = None,
-    ) -> PendingTransfer:
-        return self._table.expect(migration_id, stage, nbytes, reservation_id=reservation_id, into=into)
-
-    def cancel(self, migration_id: str) -> int:
-        return self._table.cancel(migration_id)
-
-    def stats(self) -> TransportStats:
-        return self._table.stats()
 
     async def _serve(self, endpoint: Any) -> None:
         """The listener's callback: serve transfers on one incoming endpoint until it closes."""
@@ -298,21 +272,8 @@ class UcxTransport:
                 await endpoint.close()
 
     async def _serve_one(self, endpoint: Any, offer: Offer) -> None:
-        if offer.protocol != PROTOCOL_VERSION:
-            unsupported = self._table.refuse(RejectReason.UNSUPPORTED_PROTOCOL)
-            await _send_control(endpoint, verdict_for(unsupported))
-            return
-        admission = self._table.admit(offer.header)
-        await _send_control(endpoint, verdict_for(admission))
-        if isinstance(admission, RejectReason):
-            return
-        try:
-            checksum = await self._receive_payload(endpoint, admission)
-        except BaseException:
-            self._table.release(admission)
-            raise
-        refusal = self._table.land(admission, checksum=checksum)
-        await _send_control(endpoint, landed_for(refusal))
+        reply = functools.partial(_send_control, endpoint)
+        await serve_offer(self._table, offer, reply, functools.partial(self._receive_payload, endpoint))
 
     async def _receive_payload(self, endpoint: Any, admission: Admission) -> int | None:
         landing = admission.landing

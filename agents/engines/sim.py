@@ -31,21 +31,19 @@ from __future__ import annotations
 import asyncio
 import zlib
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from agents.block_manager import Reservation
 from agents.engine import (
     EngineInfo,
-    EngineStats,
     KVBuffer,
     MigrationError,
     RequestOutput,
-    RequestStats,
-    SchedulerEvent,
     StepResult,
 )
 from agents.engines.profile import EngineProfile, TimingModel, load_profile
+from agents.engines.scheduled import ScheduledEngine
 from agents.local_scheduler import LocalScheduler, SchedulerConfig, SchedulerOutput
 from schemas import SamplingParams
 
@@ -89,7 +87,7 @@ def _block_fingerprint(request_id: str, block_index: int) -> int:
     return _mix64((zlib.crc32(request_id.encode()) << 20) ^ block_index)
 
 
-class SimEngine:
+class SimEngine(ScheduledEngine):
     """An :class:`~agents.engine.Engine` with a timing model. See the module docstring."""
 
     def __init__(
@@ -137,24 +135,7 @@ class SimEngine:
         self._imported: dict[int, int] = {}  # reserved block id -> fingerprint written into it
         self._token_keys: dict[str, int] = {}  # request id -> token hash key, while it runs here
 
-    @property
-    def info(self) -> EngineInfo:
-        return self._info
-
     # ------------------------------------------------------------ serving
-
-    def add_request(
-        self,
-        request_id: str,
-        prompt_token_ids: Sequence[int],
-        sampling: SamplingParams,
-        priority: int = 0,
-        *,
-        output_token_ids: Sequence[int] = (),
-    ) -> bool:
-        return self.scheduler.add_request(
-            request_id, prompt_token_ids, sampling, priority, output_token_ids=output_token_ids
-        )
 
     def step(self) -> StepResult:
         plan = self.scheduler.schedule()
@@ -184,28 +165,6 @@ class SimEngine:
             await asyncio.sleep(duration)
         outputs = self.scheduler.update_from_output(plan, self._sample(plan))
         return self._result(plan, outputs)
-
-    async def run_until_idle(
-        self,
-        on_result: Callable[[StepResult], None] | None = None,
-        *,
-        idle_sleep_s: float = 0.001,
-        max_steps: int | None = None,
-    ) -> int:
-        """Step in real time until no request is left; returns the number of steps.
-
-        When nothing can be scheduled (only suspended requests, or the queue
-        waits for reserved blocks) it sleeps ``idle_sleep_s`` instead of spinning.
-        """
-        steps = 0
-        while self.has_unfinished() and (max_steps is None or steps < max_steps):
-            result = await self.step_async()
-            steps += 1
-            if on_result is not None:
-                on_result(result)
-            if result.num_scheduled == 0:
-                await asyncio.sleep(idle_sleep_s)
-        return steps
 
     def modeled_duration_s(self, plan: SchedulerOutput) -> float:
         """The profile's time for a planned step, times ``time_scale``."""
@@ -242,25 +201,9 @@ class SimEngine:
             preempted=tuple(plan.preempted),
         )
 
-    def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
-
     def abort(self, request_id: str) -> bool:
         self._token_keys.pop(request_id, None)
         return self.scheduler.abort(request_id)
-
-    def stats(self) -> EngineStats:
-        return self.scheduler.stats()
-
-    def request_stats(self, request_id: str) -> RequestStats | None:
-        request = self.scheduler.get(request_id)
-        return None if request is None else self.scheduler.request_stats(request)
-
-    def output_token_ids(self, request_id: str) -> tuple[int, ...]:
-        return self.scheduler.request(request_id).output_token_ids
-
-    def take_events(self) -> list[SchedulerEvent]:
-        return self.scheduler.take_events()
 
     # ---------------------------------------------------------- migration
 
@@ -274,23 +217,13 @@ class SimEngine:
         num_blocks = len(block_indices)
         return KVBuffer(num_blocks, num_blocks * self._info.bytes_per_block, payload)
 
-    def reserve(self, num_blocks: int) -> Reservation:
-        return self.scheduler.reserve(num_blocks)
+    def _payload_problem(self, buffer: KVBuffer) -> str | None:
+        if len(buffer.payload) != _FINGERPRINT_BYTES * buffer.num_blocks:
+            return "not a sim KV buffer (payload size does not match)"
+        return None
 
     def import_blocks(self, block_ids: Sequence[int], buffer: KVBuffer) -> None:
-        if buffer.num_blocks != len(block_ids):
-            raise MigrationError(f"buffer holds {buffer.num_blocks} blocks, {len(block_ids)} block ids given")
-        if buffer.nbytes != buffer.num_blocks * self._info.bytes_per_block:
-            raise MigrationError(
-                f"buffer of {buffer.nbytes} bytes for {buffer.num_blocks} blocks of "
-                f"{self._info.bytes_per_block} bytes: KV layouts differ"
-            )
-        if len(buffer.payload) != _FINGERPRINT_BYTES * buffer.num_blocks:
-            raise MigrationError("not a sim KV buffer (payload size does not match)")
-        blocks = self.scheduler.blocks
-        not_reserved = [b for b in block_ids if blocks.reservation_of(b) is None]
-        if not_reserved:
-            raise MigrationError(f"blocks {not_reserved[:5]} are not reserved; reserve before importing")
+        self._check_import(block_ids, buffer)
         fingerprints = array("Q")
         fingerprints.frombytes(bytes(buffer.payload))
         for block_id, fingerprint in zip(block_ids, fingerprints, strict=True):
@@ -336,9 +269,3 @@ class SimEngine:
         for block_id in reservation.block_ids:
             self._imported.pop(block_id, None)
         return self.scheduler.release_reservation(reservation.reservation_id)
-
-    def suspend(self, request_id: str) -> None:
-        self.scheduler.suspend(request_id)
-
-    def resume(self, request_id: str) -> None:
-        self.scheduler.resume(request_id)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import msgspec
@@ -33,10 +33,10 @@ from agents.engine import (
     RejectionEvent,
     RejectReason,
     RequestRejected,
-    RequestStats,
     SchedulerEvent,
     StepResult,
 )
+from agents.engines.scheduled import ScheduledEngine
 from agents.engines.torch_engine.config import ModelConfig
 from agents.engines.torch_engine.kv_cache import KVPoolShape, PagedKVPool, buffer_from_bytes, buffer_to_bytes
 from agents.engines.torch_engine.loader import LoadedModel, load_model
@@ -81,7 +81,7 @@ class TorchEngineConfig:
             raise ValueError("give num_blocks or kv_cache_bytes, not both")
 
 
-class TorchEngine:
+class TorchEngine(ScheduledEngine):
     """The built-in engine; see the module docstring. Build with ``TorchEngine("tiny", num_blocks=64)``."""
 
     def __init__(self, config: TorchEngineConfig | str = "tiny", **overrides: object) -> None:
@@ -150,10 +150,6 @@ class TorchEngine:
         self._in_step = False
         self._deferred: list[tuple[str, str]] = []  # (action, request_id) that arrived mid-step
 
-    @property
-    def info(self) -> EngineInfo:
-        return self._info
-
     # ------------------------------------------------------------ serving
 
     def _engine_sampling(self, request_id: str, sampling: SamplingParams) -> SamplingParams:
@@ -203,24 +199,6 @@ class TorchEngine:
         finally:
             self._in_step = False
         return self._complete(plan, sampled, started)
-
-    async def run_until_idle(
-        self,
-        on_result: Callable[[StepResult], None] | None = None,
-        *,
-        idle_sleep_s: float = 0.001,
-        max_steps: int | None = None,
-    ) -> int:
-        """Step in real time until no request is left; returns the number of steps (as ``SimEngine``)."""
-        steps = 0
-        while self.has_unfinished() and (max_steps is None or steps < max_steps):
-            result = await self.step_async()
-            steps += 1
-            if on_result is not None:
-                on_result(result)
-            if result.num_scheduled == 0:
-                await asyncio.sleep(idle_sleep_s)
-        return steps
 
     def _scheduled(self, plan: SchedulerOutput) -> list[Request]:
         return [prefill.request for prefill in plan.prefills] + plan.decodes
@@ -289,9 +267,6 @@ class TorchEngine:
                 self.scheduler.release_request(request_id)
         return dropped
 
-    def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
-
     def abort(self, request_id: str) -> bool:
         if self._in_step:
             if request_id not in self.scheduler or ("abort", request_id) in self._deferred:
@@ -303,13 +278,6 @@ class TorchEngine:
     def stats(self) -> EngineStats:
         stats = self.scheduler.stats()
         return dataclasses.replace(stats, num_rejections=stats.num_rejections + self._num_rejections)
-
-    def request_stats(self, request_id: str) -> RequestStats | None:
-        request = self.scheduler.get(request_id)
-        return None if request is None else self.scheduler.request_stats(request)
-
-    def output_token_ids(self, request_id: str) -> tuple[int, ...]:
-        return self.scheduler.request(request_id).output_token_ids
 
     def take_events(self) -> list[SchedulerEvent]:
         events = [*self._events, *self.scheduler.take_events()]
@@ -332,27 +300,14 @@ class TorchEngine:
         payload = buffer_to_bytes(buffer)
         return KVBuffer(len(block_indices), payload.nbytes, payload)
 
-    def reserve(self, num_blocks: int) -> Reservation:
-        return self.scheduler.reserve(num_blocks)
+    def _payload_problem(self, buffer: KVBuffer) -> str | None:
+        if memoryview(buffer.payload).nbytes != buffer.nbytes:
+            return "the buffer carries no KV data (a sim buffer?); cannot import it"
+        return None
 
     def import_blocks(self, block_ids: Sequence[int], buffer: KVBuffer) -> None:
         """One scatter of a format-v1 buffer into reserved blocks."""
-        bytes_per_block = self._info.bytes_per_block
-        if buffer.num_blocks != len(block_ids):
-            raise MigrationError(f"buffer holds {buffer.num_blocks} blocks, {len(block_ids)} block ids given")
-        if buffer.nbytes != buffer.num_blocks * bytes_per_block:
-            raise MigrationError(
-                f"buffer of {buffer.nbytes} bytes for {buffer.num_blocks} blocks of {bytes_per_block} bytes: "
-                "KV layouts differ"
-            )
-        if memoryview(buffer.payload).nbytes != buffer.nbytes:
-            raise MigrationError("the buffer carries no KV data (a sim buffer?); cannot import it")
-        blocks = self.scheduler.blocks
-        not_reserved = [
-            b for b in block_ids if not 0 <= b < blocks.num_total_blocks or blocks.reservation_of(b) is None
-        ]
-        if not_reserved:
-            raise MigrationError(f"blocks {not_reserved[:5]} are not reserved; reserve before importing")
+        self._check_import(block_ids, buffer)
         self.pool.import_(list(block_ids), buffer_from_bytes(buffer.payload, self.pool.shape))
 
     def admit_migrated(
@@ -384,13 +339,4 @@ class TorchEngine:
                 self._deferred.append(("release", request_id))
             return len(request.block_ids)
         return self.scheduler.release_request(request_id)
-
-    def release_reservation(self, reservation: Reservation) -> int:
-        return self.scheduler.release_reservation(reservation.reservation_id)
-
-    def suspend(self, request_id: str) -> None:
-        self.scheduler.suspend(request_id)
-
-    def resume(self, request_id: str) -> None:
-        self.scheduler.resume(request_id)
 
