@@ -18,6 +18,13 @@ order; :func:`replay_policy_log` feeds such a log (the simulator's own, or one
 rebuilt from a live recorded run) through a fresh layer and returns the
 decisions it makes, which must equal the recorded ones.
 
+:func:`replay_recorded_log` drives layers from a live scheduler's recorded
+streams at the fold points the log records (see :mod:`scheduler.recompute`):
+a base layer folds each segment (events, then load reports) as the scheduler
+did; each decision is made by a fork of it that has folded the scheduler's own
+events not yet folded at that point (the overlay), through
+:meth:`PolicyLayer.dispatch` and :meth:`PolicyLayer.pair`.
+
 No engine, no clock of its own: time is passed in. Positions are assigned
 here, one counter per stream (``loads`` for load reports, ``events`` for
 everything else, gapless).
@@ -43,6 +50,7 @@ from scheduler.policy import (
     make_dispatcher,
     pair_instances,
 )
+from scheduler.recompute import Cursor, fold_point_of, scheduler_epoch
 from schemas.decisions import Dispatched, Paired, ScaleDown, ScaleUp, Unpaired
 from schemas.envelope import Body
 from schemas.load import LoadReport
@@ -55,8 +63,10 @@ __all__ = [
     "PairCall",
     "PolicyLayer",
     "PolicyLog",
+    "ReplayedDecision",
     "ScaleCall",
     "replay_policy_log",
+    "replay_recorded_log",
 ]
 
 EVENTS_STREAM = "events"
@@ -124,6 +134,14 @@ class PolicyLayer:
         self._seq = {EVENTS_STREAM: 0, LOADS_STREAM: 0}
         self._views: list[InstanceLoad] | None = None
         self._views_of: ClusterState | None = None
+
+    def fork(self) -> PolicyLayer:
+        """A layer at this one's state and positions (no log), to decide on a branch of it."""
+        branch = PolicyLayer(self.config, epoch=self.epoch)
+        branch.state = self.state
+        branch._seq = dict(self._seq)
+        branch._scaling = self._scaling
+        return branch
 
     # ---------------------------------------------------------------- inputs
 
@@ -223,3 +241,117 @@ def replay_policy_log(entries: Sequence[LogEntry], config: PolicyConfig, *, epoc
         else:
             layer.scale(entry.now)
     return log
+
+
+RecordedDecision = Dispatched | Paired | Unpaired
+
+
+class ReplayedDecision(msgspec.Struct, frozen=True, kw_only=True):
+    """A decision of a recorded live run and the layer's decision in its place.
+
+    ``seq`` is the recorded event's sequence (0 with ``recorded`` None: the
+    layer's pairing round planned a decision the scheduler did not record).
+    """
+
+    seq: int
+    recorded: RecordedDecision | None
+    recomputed: RecordedDecision | None
+
+    @property
+    def matches(self) -> bool:
+        return self.recorded == self.recomputed
+
+
+def _check_gapless(stream: str, seqs: Sequence[int]) -> None:
+    if list(seqs) != list(range(1, len(seqs) + 1)):
+        raise ValueError(
+            f"the recorded {stream} stream must be complete from sequence 1 (the layer numbers it)"
+        )
+
+
+def replay_recorded_log(
+    events: Sequence[tuple[int, Body]],
+    loads: Sequence[tuple[int, LoadReport]],
+    config: PolicyConfig,
+) -> list[ReplayedDecision]:
+    """Recompute every ``Dispatched``, ``Paired`` and ``Unpaired`` of a live run's log with layers.
+
+    ``events`` and ``loads`` are the two streams' decoded entries (sequence,
+    body), each complete from sequence 1. The base layer folds, at each fold
+    point a ``Dispatched`` or ``SchedulerTick`` records, the events up to its
+    events sequence and then the reports up to its loads sequence. A decision
+    is made by a fork of the base that has folded the overlay: the scheduler's
+    own events of the same epoch after the fold point's events sequence (its
+    own decisions as the layer made them, the others as recorded). A dispatch
+    is :meth:`PolicyLayer.dispatch` (the event completed with the fold point
+    and the request's exclusions, as the scheduler records it); the first
+    pairing decision of a round runs :meth:`PolicyLayer.pair` and the
+    following recorded ones are compared with the rest of its plan. Older
+    epochs' events after a newer one are stale and skipped, as the fold does.
+    """
+    _check_gapless("events", [seq for seq, _ in events])
+    _check_gapless("loads", [seq for seq, _ in loads])
+    base = PolicyLayer(config)
+    cursor = Cursor(0, 0)
+    folded_events = 0
+    folded_loads = 0
+    control_epoch = 0
+    own: list[tuple[int, int, Body]] = []  # (seq, epoch, body as folded in the overlay)
+    decider: PolicyLayer | None = None
+    planned: list[Unpaired | Paired] = []
+    out: list[ReplayedDecision] = []
+
+    def unrecorded_plan() -> None:
+        out.extend(ReplayedDecision(seq=0, recorded=None, recomputed=event) for event in planned)
+        planned.clear()
+
+    for seq, body in events:
+        epoch = scheduler_epoch(body)
+        if epoch is None or epoch < control_epoch:
+            continue
+        control_epoch = epoch
+        if not isinstance(body, Paired | Unpaired):
+            unrecorded_plan()
+        point = fold_point_of(body)
+        if decider is None or (point is not None and point != cursor):
+            if point is not None:
+                cursor = Cursor(
+                    max(point.events_seq, cursor.events_seq), max(point.loads_seq, cursor.loads_seq)
+                )
+            base.fold(b for _, b in events[folded_events:cursor.events_seq])
+            base.fold(b for _, b in loads[folded_loads:cursor.loads_seq])
+            folded_events, folded_loads = cursor.events_seq, cursor.loads_seq
+            own = [item for item in own if item[0] > cursor.events_seq]
+            decider = base.fork()
+            decider.fold(b for _, e, b in own if e == epoch)
+        decider.epoch = epoch
+        made: Body = body
+        if isinstance(body, Dispatched):
+            request = PendingRequest(
+                request_id=body.request_id, num_prompt_tokens=body.num_prompt_tokens,
+                priority=body.priority, exclude=body.exclude,
+            )
+            decision = decider.dispatch(request)
+            recomputed = None if decision is None else msgspec.structs.replace(
+                decision.to_event(epoch), events_seq=body.events_seq, loads_seq=body.loads_seq,
+                exclude=body.exclude,
+            )
+            out.append(ReplayedDecision(seq=seq, recorded=body, recomputed=recomputed))
+            made = recomputed if recomputed is not None else body
+            if recomputed is None:
+                decider.fold((body,))
+        elif isinstance(body, Paired | Unpaired):
+            if not planned:
+                plan = decider.pair()
+                planned.extend(u.to_event(epoch) for u in plan.unpaired)
+                planned.extend(p.to_event(epoch) for p in plan.paired)
+            first = planned.pop(0) if planned else None
+            out.append(ReplayedDecision(seq=seq, recorded=body, recomputed=first))
+            made = first if first is not None else body
+            if first is None:
+                decider.fold((body,))
+        else:
+            decider.fold((body,))
+        own.append((seq, epoch, made))
+    unrecorded_plan()
+    return out
