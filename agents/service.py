@@ -4,10 +4,12 @@
 (``await agent.start()``), it announces the instance (``InstanceJoined``), runs
 the engine step loop without ever waiting on the scheduler, publishes one
 :class:`~schemas.TokenDelta` per request per step on the request's token
-subject (keeping a short buffer for ``resend``), appends load reports (which
-are the liveness heartbeat), serves the RPCs of the contract (``generate``,
-``abort``, ``resend``, ``migrate_out``, ``stop_migration``, ``drain``) and
-hands migration messages to :class:`agents.migration.MigrationManager`.
+subject (keeping a short buffer for ``resend``; a step's deltas go out while
+the next step computes, all bookkeeping still happening between steps),
+appends load reports (which are the liveness heartbeat), serves the RPCs of
+the contract (``generate``, ``abort``, ``resend``, ``migrate_out``,
+``stop_migration``, ``drain``) and hands migration messages to
+:class:`agents.migration.MigrationManager`.
 
 Not here: load-report arithmetic (:mod:`agents.reporting`), the delta buffer
 (:mod:`agents.deltas`), the migration shells (:mod:`agents.migration`,
@@ -95,6 +97,7 @@ class Agent:
         self._work = asyncio.Event()
         self._stopped = asyncio.Event()
         self._stepping = False
+        self._unpublished: list[TokenDelta] = []
         self._report_seq = 0
         self._last_signature: tuple[object, ...] | None = None
         self._last_report_at = 0.0
@@ -170,6 +173,7 @@ class Agent:
         self._services.clear()
         await self.migration.close()
         await self._cancel_tasks()
+        await self._flush_deltas()
         with contextlib.suppress(BusError):
             await self._append_instance_event(InstanceLeft(instance_id=self.instance_id))
         if self._transport is not None:
@@ -225,6 +229,7 @@ class Agent:
         engine = self.engine
         while True:
             if not engine.has_unfinished():
+                await self._flush_deltas()
                 self._work.clear()
                 if self.terminating and self.migration.is_idle:
                     self.spawn(self._finish_drain())
@@ -234,19 +239,34 @@ class Agent:
                 continue
             self._stepping = True
             try:
-                result = await engine.step_async()
+                result = await self._step_publishing(engine)
             finally:
                 self._stepping = False
             self.num_steps += 1
-            await self._after_step(result)
+            self._after_step(result)
             if result.num_scheduled == 0:
+                await self._flush_deltas()
                 self._work.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._work.wait(), self.config.idle_sleep_s)
             else:
                 await asyncio.sleep(0)
 
-    async def _after_step(self, result: StepResult) -> None:
+    async def _step_publishing(self, engine: Engine) -> StepResult:
+        """One engine step; the previous step's deltas go out while it computes (off the serial path)."""
+        if not self._unpublished:
+            return await engine.step_async()
+        step = asyncio.ensure_future(engine.step_async())
+        try:
+            await asyncio.sleep(0)  # the step plans and hands its computation to its thread
+            await self._flush_deltas()
+            return await step
+        except BaseException:
+            step.cancel()
+            raise
+
+    def _after_step(self, result: StepResult) -> None:
+        """Book a completed step's tokens and queue its deltas (sent by :meth:`_flush_deltas`)."""
         for output in result.outputs:
             tokens = self.deltas.live(output.request_id)
             if tokens is None:
@@ -262,9 +282,9 @@ class Agent:
                     finish_reason=output.finish_reason,
                     num_prompt_tokens=tokens.num_prompt_tokens,
                 )
-                await self._publish_delta(delta)
+                self._queue_delta(delta)
             elif output.finish_reason is not None:
-                await self._publish_delta(
+                self._queue_delta(
                     TokenDelta(
                         request_id=output.request_id,
                         instance_id=self.instance_id,
@@ -285,8 +305,23 @@ class Agent:
         for listener in self.step_listeners:
             listener(result)
 
-    async def _publish_delta(self, delta: TokenDelta) -> None:
+    def _queue_delta(self, delta: TokenDelta) -> None:
         self.deltas.record(delta)
+        self._unpublished.append(delta)
+
+    async def _flush_deltas(self) -> None:
+        """Publish the queued deltas, oldest first."""
+        while self._unpublished:
+            queued, self._unpublished = self._unpublished, []
+            for delta in queued:
+                await self._send_delta(delta)
+
+    async def _publish_delta(self, delta: TokenDelta) -> None:
+        """Publish one delta now, after those still queued (a request's deltas stay in order)."""
+        self._queue_delta(delta)
+        await self._flush_deltas()
+
+    async def _send_delta(self, delta: TokenDelta) -> None:
         try:
             await self.bus.publish(
                 self.subjects.tok(delta.request_id), self.codec.encode(delta, time=time.time())

@@ -6,7 +6,9 @@ only text that no longer ends in U+FFFD, so a multi-byte character split
 across tokens is held back until its last byte arrives and is never emitted
 half (the scheme vLLM uses, with ``prefix_offset`` / ``read_offset``). A
 window that still ends in U+FFFD after :data:`MAX_HELD_TOKENS` tokens is
-truly invalid output (a random model's bytes) and is emitted as decoded.
+truly invalid output (a random model's bytes) and is emitted as decoded. Only
+tokens that carry text count towards that limit: special tokens (skipped in
+the text) between the bytes of one character do not force it out half.
 
 :class:`StopStringMatcher` finds stop strings in the emitted text: it holds
 back the longest tail that could still begin a stop string, cuts the text
@@ -55,6 +57,10 @@ class IncrementalDetokenizer:
     def _decode(self, ids: Sequence[int]) -> str:
         return self._tokenizer.decode(ids, skip_special_tokens=self._skip)
 
+    def _num_text_tokens(self, ids: Sequence[int]) -> int:
+        """How many of ``ids`` carry text (a skipped special token decodes to nothing)."""
+        return sum(1 for token_id in ids if self._decode([token_id]))
+
     def push(self, token_ids: Sequence[int]) -> str:
         """Add tokens; return the new text that is safe to show (possibly "")."""
         if not token_ids:
@@ -73,14 +79,17 @@ class IncrementalDetokenizer:
         full_text = self._decode(self._ids[self._prefix_offset :])
         end = len(self._ids)
         if not final and (len(full_text) <= len(prefix_text) or full_text.endswith(_REPLACEMENT)):
-            if end - self._read_offset < MAX_HELD_TOKENS:
+            if self._num_text_tokens(self._ids[self._read_offset : end]) < MAX_HELD_TOKENS:
                 return ""
-            # Held too long: release what is complete, keep a possibly unfinished character's tokens.
-            for keep in range(1, 4):
-                candidate = self._decode(self._ids[self._prefix_offset : end - keep])
-                if end - keep > self._read_offset and not candidate.endswith(_REPLACEMENT):
-                    full_text, end = candidate, end - keep
+            # Held too long: release what is complete, keep a possibly unfinished character's
+            # tokens (at most 3 that carry text, with any special tokens among them).
+            for keep in range(1, end - self._read_offset):
+                if self._num_text_tokens(self._ids[end - keep : end]) > 3:
                     break  # otherwise: truly invalid bytes, released as U+FFFD
+                candidate = self._decode(self._ids[self._prefix_offset : end - keep])
+                if not candidate.endswith(_REPLACEMENT):
+                    full_text, end = candidate, end - keep
+                    break
         delta = full_text[len(prefix_text) :] if full_text.startswith(prefix_text) else full_text
         self._prefix_offset = max(self._read_offset, end - _CONTEXT_TOKENS)
         self._read_offset = end
