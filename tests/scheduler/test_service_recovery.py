@@ -193,7 +193,18 @@ async def test_kill_9_under_load_then_standby_then_restart_recover_exactly(nats_
             await load(270, 30)
             await asyncio.wait_for(asyncio.gather(*tasks), 60)
             await asyncio.wait_for(standby_task, 10)
-            await asyncio.sleep(4.0)  # in-flight migrations end through their own timeouts
+            # In-flight migrations end through their own timeouts: wait (bounded) until every
+            # agent is idle with all of its blocks back, then check it.
+            deadline = time.monotonic() + 30.0
+            while time.monotonic() < deadline:
+                if all(
+                    a.engine.stats().num_free_blocks == a.engine.stats().num_total_blocks
+                    and a.engine.stats().num_reserved_blocks == 0
+                    for a in agents
+                ):
+                    break
+                await asyncio.sleep(0.25)
+            await asyncio.sleep(1.0)  # let the last outcomes reach the log
 
             assert stats["finished"] == 300  # no request lost (some bypassed while no scheduler answered)
             for agent in agents:
