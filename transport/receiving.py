@@ -32,7 +32,7 @@ from typing import Any, Self
 
 from transport.base import RejectReason, TransferHeader, TransportStats, WritableBuffer
 from transport.buffers import Landing
-from transport.errors import TransferCancelled, TransferTimeout, TransportClosed
+from transport.errors import TransferCancelled, TransferRejected, TransferTimeout, TransportClosed
 from transport.wire import PROTOCOL_VERSION, Control, Offer, landed_for, verdict_for
 
 __all__ = ["Admission", "ExpectationTable", "PendingTransfer", "TransportBase", "serve_offer"]
@@ -301,6 +301,20 @@ class TransportBase:
 
     def stats(self) -> TransportStats:
         return self._table.stats()
+
+    async def _send_counted(
+        self, address: str, size: int, limit: float, transfer: Awaitable[None]
+    ) -> None:
+        """Run one send under its time limit and count it: sent, or refused by the receiver."""
+        try:
+            async with asyncio.timeout(limit):
+                await transfer
+        except TimeoutError as exc:
+            raise TransferTimeout(f"sending {size} bytes to {address} took over {limit}s") from exc
+        except TransferRejected:
+            self._table.count_send_rejected()
+            raise
+        self._table.count_sent(size)
 
 
 async def serve_offer(

@@ -31,8 +31,6 @@ from transport.config import TransportConfig
 from transport.errors import (
     PeerUnreachable,
     ProtocolViolation,
-    TransferRejected,
-    TransferTimeout,
     TransportClosed,
     TransportError,
 )
@@ -189,15 +187,7 @@ class TcpTransport(TransportBase):
         if self._config.checksum and header.checksum is None and not is_device_tensor(payload):
             header = msgspec.structs.replace(header, checksum=checksum_of(view))
         limit = self._config.send_timeout_s if timeout is None else timeout
-        try:
-            async with asyncio.timeout(limit):
-                await self._send_pooled(peer, header, view)
-        except TimeoutError as exc:
-            raise TransferTimeout(f"sending {size} bytes to {address} took over {limit}s") from exc
-        except TransferRejected:
-            self._table.count_send_rejected()
-            raise
-        self._table.count_sent(size)
+        await self._send_counted(address, size, limit, self._send_pooled(peer, header, view))
 
     async def _send_pooled(self, peer: tuple[str, int], header: TransferHeader, view: memoryview) -> None:
         pool = self._pools.get(peer)

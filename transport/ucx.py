@@ -61,8 +61,6 @@ from transport.config import TransportConfig
 from transport.errors import (
     PeerUnreachable,
     ProtocolViolation,
-    TransferRejected,
-    TransferTimeout,
     TransportClosed,
     TransportError,
     TransportUnavailable,
@@ -308,15 +306,7 @@ class UcxTransport(TransportBase):
             if self._config.checksum and header.checksum is None:
                 header = msgspec.structs.replace(header, checksum=checksum_of(buffer))
         limit = self._config.send_timeout_s if timeout is None else timeout
-        try:
-            async with asyncio.timeout(limit):
-                await self._send_pooled(peer, header, buffer)
-        except TimeoutError as exc:
-            raise TransferTimeout(f"sending {size} bytes to {address} took over {limit}s") from exc
-        except TransferRejected:
-            self._table.count_send_rejected()
-            raise
-        self._table.count_sent(size)
+        await self._send_counted(address, size, limit, self._send_pooled(peer, header, buffer))
 
     async def _send_pooled(self, peer: tuple[str, int], header: TransferHeader, buffer: Any) -> None:
         pool = self._pools.get(peer)
