@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 from agents.agent import Agent, AgentConfig
 from agents.engine import StepResult
-from bus import BusConfig, JetStreamBus
+from bus import BusConfig, JetStreamBus, event_loop
 from schemas import SamplingParams, Subjects
 
 __all__ = ["AgentThread", "StepSample", "admit_filled", "drop_everything"]
@@ -64,7 +64,7 @@ class AgentThread:
         ready.result(timeout=300)
 
     def _main(self, ready: Future[None]) -> None:
-        loop = asyncio.new_event_loop()
+        loop = (event_loop.loop_factory() or asyncio.new_event_loop)()
         self._loop = loop
         asyncio.set_event_loop(loop)
         try:

@@ -42,6 +42,8 @@ from typing import Any
 
 import click
 
+from bus import event_loop
+
 __all__ = ["bench_migration", "run_benchmark"]
 
 _PATH = click.Path(dir_okay=False, path_type=Path)
@@ -352,7 +354,7 @@ def run_benchmark(
             finally:
                 await bus.close()
 
-        asyncio.run(main())
+        event_loop.run(main())
     finally:
         source.stop()
         destination.stop()

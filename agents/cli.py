@@ -21,6 +21,8 @@ from typing import Any
 
 import click
 
+from bus import event_loop
+
 __all__ = ["agent", "build_engine"]
 
 log = logging.getLogger(__name__)
@@ -109,7 +111,7 @@ def agent(**options: Any) -> None:
         import torch
 
         torch.set_num_threads(options["threads"])
-    asyncio.run(_run(options))
+    event_loop.run(_run(options))
 
 
 async def _run(options: dict[str, Any]) -> None:

@@ -30,6 +30,7 @@ from rich.console import Console
 from rich.table import Table
 
 import schemas
+from bus import event_loop
 from bus.jetstream import JetStreamBus
 from bus.protocol import BusConfig, StreamConfig
 from bus.server import EmbeddedNats
@@ -223,7 +224,7 @@ def bench_bus(
         server = EmbeddedNats().start()
         nats_url = server.url
     try:
-        result = asyncio.run(
+        result = event_loop.run(
             run_bench(nats_url, count=count, payload_bytes=payload_bytes, in_flight=in_flight, repeat=repeat)
         )
     finally:

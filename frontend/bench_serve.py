@@ -35,6 +35,8 @@ from typing import Any
 
 import click
 
+from bus import event_loop
+
 __all__ = ["bench_serve", "run_direct", "run_through_shoal"]
 
 
@@ -188,7 +190,9 @@ def run_through_shoal(
             for round_index in range(rounds):
                 before = {name: _cpu_seconds(pid) for name, pid in pids.items()}
                 offset = 1000 * (n + 1) + 100 * round_index
-                result = asyncio.run(_drive(http_url, preset, concurrency, prompt_tokens, max_tokens, offset))
+                result = event_loop.run(
+                    _drive(http_url, preset, concurrency, prompt_tokens, max_tokens, offset)
+                )
                 for name, pid in pids.items():  # CPU ms per 1000 output tokens, warm-up request included
                     result[f"{name}_cpu_ms_per_ktok"] = (
                         1e6 * (_cpu_seconds(pid) - before[name]) / max(result["tokens"], 1.0)

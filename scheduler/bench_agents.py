@@ -20,7 +20,7 @@ from pathlib import Path
 from agents.agent import Agent, AgentConfig
 from agents.engine import StepResult
 from agents.engines.sim import SimEngine
-from bus import BusConfig, JetStreamBus
+from bus import BusConfig, JetStreamBus, event_loop
 from schemas import Subjects
 
 __all__ = ["LagSimEngine", "main"]
@@ -33,7 +33,7 @@ class LagSimEngine(SimEngine):
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.lags: list[tuple[float, float]] = []
 
-    async def step_async(self) -> StepResult:
+    async def step_async(self, *, exclusive: bool = False) -> StepResult:
         plan, duration = self.begin_step()
         scheduled_end = time.perf_counter() + duration
         if duration > 0:
@@ -74,7 +74,7 @@ def main() -> None:
     parser.add_argument("--profile", default="llama-7b-a10")
     parser.add_argument("--num-blocks", type=int, default=None)
     args = parser.parse_args()
-    asyncio.run(
+    event_loop.run(
         run_agents(args.nats, args.prefix, args.ids.split(","), args.lag_out, args.profile, args.num_blocks)
     )
 

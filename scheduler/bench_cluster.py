@@ -43,7 +43,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from bus import BusConfig, JetStreamBus
+from bus import BusConfig, JetStreamBus, event_loop
 from bus.errors import BusError
 from bus.server import EmbeddedNats
 from scheduler.service import SENT_HEADER
@@ -301,9 +301,9 @@ def bench_cluster(
         )
         if nats_url is None:
             with EmbeddedNats(store_dir=Path(work) / "nats") as server:
-                rows = asyncio.run(run_cluster_bench(server.url, **kwargs))
+                rows = event_loop.run(run_cluster_bench(server.url, **kwargs))
         else:
-            rows = asyncio.run(run_cluster_bench(nats_url, **kwargs))
+            rows = event_loop.run(run_cluster_bench(nats_url, **kwargs))
     table = Table(
         title=f"{instances} sim instances, prompt {PROMPT_TOKENS}/output {OUTPUT_TOKENS}, "
         "no per-token streaming (one message per finished request)"

@@ -26,7 +26,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from bus import BusConfig, JetStreamBus
+from bus import BusConfig, JetStreamBus, event_loop
 from bus.errors import BusError
 from bus.protocol import StreamConfig
 from bus.server import EmbeddedNats
@@ -237,9 +237,9 @@ def bench_recovery(sizes: tuple[int, ...], nats_url: str | None, json_path: Path
 
     if nats_url is None:
         with tempfile.TemporaryDirectory() as store, EmbeddedNats(store_dir=Path(store)) as server:
-            rows = asyncio.run(run(server.url))
+            rows = event_loop.run(run(server.url))
     else:
-        rows = asyncio.run(run(nats_url))
+        rows = event_loop.run(run(nats_url))
     table = Table(title="scheduler recovery: start to first dispatch")
     for column in ("events", "load reports", "snapshot", "recovery s"):
         table.add_column(column)

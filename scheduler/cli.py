@@ -22,7 +22,7 @@ from typing import Any
 import click
 import msgspec
 
-from bus import BusConfig, JetStreamBus, StreamConfig
+from bus import BusConfig, JetStreamBus, StreamConfig, event_loop
 from scheduler.config import DispatchPolicy, PairingConfig, PolicyConfig, ScalingConfig
 from scheduler.instances import InstanceManager, LocalProcessManager
 from scheduler.service import SchedulerConfig, SchedulerService, default_scheduler_id
@@ -173,7 +173,7 @@ def scheduler(**options: Any) -> None:
         name="shoal-scheduler",
         streams=StreamConfig(loads_max_msgs_per_subject=options["loads_per_instance"]),
     )
-    asyncio.run(run_scheduler(bus_config, config, manager, stats_file=options["stats_file"]))
+    event_loop.run(run_scheduler(bus_config, config, manager, stats_file=options["stats_file"]))
 
 
 async def run_scheduler(

@@ -13,7 +13,6 @@ for scripts.
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import json
 import math
@@ -25,7 +24,7 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
-from bus import BusConfig, JetStreamBus
+from bus import BusConfig, JetStreamBus, event_loop
 from scheduler.cli import policy_from_options, policy_options
 from scheduler.cluster_state import live_loads
 from scheduler.config import DispatchPolicy
@@ -264,7 +263,7 @@ def replay(**o: Any) -> None:
         log = (
             load_log(o["path"])
             if o["path"]
-            else asyncio.run(_read_live(o["nats_url"], o["prefix"], None, None))
+            else event_loop.run(_read_live(o["nats_url"], o["prefix"], None, None))
         )
         data = result_as_dict(replay_log(log, options), options, o["limit"])
         if o["as_json"]:
@@ -294,6 +293,6 @@ def events() -> None:
 @click.option("--until", default=None, help="Only entries stored at or before.")
 def export(nats_url: str, prefix: str, path: Path, since: str | None, until: str | None) -> None:
     """Write the events and loads streams (or a time window of them) to a file for ``shoal replay --file``."""
-    log = asyncio.run(_read_live(nats_url, prefix, _parse_time(since), _parse_time(until)))
+    log = event_loop.run(_read_live(nats_url, prefix, _parse_time(since), _parse_time(until)))
     count = write_log(path, log)
     click.echo(f"wrote {count} entries ({len(log.events)} events, {len(log.loads)} load reports) to {path}")

@@ -14,12 +14,12 @@ The migration benchmark calls it; ``python -m transport.bench`` prints a table
 
 from __future__ import annotations
 
-import asyncio
 import statistics
 import time
 
 import msgspec
 
+from bus import event_loop
 from transport.base import KVTransport, TransferHeader
 from transport.config import TransportConfig
 from transport.factory import create_transport
@@ -122,4 +122,4 @@ async def _main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(_main())
+    event_loop.run(_main())
