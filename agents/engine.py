@@ -306,8 +306,12 @@ class Engine(Protocol):
         """Run one iteration synchronously (the sim: no sleeping; the duration is modeled)."""
         ...
 
-    async def step_async(self) -> StepResult:
-        """Run one iteration in real time (the sim sleeps its modeled duration)."""
+    async def step_async(self, *, exclusive: bool = False) -> StepResult:
+        """Run one iteration in real time (the sim sleeps its modeled duration).
+
+        ``exclusive``: nothing else needs the caller's event loop during this step, so an
+        engine may compute a short step on the calling thread instead of handing it off.
+        """
         ...
 
     def has_unfinished(self) -> bool: ...

@@ -4,8 +4,8 @@
 (``await agent.start()``), it announces the instance (``InstanceJoined``), runs
 the engine step loop without ever waiting on the scheduler, publishes one
 :class:`~schemas.TokenDelta` per request per step on the request's token
-subject (keeping a short buffer for ``resend``; a step's deltas go out while
-the next step computes, all bookkeeping still happening between steps),
+subject (keeping a short buffer for ``resend``; a step's deltas go out just
+before the next step starts),
 appends load reports (which are the liveness heartbeat), serves the RPCs of
 the contract (``generate``, ``abort``, ``resend``, ``migrate_out``,
 ``stop_migration``, ``drain``) and hands migration messages to
@@ -253,17 +253,17 @@ class Agent:
                 await asyncio.sleep(0)
 
     async def _step_publishing(self, engine: Engine) -> StepResult:
-        """One engine step; the previous step's deltas go out while it computes (off the serial path)."""
-        if not self._unpublished:
-            return await engine.step_async()
-        step = asyncio.ensure_future(engine.step_async())
-        try:
-            await asyncio.sleep(0)  # the step plans and hands its computation to its thread
+        """One engine step, once the previous step's deltas are on the wire.
+
+        The deltas go out first, not while the step computes: on CPU the forward
+        pass needs the GIL between kernels, so publishing alongside it only slows
+        it down. The step may compute on this thread (``exclusive``) unless a
+        migration needs the loop meanwhile for its handshake and KV transfers.
+        """
+        if self._unpublished:
             await self._flush_deltas()
-            return await step
-        except BaseException:
-            step.cancel()
-            raise
+            await asyncio.sleep(0)  # the NATS client's flusher writes them to the socket now
+        return await engine.step_async(exclusive=self.migration.is_idle)
 
     def _after_step(self, result: StepResult) -> None:
         """Book a completed step's tokens and queue its deltas (sent by :meth:`_flush_deltas`)."""

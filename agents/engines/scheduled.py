@@ -56,7 +56,7 @@ class ScheduledEngine:
             request_id, prompt_token_ids, sampling, priority, output_token_ids=output_token_ids
         )
 
-    async def step_async(self) -> StepResult:
+    async def step_async(self, *, exclusive: bool = False) -> StepResult:
         raise NotImplementedError(f"{type(self).__name__} does not implement step_async")
 
     async def run_until_idle(

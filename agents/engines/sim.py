@@ -158,7 +158,7 @@ class SimEngine(ScheduledEngine):
         outputs = self.scheduler.update_from_output(plan, self._sample(plan))
         return self._result(plan, outputs, duration_s)
 
-    async def step_async(self) -> StepResult:
+    async def step_async(self, *, exclusive: bool = False) -> StepResult:
         plan = self.scheduler.schedule()
         duration = self.modeled_duration_s(plan)
         if duration > 0:

@@ -229,3 +229,38 @@ async def test_abort_during_an_async_step_drops_the_request_and_frees_its_blocks
     assert engine.stats().num_free_blocks == 16 - 2
     assert await engine.run_until_idle() == GREEDY.max_tokens - 1
     assert engine.stats().num_free_blocks == 16
+
+
+async def test_exclusive_steps_compute_inline_when_short_and_in_a_thread_otherwise() -> None:
+    """A short step of an exclusive caller runs on its loop (no hand-off); others leave the loop free."""
+    engine = TorchEngine("tiny", num_blocks=32, inline_step_max_s=1.0)
+    reference = TorchEngine("tiny", num_blocks=32)
+    for e in (engine, reference):
+        e.add_request("a", _prompt(20), GREEDY)
+        e.add_request("b", _prompt(20, 1), GREEDY)
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    async def step(**kwargs: bool) -> tuple[list[tuple[str, tuple[int, ...]]], bool]:
+        """The step's outputs, and whether other coroutines ran while it computed."""
+        nonlocal ticks
+        ticks = 0
+        result = await engine.step_async(**kwargs)
+        return [(o.request_id, o.token_ids) for o in result.outputs], ticks > 0
+
+    task = asyncio.create_task(ticker())
+    await asyncio.sleep(0)
+    try:
+        first, loop_ran_first = await step(exclusive=True)  # nothing measured yet: a thread
+        second, loop_ran_second = await step(exclusive=True)  # a short decode step: inline
+        third, loop_ran_third = await step()  # not exclusive: always a thread
+    finally:
+        task.cancel()
+    assert (loop_ran_first, loop_ran_second, loop_ran_third) == (True, False, True)
+    expected = [[(o.request_id, o.token_ids) for o in reference.step().outputs] for _ in range(3)]
+    assert [first, second, third] == expected  # the same tokens whichever way a step ran
