@@ -339,12 +339,12 @@ class JetStreamBus:
         await self._settle(nc)
 
         async def close() -> None:
+            # no round trip: what the server still sends is dropped by the closed feed
             self._subscriptions.discard(subscription)
             try:
                 await nats_sub.unsubscribe()
             except nats.errors.Error:
                 pass
-            await self._settle(nc)
 
         subscription = CoreSubscription(subject, closer=close, max_buffered=self._config.subscription_buffer)
         self._subscriptions.add(subscription)
