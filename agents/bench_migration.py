@@ -369,7 +369,9 @@ def run_benchmark(
             "transport": transport,
             "torch_threads_per_agent": 1,
             "agents": "two agents in one process, each on its own thread, event loop, NATS connection and "
-            "transport; engine steps and KV export/import run in worker threads",
+            "transport; KV export/import and the steps of an agent with a migration in flight run in "
+            "worker threads (other steps inline)",
+            "event_loop": event_loop.loop_name(),
             "background_requests_per_instance": background,
             "repeats": repeats,
             "recompute_repeats_from_long": {"from_seq_len": long_from, "repeats": recompute_long_repeats},

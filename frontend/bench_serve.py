@@ -254,7 +254,7 @@ def bench_serve(preset: str, concurrencies: tuple[int, ...], prompt_tokens: int,
         click.echo(f"{c:>8} {results[str(c)]['direct_cpu_ms_per_1k_tokens']:>9.0f} | "
                    + ", ".join(f"{name} {value:.0f}" for name, value in cpu.items()))
     meta = {"preset": preset, "prompt_tokens": prompt_tokens, "max_tokens": max_tokens, "threads": threads,
-            "rounds": rounds, "load_average": os.getloadavg(),
+            "rounds": rounds, "load_average": os.getloadavg(), "event_loop": event_loop.loop_name(),
             "cpus": os.cpu_count(), "median_ratio": statistics.median(r["ratio"] for r in results.values())}
     if json_path is not None:
         json_path.write_text(json.dumps({"meta": meta, "results": results}, indent=2))

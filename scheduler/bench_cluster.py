@@ -234,6 +234,7 @@ async def run_cluster_bench(
                         "events_eps": round(ev, 1),
                         "loads_eps": round(ld, 1),
                         "streaming": "off: one message per finished request",
+                        "event_loop": event_loop.loop_name(),
                     }
                 )
                 await asyncio.sleep(1.0)
