@@ -20,6 +20,8 @@ import itertools
 import sys
 from dataclasses import dataclass, field
 
+import msgspec
+
 __all__ = [
     "DEFAULT_PRIORITY_CLASSES",
     "DispatchPolicy",
@@ -28,6 +30,8 @@ __all__ = [
     "PolicyConfig",
     "PriorityClass",
     "ScalingConfig",
+    "decode_policy",
+    "encode_policy",
 ]
 
 
@@ -193,3 +197,16 @@ class MigrationConfig:
         )
         if any(t <= 0 for t in timeouts):
             raise ValueError("every timeout must be > 0")
+
+
+def encode_policy(policy: PolicyConfig) -> str:
+    """``policy`` as JSON, for the log (a takeover tick records the rules of its epoch)."""
+    return msgspec.json.encode(policy).decode()
+
+
+def decode_policy(text: str) -> PolicyConfig:
+    """The inverse of :func:`encode_policy`; raises ``ValueError`` for anything else."""
+    try:
+        return msgspec.json.decode(text, type=PolicyConfig)
+    except (msgspec.DecodeError, msgspec.ValidationError, TypeError) as exc:
+        raise ValueError(f"not a recorded policy: {exc}") from exc

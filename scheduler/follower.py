@@ -10,7 +10,8 @@ as a preview (the state is returned, nothing changes) or committed.
 keeps the control epoch (an event of an older epoch than one already seen is
 stale and ignored), folds each recorded fold point once its load reports have
 arrived, and can recompute each dispatch and pairing decision over the view
-it was made from and compare. A standby scheduler, a restarted one catching
+it was made from and compare, with the policy configuration the epoch's
+takeover tick recorded. A standby scheduler, a restarted one catching
 up, and ``shoal replay`` all run this same code, so they agree with the
 active scheduler on every fold.
 
@@ -25,7 +26,7 @@ from collections.abc import Callable, Iterator
 import msgspec
 
 from scheduler.cluster_state import ClusterState
-from scheduler.config import PolicyConfig
+from scheduler.config import PolicyConfig, decode_policy
 from scheduler.fold import Position, replay
 from scheduler.recompute import (
     Cursor,
@@ -35,7 +36,7 @@ from scheduler.recompute import (
     recompute,
     scheduler_epoch,
 )
-from schemas.decisions import Dispatched, Paired, Unpaired
+from schemas.decisions import Dispatched, Paired, SchedulerTick, Unpaired
 from schemas.envelope import Body
 from schemas.load import LoadReport
 
@@ -175,6 +176,7 @@ class ShadowStats(msgspec.Struct):
     not_recomputable: int = 0
     unverified: int = 0
     regressions: int = 0
+    unknown_policies: int = 0
 
 
 class Shadow:
@@ -188,9 +190,12 @@ class Shadow:
         policy: PolicyConfig | None = None,
         verify: bool = False,
     ) -> None:
+        """``policy``: the rules to recompute decisions with until a takeover tick records its own."""
         self.follower = follower
         self.control_epoch = control_epoch
         self.policy = PolicyConfig() if policy is None else policy
+        #: The policy each epoch's takeover tick recorded (its decisions are recomputed with it).
+        self.policies: dict[int, PolicyConfig] = {}
         self.verify = verify
         #: Called with ``(seq, decision, view)`` for each decision whose view is known here.
         self.observer: Callable[[int, Body, ClusterState], None] | None = None
@@ -253,12 +258,20 @@ class Shadow:
             self.control_epoch = max(self.control_epoch, epoch)
             self._pending.popleft()
             done += 1
+            if isinstance(body, SchedulerTick) and body.policy:
+                self._adopt_policy(epoch, body.policy)
             if checking:
                 self.follower.fold_through(batch)
                 batch = []
                 self._check(seq, body, epoch)
         self.follower.fold_through(batch)
         return done
+
+    def _adopt_policy(self, epoch: int, text: str) -> None:
+        try:
+            self.policy = self.policies[epoch] = decode_policy(text)
+        except ValueError:
+            self.stats.unknown_policies += 1  # a newer writer's format: keep the rules we have
 
     def view_before(self, seq: int, epoch: int) -> ClusterState:
         """The view a decision of ``epoch`` at ``seq`` was made from (state at its fold point + overlay)."""

@@ -5,9 +5,11 @@ same :class:`~scheduler.follower.Shadow` a standby scheduler runs, so the
 state at each recorded fold point is the one the scheduler decided from. For
 every dispatch and pairing decision it recomputes the decision over that view
 and compares (replay recomputes, it never reads decisions back into state it
-would not have derived). With ``what_if`` (another :class:`PolicyConfig`) it
-also decides each point under the other policy and reports where the choice
-differs and the freeness of both choices. Migrations are summarised from
+would not have derived), under the policy configuration the decision's epoch
+recorded in its takeover tick (``ReplayOptions.policy`` for logs without one).
+With ``what_if`` (a :class:`WhatIf`: changes to those rules) it also decides
+each point under the changed rules and reports where the choice differs and
+the freeness of both choices. Migrations are summarised from
 their handshake steps with stage timings. Pure apart from reading the
 in-memory log.
 """
@@ -15,12 +17,13 @@ in-memory log.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from dataclasses import dataclass, field
 
 import msgspec
 
 from scheduler.cluster_state import ClusterState, initial_state
-from scheduler.config import PolicyConfig
+from scheduler.config import DispatchPolicy, PolicyConfig
 from scheduler.follower import LogFollower, Shadow, ShadowStats
 from scheduler.logfile import RecordedLog
 from scheduler.policy.load import freeness_after_admit, load_freeness
@@ -36,6 +39,7 @@ __all__ = [
     "MigrationSummary",
     "ReplayOptions",
     "ReplayResult",
+    "WhatIf",
     "WhatIfRow",
     "replay_log",
 ]
@@ -44,11 +48,34 @@ _MALFORMED = RpcError(code="malformed", message="undecodable log entry")
 
 
 @dataclass(frozen=True)
+class WhatIf:
+    """Changes to the recorded rules to decide again under; None keeps the recorded value."""
+
+    dispatch_policy: DispatchPolicy | None = None
+    low_freeness: float | None = None
+    high_freeness: float | None = None
+    target_freeness: float | None = None
+
+    def apply(self, policy: PolicyConfig) -> PolicyConfig:
+        changes = {
+            name: value
+            for name in ("low_freeness", "high_freeness", "target_freeness")
+            if (value := getattr(self, name)) is not None
+        }
+        return dataclasses.replace(
+            policy,
+            dispatch_policy=self.dispatch_policy or policy.dispatch_policy,
+            pairing=dataclasses.replace(policy.pairing, **changes),
+        )
+
+
+@dataclass(frozen=True)
 class ReplayOptions:
     until_seq: int | None = None
     until_time: float | None = None
+    #: Recomputes the decisions of epochs whose takeover tick recorded no policy (older logs).
     policy: PolicyConfig = field(default_factory=PolicyConfig)
-    what_if: PolicyConfig | None = None
+    what_if: WhatIf | None = None
 
 
 class DecisionRow(msgspec.Struct, frozen=True):
@@ -99,6 +126,9 @@ class ReplayResult(msgspec.Struct):
     migrations: list[MigrationSummary]
     num_events: int
     num_loads: int
+    #: The policy each epoch recorded, and the one in force at the end (freeness is shown under it).
+    policies: dict[int, PolicyConfig] = msgspec.field(default_factory=dict)
+    policy: PolicyConfig = msgspec.field(default_factory=PolicyConfig)
 
     @property
     def num_recomputed(self) -> int:
@@ -149,21 +179,22 @@ class _Retention:
 
 
 class _Observer:
-    def __init__(self, options: ReplayOptions, retention: _Retention, follower: LogFollower) -> None:
+    def __init__(self, options: ReplayOptions, retention: _Retention, shadow: Shadow) -> None:
         self.options = options
         self.retention = retention
-        self.follower = follower
+        self.shadow = shadow
+        self.follower = shadow.follower
         self.rows: list[DecisionRow] = []
         self.what_if: list[WhatIfRow] = []
 
     def __call__(self, seq: int, body: Body, view: ClusterState) -> None:
         if not isinstance(body, (Dispatched, Paired, Unpaired)):
             return
-        recomputed = recompute(view, body, policy=self.options.policy)
+        recomputed = recompute(view, body, policy=self.shadow.policy)
         verifiable = self.retention.complete(view, self.follower.cursor.loads_seq)
         self.rows.append(DecisionRow(seq, body, recomputed, recomputed == body, verifiable))
         if self.options.what_if is not None:
-            self._what_if(seq, body, view, self.options.what_if)
+            self._what_if(seq, body, view, self.options.what_if.apply(self.shadow.policy))
 
     def _what_if(self, seq: int, body: Body, view: ClusterState, policy: PolicyConfig) -> None:
         if isinstance(body, Dispatched):
@@ -281,7 +312,7 @@ def replay_log(log: RecordedLog, options: ReplayOptions | None = None) -> Replay
     )
     follower = LogFollower(state, events_stream=subjects.events_stream, loads_stream=subjects.loads_stream)
     shadow = Shadow(follower, policy=options.policy, verify=False)
-    observer = _Observer(options, _Retention(loads, state.pending_report_limit), follower)
+    observer = _Observer(options, _Retention(loads, state.pending_report_limit), shadow)
     shadow.observer = observer
     for seq, report in loads:
         shadow.on_load(seq, report)
@@ -299,4 +330,6 @@ def replay_log(log: RecordedLog, options: ReplayOptions | None = None) -> Replay
         migrations=_migrations([(s, t, b) for s, t, _, b in events]),
         num_events=len(events),
         num_loads=len(loads),
+        policies=dict(shadow.policies),
+        policy=shadow.policy,
     )

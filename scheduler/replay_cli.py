@@ -5,8 +5,10 @@ export``), rebuilds the state at a position (``--at-seq``) or a time
 (``--at-time``) with :func:`scheduler.replay.replay_log`, and prints the
 per-instance usage and freeness, the pairings, migrations with their stage
 timings, the dispatch decisions and whether recomputing each decision gave
-the recorded one. ``--what-if`` decides every point again under another
-policy or thresholds and prints where the choices differ. ``--follow``
+the recorded one. Decisions are recomputed with the policy configuration
+their epoch's takeover tick recorded (``--policy``, ``--low-freeness``, ...
+only for logs without one). ``--what-if`` decides every point again under
+those rules changed by ``--what-if-*`` and prints where the choices differ. ``--follow``
 repeats every second on the live streams. Rich tables for people, ``--json``
 for scripts.
 """
@@ -30,7 +32,7 @@ from scheduler.cluster_state import live_loads
 from scheduler.config import DispatchPolicy
 from scheduler.logfile import RecordedLog, load_log, read_bus_log, write_log
 from scheduler.policy.load import load_freeness
-from scheduler.replay import ReplayOptions, ReplayResult, replay_log
+from scheduler.replay import ReplayOptions, ReplayResult, WhatIf, replay_log
 from schemas import Subjects
 from schemas.decisions import Dispatched
 
@@ -61,7 +63,8 @@ def _finite(value: float) -> float | None:
 
 def result_as_dict(result: ReplayResult, options: ReplayOptions, limit: int) -> dict[str, Any]:
     state = result.state
-    policy = options.policy
+    policy = result.policy
+    what_if = None if options.what_if is None else options.what_if.apply(policy)
     instances = []
     for load in live_loads(state):
         record = state.instances[load.instance_id]
@@ -84,6 +87,7 @@ def result_as_dict(result: ReplayResult, options: ReplayOptions, limit: int) -> 
     return {
         "cursor": {"events_seq": result.cursor.events_seq, "loads_seq": result.cursor.loads_seq},
         "epoch": state.epoch,
+        "policies": {str(epoch): msgspec.to_builtins(p) for epoch, p in sorted(result.policies.items())},
         "num_events": result.num_events,
         "num_loads": result.num_loads,
         "instances": instances,
@@ -108,11 +112,11 @@ def result_as_dict(result: ReplayResult, options: ReplayOptions, limit: int) -> 
             for row in result.mismatches[:limit]
         ],
         "what_if": None
-        if options.what_if is None
+        if what_if is None
         else {
-            "policy": options.what_if.dispatch_policy.value,
-            "low_freeness": options.what_if.pairing.low_freeness,
-            "high_freeness": options.what_if.pairing.high_freeness,
+            "policy": what_if.dispatch_policy.value,
+            "low_freeness": what_if.pairing.low_freeness,
+            "high_freeness": what_if.pairing.high_freeness,
             "num_differ": len(result.what_if),
             "differences": [msgspec.to_builtins(row) for row in result.what_if[:limit]],
         },
@@ -124,6 +128,13 @@ def _print(console: Console, data: dict[str, Any]) -> None:
         f"[bold]state at events seq {data['cursor']['events_seq']}, loads seq {data['cursor']['loads_seq']}"
         f"[/bold] — epoch {data['epoch']}, {data['num_events']} events, {data['num_loads']} load reports"
     )
+    for epoch, policy in data["policies"].items():
+        pairing = policy["pairing"]
+        console.print(
+            f"epoch {epoch} recorded policy {policy['dispatch_policy']}, pairing band "
+            f"[{pairing['low_freeness']}, {pairing['high_freeness']}]"
+            + ("" if pairing["target_freeness"] is None else f", target {pairing['target_freeness']}")
+        )
     table = Table(title="instances")
     for column in ("instance", "status", "running", "used/total", "waiting", "pending", "freeness"):
         table.add_column(column)
@@ -235,7 +246,10 @@ def _print(console: Console, data: dict[str, Any]) -> None:
 )
 @policy_options
 @click.option(
-    "--what-if", "what_if", is_flag=True, help="Decide again under --what-if-* and show differences."
+    "--what-if",
+    "what_if",
+    is_flag=True,
+    help="Decide again under the recorded rules changed by --what-if-* and show differences.",
 )
 @click.option("--what-if-policy", type=click.Choice([p.value for p in DispatchPolicy]), default=None)
 @click.option("--what-if-low", type=float, default=None, help="Low freeness threshold for the what-if.")
@@ -248,11 +262,10 @@ def replay(**o: Any) -> None:
     policy = policy_from_options(o["policy"], o["low_freeness"], o["high_freeness"], o["target_freeness"])
     what_if = None
     if o["what_if"] or o["what_if_policy"] or o["what_if_low"] is not None or o["what_if_high"] is not None:
-        what_if = policy_from_options(
-            o["what_if_policy"] or o["policy"],
-            o["low_freeness"] if o["what_if_low"] is None else o["what_if_low"],
-            o["high_freeness"] if o["what_if_high"] is None else o["what_if_high"],
-            o["target_freeness"],
+        what_if = WhatIf(
+            dispatch_policy=None if o["what_if_policy"] is None else DispatchPolicy(o["what_if_policy"]),
+            low_freeness=o["what_if_low"],
+            high_freeness=o["what_if_high"],
         )
     options = ReplayOptions(
         until_seq=o["at_seq"], until_time=_parse_time(o["at_time"]), policy=policy, what_if=what_if

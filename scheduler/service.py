@@ -40,6 +40,7 @@ from typing import Any
 from bus.errors import BusError
 from bus.protocol import Bus, StoredMessage
 from scheduler.cluster_state import ClusterState, InstanceStatus, initial_state, live_loads
+from scheduler.config import encode_policy
 from scheduler.follower import LogFollower, Shadow
 from scheduler.instances import InstanceManager
 from scheduler.lease import Lease, LeaseLost
@@ -255,7 +256,7 @@ class SchedulerService:
         assert self.shadow is not None
         self.epoch = self.lease.epoch
         self.role = Role.TAKING_OVER
-        self._emit(SchedulerTick(epoch=self.epoch, takeover=True))
+        self._emit(SchedulerTick(epoch=self.epoch, takeover=True, policy=encode_policy(self.config.policy)))
         while self.shadow.control_epoch < self.epoch:
             await self._wait_changed(0.05)
             self._check_tasks()

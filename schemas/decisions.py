@@ -83,6 +83,9 @@ class SchedulerTick(Message, frozen=True, kw_only=True, tag="scheduler_tick"):
     events_seq: int = 0
     loads_seq: int = 0
     takeover: bool = False
+    #: On a takeover: the epoch's policy configuration as JSON (``scheduler.config.encode_policy``),
+    #: so replays and standbys recompute its decisions with the thresholds it used. "" if unknown.
+    policy: str = ""
 
 
 DecisionEvent = Dispatched | Paired | Unpaired | ScaleUp | ScaleDown | SchedulerTick

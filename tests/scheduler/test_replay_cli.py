@@ -12,8 +12,12 @@ import pytest
 from click.testing import CliRunner
 
 from frontend.cli import cli
+from scheduler.config import PairingConfig, PolicyConfig
 from scheduler.service import SchedulerConfig, SchedulerService
 from tests.scheduler.service_helpers import FakeAgent, connected, delete_streams, new_prefix, place
+
+
+RECORDED_TARGET = 7.0
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +34,11 @@ async def recorded(
         ]
         for agent in agents:
             await agent.start()
-        service = SchedulerService(sched_bus, SchedulerConfig(lease_ttl_s=1.0, pairing_interval_s=0.1))
+        # a pairing target other than the default: replay must recompute with the recorded one
+        policy = PolicyConfig(pairing=PairingConfig(target_freeness=RECORDED_TARGET))
+        service = SchedulerService(
+            sched_bus, SchedulerConfig(lease_ttl_s=1.0, pairing_interval_s=0.1, policy=policy)
+        )
         task = asyncio.create_task(service.run())
         await service.wait_active(10)
         for wave in range(4):
@@ -72,6 +80,10 @@ async def test_replay_of_a_file_recomputes_every_decision_and_is_repeatable(
     assert first["decisions_equal"] == first["decisions_recomputed"]
     assert {row["instance_id"] for row in first["instances"]} == {"hot", "c1", "c2"}
     assert any(p["source_id"] == "hot" for p in first["pairings"])
+    assert [p["pairing"]["target_freeness"] for p in first["policies"].values()] == [RECORDED_TARGET]
+    assert {p["target_freeness"] for p in first["pairings"]} == {RECORDED_TARGET}
+    # the recorded rules win over the command line's (which only serve logs that record none)
+    assert await _json("--file", str(path), "--target-freeness", "1.5") == first
     live = await _json("--nats", url, "--prefix", prefix)
     assert live["cursor"] == first["cursor"] and live["instances"] == first["instances"]
 
