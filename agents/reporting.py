@@ -89,6 +89,7 @@ def build_load_report(
         num_migrating_out=num_migrating_out,
         num_migrating_in=num_migrating_in,
         waiting_demand=waiting_demand,
+        num_preemptions=stats.num_preemptions,
     )
 
 

@@ -4,10 +4,9 @@ Requests by endpoint and outcome, TTFT, time per output token and end-to-end
 latency histograms, tokens in and out, migrations seen in streams (an owner
 change the frontend did not cause), recomputes (a request restarted from its
 prompt plus generated tokens, which is what a rescue is), per-instance
-freeness, running and waiting counts from the load board, bypass placements,
-rescues by cause, gap repairs and overload refusals. Preemptions inside an
-engine are not visible to the frontend (the agents' load reports do not carry
-them); the agents export those.
+freeness, running and waiting counts and cumulative preemptions from the load
+board (the agents' load reports carry them), bypass placements, rescues by
+cause, gap repairs and overload refusals.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from scheduler.policy import InstanceLoad
@@ -32,7 +31,7 @@ class _FreenessCollector(Collector):
     def __init__(self, loads: Callable[[], Iterable[InstanceLoad]]) -> None:
         self._loads = loads
 
-    def collect(self) -> Iterable[GaugeMetricFamily]:
+    def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
         freeness = GaugeMetricFamily(
             "shoal_instance_freeness", "Freeness last reported by each live instance", labels=["instance"]
         )
@@ -42,13 +41,20 @@ class _FreenessCollector(Collector):
         waiting = GaugeMetricFamily(
             "shoal_instance_waiting", "Waiting requests last reported by each instance", labels=["instance"]
         )
+        preemptions = CounterMetricFamily(
+            "shoal_instance_preemptions",
+            "Preemptions by recompute each instance reported since its engine started",
+            labels=["instance"],
+        )
         for load in self._loads():
             freeness.add_metric([load.instance_id], load.reported_freeness)
             running.add_metric([load.instance_id], load.num_running)
             waiting.add_metric([load.instance_id], load.num_waiting)
+            preemptions.add_metric([load.instance_id], load.num_preemptions)
         yield freeness
         yield running
         yield waiting
+        yield preemptions
 
 
 class FrontendMetrics:

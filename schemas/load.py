@@ -39,3 +39,5 @@ class LoadReport(Message, frozen=True, kw_only=True, tag="load_report"):
     num_migrating_in: int = 0
     #: Blocks every waiting request would need (head of line included); INFaaS++ load.
     waiting_demand: int = 0
+    #: Preemptions by recompute since the engine started (cumulative; exported by frontends).
+    num_preemptions: int = 0

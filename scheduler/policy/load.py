@@ -77,6 +77,7 @@ class InstanceLoad(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     reported_freeness: float = 0.0
     num_pending: int = 0
     pending_blocks: int = 0
+    num_preemptions: int = 0
 
     @classmethod
     def from_joined(cls, joined: InstanceJoined) -> InstanceLoad:
@@ -129,6 +130,7 @@ class InstanceLoad(msgspec.Struct, frozen=True, kw_only=True, gc=False):
             reported_freeness=report.freeness,
             num_pending=num_pending,
             pending_blocks=pending_blocks,
+            num_preemptions=report.num_preemptions,
         )
 
     @property

@@ -205,3 +205,26 @@ async def test_hung_scheduler_means_bypass_until_it_answers_again(nats_url: str)
         assert (await client.post("/v1/completions", json=body)).status_code == 200
         assert gateway.num_scheduler_placements == 1
         await service.stop()
+
+
+async def test_metrics_export_each_instance_s_preemptions_from_its_load_reports(nats_url: str) -> None:
+    """An instance short of KV blocks preempts; /metrics shows the count its agent reported."""
+    async with frontend_cluster(nats_url, instances=0) as cluster:
+        agent = await cluster.add_agent("small", num_blocks=8)  # 32 tokens of KV for 4 requests of 24
+        await cluster.wait_instances(1)
+        async with cluster.client() as client:
+            body = {"model": "sim:tiny-test", "prompt": "x" * 8, "max_tokens": 16, "ignore_eos": True}
+            replies = await asyncio.gather(
+                *(client.post("/v1/completions", json=body) for _ in range(4))
+            )
+            assert [r.status_code for r in replies] == [200] * 4
+            assert [r.json()["usage"]["completion_tokens"] for r in replies] == [16] * 4
+            preempted = agent.engine.stats().num_preemptions
+            assert preempted > 0
+            line = f'shoal_instance_preemptions_total{{instance="small"}} {float(preempted)}'
+            deadline = asyncio.get_running_loop().time() + 5.0
+            metrics = ""
+            while line not in metrics and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.1)  # the next load report carries the count
+                metrics = (await client.get("/metrics")).text
+            assert line in metrics

@@ -16,7 +16,6 @@ from scheduler.config import PairingConfig, PolicyConfig
 from scheduler.service import SchedulerConfig, SchedulerService
 from tests.scheduler.service_helpers import FakeAgent, connected, delete_streams, new_prefix, place
 
-
 RECORDED_TARGET = 7.0
 
 
