@@ -10,7 +10,10 @@ Ctrl-C reaches only ``shoal up``) and is told by the kernel to exit if
 child's process group gets SIGTERM, then SIGKILL after a grace period, and the
 embedded server stops last: no orphans. A child that dies is reported; the
 cluster keeps serving while the frontend lives (rescue and bypass cover
-agents and the scheduler).
+agents and the scheduler). With ``--autoscale`` the scheduler's
+:class:`~scheduler.instances.LocalProcessManager` starts more agents like
+these (ids ``inst-N``, logging into the scheduler's log) when the average
+freeness stays below the band, and drains one when it stays above.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -129,6 +133,14 @@ def _tail(path: Path, lines: int = 15) -> str:
 @click.option("--num-blocks", type=int, default=None, help="KV blocks per agent (engine default if unset).")
 @click.option("--time-scale", type=float, default=1.0, show_default=True, help="sim: step time multiplier.")
 @click.option("--no-scheduler", is_flag=True, help="Run without a scheduler (the frontend places requests).")
+@click.option("--autoscale", is_flag=True,
+              help="Let the scheduler start and stop agents (between --min-instances and --max-instances).")
+@click.option("--min-instances", type=int, default=None, help="Auto-scaling floor (default: --instances).")
+@click.option("--max-instances", type=int, default=8, show_default=True, help="Auto-scaling ceiling.")
+@click.option("--scale-band", type=(float, float), default=(10.0, 60.0), show_default=True,
+              help="Auto-scaling: scale out below the first average freeness, in above the second.")
+@click.option("--scale-sustain", type=float, default=10.0, show_default=True,
+              help="Auto-scaling: seconds outside the band before acting.")
 @click.option("--stall-timeout", type=float, default=30.0, show_default=True)
 @click.option("--max-tokens-cap", type=int, default=None, help="Clamp every request's max_tokens.")
 @click.option("--log-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -161,6 +173,8 @@ def _start(
     cluster: ClusterProcesses, options: dict[str, Any], log_dir: Path, stopping: Callable[[], bool]
 ) -> bool:
     """Start everything and wait until the frontend sees every instance; False if stopped meanwhile."""
+    if options["autoscale"] and options["no_scheduler"]:
+        raise click.UsageError("--autoscale needs the scheduler (drop --no-scheduler)")
     nats_url = options["nats_url"]
     if nats_url is None:
         from bus.server import EmbeddedNats
@@ -175,22 +189,36 @@ def _start(
     common = ["--nats-url", nats_url, "--prefix", options["prefix"]]
     engine = options["engine"]
     model = options["model"] or ("small" if engine == "torch" else "tiny-test")
-    if options["no_scheduler"]:
-        click.echo("scheduler       (none: the frontend places requests itself)")
-    elif importlib.util.find_spec("scheduler.cli") is None:
-        click.echo("scheduler       (not built yet: the frontend places requests itself)")
-    else:
-        child = cluster.spawn("scheduler", ["scheduler", "--nats", nats_url, "--prefix", options["prefix"]])
-        click.echo(f"scheduler       pid {child.pid}")
-    for index in range(options["instances"]):
-        instance_id = f"agent-{index}"
+    def agent_args(instance_id: str) -> list[str]:
         args = ["agent", *common, "--instance-id", instance_id, "--engine", engine,
                 "--threads", str(options["threads"]), "--transport", "tcp"]
         args += ["--model", model] if engine == "torch" else ["--profile", model,
                                                               "--time-scale", str(options["time_scale"])]
         if options["num_blocks"] is not None:
             args += ["--num-blocks", str(options["num_blocks"])]
-        child = cluster.spawn(instance_id, args)
+        return args
+
+    if options["no_scheduler"]:
+        click.echo("scheduler       (none: the frontend places requests itself)")
+    elif importlib.util.find_spec("scheduler.cli") is None:
+        click.echo("scheduler       (not built yet: the frontend places requests itself)")
+    else:
+        scheduler_args = ["scheduler", "--nats", nats_url, "--prefix", options["prefix"]]
+        if options["autoscale"]:
+            # the scheduler's instance manager runs more agents like ours, as its own children
+            low, high = options["scale_band"]
+            scheduler_args += [
+                "--autoscale-command", shlex.join([*_SHOAL, *agent_args("{instance_id}")]),
+                "--min-instances", str(options["instances"] if options["min_instances"] is None
+                                       else options["min_instances"]),
+                "--max-instances", str(options["max_instances"]),
+                "--scale-band", str(low), str(high), "--scale-sustain", str(options["scale_sustain"]),
+            ]
+        child = cluster.spawn("scheduler", scheduler_args)
+        click.echo(f"scheduler       pid {child.pid}" + ("  (auto-scaling)" if options["autoscale"] else ""))
+    for index in range(options["instances"]):
+        instance_id = f"agent-{index}"
+        child = cluster.spawn(instance_id, agent_args(instance_id))
         click.echo(f"agent           {instance_id} pid {child.pid}")
     tokenizer = model if engine == "torch" else f"sim:{model}"
     serve_args = ["serve", *common, "--model", tokenizer, "--host", options["host"],

@@ -129,6 +129,20 @@ def policy_from_options(
 @click.option("--min-instances", type=int, default=1, show_default=True)
 @click.option("--max-instances", type=int, default=16, show_default=True)
 @click.option(
+    "--scale-band",
+    type=(float, float),
+    default=(ScalingConfig().min_freeness, ScalingConfig().max_freeness),
+    show_default=True,
+    help="Scale out below the first average freeness, in above the second.",
+)
+@click.option(
+    "--scale-sustain",
+    type=float,
+    default=ScalingConfig().sustain_s,
+    show_default=True,
+    help="Seconds the average must stay outside the band before scaling.",
+)
+@click.option(
     "--loads-per-instance",
     type=int,
     default=StreamConfig().loads_max_msgs_per_subject,
@@ -145,7 +159,13 @@ def policy_from_options(
 def scheduler(**options: Any) -> None:
     """Run the global scheduler: dispatch, pairing, failure detection, scaling, snapshots."""
     logging.basicConfig(level=options["log_level"].upper(), format="%(asctime)s %(name)s %(message)s")
-    scaling = ScalingConfig(min_instances=options["min_instances"], max_instances=options["max_instances"])
+    scaling = ScalingConfig(
+        min_freeness=options["scale_band"][0],
+        max_freeness=options["scale_band"][1],
+        sustain_s=options["scale_sustain"],
+        min_instances=options["min_instances"],
+        max_instances=options["max_instances"],
+    )
     config = SchedulerConfig(
         policy=policy_from_options(
             options["policy"],

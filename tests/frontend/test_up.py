@@ -143,3 +143,60 @@ async def test_shoal_up_serves_survives_faults_and_stops_cleanly(tmp_path: Path)
                 process.stdout.close()
     time.sleep(0.5)
     assert not [name for name, pid in pids.items() if _alive(pid)]
+
+
+async def _instances(http: httpx.AsyncClient, port: int) -> list[str]:
+    return list((await http.get(f"http://127.0.0.1:{port}/health")).json()["instances"])
+
+
+async def test_shoal_up_autoscale_starts_an_agent_under_load_and_drains_one_when_idle(tmp_path: Path) -> None:
+    """--autoscale: the scheduler's instance manager adds an agent process, then scales back in."""
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-c", "from frontend.cli import main; main()", "up", "--engine", "sim",
+         "--instances", "1", "--num-blocks", "16", "--time-scale", "30", "--port", str(port),
+         "--log-dir", str(tmp_path / "logs"), "--autoscale", "--max-instances", "2",
+         "--scale-band", "8", "15", "--scale-sustain", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    assert process.stdout is not None
+    nats_url = ""
+    try:
+        for line in process.stdout:
+            found = re.search(r"^nats-server\s+(\S+)", line)
+            nats_url = found.group(1) if found else nats_url
+            if line.startswith("shoal is serving"):
+                break
+        assert nats_url
+        body = {"model": "sim:tiny-test", "prompt": "x" * 8, "max_tokens": 50, "ignore_eos": True}
+        async with httpx.AsyncClient(timeout=60) as http:
+            assert await _instances(http, port) == ["agent-0"]
+
+            async def keep_busy(until: asyncio.Event) -> None:
+                while not until.is_set():
+                    reply = await http.post(f"http://127.0.0.1:{port}/v1/completions", json=body)
+                    assert reply.status_code == 200
+
+            grown = asyncio.Event()
+            load = [asyncio.ensure_future(keep_busy(grown)) for _ in range(4)]  # freeness ~1 on 16 blocks
+            deadline = time.monotonic() + 60
+            while len(await _instances(http, port)) < 2:
+                assert time.monotonic() < deadline, "no agent was added under load"
+                await asyncio.sleep(0.2)
+            assert "inst-0" in await _instances(http, port)
+            grown.set()
+            await asyncio.wait_for(asyncio.gather(*load), 60)
+            deadline = time.monotonic() + 60
+            while len(await _instances(http, port)) > 1:  # idle: freeness 16 > 15, one drains and leaves
+                assert time.monotonic() < deadline, "the idle cluster did not scale back in"
+                await asyncio.sleep(0.2)
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(30)
+        finally:
+            process.stdout.close()
+    time.sleep(0.5)
+    leftovers = subprocess.run(["pgrep", "-f", "--", f"--nats-url {nats_url}"], capture_output=True,
+                               text=True)
+    assert nats_url and not leftovers.stdout.split(), "an agent outlived shoal up"
