@@ -37,10 +37,12 @@ from typing import IO, Any
 import click
 
 from bus.server import die_with_parent
+from scheduler.config import ScalingConfig
 
 __all__ = ["Child", "ClusterProcesses", "up"]
 
 _SHOAL = [sys.executable, "-c", "from frontend.cli import main; main()"]
+_SCALING = ScalingConfig()
 
 
 @dataclass
@@ -137,9 +139,10 @@ def _tail(path: Path, lines: int = 15) -> str:
               help="Let the scheduler start and stop agents (between --min-instances and --max-instances).")
 @click.option("--min-instances", type=int, default=None, help="Auto-scaling floor (default: --instances).")
 @click.option("--max-instances", type=int, default=8, show_default=True, help="Auto-scaling ceiling.")
-@click.option("--scale-band", type=(float, float), default=(10.0, 60.0), show_default=True,
+@click.option("--scale-band", type=(float, float), show_default=True,
+              default=(_SCALING.min_freeness, _SCALING.max_freeness),
               help="Auto-scaling: scale out below the first average freeness, in above the second.")
-@click.option("--scale-sustain", type=float, default=10.0, show_default=True,
+@click.option("--scale-sustain", type=float, default=_SCALING.sustain_s, show_default=True,
               help="Auto-scaling: seconds outside the band before acting.")
 @click.option("--stall-timeout", type=float, default=30.0, show_default=True)
 @click.option("--max-tokens-cap", type=int, default=None, help="Clamp every request's max_tokens.")
