@@ -5,7 +5,8 @@ Under a steady load (requests dispatched, bypassed when no scheduler answers,
 each awaited until it finishes) the process is killed with SIGKILL; the
 standby takes over; then a restarted ``shoal scheduler`` process recovers
 from the snapshot plus the log's tail and, when the standby dies too, takes
-over in its turn. Afterwards: every request finished, every migration ended
+over in its turn. One long request keeps a migration source in the cluster
+(pairing, migrations in flight at the kill). Afterwards: every request finished, every migration ended
 and no agent holds a block, and recomputing every recorded decision from the
 log gives the recorded decision.
 """
@@ -84,7 +85,16 @@ def _scheduler_process(url: str, prefix: str, name: str) -> subprocess.Popen[byt
     )
 
 
-async def _request(bus: object, request_id: str, ids: list[str], k: int, stats: dict[str, int]) -> None:
+async def _request(
+    bus: object,
+    request_id: str,
+    ids: list[str],
+    k: int,
+    stats: dict[str, int],
+    *,
+    prompt_tokens: int = 96,
+    max_tokens: int = 24,
+) -> None:
     """What a frontend does: dispatch (bypass round-robin on failure), send, await the finished result."""
     codec = Codec(producer="test-frontend")
     subjects = bus.config.subjects  # type: ignore[attr-defined]
@@ -94,7 +104,7 @@ async def _request(bus: object, request_id: str, ids: list[str], k: int, stats: 
         reply = await bus.request(
             subjects.rpc_dispatch,
             codec.encode(  # type: ignore[attr-defined]
-                DispatchRequest(request_id=request_id, num_prompt_tokens=96), time=time.time()
+                DispatchRequest(request_id=request_id, num_prompt_tokens=prompt_tokens), time=time.time()
             ),
             timeout=0.5,
         )
@@ -107,9 +117,9 @@ async def _request(bus: object, request_id: str, ids: list[str], k: int, stats: 
         stats["bypassed"] += 1
     generate = GenerateRequest(
         request_id=request_id,
-        token_ids=tuple(range(1, 97)),
+        token_ids=tuple(range(1, prompt_tokens + 1)),
         stream=False,
-        sampling=SamplingParams(max_tokens=24, ignore_eos=True),
+        sampling=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
     )
     await bus.request(
         subjects.rpc_agent(instance_id, "generate"),  # type: ignore[attr-defined]
@@ -179,6 +189,13 @@ async def test_kill_9_under_load_then_standby_then_restart_recover_exactly(nats_
                     tasks.append(asyncio.create_task(_request(client, f"q{k}", ids, k, stats)))
                     await asyncio.sleep(1 / 60)
 
+            # one long request leaves its instance below the pairing band's low end (175 of 200 blocks,
+            # freeness 25 < 35) while others idle above its high end: the first scheduler pairs at once,
+            # and wherever the request moves it is a migration source again until it finishes
+            hog_stats = {"finished": 0, "bypassed": 0}
+            hog = asyncio.create_task(
+                _request(client, "hog", ids, 0, hog_stats, prompt_tokens=2800, max_tokens=150)
+            )
             await asyncio.sleep(0.5)
             await load(0, 90)
             first.send_signal(signal.SIGKILL)  # kill -9 mid-load
@@ -191,7 +208,7 @@ async def test_kill_9_under_load_then_standby_then_restart_recover_exactly(nats_
             await load(240, 30)
             await _wait_for_epoch(client, standby.epoch + 1)
             await load(270, 30)
-            await asyncio.wait_for(asyncio.gather(*tasks), 60)
+            await asyncio.wait_for(asyncio.gather(*tasks, hog), 60)
             await asyncio.wait_for(standby_task, 10)
             # In-flight migrations end through their own timeouts: wait (bounded) until every
             # agent is idle with all of its blocks back, then check it.
@@ -207,6 +224,7 @@ async def test_kill_9_under_load_then_standby_then_restart_recover_exactly(nats_
             await asyncio.sleep(1.0)  # let the last outcomes reach the log
 
             assert stats["finished"] == 300  # no request lost (some bypassed while no scheduler answered)
+            assert hog_stats["finished"] == 1
             for agent in agents:
                 engine_stats = agent.engine.stats()
                 assert engine_stats.num_free_blocks == engine_stats.num_total_blocks, agent.instance_id
