@@ -259,7 +259,7 @@ class Shadow:
             self._pending.popleft()
             done += 1
             if isinstance(body, SchedulerTick) and body.policy:
-                self._adopt_policy(epoch, body.policy)
+                self.adopt_policy(epoch, body.policy)
             if checking:
                 self.follower.fold_through(batch)
                 batch = []
@@ -267,7 +267,8 @@ class Shadow:
         self.follower.fold_through(batch)
         return done
 
-    def _adopt_policy(self, epoch: int, text: str) -> None:
+    def adopt_policy(self, epoch: int, text: str) -> None:
+        """Recompute ``epoch``'s decisions (and later ones) with the policy ``text`` records."""
         try:
             self.policy = self.policies[epoch] = decode_policy(text)
         except ValueError:

@@ -108,6 +108,7 @@ class SchedulerService:
         self.epoch = 0
         self.stats = SchedulerStats()
         self.snapshots = SnapshotStore(bus)
+        self._policy_json = encode_policy(self.config.policy)
         self.lease = Lease(bus, holder=self.config.scheduler_id, ttl_s=self.config.lease_ttl_s, clock=clock)
         self.shadow: Shadow | None = None
         self._stop = asyncio.Event()
@@ -181,15 +182,16 @@ class SchedulerService:
         self._crashed = True
 
     # -- lifecycle ----------------------------------------------------------------------
-    async def _recover(self) -> tuple[ClusterState, Cursor, int]:
+    async def _recover(self) -> tuple[ClusterState, Cursor, int, str]:
+        """State, fold point, control epoch and that epoch's recorded policy ("" if unknown)."""
         events = self.subjects.events_stream
         record = await self.snapshots.load() if self.config.use_snapshot else None
         if record is not None:
-            return record.decode_state(), record.cursor, record.control_epoch
+            return record.decode_state(), record.cursor, record.control_epoch, record.policy
         state = initial_state(
             gapless_streams=(events,), pending_report_limit=self.config.pending_report_limit
         )
-        return state, Cursor(0, 0), 0
+        return state, Cursor(0, 0), 0, ""
 
     async def _run_once(self) -> None:
         self.role = Role.STARTING
@@ -198,7 +200,7 @@ class SchedulerService:
         self._view = None
         self._own_counter = 0
         self.outbox.reset()
-        state, cursor, control_epoch = await self._recover()
+        state, cursor, control_epoch, recorded_policy = await self._recover()
         follower = LogFollower(
             state,
             events_stream=self.subjects.events_stream,
@@ -207,6 +209,8 @@ class SchedulerService:
         )
         # no recomputation while catching up (that is ``shoal replay``'s job): only the live tail is checked
         self.shadow = Shadow(follower, control_epoch=control_epoch, policy=self.config.policy, verify=False)
+        if recorded_policy:
+            self.shadow.adopt_policy(control_epoch, recorded_policy)
         targets = Cursor(
             await self.bus.last_seq(self.subjects.events_stream),
             await self.bus.last_seq(self.subjects.loads_stream),
@@ -256,7 +260,7 @@ class SchedulerService:
         assert self.shadow is not None
         self.epoch = self.lease.epoch
         self.role = Role.TAKING_OVER
-        self._emit(SchedulerTick(epoch=self.epoch, takeover=True, policy=encode_policy(self.config.policy)))
+        self._emit(SchedulerTick(epoch=self.epoch, takeover=True, policy=self._policy_json))
         while self.shadow.control_epoch < self.epoch:
             await self._wait_changed(0.05)
             self._check_tasks()
@@ -519,6 +523,7 @@ class SchedulerService:
                 control_epoch=self.epoch,
                 taken_at=self._wall(),
                 holder=self.config.scheduler_id,
+                policy=self._policy_json,
             )
             self.stats.snapshots += 1
         except BusError as exc:

@@ -30,6 +30,8 @@ class SnapshotRecord(msgspec.Struct, frozen=True, kw_only=True):
     control_epoch: int
     taken_at: float
     holder: str = ""
+    #: The control epoch's policy as its takeover tick recorded it (that tick may precede the snapshot).
+    policy: str = ""
 
     @property
     def cursor(self) -> Cursor:
@@ -59,7 +61,14 @@ class SnapshotStore:
         self.last_size = 0
 
     async def save(
-        self, state: ClusterState, cursor: Cursor, *, control_epoch: int, taken_at: float, holder: str = ""
+        self,
+        state: ClusterState,
+        cursor: Cursor,
+        *,
+        control_epoch: int,
+        taken_at: float,
+        holder: str = "",
+        policy: str = "",
     ) -> int:
         """Store a snapshot; returns its size in bytes."""
         data = _encoder.encode(
@@ -70,6 +79,7 @@ class SnapshotStore:
                 control_epoch=control_epoch,
                 taken_at=taken_at,
                 holder=holder,
+                policy=policy,
             )
         )
         self._generation = (self._generation + 1) % 2

@@ -11,7 +11,7 @@ import pytest
 
 from bus.errors import BusError
 from scheduler.cluster_state import InstanceStatus, encode_snapshot
-from scheduler.config import PolicyConfig, ScalingConfig
+from scheduler.config import PairingConfig, PolicyConfig, ScalingConfig
 from scheduler.instances import RecordingManager
 from scheduler.lease import LEASE_KEY, LeaseRecord
 from scheduler.logfile import read_bus_log
@@ -277,3 +277,41 @@ async def test_scaling_decisions_are_logged_and_carried_out_by_the_instance_mana
         assert [b.instance_id for b in bodies if isinstance(b, ScaleDown)] == ["idle0"]
         for agent in [busy, *idle]:
             await agent.stop()
+
+
+async def test_a_standby_recovered_from_a_snapshot_verifies_with_the_active_s_recorded_policy(
+    cluster: tuple[str, str],
+) -> None:
+    """The takeover tick precedes the snapshot; the snapshot carries the policy, so pairings still verify."""
+    url, prefix = cluster
+    policy = PolicyConfig(pairing=PairingConfig(target_freeness=7.0))  # the standby runs the defaults
+    async with (
+        connected(url, prefix) as agent_bus,
+        connected(url, prefix) as bus_a,
+        connected(url, prefix) as bus_b,
+    ):
+        cold = FakeAgent(agent_bus, "cold")
+        await cold.start()
+        active = SchedulerService(bus_a, SchedulerConfig(scheduler_id="A", policy=policy, **FAST))  # type: ignore[arg-type]
+        async with running(active):
+            await active.wait_active(10)
+            while active.stats.snapshots < 1:
+                await asyncio.sleep(0.1)
+            standby = SchedulerService(bus_b, SchedulerConfig(scheduler_id="B", standby=True, **FAST))  # type: ignore[arg-type]
+            async with running(standby):
+                while standby.role.value != "standby":
+                    await asyncio.sleep(0.05)
+                hot = FakeAgent(agent_bus, "hot", hog_blocks=398)  # joins now: a pairing the standby sees
+                await hot.start()
+                assert standby.shadow is not None
+                for _ in range(100):
+                    if standby.shadow.stats.verified or standby.shadow.mismatches:
+                        break
+                    await asyncio.sleep(0.1)
+                assert standby.shadow.mismatches == []
+                assert standby.shadow.stats.verified >= 1
+                assert standby.shadow.policies[active.epoch] == policy
+                await hot.stop()
+        paired = [b for b in await _decisions(agent_bus) if isinstance(b, Paired)]
+        assert paired and {p.target_freeness for p in paired} == {7.0}
+        await cold.stop()
