@@ -37,12 +37,11 @@ from typing import IO, Any
 import click
 
 from bus.server import die_with_parent
-from scheduler.config import ScalingConfig
+from scheduler.cli import scale_band_options
 
 __all__ = ["Child", "ClusterProcesses", "up"]
 
 _SHOAL = [sys.executable, "-c", "from frontend.cli import main; main()"]
-_SCALING = ScalingConfig()
 
 
 @dataclass
@@ -139,11 +138,7 @@ def _tail(path: Path, lines: int = 15) -> str:
               help="Let the scheduler start and stop agents (between --min-instances and --max-instances).")
 @click.option("--min-instances", type=int, default=None, help="Auto-scaling floor (default: --instances).")
 @click.option("--max-instances", type=int, default=8, show_default=True, help="Auto-scaling ceiling.")
-@click.option("--scale-band", type=(float, float), show_default=True,
-              default=(_SCALING.min_freeness, _SCALING.max_freeness),
-              help="Auto-scaling: scale out below the first average freeness, in above the second.")
-@click.option("--scale-sustain", type=float, default=_SCALING.sustain_s, show_default=True,
-              help="Auto-scaling: seconds outside the band before acting.")
+@scale_band_options
 @click.option("--stall-timeout", type=float, default=30.0, show_default=True)
 @click.option("--max-tokens-cap", type=int, default=None, help="Clamp every request's max_tokens.")
 @click.option("--log-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -192,6 +187,7 @@ def _start(
     common = ["--nats-url", nats_url, "--prefix", options["prefix"]]
     engine = options["engine"]
     model = options["model"] or ("small" if engine == "torch" else "tiny-test")
+
     def agent_args(instance_id: str) -> list[str]:
         args = ["agent", *common, "--instance-id", instance_id, "--engine", engine,
                 "--threads", str(options["threads"]), "--transport", "tcp"]

@@ -28,7 +28,7 @@ from scheduler.instances import InstanceManager, LocalProcessManager
 from scheduler.service import SchedulerConfig, SchedulerService, default_scheduler_id
 from schemas import Subjects
 
-__all__ = ["policy_from_options", "policy_options", "scheduler"]
+__all__ = ["policy_from_options", "policy_options", "scale_band_options", "scheduler"]
 
 F = Callable[..., Any]
 
@@ -68,6 +68,36 @@ def policy_options(function: F) -> F:
     ):
         function = option(function)
     return function
+
+
+def scale_band_options(function: F) -> F:
+    """``--scale-band LOW HIGH`` and ``--scale-sustain``, for ``shoal scheduler`` and ``shoal up``."""
+    defaults = ScalingConfig()
+    function = click.option(
+        "--scale-sustain",
+        type=float,
+        default=defaults.sustain_s,
+        show_default=True,
+        help="Auto-scaling: seconds the average freeness must stay outside the band before acting.",
+    )(function)
+    return click.option(
+        "--scale-band",
+        type=(float, float),
+        default=(defaults.min_freeness, defaults.max_freeness),
+        show_default=True,
+        help="Auto-scaling: scale out below the first average freeness, in above the second.",
+    )(function)
+
+
+def _scaling_from_options(options: dict[str, Any]) -> ScalingConfig:
+    low, high = options["scale_band"]
+    return ScalingConfig(
+        min_freeness=low,
+        max_freeness=high,
+        sustain_s=options["scale_sustain"],
+        min_instances=options["min_instances"],
+        max_instances=options["max_instances"],
+    )
 
 
 def policy_from_options(
@@ -128,20 +158,7 @@ def policy_from_options(
 )
 @click.option("--min-instances", type=int, default=1, show_default=True)
 @click.option("--max-instances", type=int, default=16, show_default=True)
-@click.option(
-    "--scale-band",
-    type=(float, float),
-    default=(ScalingConfig().min_freeness, ScalingConfig().max_freeness),
-    show_default=True,
-    help="Scale out below the first average freeness, in above the second.",
-)
-@click.option(
-    "--scale-sustain",
-    type=float,
-    default=ScalingConfig().sustain_s,
-    show_default=True,
-    help="Seconds the average must stay outside the band before scaling.",
-)
+@scale_band_options
 @click.option(
     "--loads-per-instance",
     type=int,
@@ -159,13 +176,7 @@ def policy_from_options(
 def scheduler(**options: Any) -> None:
     """Run the global scheduler: dispatch, pairing, failure detection, scaling, snapshots."""
     logging.basicConfig(level=options["log_level"].upper(), format="%(asctime)s %(name)s %(message)s")
-    scaling = ScalingConfig(
-        min_freeness=options["scale_band"][0],
-        max_freeness=options["scale_band"][1],
-        sustain_s=options["scale_sustain"],
-        min_instances=options["min_instances"],
-        max_instances=options["max_instances"],
-    )
+    scaling = _scaling_from_options(options)
     config = SchedulerConfig(
         policy=policy_from_options(
             options["policy"],
