@@ -8,7 +8,7 @@ RPCs), :mod:`agents.migration` (both migration sides), :mod:`agents.reporting`
 """
 
 from agents.config import AgentConfig, FaultPlan
-from agents.migration_source import MigrationOutcome, StageRecord
+from agents.migration.source import MigrationOutcome, StageRecord
 from agents.service import Agent
 
 __all__ = ["Agent", "AgentConfig", "FaultPlan", "MigrationOutcome", "StageRecord"]

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from agents.agent import Agent, AgentConfig
-from agents.engine import StepResult
+from agents.engines.protocol import StepResult
 from bus import BusConfig, JetStreamBus, event_loop
 from schemas import SamplingParams, Subjects
 

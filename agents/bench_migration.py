@@ -275,9 +275,9 @@ def run_benchmark(
     from agents.bench_harness import AgentThread
     from agents.engines.torch_engine import TorchEngine
     from agents.engines.torch_engine import preset as model_preset
+    from agents.migration.fsm.config import MigrationConfig
     from bus import BusConfig, JetStreamBus
     from bus.server import EmbeddedNats
-    from scheduler.config import MigrationConfig
     from schemas import Codec, Subjects
     from transport import TransportConfig
 

@@ -116,9 +116,9 @@ def agent(**options: Any) -> None:
 
 async def _run(options: dict[str, Any]) -> None:
     from agents.agent import Agent, AgentConfig
+    from agents.migration.fsm.config import MigrationConfig
     from agents.tracing import configure_tracing
     from bus import BusConfig, JetStreamBus
-    from scheduler.config import MigrationConfig
     from schemas import Subjects
     from transport import TransportConfig
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from scheduler.config import MigrationConfig, PolicyConfig
+from agents.migration.fsm.config import MigrationConfig
+from scheduler.config import PolicyConfig
 from transport import TransportConfig
 
 __all__ = ["MIGRATION_MESSAGE_TYPES", "AgentConfig", "FaultPlan"]

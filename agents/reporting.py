@@ -1,6 +1,6 @@
 """Load reports from engine stats: the agent's virtual usage and freeness, with their inputs.
 
-Pure: :func:`build_load_report` turns an :class:`~agents.engine.EngineStats`
+Pure: :func:`build_load_report` turns an :class:`~agents.engines.protocol.EngineStats`
 snapshot into a :class:`~schemas.LoadReport` using the shared policy functions
 (:func:`scheduler.policy.instance_freeness`, :func:`~scheduler.policy.group_running`),
 so the agent and the scheduler agree on every number. :func:`load_signature`
@@ -9,7 +9,7 @@ is what "something changed" compares. No I/O, no clock.
 
 from __future__ import annotations
 
-from agents.engine import EngineStats, RequestStatus
+from agents.engines.protocol import EngineStats, RequestStatus
 from scheduler.config import PolicyConfig
 from scheduler.policy import (
     RunningRequest,

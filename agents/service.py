@@ -1,6 +1,6 @@
 """The agent: one engine, its step loop, its RPCs, its token deltas and load reports.
 
-:class:`Agent` is the shell around an :class:`~agents.engine.Engine`. Started
+:class:`Agent` is the shell around an :class:`~agents.engines.protocol.Engine`. Started
 (``await agent.start()``), it announces the instance (``InstanceJoined``), runs
 the engine step loop without ever waiting on the scheduler, publishes one
 :class:`~schemas.TokenDelta` per request per step on the request's token
@@ -9,11 +9,10 @@ before the next step starts),
 appends load reports (which are the liveness heartbeat), serves the RPCs of
 the contract (``generate``, ``abort``, ``resend``, ``migrate_out``,
 ``stop_migration``, ``drain``) and hands migration messages to
-:class:`agents.migration.MigrationManager`.
+:class:`agents.migration.manager.MigrationManager`.
 
 Not here: load-report arithmetic (:mod:`agents.reporting`), the delta buffer
-(:mod:`agents.deltas`), the migration shells (:mod:`agents.migration`,
-:mod:`agents.migration_source`, :mod:`agents.migration_dest`).
+(:mod:`agents.deltas`), the migration shells (:mod:`agents.migration`).
 """
 
 from __future__ import annotations
@@ -31,11 +30,11 @@ from opentelemetry import trace
 
 from agents.config import AgentConfig
 from agents.deltas import DeltaBuffer, RequestTokens
-from agents.engine import Engine, RequestRejected, StepResult
-from agents.migration import MigrationManager, MigrationOutcome
+from agents.engines.protocol import Engine, RequestRejected, StepResult
+from agents.migration.fsm.config import MigrationConfig
+from agents.migration.manager import MigrationManager, MigrationOutcome
 from agents.reporting import build_load_report, load_signature
 from bus import Bus, BusError, Service
-from scheduler.config import MigrationConfig
 from schemas import (
     AbortReply,
     AbortRequest,
@@ -356,6 +355,20 @@ class Agent:
     def forget_request(self, request_id: str) -> None:
         """A request that moved away: stop publishing for it (its buffer stays for resends)."""
         self._request_done(request_id)
+
+    def adopt_migrated(self, commit: Commit) -> None:
+        """A migrated request joined the engine here: publish its tokens with the next owner epoch."""
+        prompt = commit.token_ids[: commit.num_prompt_tokens]
+        self.deltas.open(
+            commit.request_id,
+            owner_epoch=commit.owner_epoch + 1,
+            stream=commit.stream,
+            prompt_token_ids=prompt,
+            sampling=commit.sampling,
+            priority=commit.priority,
+            output_token_ids=commit.token_ids[commit.num_prompt_tokens :],
+        )
+        self.wake()
 
     # ------------------------------------------------------------------ reports
 

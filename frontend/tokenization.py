@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from agents.engines.torch_engine.tokenizer import ByteTokenizer, TextTokenizer, load_tokenizer, render_chat
+from agents.engines.tokenizer import ByteTokenizer, TextTokenizer, load_tokenizer, render_chat
 from frontend.errors import APIError, invalid_parameter
 from frontend.openai_models import ChatMessage
 

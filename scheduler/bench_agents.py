@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from agents.agent import Agent, AgentConfig
-from agents.engine import StepResult
+from agents.engines.protocol import StepResult
 from agents.engines.sim import SimEngine
 from bus import BusConfig, JetStreamBus, event_loop
 from schemas import Subjects

@@ -6,7 +6,7 @@ stage, the source ``send``s it; strays are refused and counted. ``ucxx`` is
 imported only when a UCX transport starts.
 """
 
-from transport.base import KVTransport, Payload, RejectReason, TransferHeader, TransportStats, WritableBuffer
+from transport.base import Payload, RejectReason, TransferHeader, TransportStats, WritableBuffer
 from transport.config import TransportConfig, TransportKind
 from transport.errors import (
     InvalidAddress,
@@ -20,6 +20,7 @@ from transport.errors import (
     TransportUnavailable,
 )
 from transport.factory import create_transport, open_transport, transport_for_address
+from transport.protocol import KVTransport
 from transport.receiving import PendingTransfer
 
 __all__ = [

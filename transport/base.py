@@ -1,4 +1,4 @@
-"""The port of the KV data plane: what every transport offers the agents.
+"""The KV data plane's shared data: headers, reject reasons, stats, payload types.
 
 During a live migration the source agent sends, per stage, one fused buffer
 (the request's KV blocks gathered into one contiguous buffer) to the
@@ -13,8 +13,8 @@ in ``stats()``, and never delivered.
 ``send`` returns only once the receiver has the bytes in the expected slot,
 so a source can send ``StageDone`` right after it.
 
-Here: the header, the reject reasons, the stats snapshot, the payload type and
-the ``KVTransport`` protocol. Not here: the expectation bookkeeping
+Here: the header, the reject reasons, the stats snapshot and the payload type.
+Not here: the ``KVTransport`` protocol (``transport.protocol``), the expectation bookkeeping
 (``transport.receiving``), the wire format (``transport.wire``), the
 transports themselves (``inproc``, ``tcp``, ``ucx``), the choice between
 them (``transport.factory``).
@@ -23,15 +23,11 @@ them (``transport.factory``).
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
+from typing import Any, TypeAlias
 
 import msgspec
 
-if TYPE_CHECKING:
-    from transport.receiving import PendingTransfer
-
 __all__ = [
-    "KVTransport",
     "Payload",
     "RejectReason",
     "TransferHeader",
@@ -93,61 +89,3 @@ class TransportStats(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def rejected_total(self) -> int:
         return sum(self.rejected.values())
-
-
-@runtime_checkable
-class KVTransport(Protocol):
-    """Moves fused KV buffers between agents. One instance per agent, both directions."""
-
-    @property
-    def kind(self) -> str:
-        """``"inproc"``, ``"tcp"`` or ``"ucx"``."""
-        ...
-
-    @property
-    def address(self) -> str:
-        """Where peers send to (``tcp://host:port``, ``ucx://host:port``, ``inproc://name``).
-
-        Raises ``TransportClosed`` before ``start``."""
-        ...
-
-    async def start(self) -> str:
-        """Start listening; returns ``address``."""
-        ...
-
-    async def close(self) -> None:
-        """Stop listening, drop connections, fail pending expectations with ``TransportClosed``."""
-        ...
-
-    async def send(
-        self, address: str, header: TransferHeader, payload: Payload, *, timeout: float | None = None
-    ) -> None:
-        """Send one buffer; returns once it sits in the receiver's expected slot.
-
-        Raises ``TransferRejected`` (refused, with ``.reason``), ``PeerUnreachable``,
-        ``TransferTimeout``, ``InvalidAddress``, ``TransportClosed``; ``ValueError`` if
-        ``header.nbytes`` differs from the payload's size.
-        """
-        ...
-
-    def expect(
-        self,
-        migration_id: str,
-        stage: int,
-        nbytes: int,
-        *,
-        reservation_id: str = "",
-        into: WritableBuffer | None = None,
-    ) -> PendingTransfer:
-        """Register the slot for one incoming buffer; await the result for the buffer.
-
-        The buffer is ``into`` itself once filled, or a new ``bytearray`` when ``into`` is None.
-        """
-        ...
-
-    def cancel(self, migration_id: str) -> int:
-        """Drop every expectation of the migration (their waiters get ``TransferCancelled``);
-        later arrivals for it are rejected as ``cancelled``. Returns how many were dropped."""
-        ...
-
-    def stats(self) -> TransportStats: ...

@@ -20,9 +20,10 @@ import time
 import msgspec
 
 from bus import event_loop
-from transport.base import KVTransport, TransferHeader
+from transport.base import TransferHeader
 from transport.config import TransportConfig
 from transport.factory import create_transport
+from transport.protocol import KVTransport
 
 __all__ = ["BandwidthResult", "format_results", "measure_bandwidth"]
 

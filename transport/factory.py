@@ -13,10 +13,10 @@ import logging
 
 import msgspec
 
-from transport.base import KVTransport
 from transport.config import TransportConfig
 from transport.errors import TransportError, TransportUnavailable
 from transport.inproc import InprocTransport
+from transport.protocol import KVTransport
 from transport.tcp import TcpTransport
 
 __all__ = ["create_transport", "open_transport", "transport_for_address"]

@@ -1,8 +1,17 @@
-"""The engines an agent can drive, each implementing :class:`agents.engine.Engine`.
+"""The engine layer: the ``Engine`` protocol, what shoal's own engines share, and the engines.
 
+The layer imports nothing of the agent around it, so the simulator and the
+frontend use it directly:
+
+* :mod:`agents.engines.protocol` — the :class:`~agents.engines.protocol.Engine`
+  protocol, its data types and its error tree (pure);
+* :mod:`agents.engines.block_manager`, :mod:`agents.engines.local_scheduler` —
+  block accounting and the vLLM-v1-style local scheduler (pure);
+* :mod:`agents.engines.scheduled` — the base of engines built on them;
+* :mod:`agents.engines.tokenizer` — text <-> token ids (no torch; the frontend uses it);
+* :mod:`agents.engines.profile` — step-time profiles of the ``sim`` engine;
 * ``sim`` (:mod:`agents.engines.sim`) — timing model and exact block accounting, no tensors;
-* ``torch`` (:mod:`agents.engines.torch_engine`) — the built-in paged-KV transformer;
-* a vLLM adapter, later.
+* ``torch`` (:mod:`agents.engines.torch_engine`) — the built-in paged-KV transformer.
 
 Engine modules are imported lazily by :func:`engine_class`, so choosing ``sim``
 never imports torch. Profiles (step-time tables) live in

@@ -1,8 +1,8 @@
-"""``ScheduledEngine``: what every engine built on :class:`~agents.local_scheduler.LocalScheduler` shares.
+"""``ScheduledEngine``: what every engine built on the shared local scheduler has in common.
 
 The sim and torch engines differ in how a step is computed (a timing model or
 a forward pass) and in what a KV buffer carries (fingerprints or tensors). The
-rest of the :class:`~agents.engine.Engine` protocol is the local scheduler's:
+rest of the :class:`~agents.engines.protocol.Engine` protocol is the local scheduler's:
 reservations, suspend/resume, stats, events, the real-time stepping loop and
 the checks an imported buffer must pass before its payload is looked at. This
 base class holds that part once; an engine sets ``self.scheduler`` and
@@ -15,8 +15,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 
-from agents.block_manager import Reservation
-from agents.engine import (
+from agents.engines.block_manager import Reservation
+from agents.engines.local_scheduler import LocalScheduler
+from agents.engines.protocol import (
     EngineInfo,
     EngineStats,
     KVBuffer,
@@ -25,7 +26,6 @@ from agents.engine import (
     SchedulerEvent,
     StepResult,
 )
-from agents.local_scheduler import LocalScheduler
 from schemas import SamplingParams
 
 __all__ = ["ScheduledEngine"]

@@ -1,7 +1,7 @@
 """The ``sim`` engine: shoal's local scheduler and block manager with a timing model instead of tensors.
 
 It schedules, batches, preempts and accounts KV blocks exactly like the torch
-engine (they share :mod:`agents.local_scheduler`), and instead of running a
+engine (they share :mod:`agents.engines.local_scheduler`), and instead of running a
 model it takes the step time from a profile (:mod:`agents.engines.profile`).
 
 Two ways to drive it:
@@ -34,17 +34,17 @@ from array import array
 from collections.abc import Sequence
 from pathlib import Path
 
-from agents.block_manager import Reservation
-from agents.engine import (
+from agents.engines.block_manager import Reservation
+from agents.engines.local_scheduler import LocalScheduler, LocalSchedulerConfig, SchedulerOutput
+from agents.engines.profile import EngineProfile, TimingModel, load_profile
+from agents.engines.protocol import (
     EngineInfo,
     KVBuffer,
     MigrationError,
     RequestOutput,
     StepResult,
 )
-from agents.engines.profile import EngineProfile, TimingModel, load_profile
 from agents.engines.scheduled import ScheduledEngine
-from agents.local_scheduler import LocalScheduler, SchedulerConfig, SchedulerOutput
 from schemas import SamplingParams
 
 __all__ = ["SimEngine", "sim_token_id"]
@@ -88,7 +88,7 @@ def _block_fingerprint(request_id: str, block_index: int) -> int:
 
 
 class SimEngine(ScheduledEngine):
-    """An :class:`~agents.engine.Engine` with a timing model. See the module docstring."""
+    """An :class:`~agents.engines.protocol.Engine` with a timing model. See the module docstring."""
 
     def __init__(
         self,
@@ -122,7 +122,7 @@ class SimEngine(ScheduledEngine):
             eos_token_id=profile.eos_token_id,
         )
         self.scheduler = LocalScheduler(
-            SchedulerConfig(
+            LocalSchedulerConfig(
                 num_blocks=num_blocks,
                 block_size=profile.block_size,
                 max_model_len=profile.max_model_len,

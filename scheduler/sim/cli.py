@@ -23,9 +23,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from agents.engines.profile import load_profile
+from agents.migration.fsm.config import MigrationConfig
 from scheduler.config import (
     DispatchPolicy,
-    MigrationConfig,
     PairingConfig,
     ScalingConfig,
 )

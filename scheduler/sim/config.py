@@ -25,10 +25,10 @@ import enum
 from dataclasses import dataclass, field
 
 from agents.engines.profile import EngineProfile, load_profile
+from agents.migration.fsm.config import MigrationConfig
 from scheduler.config import (
     DEFAULT_PRIORITY_CLASSES,
     DispatchPolicy,
-    MigrationConfig,
     PairingConfig,
     PolicyConfig,
     PriorityClass,

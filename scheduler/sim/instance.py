@@ -18,9 +18,9 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import TYPE_CHECKING
 
-from agents.engine import RequestStatus
+from agents.engines.local_scheduler import Request, SchedulerOutput
+from agents.engines.protocol import RequestStatus
 from agents.engines.sim import SimEngine
-from agents.local_scheduler import Request, SchedulerOutput
 from scheduler.config import PolicyConfig
 from scheduler.policy import RunningRequest, freeness, virtual_usage_of_groups
 from schemas.instance import InstanceJoined

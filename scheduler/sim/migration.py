@@ -28,9 +28,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from agents.block_manager import OutOfBlocks, Reservation
-from agents.engine import KVBuffer, RequestStatus
-from agents.local_scheduler import Request
+from agents.engines.block_manager import OutOfBlocks, Reservation
+from agents.engines.local_scheduler import Request
+from agents.engines.protocol import KVBuffer, RequestStatus
 from scheduler.policy import Pairing, select_requests_to_migrate
 from scheduler.sim.config import SimConfig
 from scheduler.sim.event_kinds import EventKind

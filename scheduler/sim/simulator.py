@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from agents.engine import RequestRejected
+from agents.engines.protocol import RequestRejected
 from agents.engines.sim import SimEngine
 from scheduler.policy import (
     PendingRequest,

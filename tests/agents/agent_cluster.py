@@ -41,7 +41,7 @@ def bus_config(url: str, subjects: Subjects, name: str = "test") -> BusConfig:
 
 def fast_agent_config(instance_id: str, **changes: Any) -> AgentConfig:
     """Short intervals and timeouts, an in-process-friendly TCP transport."""
-    from scheduler.config import MigrationConfig
+    from agents.migration.fsm.config import MigrationConfig
 
     base = AgentConfig(
         instance_id=instance_id,

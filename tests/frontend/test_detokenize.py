@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agents.engines.torch_engine.tokenizer import ByteTokenizer
+from agents.engines.tokenizer import ByteTokenizer
 from frontend.detokenize import IncrementalDetokenizer, StopStringMatcher
 
 TOKENIZER = ByteTokenizer(320)

@@ -25,8 +25,9 @@ import pytest
 
 from agents.agent import Agent, AgentConfig
 from agents.engines.sim import SimEngine
+from agents.migration.fsm.config import MigrationConfig
 from bus.errors import BusError
-from scheduler.config import MigrationConfig, PairingConfig, PolicyConfig
+from scheduler.config import PairingConfig, PolicyConfig
 from scheduler.logfile import read_bus_log
 from scheduler.replay import ReplayOptions, replay_log
 from scheduler.service import SchedulerConfig, SchedulerService

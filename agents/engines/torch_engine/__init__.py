@@ -3,16 +3,15 @@
 Modules: ``config`` (shapes, presets, HF config parsing), ``model`` (the
 decoder), ``kv_cache`` (the paged pool and the KV buffer format), ``attention``
 (attention through block tables), ``runner`` (forward passes of one step),
-``sampling``, ``tokenizer``, ``loader`` (checkpoints and random presets) and
-``engine`` (``TorchEngine``, the :class:`agents.engine.Engine` implementation).
+``sampling``, ``loader`` (checkpoints and random presets) and
+``engine`` (``TorchEngine``, the :class:`agents.engines.protocol.Engine` implementation).
+Its tokenizers are :mod:`agents.engines.tokenizer` (shared with the frontend, no torch).
 """
 
 from typing import TYPE_CHECKING, Any
 
-# Light modules import eagerly; the ones that need torch load on first use, so
-# the frontend can use the tokenizer without paying for a torch import.
+# The light config module imports eagerly; the ones that need torch load on first use.
 from agents.engines.torch_engine.config import PRESETS, ModelConfig, preset
-from agents.engines.torch_engine.tokenizer import ByteTokenizer, HFTokenizer, TextTokenizer, load_tokenizer
 
 if TYPE_CHECKING:
     from agents.engines.torch_engine.engine import TorchEngine, TorchEngineConfig
@@ -48,17 +47,13 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "KV_BUFFER_FORMAT_VERSION",
     "PRESETS",
-    "ByteTokenizer",
-    "HFTokenizer",
     "KVPoolShape",
     "ModelConfig",
     "PagedKVPool",
-    "TextTokenizer",
     "TorchEngine",
     "TorchEngineConfig",
     "buffer_from_bytes",
     "buffer_to_bytes",
     "load_model",
-    "load_tokenizer",
     "preset",
 ]

@@ -1,6 +1,6 @@
-"""``TorchEngine``: the :class:`~agents.engine.Engine` protocol over the plain-torch model and paged KV pool.
+"""``TorchEngine``: the :class:`~agents.engines.protocol.Engine` over the plain-torch model and paged KV pool.
 
-The step is the vLLM-v1 loop: the shared :class:`~agents.local_scheduler.LocalScheduler`
+The step is the vLLM-v1 loop: the shared :class:`~agents.engines.local_scheduler.LocalScheduler`
 plans (admission, batching, preemption, block tables), ``ModelRunner`` computes
 next-token logits through the block tables, ``sampling.sample`` picks tokens,
 and the scheduler applies the stop rules. Migration moves whole blocks: one
@@ -28,8 +28,9 @@ from dataclasses import dataclass
 
 import msgspec
 
-from agents.block_manager import Reservation
-from agents.engine import (
+from agents.engines.block_manager import Reservation
+from agents.engines.local_scheduler import LocalScheduler, LocalSchedulerConfig, Request, SchedulerOutput
+from agents.engines.protocol import (
     EngineInfo,
     EngineStats,
     KVBuffer,
@@ -46,7 +47,6 @@ from agents.engines.torch_engine.kv_cache import KVPoolShape, PagedKVPool, buffe
 from agents.engines.torch_engine.loader import LoadedModel, load_model
 from agents.engines.torch_engine.runner import ModelRunner, SequenceWork
 from agents.engines.torch_engine.sampling import SamplingRow, check_sampling_params, request_seed, sample
-from agents.local_scheduler import LocalScheduler, Request, SchedulerConfig, SchedulerOutput
 from schemas import KVLayout, ModelIdentity, SamplingParams
 
 __all__ = ["DEFAULT_KV_CACHE_BYTES", "TorchEngine", "TorchEngineConfig"]
@@ -124,7 +124,7 @@ class TorchEngine(ScheduledEngine):
         eos_ids = loaded.config.eos_token_ids
         self._eos_token_ids = eos_ids
         self.scheduler = LocalScheduler(
-            SchedulerConfig(
+            LocalSchedulerConfig(
                 num_blocks=num_blocks,
                 block_size=config.block_size,
                 max_model_len=max_model_len,

@@ -21,8 +21,9 @@ import pytest
 
 from agents.agent import Agent, AgentConfig
 from agents.engines.sim import SimEngine
+from agents.migration.fsm.config import MigrationConfig
 from bus.protocol import Bus
-from scheduler.config import MigrationConfig, PairingConfig, PolicyConfig
+from scheduler.config import PairingConfig, PolicyConfig
 from scheduler.logfile import RecordedLog, read_bus_log
 from scheduler.replay import ReplayOptions, replay_log
 from scheduler.service import SchedulerConfig, SchedulerService

@@ -1,6 +1,6 @@
 """The agent's migration shell: routing handshake messages, faults, ticks and scheduler commands.
 
-:class:`MigrationManager` belongs to one :class:`agents.service.Agent`. It
+:class:`MigrationManager` belongs to one agent (a :class:`~agents.migration.host.MigrationHost`). It
 subscribes to the agent's migration subject (``<prefix>.rpc.mig.<id>``) and
 routes each handshake message to the machine of its migration (starting a
 destination machine for a new one), sends messages to peers (with the trace
@@ -23,26 +23,24 @@ import time
 import uuid
 from collections import Counter, OrderedDict
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 from opentelemetry import trace
 from opentelemetry.trace import Span
 
-from agents.directory import PeerDirectory
-from agents.migration_dest import DestinationDriver
-from agents.migration_log import MigrationLog
-from agents.migration_source import MigrationOutcome, SourceDriver
+from agents.migration.destination import DestinationDriver
+from agents.migration.directory import PeerDirectory
+from agents.migration.fsm.actions import PeerFailed, RequestGone, Tick
+from agents.migration.fsm.config import MigrationConfig
+from agents.migration.fsm.destination import start_destination
+from agents.migration.host import MigrationHost
+from agents.migration.log import MigrationLog
+from agents.migration.source import MigrationOutcome, SourceDriver
 from agents.reporting import running_requests
 from agents.tracing import headers_for, tracer_from
 from bus import BusError, Subscription
-from scheduler.config import MigrationConfig
-from scheduler.migration_fsm import PeerFailed, RequestGone, Tick, start_destination
 from scheduler.policy import select_requests_to_migrate
 from schemas import MigrateOut
 from schemas.migration import CommitAck, MigrationMessage, StageWritten
-
-if TYPE_CHECKING:
-    from agents.service import Agent
 
 __all__ = ["MigrationManager", "MigrationOutcome"]
 
@@ -54,7 +52,7 @@ _FINISHED_KEPT = 1024
 class MigrationManager:
     """Every migration of one agent, both sides; see the module docstring."""
 
-    def __init__(self, agent: Agent, *, tracer_provider: trace.TracerProvider | None = None) -> None:
+    def __init__(self, agent: MigrationHost, *, tracer_provider: trace.TracerProvider | None = None) -> None:
         self.agent = agent
         self.config = agent.config.migration
         self.faults = agent.config.faults
@@ -177,7 +175,7 @@ class MigrationManager:
             now=time.time(),
             config=self.config,
         )
-        driver = DestinationDriver(self, state, headers)
+        driver = DestinationDriver(self, state, headers, on_finished=self.destination_finished)
         if driver.is_final:
             self.finished_destinations[migration_id] = driver
             driver.span.end()
@@ -302,6 +300,7 @@ class MigrationManager:
             request_id=request_id,
             destination_id=destination_id,
             destination_address=joined.transport_address,
+            on_finished=self.source_finished,
             config=config,
         )
         self.sources[migration_id] = driver

@@ -1,12 +1,12 @@
 """The local scheduler shared by shoal's own engines: queue, batch, preempt, stop.
 
 Pure and synchronous; no tensors, no clock, no I/O. It owns every request's
-state (:class:`Request`, status :class:`~agents.engine.RequestStatus`) and the
-instance's :class:`~agents.block_manager.BlockManager`.
+state (:class:`Request`, status :class:`~agents.engines.protocol.RequestStatus`) and the
+instance's :class:`~agents.engines.block_manager.BlockManager`.
 
 How an engine uses this (vLLM v1 style)::
 
-    sched = LocalScheduler(SchedulerConfig(num_blocks=..., block_size=..., max_model_len=...,
+    sched = LocalScheduler(LocalSchedulerConfig(num_blocks=..., block_size=..., max_model_len=...,
                                            vocab_size=..., eos_token_id=...))
     sched.add_request(request_id, prompt_token_ids, sampling, priority)  # may raise RequestRejected
 
@@ -27,7 +27,7 @@ writing KV into ``request.block_ids`` (position ``p`` lives in block
 already allocated), and returns one sampled token per scheduled request.
 ``update_from_output`` appends the tokens, applies max_tokens / min_tokens /
 stop_token_ids / EOS / context and capacity limits, frees finished requests'
-blocks and returns :class:`~agents.engine.RequestOutput` s. Requests aborted or
+blocks and returns :class:`~agents.engines.protocol.RequestOutput` s. Requests aborted or
 released between ``schedule`` and ``update_from_output`` are skipped.
 
 Policy: the queue is ordered by priority (lower value first, as in vLLM) then arrival (FCFS);
@@ -48,8 +48,8 @@ import heapq
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from agents.block_manager import BlockManager, Reservation
-from agents.engine import (
+from agents.engines.block_manager import BlockManager, Reservation
+from agents.engines.protocol import (
     FINISH_REASONS,
     EngineStats,
     InvalidRequestState,
@@ -68,16 +68,16 @@ from schemas import SamplingParams
 
 __all__ = [
     "LocalScheduler",
+    "LocalSchedulerConfig",
     "Request",
     "RequestStatus",
     "ScheduledPrefill",
-    "SchedulerConfig",
     "SchedulerOutput",
 ]
 
 
 @dataclass(frozen=True, slots=True)
-class SchedulerConfig:
+class LocalSchedulerConfig:
     """Static limits of one instance."""
 
     num_blocks: int
@@ -180,7 +180,7 @@ def _order_key(request: Request) -> tuple[int, int]:
 class LocalScheduler:
     """Admission, continuous batching, preemption and stop logic of one instance."""
 
-    def __init__(self, config: SchedulerConfig) -> None:
+    def __init__(self, config: LocalSchedulerConfig) -> None:
         self.config = config
         self.blocks = BlockManager(config.num_blocks, config.block_size)
         self._max_num_tokens = config.max_num_tokens

@@ -3,8 +3,8 @@
 An engine runs one model instance: it queues, batches and preempts requests,
 owns the instance's KV blocks, and copies a request's blocks to and from one
 contiguous buffer for live migration (the paper's "narrow interface"). The
-built-in engines (``sim`` here, ``torch`` next) share :mod:`agents.block_manager`
-and :mod:`agents.local_scheduler`; a vLLM adapter implements the same
+built-in engines (``sim`` here, ``torch`` next) share :mod:`agents.engines.block_manager`
+and :mod:`agents.engines.local_scheduler`; a vLLM adapter implements the same
 :class:`Engine` protocol on top of vLLM's own scheduler.
 
 This module holds only the protocol and plain data types: request status and
@@ -26,7 +26,7 @@ from typing import Protocol, runtime_checkable
 
 import msgspec
 
-from agents.block_manager import OutOfBlocks, Reservation
+from agents.engines.block_manager import OutOfBlocks, Reservation
 from schemas import KVLayout, ModelIdentity, SamplingParams
 
 __all__ = [

@@ -1,6 +1,6 @@
 """The source side of a live migration: executing the source machine's actions.
 
-A :class:`SourceDriver` runs one :class:`~scheduler.migration_fsm.SourceState`
+A :class:`SourceDriver` runs one :class:`~agents.migration.fsm.SourceState`
 machine for one request: it sends the handshake messages, copies each stage's
 blocks over the transport while the request keeps decoding, suspends the
 request between engine steps for the last stage, builds the ``Commit``, frees
@@ -15,15 +15,14 @@ from __future__ import annotations
 import asyncio
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from opentelemetry import trace
 
-from agents.engine import InvalidRequestState, KVBuffer, MigrationError, UnknownRequest
-from agents.migration_driver import Input, MachineDriver
-from scheduler.config import MigrationConfig
-from scheduler.migration_fsm import (
+from agents.engines.protocol import InvalidRequestState, KVBuffer, MigrationError, UnknownRequest
+from agents.migration.driver import Input, MachineDriver
+from agents.migration.fsm.actions import (
     Action,
     CancelCopy,
     ClaimOutcome,
@@ -38,16 +37,14 @@ from scheduler.migration_fsm import (
     ResumeOnSource,
     SendCommit,
     SendToPeer,
-    SourceState,
     Suspend,
     Suspended,
-    start_source,
 )
+from agents.migration.fsm.config import MigrationConfig
+from agents.migration.fsm.source import SourceState, start_source
+from agents.migration.host import DriverContext
 from schemas.migration import Commit, CommitAck
 from transport import TransferHeader
-
-if TYPE_CHECKING:
-    from agents.migration import MigrationManager
 
 __all__ = ["MigrationOutcome", "SourceDriver", "StageRecord", "reservation_tag"]
 
@@ -102,12 +99,13 @@ class SourceDriver(MachineDriver):
 
     def __init__(
         self,
-        manager: MigrationManager,
+        manager: DriverContext,
         *,
         migration_id: str,
         request_id: str,
         destination_id: str,
         destination_address: str,
+        on_finished: Callable[[SourceDriver], None],
         config: MigrationConfig | None = None,
     ) -> None:
         agent = manager.agent
@@ -145,6 +143,7 @@ class SourceDriver(MachineDriver):
             },
         )
         self._initial = actions
+        self._on_finished = on_finished
 
     def begin(self) -> None:
         self.start(self._initial)
@@ -244,7 +243,7 @@ class SourceDriver(MachineDriver):
         )
         started = time.perf_counter()
         try:
-            delay = self.manager.agent.config.faults.copy_delay_s
+            delay = self.agent.config.faults.copy_delay_s
             if delay:
                 await asyncio.sleep(delay)
             indices = list(range(action.first_block, action.end_block))
@@ -334,7 +333,7 @@ class SourceDriver(MachineDriver):
             self.done.set_result(outcome)
 
     def finished(self) -> None:
-        self.manager.source_finished(self)
+        self._on_finished(self)
         if not self.done.done():  # cancelled before an outcome: report it as failed
             self.outcome.reason = self.outcome.reason or "cancelled"
             self.outcome.finished_at = time.time()

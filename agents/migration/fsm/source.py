@@ -33,8 +33,7 @@ from typing import Any
 
 import msgspec
 
-from scheduler.config import MigrationConfig
-from scheduler.migration.common import (
+from agents.migration.fsm.actions import (
     Action,
     CancelCopy,
     ClaimOutcome,
@@ -55,6 +54,7 @@ from scheduler.migration.common import (
     Suspended,
     Tick,
 )
+from agents.migration.fsm.config import MigrationConfig
 from schemas.migration import Abort, Ack, CommitAck, MigrationMessage, PreAllocate, StageDone
 
 __all__ = ["SourcePhase", "SourceState", "source_step", "start_source"]

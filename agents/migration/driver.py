@@ -1,9 +1,9 @@
 """Running one migration state machine: a queue of inputs, actions executed in order.
 
 :class:`MachineDriver` owns the pure state of one side of one migration
-(:mod:`scheduler.migration_fsm`) and feeds it inputs one at a time from a
+(:mod:`agents.migration.fsm`) and feeds it inputs one at a time from a
 queue. Each input's actions are executed in order by the subclass
-(:mod:`agents.migration_source`, :mod:`agents.migration_dest`); an action that
+(:mod:`agents.migration.source`, :mod:`agents.migration.destination`); an action that
 is answered synchronously (``Reserve``, ``WriteBlocks``) returns its answer,
 which is applied before the next queued input, as the protocol requires.
 Time is the wall clock (``time.time()``), so ``Commit.suspended_at`` and
@@ -15,20 +15,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from scheduler.config import MigrationConfig
-from scheduler.migration_fsm import Action, DestinationState, LocalEvent, SourceState, is_final, step
-from schemas.migration import MigrationMessage
+from agents.migration.fsm import Input, is_final, step
+from agents.migration.fsm.actions import Action
+from agents.migration.fsm.config import MigrationConfig
+from agents.migration.fsm.destination import DestinationState
+from agents.migration.fsm.source import SourceState
+from agents.migration.host import DriverContext
 
-if TYPE_CHECKING:
-    from agents.migration import MigrationManager
-
-__all__ = ["MachineDriver"]
+__all__ = ["Input", "MachineDriver"]
 
 log = logging.getLogger(__name__)
-
-Input = MigrationMessage | LocalEvent
 
 
 class MachineDriver:
@@ -36,7 +34,7 @@ class MachineDriver:
 
     def __init__(
         self,
-        manager: MigrationManager,
+        manager: DriverContext,
         state: SourceState | DestinationState,
         config: MigrationConfig | None = None,
     ) -> None:

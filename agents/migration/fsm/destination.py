@@ -15,7 +15,7 @@ destination releases instead, and the request is never run twice. A
 reservation is released by the one rollback, :func:`_rollback`, on abort,
 peer failure, a failed reservation, a lost claim or ``destination_idle_timeout_s``
 without news from the source. Copied data is written only into blocks still
-reserved (:class:`~scheduler.migration.common.WriteBlocks`), never after a
+reserved (:class:`~agents.migration.fsm.actions.WriteBlocks`), never after a
 release. Repeated messages are answered again (the same
 ``Ack`` for a stage, the same ``CommitAck`` after committing, ``Abort`` once
 aborted). Pure: :func:`destination_step` returns the next state and actions.
@@ -30,8 +30,7 @@ from typing import Any
 
 import msgspec
 
-from scheduler.config import MigrationConfig
-from scheduler.migration.common import (
+from agents.migration.fsm.actions import (
     Action,
     AdmitRequest,
     BlocksReceived,
@@ -50,6 +49,7 @@ from scheduler.migration.common import (
     Tick,
     WriteBlocks,
 )
+from agents.migration.fsm.config import MigrationConfig
 from schemas.migration import Abort, Ack, Commit, CommitAck, MigrationMessage, PreAllocate, StageDone
 
 __all__ = ["DestinationPhase", "DestinationState", "destination_step", "start_destination"]

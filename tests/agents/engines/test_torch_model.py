@@ -12,12 +12,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agents.engines.tokenizer import ByteTokenizer, HFTokenizer, load_tokenizer
 from agents.engines.torch_engine.config import PRESETS, ModelConfig, UnsupportedModelError, preset
 from agents.engines.torch_engine.kv_cache import KVPoolShape, PagedKVPool, buffer_from_bytes, buffer_to_bytes
 from agents.engines.torch_engine.loader import CheckpointError, load_checkpoint, load_model
 from agents.engines.torch_engine.model import LlamaForCausalLM, build_random_model
 from agents.engines.torch_engine.runner import ModelRunner, SequenceWork
-from agents.engines.torch_engine.tokenizer import ByteTokenizer, HFTokenizer, load_tokenizer
 
 TINY = preset("tiny")
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler.migration_fsm import (
+from agents.migration.fsm import step
+from agents.migration.fsm.actions import (
     AdmitRequest,
     BlocksReceived,
     CancelCopy,
     ClaimOutcome,
     CopyBlocks,
     CopyDone,
-    DestinationPhase,
     FreeSourceBlocks,
     OutcomeClaimed,
     PeerFailed,
@@ -26,18 +26,15 @@ from scheduler.migration_fsm import (
     ResumeOnSource,
     SendCommit,
     SendToPeer,
-    SourcePhase,
     Suspend,
     Suspended,
     Tick,
     WriteBlocks,
-    destination_step,
-    start_destination,
-    start_source,
-    step,
 )
+from agents.migration.fsm.destination import DestinationPhase, destination_step, start_destination
+from agents.migration.fsm.source import SourcePhase, start_source
 from schemas.migration import Abort, Ack, Commit, CommitAck, PreAllocate, StageDone
-from tests.scheduler.migration_world import CONFIG, World
+from tests.agents.migration.world import CONFIG, World
 
 
 def deliver_all(world: World) -> None:

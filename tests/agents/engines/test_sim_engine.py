@@ -12,7 +12,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agents.engine import Engine, KVBuffer, MigrationError, RequestRejected, RequestStatus, StepResult
 from agents.engines import engine_class
 from agents.engines.profile import (
     BUILTIN_PROFILES,
@@ -22,6 +21,14 @@ from agents.engines.profile import (
     TimingModel,
     dump_profile,
     load_profile,
+)
+from agents.engines.protocol import (
+    Engine,
+    KVBuffer,
+    MigrationError,
+    RequestRejected,
+    RequestStatus,
+    StepResult,
 )
 from agents.engines.sim import SimEngine, sim_token_id
 from schemas import SamplingParams

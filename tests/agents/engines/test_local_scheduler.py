@@ -8,7 +8,8 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from agents.engine import (
+from agents.engines.local_scheduler import LocalScheduler, LocalSchedulerConfig, SchedulerOutput
+from agents.engines.protocol import (
     InvalidRequestState,
     PreemptionEvent,
     RejectionEvent,
@@ -17,14 +18,13 @@ from agents.engine import (
     RequestRejected,
     RequestStatus,
 )
-from agents.local_scheduler import LocalScheduler, SchedulerConfig, SchedulerOutput
 from schemas import SamplingParams
 
 EOS = 0
 
 
 def make(num_blocks: int = 16, block_size: int = 4, **kw: int | None) -> LocalScheduler:
-    config = SchedulerConfig(
+    config = LocalSchedulerConfig(
         num_blocks=num_blocks,
         block_size=block_size,
         max_model_len=kw.pop("max_model_len", None) or 1024,

@@ -17,7 +17,7 @@ import pytest
 
 from agents.agent import Agent, AgentConfig, FaultPlan, MigrationOutcome
 from agents.engines.sim import sim_token_id
-from scheduler.config import MigrationConfig
+from agents.migration.fsm.config import MigrationConfig
 from schemas import Abort, CommitAck, GenerateRequest
 from tests.agents.agent_cluster import (
     AgentCluster,

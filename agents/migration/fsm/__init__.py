@@ -6,7 +6,7 @@ The source and destination exchange the wire messages of
 (clock ticks, the engine, the transport, the block manager, failure detection,
 the event log). Each machine is an enum of phases, a transition table and a
 pure :func:`step` returning ``(state, actions)``; actions are plain data the
-agent shell executes (see :mod:`scheduler.migration.common`). Rollback lives in
+agent shell executes (see :mod:`agents.migration.fsm.actions`). Rollback lives in
 one function per side.
 
 Ownership rule: the source frees its blocks only after a ``CommitAck``; a
@@ -28,85 +28,16 @@ from __future__ import annotations
 
 from typing import overload
 
-from scheduler.config import MigrationConfig
-from scheduler.migration.common import (
-    Action,
-    AdmitRequest,
-    BlocksReceived,
-    CancelCopy,
-    ClaimOutcome,
-    CopyBlocks,
-    CopyDone,
-    CopyFailed,
-    FreeSourceBlocks,
-    LocalEvent,
-    OutcomeClaimed,
-    PeerFailed,
-    RejectBlocks,
-    ReleaseReservation,
-    ReportFailed,
-    ReportMigrated,
-    RequestGone,
-    Reserve,
-    Reserved,
-    ReserveFailed,
-    ResumeOnSource,
-    SendCommit,
-    SendToPeer,
-    Suspend,
-    Suspended,
-    Tick,
-    WriteBlocks,
-)
-from scheduler.migration.destination import (
-    DestinationPhase,
-    DestinationState,
-    destination_step,
-    start_destination,
-)
-from scheduler.migration.source import SourcePhase, SourceState, source_step, start_source
+from agents.migration.fsm.actions import Action, LocalEvent
+from agents.migration.fsm.config import MigrationConfig
+from agents.migration.fsm.destination import DestinationState, destination_step
+from agents.migration.fsm.source import SourceState, source_step
 from schemas.migration import MigrationMessage
 
-__all__ = [
-    "Action",
-    "AdmitRequest",
-    "BlocksReceived",
-    "CancelCopy",
-    "ClaimOutcome",
-    "CopyBlocks",
-    "CopyDone",
-    "CopyFailed",
-    "DestinationPhase",
-    "DestinationState",
-    "FreeSourceBlocks",
-    "LocalEvent",
-    "MigrationConfig",
-    "OutcomeClaimed",
-    "PeerFailed",
-    "RejectBlocks",
-    "ReleaseReservation",
-    "ReportFailed",
-    "ReportMigrated",
-    "RequestGone",
-    "Reserve",
-    "ReserveFailed",
-    "Reserved",
-    "ResumeOnSource",
-    "SendCommit",
-    "SendToPeer",
-    "SourcePhase",
-    "SourceState",
-    "Suspend",
-    "Suspended",
-    "Tick",
-    "WriteBlocks",
-    "destination_step",
-    "is_final",
-    "source_step",
-    "start_destination",
-    "start_source",
-    "step",
-]
+__all__ = ["Input", "is_final", "step"]
+
+#: Everything a machine takes: a wire message from its peer or a local event from its shell.
+Input = MigrationMessage | LocalEvent
 
 
 @overload

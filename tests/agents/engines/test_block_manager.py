@@ -7,7 +7,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
 
-from agents.block_manager import (
+from agents.engines.block_manager import (
     BlockManager,
     BlockStateError,
     OutOfBlocks,

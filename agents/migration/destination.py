@@ -1,6 +1,6 @@
 """The destination side of a live migration: executing the destination machine's actions.
 
-A :class:`DestinationDriver` runs one :class:`~scheduler.migration_fsm.DestinationState`
+A :class:`DestinationDriver` runs one :class:`~agents.migration.fsm.DestinationState`
 machine: on ``PreAllocate`` it reserves blocks in the engine (answering at
 once, ``Reserved`` or ``ReserveFailed``) and registers the transport slot for
 that stage *before* the ``Ack`` goes out; a landed buffer is written into the
@@ -14,19 +14,15 @@ the transport slots too, so late data never lands in released blocks.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
 
-from agents.engine import KVBuffer, MigrationError, OutOfBlocks, Reservation
-from agents.migration_driver import Input, MachineDriver
-from agents.migration_source import reservation_tag
-from agents.tracing import parent_context
-from scheduler.migration_fsm import (
+from agents.engines.protocol import KVBuffer, MigrationError, OutOfBlocks, Reservation
+from agents.migration.driver import Input, MachineDriver
+from agents.migration.fsm.actions import (
     Action,
     AdmitRequest,
     BlocksReceived,
     ClaimOutcome,
-    DestinationState,
     OutcomeClaimed,
     RejectBlocks,
     ReleaseReservation,
@@ -38,11 +34,12 @@ from scheduler.migration_fsm import (
     SendToPeer,
     WriteBlocks,
 )
+from agents.migration.fsm.destination import DestinationState
+from agents.migration.host import DriverContext
+from agents.migration.source import reservation_tag
+from agents.tracing import parent_context
 from schemas.migration import Commit, StageWritten
 from transport import PendingTransfer, TransportError
-
-if TYPE_CHECKING:
-    from agents.migration import MigrationManager
 
 __all__ = ["DestinationDriver", "payload_bytes_per_block"]
 
@@ -61,9 +58,15 @@ class DestinationDriver(MachineDriver):
     state: DestinationState
 
     def __init__(
-        self, manager: MigrationManager, state: DestinationState, headers: Mapping[str, str]
+        self,
+        manager: DriverContext,
+        state: DestinationState,
+        headers: Mapping[str, str],
+        *,
+        on_finished: Callable[[DestinationDriver], None],
     ) -> None:
         super().__init__(manager, state)
+        self._on_finished = on_finished
         self.reservations: dict[int, Reservation] = {}
         self.pending: dict[int, PendingTransfer] = {}
         self.received: dict[int, object] = {}
@@ -235,16 +238,7 @@ class DestinationDriver(MachineDriver):
             agent.spawn(agent.publish_failure(commit, str(exc)))
             return
         self.reservations.clear()
-        agent.deltas.open(
-            commit.request_id,
-            owner_epoch=commit.owner_epoch + 1,
-            stream=commit.stream,
-            prompt_token_ids=prompt,
-            sampling=commit.sampling,
-            priority=commit.priority,
-            output_token_ids=outputs,
-        )
-        agent.wake()
+        agent.adopt_migrated(commit)
 
     async def _claim(self, action: ClaimOutcome) -> None:
         try:
@@ -256,4 +250,4 @@ class DestinationDriver(MachineDriver):
     def finished(self) -> None:
         self.pending.clear()  # landed buffers: a finished machine is kept (for late messages), its data not
         self.received.clear()
-        self.manager.destination_finished(self)
+        self._on_finished(self)

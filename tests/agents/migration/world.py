@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from scheduler.config import MigrationConfig
-from scheduler.migration_fsm import (
+from agents.migration.fsm import is_final
+from agents.migration.fsm.actions import (
     Action,
     AdmitRequest,
     BlocksReceived,
@@ -22,7 +22,6 @@ from scheduler.migration_fsm import (
     CopyBlocks,
     CopyDone,
     CopyFailed,
-    DestinationState,
     FreeSourceBlocks,
     LocalEvent,
     OutcomeClaimed,
@@ -37,17 +36,14 @@ from scheduler.migration_fsm import (
     ResumeOnSource,
     SendCommit,
     SendToPeer,
-    SourceState,
     Suspend,
     Suspended,
     Tick,
     WriteBlocks,
-    destination_step,
-    is_final,
-    source_step,
-    start_destination,
-    start_source,
 )
+from agents.migration.fsm.config import MigrationConfig
+from agents.migration.fsm.destination import DestinationState, destination_step, start_destination
+from agents.migration.fsm.source import SourceState, source_step, start_source
 from schemas.migration import Commit, CommitAck, MigrationMessage
 
 CONFIG = MigrationConfig(last_stage_max_blocks=2, max_stages=5, ack_timeout_s=2.0, copy_timeout_s=5.0,

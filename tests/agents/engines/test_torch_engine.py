@@ -9,8 +9,15 @@ from pathlib import Path
 import pytest
 from safetensors.torch import save_file
 
-from agents.engine import Engine, KVBuffer, MigrationError, PreemptionEvent, RejectReason, RequestRejected
 from agents.engines import engine_class
+from agents.engines.protocol import (
+    Engine,
+    KVBuffer,
+    MigrationError,
+    PreemptionEvent,
+    RejectReason,
+    RequestRejected,
+)
 from agents.engines.torch_engine import TorchEngine
 from schemas import SamplingParams
 

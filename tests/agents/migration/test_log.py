@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from agents.migration_log import MigrationLog
+from agents.migration.log import MigrationLog
 from bus import Bus, JetStreamBus, MemoryBroker, MemoryBus
 from schemas import Abort, Codec, CommitAck, PreAllocate, Subjects
 from tests.agents.agent_cluster import bus_config

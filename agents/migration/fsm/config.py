@@ -1,0 +1,48 @@
+"""Frozen configuration of the two migration state machines: stage sizing and timeouts.
+
+Pure data, validated on construction; the agents' shells and the simulator
+pass one to every :func:`agents.migration.fsm.step`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["MigrationConfig"]
+
+
+@dataclass(frozen=True, slots=True)
+class MigrationConfig:
+    """Stage sizing and timeouts of the migration state machines (seconds, block counts).
+
+    A stage that leaves at most ``last_stage_max_blocks`` new full blocks makes
+    the next stage the last one (suspend, copy the rest, commit); so does
+    reaching ``max_stages``. The destination gives up a reservation it has not
+    heard about for ``destination_idle_timeout_s``: keep it well above the
+    source's ``copy_timeout_s`` so blocks are never released under a running copy.
+    """
+
+    last_stage_max_blocks: int = 2
+    max_stages: int = 8
+    ack_timeout_s: float = 2.0
+    copy_timeout_s: float = 30.0
+    suspend_timeout_s: float = 2.0
+    commit_timeout_s: float = 2.0
+    claim_retry_s: float = 1.0
+    destination_idle_timeout_s: float = 60.0
+    #: Migrations one instance takes part in at once, as source and as destination each.
+    max_concurrent_per_instance: int = 1
+
+    def __post_init__(self) -> None:
+        if self.last_stage_max_blocks < 0:
+            raise ValueError("last_stage_max_blocks must be >= 0")
+        if self.max_concurrent_per_instance < 1:
+            raise ValueError("max_concurrent_per_instance must be >= 1")
+        if self.max_stages < 1:
+            raise ValueError("max_stages must be >= 1")
+        timeouts = (
+            self.ack_timeout_s, self.copy_timeout_s, self.suspend_timeout_s,
+            self.commit_timeout_s, self.claim_retry_s, self.destination_idle_timeout_s,
+        )
+        if any(t <= 0 for t in timeouts):
+            raise ValueError("every timeout must be > 0")

@@ -1,0 +1,116 @@
+"""The narrow protocols the migration shells depend on, instead of concrete classes.
+
+* :class:`MigrationHost` — what the manager and the drivers use of their agent:
+  its identity, engine, bus, transport, configuration, task spawning, and the
+  few request-bookkeeping calls a migration makes (the record of a request it
+  sends, forgetting a request that left, adopting one that arrived).
+  :class:`agents.service.Agent` implements it; a test can pass anything that does.
+* :class:`DriverContext` — what a driver of one machine
+  (:mod:`agents.migration.source`, :mod:`agents.migration.destination`) uses of
+  the :class:`~agents.migration.manager.MigrationManager` that owns it.
+
+Only type-level imports of lower layers here; nothing imports the manager or
+the agent, so neither a driver nor the manager needs the class that hosts it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import Any, Protocol
+
+from opentelemetry.trace import Span, Tracer
+
+from agents.config import AgentConfig
+from agents.deltas import RequestTokens
+from agents.engines.protocol import Engine
+from agents.migration.fsm.config import MigrationConfig
+from agents.migration.log import MigrationLog
+from bus import Bus
+from schemas import Codec, Subjects
+from schemas.migration import Commit, MigrationMessage
+from transport import KVTransport
+
+__all__ = ["DriverContext", "MigrationHost"]
+
+
+class MigrationHost(Protocol):
+    """What migration needs of the agent it runs in."""
+
+    @property
+    def instance_id(self) -> str: ...
+
+    @property
+    def engine(self) -> Engine: ...
+
+    @property
+    def bus(self) -> Bus: ...
+
+    @property
+    def codec(self) -> Codec: ...
+
+    @property
+    def subjects(self) -> Subjects: ...
+
+    @property
+    def config(self) -> AgentConfig: ...
+
+    @property
+    def transport(self) -> KVTransport: ...
+
+    @property
+    def terminating(self) -> bool:
+        """The instance is draining: it takes no migration in and moves every request out."""
+        ...
+
+    @property
+    def is_stepping(self) -> bool:
+        """An engine step is in flight (a suspend then takes effect after it)."""
+        ...
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        """Run ``coro`` as one of the agent's tasks (cancelled when the agent stops)."""
+        ...
+
+    def wake(self) -> None:
+        """Tell the step loop there is work (a request resumed, arrived or left)."""
+        ...
+
+    def request_record(self, request_id: str) -> RequestTokens | None:
+        """How to continue ``request_id`` elsewhere (prompt, sampling, priority, owner epoch, tokens)."""
+        ...
+
+    def forget_request(self, request_id: str) -> None:
+        """``request_id`` moved away: stop publishing for it."""
+        ...
+
+    def adopt_migrated(self, commit: Commit) -> None:
+        """``commit``'s request now runs here: publish its tokens with the next owner epoch."""
+        ...
+
+    async def publish_failure(self, commit: Commit, reason: str) -> None:
+        """A request the log gave to this agent could not be admitted: end its stream with an error."""
+        ...
+
+
+class DriverContext(Protocol):
+    """What a machine's driver uses of the manager that owns it."""
+
+    @property
+    def agent(self) -> MigrationHost: ...
+
+    @property
+    def config(self) -> MigrationConfig: ...
+
+    @property
+    def tracer(self) -> Tracer: ...
+
+    @property
+    def log(self) -> MigrationLog: ...
+
+    @property
+    def num_incoming(self) -> int: ...
+
+    async def send(self, peer_id: str, message: MigrationMessage, span: Span | None) -> None:
+        """Send a handshake message to ``peer_id`` and append it to the migration's log."""
+        ...
