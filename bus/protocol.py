@@ -19,6 +19,7 @@ from typing import NamedTuple, Protocol, Self, TypeVar
 
 import msgspec
 
+from schemas.position import Position
 from schemas.subjects import Subjects
 
 __all__ = [
@@ -54,13 +55,6 @@ ERROR_HEADER = "Shoal-Error"
 
 #: Serves one request: ``await handler(data, headers)`` returns the reply payload.
 Handler = Callable[[bytes, dict[str, str]], Awaitable[bytes]]
-
-
-class Position(msgspec.Struct, frozen=True):
-    """Where a message lives: a stream and its sequence there (1-based, strictly increasing)."""
-
-    stream: str
-    seq: int
 
 
 class StoredMessage(msgspec.Struct, frozen=True):

@@ -19,10 +19,11 @@ from collections.abc import Iterable
 
 from scheduler.cluster_state import ClusterState, InstanceStatus, initial_state
 from scheduler.config import PolicyConfig
-from scheduler.fold import Position, evolve
+from scheduler.fold import evolve
 from scheduler.policy import DispatchDecision, InstanceLoad, PendingRequest, make_dispatcher
 from schemas import InstanceFailed, InstanceJoined, InstanceLeft, InstanceTerminating, LoadReport
 from schemas.envelope import Body
+from schemas.position import Position
 
 __all__ = ["LoadBoard"]
 

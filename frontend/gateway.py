@@ -39,7 +39,6 @@ from frontend.errors import APIError, context_length_exceeded, invalid_parameter
 from frontend.lifecycle import LifecycleLog
 from frontend.metrics import FrontendMetrics
 from frontend.streams import Accepted, DeltaAssembler
-from scheduler.fold import Position
 from schemas import (
     AbortRequest,
     Codec,
@@ -133,7 +132,7 @@ class Gateway:
                         envelope = self.codec.decode_or_none(message.data)
                         if envelope is None:
                             continue
-                        position = Position(message.position.stream, message.position.seq)
+                        position = message.position
                         age = max(0.0, time.time() - message.time) if message.time > 0 else 0.0
                         try:
                             self.board.observe(position, envelope.body, self.clock() - age)

@@ -2,7 +2,7 @@
 
 Starts (unless ``--nats`` is given) an embedded nats-server, a ``shoal
 scheduler`` process and ``--processes`` processes of ``sim`` agents
-(:mod:`scheduler.bench_agents`, ``--instances`` in all, LLaMA-7B/A10 timing),
+(:mod:`agents.bench_fleet`, ``--instances`` in all, LLaMA-7B/A10 timing),
 then for each rate runs an open-loop load generator for ``--duration``
 seconds: each request (prompt 128 tokens, output 32) asks the scheduler for a
 placement and sends a ``GenerateRequest`` with ``stream=False`` to the chosen
@@ -174,7 +174,7 @@ async def run_cluster_bench(
             [
                 sys.executable,
                 "-m",
-                "scheduler.bench_agents",
+                "agents.bench_fleet",
                 "--nats",
                 url,
                 "--prefix",

@@ -18,13 +18,14 @@ import time
 
 from scheduler.cluster_state import encode_snapshot, initial_state, live_loads
 from scheduler.config import DispatchPolicy, PolicyConfig
-from scheduler.fold import Position, replay
+from scheduler.fold import replay
 from scheduler.policy import PendingRequest, make_dispatcher, pair_instances
 from schemas.decisions import Dispatched
 from schemas.envelope import Body
 from schemas.instance import InstanceJoined, KVLayout, ModelIdentity
 from schemas.load import LoadReport, PriorityLoad
 from schemas.migration import Ack, CommitAck, PreAllocate, StageDone
+from schemas.position import Position
 from schemas.requests import RequestArrived, RequestFinished
 
 __all__ = ["build_log", "main"]

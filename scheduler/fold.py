@@ -34,7 +34,7 @@ dispatches, and only until the next few reports. Pure: no I/O, no clock.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -62,6 +62,7 @@ from schemas.instance import (
 )
 from schemas.load import LoadReport
 from schemas.migration import Abort, Ack, Commit, CommitAck, PreAllocate, StageDone
+from schemas.position import Position
 from schemas.requests import (
     RequestAborted,
     RequestArrived,
@@ -74,20 +75,12 @@ from schemas.requests import (
 __all__ = [
     "FoldError",
     "InvalidPosition",
-    "Position",
     "PositionGap",
     "PositionRegressed",
     "evolve",
     "replay",
     "with_lease_epoch",
 ]
-
-
-class Position(NamedTuple):
-    """Where an event sits: a stream name and its sequence there (from 1)."""
-
-    stream: str
-    seq: int
 
 
 class FoldError(Exception):
@@ -425,7 +418,7 @@ _RULES: dict[type, _Rule] = {
 
 def evolve(state: ClusterState, position: Position, body: Body) -> ClusterState:
     """The state after folding ``body`` found at ``position``. Never mutates ``state``."""
-    stream, seq = position
+    stream, seq = position.stream, position.seq
     if seq < 1:
         raise InvalidPosition(f"{stream}: sequence {seq} < 1")
     last = state.positions.get(stream, 0)

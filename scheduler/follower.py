@@ -27,7 +27,7 @@ import msgspec
 
 from scheduler.cluster_state import ClusterState
 from scheduler.config import PolicyConfig, decode_policy
-from scheduler.fold import Position, replay
+from scheduler.fold import replay
 from scheduler.recompute import (
     Cursor,
     apply_overlay,
@@ -39,6 +39,7 @@ from scheduler.recompute import (
 from schemas.decisions import Dispatched, Paired, SchedulerTick, Unpaired
 from schemas.envelope import Body
 from schemas.load import LoadReport
+from schemas.position import Position
 
 __all__ = ["BufferedEvent", "LogFollower", "Mismatch", "Shadow", "ShadowStats"]
 

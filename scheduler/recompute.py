@@ -31,12 +31,13 @@ from typing import NamedTuple
 
 from scheduler.cluster_state import ClusterState, live_loads
 from scheduler.config import DispatchPolicy, PolicyConfig
-from scheduler.fold import Position, evolve
+from scheduler.fold import evolve
 from scheduler.policy.dispatch import PendingRequest, make_dispatcher
 from scheduler.policy.pairing import pair_instances
 from schemas.decisions import Dispatched, Paired, ScaleDown, ScaleUp, SchedulerTick, Unpaired
 from schemas.envelope import Body
 from schemas.instance import InstanceFailed
+from schemas.position import Position
 from schemas.rpc import DispatchRequest
 
 __all__ = [

@@ -120,7 +120,6 @@ class SchedulerService:
         self.outbox = Outbox(bus, max_in_flight=self.config.max_in_flight_appends)
         self._last_seen: dict[str, float] = {}
         self._scaling = ScalingState()
-        self._draining: set[str] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[Any]] = set()
         self._snapshot_events = 0
@@ -560,7 +559,6 @@ class SchedulerService:
 
     def _carry_out_scaling(self, decision: object) -> None:
         if isinstance(decision, ScaleDownDecision):
-            self._draining.add(decision.instance_id)
             subject = self.subjects.rpc_agent(decision.instance_id, "drain")
             self._spawn(self._request(subject, Drain(epoch=self.epoch)))
             if self.manager is not None:

@@ -11,6 +11,7 @@ from schemas.errors import *  # noqa: F403
 from schemas.instance import *  # noqa: F403
 from schemas.load import *  # noqa: F403
 from schemas.migration import *  # noqa: F403
+from schemas.position import Position
 from schemas.requests import *  # noqa: F403
 from schemas.rpc import *  # noqa: F403
 from schemas.subjects import Subjects
@@ -22,6 +23,7 @@ __all__ = [
     "Codec",
     "Envelope",
     "Message",
+    "Position",
     "Subjects",
     "TokenDelta",
     "decode_body",

@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import logging
 import socket
-from dataclasses import dataclass, field
 
 import msgspec
 
@@ -34,6 +33,7 @@ from transport.errors import (
     TransportClosed,
     TransportError,
 )
+from transport.pool import PeerPools, StaleConnection
 from transport.receiving import Admission, ExpectationTable, TransportBase, serve_offer
 from transport.wire import (
     CONTROL_SLOT_BYTES,
@@ -53,16 +53,6 @@ __all__ = ["TcpTransport"]
 log = logging.getLogger(__name__)
 
 
-class _StaleConnection(Exception):
-    """A reused connection failed before the receiver saw the offer: safe to retry."""
-
-
-@dataclass(eq=False)
-class _PeerPool:
-    slots: asyncio.Semaphore
-    idle: list[socket.socket] = field(default_factory=list)
-
-
 class TcpTransport(TransportBase):
     """A ``KVTransport`` over TCP."""
 
@@ -74,7 +64,12 @@ class TcpTransport(TransportBase):
         self._listener: socket.socket | None = None
         self._accept_task: asyncio.Task[None] | None = None
         self._serving: set[asyncio.Task[None]] = set()
-        self._pools: dict[tuple[str, int], _PeerPool] = {}
+        self._pools: PeerPools[socket.socket] = PeerPools(
+            max_per_peer=self._config.max_connections_per_peer,
+            connect=self._connect,
+            discard=_discard,
+            scheme="tcp",
+        )
         self._address = ""
 
     # -- lifecycle -------------------------------------------------------------------
@@ -120,11 +115,7 @@ class TcpTransport(TransportBase):
             task.cancel()
         if self._serving:
             await asyncio.gather(*self._serving, return_exceptions=True)
-        for pool in self._pools.values():
-            for sock in pool.idle:
-                sock.close()
-            pool.idle.clear()
-        self._pools.clear()
+        await self._pools.close()
 
     # -- receive side ------------------------------------------------------------------
 
@@ -187,30 +178,13 @@ class TcpTransport(TransportBase):
         if self._config.checksum and header.checksum is None and not is_device_tensor(payload):
             header = msgspec.structs.replace(header, checksum=checksum_of(view))
         limit = self._config.send_timeout_s if timeout is None else timeout
-        await self._send_counted(address, size, limit, self._send_pooled(peer, header, view))
+        sending = self._pools.run(
+            peer, lambda conn, reused: _transfer(conn, header, view, reused=reused), keep=self._is_open
+        )
+        await self._send_counted(address, size, limit, sending)
 
-    async def _send_pooled(self, peer: tuple[str, int], header: TransferHeader, view: memoryview) -> None:
-        pool = self._pools.get(peer)
-        if pool is None:
-            pool = self._pools[peer] = _PeerPool(asyncio.Semaphore(self._config.max_connections_per_peer))
-        async with pool.slots:
-            for _attempt in range(2):
-                reused = bool(pool.idle)
-                conn = pool.idle.pop() if reused else await self._connect(peer)
-                try:
-                    await _transfer(conn, header, view, reused=reused)
-                except _StaleConnection:
-                    conn.close()
-                    continue
-                except BaseException:
-                    conn.close()
-                    raise
-                if self._address:
-                    pool.idle.append(conn)
-                else:
-                    conn.close()
-                return
-            raise PeerUnreachable(f"connection to {peer[0]}:{peer[1]} broke twice")
+    def _is_open(self) -> bool:
+        return bool(self._address)
 
     async def _connect(self, peer: tuple[str, int]) -> socket.socket:
         loop = asyncio.get_running_loop()
@@ -234,6 +208,10 @@ class TcpTransport(TransportBase):
         return conn
 
 
+async def _discard(conn: socket.socket) -> None:
+    conn.close()
+
+
 async def _transfer(conn: socket.socket, header: TransferHeader, view: memoryview, *, reused: bool) -> None:
     loop = asyncio.get_running_loop()
     try:
@@ -241,7 +219,7 @@ async def _transfer(conn: socket.socket, header: TransferHeader, view: memoryvie
         verdict = expect_reply(await _recv_control(loop, conn), Verdict)
     except OSError as exc:
         if reused:
-            raise _StaleConnection from exc
+            raise StaleConnection from exc
         raise PeerUnreachable(f"connection lost before the offer was answered: {exc}") from exc
     raise_if_refused(verdict)
     try:

@@ -43,7 +43,7 @@ import contextlib
 import functools
 import gc
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -65,6 +65,7 @@ from transport.errors import (
     TransportError,
     TransportUnavailable,
 )
+from transport.pool import PeerPools, StaleConnection
 from transport.receiving import Admission, ExpectationTable, TransportBase, serve_offer
 from transport.wire import (
     CONTROL_SLOT_BYTES,
@@ -90,10 +91,6 @@ def ucx_available() -> str | None:
     except Exception as exc:  # ImportError, or a missing/broken libucx raising OSError
         return f"ucxx cannot be imported: {type(exc).__name__}: {exc}"
     return None
-
-
-class _StaleEndpoint(Exception):
-    """A reused endpoint failed before the receiver saw the offer: safe to retry."""
 
 
 @dataclass(eq=False)
@@ -173,12 +170,6 @@ async def _recv_control(endpoint: Any) -> Control:
     return unframe_control(slot)
 
 
-@dataclass(eq=False)
-class _PeerPool:
-    slots: asyncio.Semaphore
-    idle: list[Any] = field(default_factory=list)
-
-
 class UcxTransport(TransportBase):
     """A ``KVTransport`` over UCX."""
 
@@ -190,7 +181,12 @@ class UcxTransport(TransportBase):
         self._runtime: _UcxRuntime | None = None
         self._listener: Any = None
         self._address = ""
-        self._pools: dict[tuple[str, int], _PeerPool] = {}
+        self._pools: PeerPools[Any] = PeerPools(
+            max_per_peer=self._config.max_connections_per_peer,
+            connect=self._connect,
+            discard=_abort,
+            scheme="ucx",
+        )
         self._serving: set[Any] = set()
 
     # -- lifecycle -------------------------------------------------------------------
@@ -226,11 +222,7 @@ class UcxTransport(TransportBase):
         self._table.close()
         listener, self._listener = self._listener, None
         listener.close()  # the object must outlive its running handlers (ucxx warns otherwise)
-        for pool in self._pools.values():
-            for endpoint in pool.idle:
-                await _abort(endpoint)
-            pool.idle.clear()
-        self._pools.clear()
+        await self._pools.close()
         for endpoint in list(self._serving):
             await _abort(endpoint)
         with contextlib.suppress(TimeoutError):
@@ -306,30 +298,15 @@ class UcxTransport(TransportBase):
             if self._config.checksum and header.checksum is None:
                 header = msgspec.structs.replace(header, checksum=checksum_of(buffer))
         limit = self._config.send_timeout_s if timeout is None else timeout
-        await self._send_counted(address, size, limit, self._send_pooled(peer, header, buffer))
+        sending = self._pools.run(
+            peer,
+            lambda endpoint, reused: _transfer(endpoint, header, buffer, reused=reused),
+            keep=self._is_open,
+        )
+        await self._send_counted(address, size, limit, sending)
 
-    async def _send_pooled(self, peer: tuple[str, int], header: TransferHeader, buffer: Any) -> None:
-        pool = self._pools.get(peer)
-        if pool is None:
-            pool = self._pools[peer] = _PeerPool(asyncio.Semaphore(self._config.max_connections_per_peer))
-        async with pool.slots:
-            for _attempt in range(2):
-                reused = bool(pool.idle)
-                endpoint = pool.idle.pop() if reused else await self._connect(peer)
-                try:
-                    await _transfer(endpoint, header, buffer, reused=reused)
-                except _StaleEndpoint:
-                    await _abort(endpoint)
-                    continue
-                except BaseException:
-                    await _abort(endpoint)
-                    raise
-                if self._address:
-                    pool.idle.append(endpoint)
-                else:
-                    await _abort(endpoint)
-                return
-            raise PeerUnreachable(f"connection to ucx://{peer[0]}:{peer[1]} broke twice")
+    def _is_open(self) -> bool:
+        return bool(self._address)
 
     async def _connect(self, peer: tuple[str, int]) -> Any:
         host, port = peer
@@ -356,7 +333,7 @@ async def _transfer(endpoint: Any, header: TransferHeader, buffer: Any, *, reuse
     except UCXError as exc:
         _forget_frames(exc)
         if reused:
-            raise _StaleEndpoint from exc
+            raise StaleConnection from exc
         raise PeerUnreachable(f"endpoint lost before the offer was answered: {exc}") from exc
     raise_if_refused(verdict)
     try:

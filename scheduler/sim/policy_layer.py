@@ -38,7 +38,7 @@ import msgspec
 
 from scheduler.cluster_state import ClusterState, initial_state, live_loads
 from scheduler.config import PolicyConfig
-from scheduler.fold import Position, evolve, replay
+from scheduler.fold import evolve, replay
 from scheduler.policy import (
     DispatchDecision,
     InstanceLoad,
@@ -54,6 +54,7 @@ from scheduler.recompute import Cursor, fold_point_of, scheduler_epoch
 from schemas.decisions import Dispatched, Paired, ScaleDown, ScaleUp, Unpaired
 from schemas.envelope import Body
 from schemas.load import LoadReport
+from schemas.position import Position
 
 __all__ = [
     "EVENTS_STREAM",

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from frontend.board import LoadBoard
-from scheduler.fold import Position
 from scheduler.policy import InstanceLoad, PendingRequest, make_dispatcher
 from schemas import InstanceFailed, InstanceJoined, KVLayout, LoadReport, ModelIdentity
 from schemas.load import PriorityLoad
+from schemas.position import Position
 
 
 def _joined(instance_id: str) -> InstanceJoined:

@@ -14,7 +14,7 @@ from scheduler.cluster_state import (
     live_loads,
 )
 from scheduler.config import DispatchPolicy, PolicyConfig, ScalingConfig
-from scheduler.fold import Position, evolve, replay
+from scheduler.fold import evolve, replay
 from scheduler.policy import (
     PendingRequest,
     ScalingState,
@@ -26,6 +26,7 @@ from schemas.decisions import Dispatched
 from schemas.envelope import Body
 from schemas.instance import InstanceFailed, InstanceHeartbeat, InstanceLeft, InstanceTerminating
 from schemas.migration import Abort, Ack, Commit, CommitAck, PreAllocate, StageDone
+from schemas.position import Position
 from schemas.requests import (
     RequestAborted,
     RequestArrived,

@@ -1,4 +1,4 @@
-"""Several ``sim`` agents in one process, for ``shoal bench cluster`` (``python -m scheduler.bench_agents``).
+"""Several ``sim`` agents in one process, for ``shoal bench cluster`` (``python -m agents.bench_fleet``).
 
 Each agent drives a :class:`LagSimEngine`: the sim engine with its step
 completion timed against the modeled schedule, so the benchmark can report
