@@ -77,3 +77,6 @@ __all__ = [
     "StreamNotFound",
     "Subscription",
 ]
+
+#: Marks this top-level package as shoal's own; `shoal` checks it at start-up (frontend/packages.py).
+__shoal_package__ = True

@@ -16,6 +16,8 @@ from typing import Any
 
 import click
 
+from frontend.packages import ForeignPackage, check_packages
+
 __all__ = ["main"]
 
 
@@ -99,4 +101,9 @@ def cli() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    try:
+        check_packages()
+    except ForeignPackage as exc:
+        click.echo(f"shoal: {exc}", err=True)
+        raise SystemExit(2) from None
     cli.main(args=argv if argv is not None else sys.argv[1:], prog_name="shoal")

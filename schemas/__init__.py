@@ -29,3 +29,6 @@ __all__ = [
     "decode_body",
     "encode_body",
 ]
+
+#: Marks this top-level package as shoal's own; `shoal` checks it at start-up (frontend/packages.py).
+__shoal_package__ = True

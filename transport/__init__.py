@@ -46,3 +46,6 @@ __all__ = [
     "open_transport",
     "transport_for_address",
 ]
+
+#: Marks this top-level package as shoal's own; `shoal` checks it at start-up (frontend/packages.py).
+__shoal_package__ = True
