@@ -17,8 +17,8 @@ fed by tailing instance events and load reports) and opens one
 
 Closing a stream that has not finished aborts the request on its owner (a
 client that went away frees its blocks). Lifecycle events go to
-:class:`~frontend.lifecycle.LifecycleLog`. Text, stop strings and HTTP live
-in :mod:`frontend.app`; this module speaks token ids only.
+:class:`~frontend.lifecycle.LifecycleLog`. Text and stop strings live in
+:mod:`frontend.turns`, HTTP in :mod:`frontend.routes`; this module speaks token ids only.
 """
 
 from __future__ import annotations

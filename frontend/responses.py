@@ -23,6 +23,7 @@ __all__ = [
     "completion_response",
     "sse",
     "usage",
+    "usage_chunk",
 ]
 
 DONE = b"data: [DONE]\n\n"
@@ -117,5 +118,15 @@ def chat_response(
             "index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
             "finish_reason": finish_reason,
         }],
+        "usage": usage(num_prompt_tokens, num_output_tokens),
+    }
+
+
+def usage_chunk(
+    request_id: str, object_: str, created: int, model: str, num_prompt_tokens: int, num_output_tokens: int
+) -> dict[str, Any]:
+    """The last SSE chunk when ``stream_options.include_usage`` is set: no choices, the usage block."""
+    return {
+        "id": request_id, "object": object_, "created": created, "model": model, "choices": [],
         "usage": usage(num_prompt_tokens, num_output_tokens),
     }

@@ -1,0 +1,149 @@
+"""How ``/v1/completions`` and ``/v1/chat/completions`` differ, and nothing else. Pure.
+
+The two endpoints share one path (:mod:`frontend.routes.generation`):
+validation, admission, dispatch, streaming, stop strings, usage, errors,
+lifecycle events and metrics. A :class:`Flavor` is what is left: how the
+prompt becomes token ids, which field bounds the output, and how chunks,
+logprobs and the whole response are shaped. :data:`COMPLETIONS` and
+:data:`CHAT` are the two there are.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Generic, TypeVar
+
+from agents.engines.tokenizer import TextTokenizer
+from frontend import responses as R
+from frontend.openai_models import ChatCompletionRequest, CompletionRequest
+from frontend.tokenization import chat_prompt_ids, completion_prompt_ids
+from frontend.turns import Piece
+
+__all__ = ["CHAT", "COMPLETIONS", "ChatFlavor", "CompletionFlavor", "Flavor", "Reply"]
+
+BodyT = TypeVar("BodyT", CompletionRequest, ChatCompletionRequest)
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What every chunk and response of one request repeats."""
+
+    request_id: str
+    created: int
+    model: str
+    include_usage: bool
+
+
+class Flavor(ABC, Generic[BodyT]):
+    """One endpoint's differences. ``endpoint`` labels metrics; ``id_prefix`` starts request ids."""
+
+    endpoint: ClassVar[str]
+    id_prefix: ClassVar[str]
+    chunk_object: ClassVar[str]
+
+    @abstractmethod
+    def prompt_ids(self, tokenizer: TextTokenizer, body: BodyT) -> list[int]:
+        """The prompt as token ids (400 for a prompt that cannot be served)."""
+
+    @abstractmethod
+    def requested_max_tokens(self, body: BodyT) -> tuple[int | None, str]:
+        """The output bound the client asked for (None: none) and the parameter that carried it."""
+
+    def first_chunk(self, reply: Reply) -> dict[str, Any] | None:
+        """A chunk to send before any text (None: nothing)."""
+        return None
+
+    @abstractmethod
+    def chunk(self, reply: Reply, piece: Piece, logprobs: dict[str, Any] | None) -> dict[str, Any]:
+        """The SSE chunk carrying one piece of text."""
+
+    @abstractmethod
+    def logprobs(
+        self, token_ids: Sequence[int], logprobs: Sequence[float], decode_one: Callable[[int], str],
+        text_offset: int,
+    ) -> dict[str, Any]:
+        """Logprobs of tokens whose text starts ``text_offset`` characters into the output."""
+
+    @abstractmethod
+    def response(
+        self, reply: Reply, text: str, finish_reason: str, num_prompt_tokens: int, num_output_tokens: int,
+        logprobs: dict[str, Any] | None,
+    ) -> dict[str, Any]:
+        """The whole (non-streaming) response body."""
+
+
+class CompletionFlavor(Flavor[CompletionRequest]):
+    """``POST /v1/completions``: a prompt string or token ids; ``text_completion`` objects."""
+
+    endpoint = "completions"
+    id_prefix = "cmpl"
+    chunk_object = "text_completion"
+
+    def prompt_ids(self, tokenizer: TextTokenizer, body: CompletionRequest) -> list[int]:
+        return completion_prompt_ids(tokenizer, body.prompt)
+
+    def requested_max_tokens(self, body: CompletionRequest) -> tuple[int | None, str]:
+        return body.max_tokens, "max_tokens"
+
+    def chunk(self, reply: Reply, piece: Piece, logprobs: dict[str, Any] | None) -> dict[str, Any]:
+        return R.completion_chunk(reply.request_id, reply.created, reply.model, piece.text,
+                                  piece.finish_reason, logprobs, with_usage_field=reply.include_usage)
+
+    def logprobs(
+        self, token_ids: Sequence[int], logprobs: Sequence[float], decode_one: Callable[[int], str],
+        text_offset: int,
+    ) -> dict[str, Any]:
+        return R.completion_logprobs(token_ids, logprobs, decode_one, text_offset)
+
+    def response(
+        self, reply: Reply, text: str, finish_reason: str, num_prompt_tokens: int, num_output_tokens: int,
+        logprobs: dict[str, Any] | None,
+    ) -> dict[str, Any]:
+        return R.completion_response(reply.request_id, reply.created, reply.model, text, finish_reason,
+                                     num_prompt_tokens, num_output_tokens, logprobs)
+
+
+class ChatFlavor(Flavor[ChatCompletionRequest]):
+    """``POST /v1/chat/completions``: messages through the chat template; ``chat.completion`` objects."""
+
+    endpoint = "chat"
+    id_prefix = "chatcmpl"
+    chunk_object = "chat.completion.chunk"
+
+    def prompt_ids(self, tokenizer: TextTokenizer, body: ChatCompletionRequest) -> list[int]:
+        return chat_prompt_ids(tokenizer, body.messages,
+                               add_generation_prompt=body.add_generation_prompt is not False)
+
+    def requested_max_tokens(self, body: ChatCompletionRequest) -> tuple[int | None, str]:
+        if body.max_completion_tokens is not None:
+            return body.max_completion_tokens, "max_completion_tokens"
+        return body.max_tokens, "max_tokens"
+
+    def first_chunk(self, reply: Reply) -> dict[str, Any] | None:
+        role = {"role": "assistant", "content": ""}
+        return R.chat_chunk(reply.request_id, reply.created, reply.model, role, None,
+                            with_usage_field=reply.include_usage)
+
+    def chunk(self, reply: Reply, piece: Piece, logprobs: dict[str, Any] | None) -> dict[str, Any]:
+        delta = {"content": piece.text} if piece.text or not piece.is_last else {}
+        return R.chat_chunk(reply.request_id, reply.created, reply.model, delta, piece.finish_reason,
+                            logprobs, with_usage_field=reply.include_usage)
+
+    def logprobs(
+        self, token_ids: Sequence[int], logprobs: Sequence[float], decode_one: Callable[[int], str],
+        text_offset: int,
+    ) -> dict[str, Any]:
+        return R.chat_logprobs(token_ids, logprobs, decode_one)
+
+    def response(
+        self, reply: Reply, text: str, finish_reason: str, num_prompt_tokens: int, num_output_tokens: int,
+        logprobs: dict[str, Any] | None,
+    ) -> dict[str, Any]:
+        return R.chat_response(reply.request_id, reply.created, reply.model, text, finish_reason,
+                               num_prompt_tokens, num_output_tokens, logprobs)
+
+
+COMPLETIONS = CompletionFlavor()
+CHAT = ChatFlavor()

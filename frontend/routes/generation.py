@@ -1,0 +1,213 @@
+"""``POST /v1/completions`` and ``POST /v1/chat/completions``: two thin routes over one path.
+
+:func:`generate` is everything the two endpoints share, in order: the API key
+(checked after the body validated, as it always was), the model name, the
+prompt (the endpoint's :class:`~frontend.flavors.Flavor` builds it), the
+output budget against the context length, sampling parameters and stop
+strings, the priority, admission (429 with ``Retry-After`` past
+``max_concurrent_requests``), then dispatch through the gateway (which emits
+the lifecycle events, and answers 503 when no instance takes the request).
+The answer is an SSE stream of the flavor's chunks (ending in ``data:
+[DONE]``, with a usage chunk when asked) or one JSON body; either way the
+text comes from :func:`frontend.turns.pieces` (incremental detokenization,
+stop strings) and :func:`end_turn` does the accounting exactly once:
+admission slot, request and token metrics, closing (or aborting) the stream.
+A client that goes away aborts its request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from frontend import responses as R
+from frontend.config import FrontendConfig
+from frontend.dependencies import FrontendState, StateDep, check_api_key, priority_of
+from frontend.detokenize import IncrementalDetokenizer, StopStringMatcher
+from frontend.errors import APIError, context_length_exceeded, model_not_found
+from frontend.flavors import CHAT, COMPLETIONS, BodyT, Flavor, Reply
+from frontend.gateway import Job
+from frontend.http_responses import TurnResponse, json_response
+from frontend.openai_models import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    sampling_of,
+    stop_strings_of,
+    wants_logprobs,
+)
+from frontend.tokenization import token_text
+from frontend.turns import Turn, padded_logprobs, pieces
+
+__all__ = ["chat_completions", "completions", "end_turn", "generate", "output_budget", "router"]
+
+router = APIRouter()
+
+
+@router.post("/v1/completions")
+async def completions(request: Request, body: CompletionRequest, state: StateDep) -> Response:
+    return await generate(request, body, COMPLETIONS, state)
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request, body: ChatCompletionRequest, state: StateDep) -> Response:
+    return await generate(request, body, CHAT, state)
+
+
+async def generate(request: Request, body: BodyT, flavor: Flavor[BodyT], state: FrontendState) -> Response:
+    """Serve one completions or chat request. See the module docstring."""
+    config = state.config
+    check_api_key(request, config)  # not a Depends: that would run before the body validates (401, not 400)
+    if body.model not in config.model_names:
+        raise model_not_found(body.model)
+    prompt_ids = flavor.prompt_ids(state.tokenizer, body)
+    turn = await _start_turn(request, body, flavor, prompt_ids, state)
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    reply = Reply(turn.request_id, int(time.time()), config.model_name, include_usage)
+    if body.stream:
+        return TurnResponse(
+            _stream(turn, flavor, reply, state), on_exit=functools.partial(end_turn, state, turn, "client")
+        )
+    outcome = "client"
+    try:
+        text = await _collect(request, turn)
+        outcome = "ok"
+    finally:
+        end_turn(state, turn, outcome)
+    logprobs = None
+    if turn.want_logprobs and turn.logprobs:
+        aligned = padded_logprobs(turn.token_ids, turn.logprobs)
+        logprobs = flavor.logprobs(turn.token_ids, aligned, _decoder(state), 0)
+    return json_response(200, flavor.response(
+        reply, text, turn.finish_reason or "stop", turn.num_prompt_tokens, turn.num_output_tokens, logprobs,
+    ))
+
+
+def output_budget(config: FrontendConfig, max_model_len: int, num_prompt: int, requested: int | None,
+                  param: str) -> int:
+    """How many tokens the request may generate; 400 ``context_length_exceeded`` if it cannot fit."""
+    if num_prompt >= max_model_len:
+        raise context_length_exceeded(
+            f"This model's maximum context length is {max_model_len} tokens; the prompt has {num_prompt}.",
+        )
+    room = max_model_len - num_prompt
+    if requested is None:
+        budget = room if config.default_max_tokens is None else min(room, config.default_max_tokens)
+    else:
+        if requested > room:
+            raise context_length_exceeded(
+                f"This model's maximum context length is {max_model_len} tokens; the prompt has "
+                f"{num_prompt} and {param} is {requested}.", param=param,
+            )
+        budget = requested
+    if config.max_tokens_cap is not None:
+        budget = min(budget, config.max_tokens_cap)
+    return max(budget, 1)
+
+
+async def _start_turn(
+    request: Request, body: BodyT, flavor: Flavor[BodyT], prompt_ids: list[int], state: FrontendState
+) -> Turn:
+    """Validate what is left, admit, and place the request; the turn's stream is open on return."""
+    config, gateway = state.config, state.gateway
+    requested, param = flavor.requested_max_tokens(body)
+    max_tokens = output_budget(config, gateway.max_model_len(), len(prompt_ids), requested, param)
+    sampling = sampling_of(body, max_tokens=max_tokens)
+    stops = stop_strings_of(body, config.max_stop_strings)
+    priority = priority_of(request, body.priority)
+    state.admission.admit()
+    try:
+        request_id = f"{flavor.id_prefix}-{uuid.uuid4().hex}"
+        deadline = None if config.request_deadline is None else time.monotonic() + config.request_deadline
+        job = Job(request_id=request_id, prompt_ids=tuple(prompt_ids), sampling=sampling,
+                  priority=priority, deadline=deadline)
+        stream = await gateway.open(job)
+    except BaseException:
+        state.admission.release()
+        raise
+    return Turn(
+        stream=stream, endpoint=flavor.endpoint,
+        detokenizer=IncrementalDetokenizer(state.tokenizer, prompt_ids), stops=StopStringMatcher(stops),
+        want_logprobs=wants_logprobs(body), num_prompt_tokens=len(prompt_ids),
+    )
+
+
+def end_turn(state: FrontendState, turn: Turn, outcome: str) -> None:
+    """Account for the end of a turn and close its stream (aborting it unless finished). Idempotent."""
+    if turn.ended:
+        return
+    turn.ended = True
+    state.admission.release()
+    gateway = state.gateway
+    metrics = gateway.metrics
+    metrics.requests.labels(endpoint=turn.endpoint, outcome=outcome).inc()
+    if outcome == "ok":
+        metrics.prompt_tokens.inc(turn.num_prompt_tokens)
+        metrics.output_tokens.inc(turn.num_output_tokens)
+    reason = "finished" if outcome == "ok" and turn.finish_reason != "stop" else (
+        "stop" if outcome == "ok" else "client"
+    )
+    if turn.stream.assembler.finished and outcome == "ok":
+        reason = "finished"
+    gateway.fire_and_forget(turn.stream.close(reason), "close")
+
+
+def _decoder(state: FrontendState) -> Callable[[int], str]:
+    return functools.partial(token_text, state.tokenizer)
+
+
+async def _stream(
+    turn: Turn, flavor: Flavor[BodyT], reply: Reply, state: FrontendState
+) -> AsyncIterator[bytes]:
+    """The SSE body of a streaming turn; an error after the stream started is sent as a chunk."""
+    outcome = "client"
+    decode_one = _decoder(state)
+    text_offset = 0
+    try:
+        first = flavor.first_chunk(reply)
+        if first is not None:
+            yield R.sse(first)
+        async for piece in pieces(turn):
+            logprobs = None
+            if turn.want_logprobs and piece.token_ids and piece.logprobs:
+                aligned = padded_logprobs(piece.token_ids, piece.logprobs)
+                logprobs = flavor.logprobs(piece.token_ids, aligned, decode_one, text_offset)
+            text_offset += len(piece.text)
+            yield R.sse(flavor.chunk(reply, piece, logprobs))
+        outcome = "ok"
+    except APIError as exc:
+        outcome = "error"
+        yield R.sse(exc.body())
+    finally:
+        end_turn(state, turn, outcome)
+    if reply.include_usage:
+        yield R.sse(R.usage_chunk(reply.request_id, flavor.chunk_object, int(time.time()), reply.model,
+                                  turn.num_prompt_tokens, turn.num_output_tokens))
+    yield R.DONE
+
+
+async def _collect(request: Request, turn: Turn) -> str:
+    """Run a non-streaming turn to its end and return its text; a client that goes away aborts it."""
+    parts: list[str] = []
+    task = asyncio.ensure_future(_drain(turn, parts))
+    try:
+        while not task.done():
+            done, _ = await asyncio.wait({task}, timeout=1.0)
+            if not done and await request.is_disconnected():
+                task.cancel()
+                break
+        await task
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    return "".join(parts)
+
+
+async def _drain(turn: Turn, parts: list[str]) -> None:
+    async for piece in pieces(turn):
+        parts.append(piece.text)
