@@ -51,7 +51,7 @@ from frontend.openai_models import (
     wants_logprobs,
 )
 from frontend.tokenization import chat_prompt_ids, completion_prompt_ids, load_frontend_tokenizer, token_text
-from schemas import Subjects
+from schemas import CloseReason, FinishReason, Subjects
 
 __all__ = ["PRIORITY_HEADER", "BodyLimitMiddleware", "create_app", "running_gateway"]
 
@@ -148,7 +148,7 @@ class _Turn:
     want_logprobs: bool
     num_prompt_tokens: int
     num_output_tokens: int = 0
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     ended: bool = False
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -159,7 +159,7 @@ class _Piece:
     text: str
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
-    finish_reason: str | None
+    finish_reason: FinishReason | None
 
 
 async def _pieces(turn: _Turn) -> AsyncIterator[_Piece]:
@@ -167,7 +167,7 @@ async def _pieces(turn: _Turn) -> AsyncIterator[_Piece]:
     while True:
         chunk = await turn.stream.next_chunk()
         if chunk is None:
-            reason = turn.stream.finish_reason or "stop"
+            reason = turn.stream.finish_reason or FinishReason.STOP
             tail = turn.stops.push(turn.detokenizer.flush())[0] + turn.stops.flush()
             turn.finish_reason = reason
             yield _Piece(tail, (), (), reason)
@@ -183,8 +183,8 @@ async def _pieces(turn: _Turn) -> AsyncIterator[_Piece]:
             text += turn.detokenizer.flush()
         safe, stopped = turn.stops.push(text)
         if stopped:
-            turn.finish_reason = "stop"
-            yield _Piece(safe, tokens, logprobs, "stop")
+            turn.finish_reason = FinishReason.STOP
+            yield _Piece(safe, tokens, logprobs, FinishReason.STOP)
             return
         if chunk.finish_reason is not None:
             safe += turn.stops.flush()
@@ -339,11 +339,12 @@ def create_app(
         if outcome == "ok":
             g.metrics.prompt_tokens.inc(turn.num_prompt_tokens)
             g.metrics.output_tokens.inc(turn.num_output_tokens)
-        reason = "finished" if outcome == "ok" and turn.finish_reason != "stop" else (
-            "stop" if outcome == "ok" else "client"
+        stopped_early = turn.finish_reason is FinishReason.STOP
+        reason = CloseReason.FINISHED if outcome == "ok" and not stopped_early else (
+            CloseReason.STOP_STRING if outcome == "ok" else CloseReason.CLIENT
         )
         if turn.stream.assembler.finished and outcome == "ok":
-            reason = "finished"
+            reason = CloseReason.FINISHED
         g.fire_and_forget(turn.stream.close(reason), "close")
 
     def check_model(model: str) -> None:
@@ -470,7 +471,7 @@ def create_app(
         lp = R.completion_logprobs(token_ids, _pad_all(token_ids, logprobs), decode_one, 0) \
             if turn.want_logprobs and logprobs else None
         return _json(200, R.completion_response(
-            request_id, created, model, text, turn.finish_reason or "stop", turn.num_prompt_tokens,
+            request_id, created, model, text, turn.finish_reason or FinishReason.STOP, turn.num_prompt_tokens,
             turn.num_output_tokens, lp,
         ))
 
@@ -513,7 +514,7 @@ def create_app(
         lp = R.chat_logprobs(token_ids, _pad_all(token_ids, logprobs), decode_one) \
             if turn.want_logprobs and logprobs else None
         return _json(200, R.chat_response(
-            request_id, created, model, text, turn.finish_reason or "stop", turn.num_prompt_tokens,
+            request_id, created, model, text, turn.finish_reason or FinishReason.STOP, turn.num_prompt_tokens,
             turn.num_output_tokens, lp,
         ))
 
