@@ -11,7 +11,8 @@ import msgspec
 
 __all__ = ["SCHEMA_CHANGES", "SCHEMA_VERSION", "Message"]
 
-#: Bumped when a message changes incompatibly. Decoders reject newer versions.
+#: Bumped when a message changes incompatibly. Decoders reject newer versions; a message of an
+#: older version is accepted if it still decodes, else rejected as ``UnsupportedVersion``.
 SCHEMA_VERSION = 2
 
 #: What changed in each schema version (date, change). Add a line with every bump.

@@ -1,5 +1,5 @@
-"""The codec round-trips every message type and rejects malformed input (unknown reasons
-included) with typed errors."""
+"""The codec round-trips every message type and rejects malformed input (unknown reasons and
+messages of an older schema that no longer decode included) with typed errors."""
 
 from __future__ import annotations
 
@@ -229,6 +229,34 @@ def test_unknown_reason_values_are_counted_as_malformed_never_raised_raw(data: s
     else:
         decoded = getattr(envelope.body, field)
         assert decoded is None or decoded in set(enum_type)
+
+
+def test_an_old_message_that_no_longer_decodes_is_an_unsupported_version_naming_the_field() -> None:
+    """A version-1 Abort carried its reason as a sentence; version 2 says which field and why."""
+    old = _raw({"type": "mig_abort", "migration_id": "m", "reason": "destination aborted: no space"}, v=1)
+    codec = s.Codec()
+    with pytest.raises(s.UnsupportedVersion) as caught:
+        codec.decode(old)
+    error = caught.value
+    assert error.version == 1
+    assert "schema version 1" in str(error) and "$.body.reason" in str(error)
+    assert s.SCHEMA_CHANGES[s.SCHEMA_VERSION] in str(error)  # what changed since
+    assert codec.rejected == {"unsupported_version": 1}
+    assert codec.decode_or_none(old) is None and codec.num_rejected == 2
+
+
+def test_an_old_message_that_still_decodes_is_accepted() -> None:
+    """Version 1 messages whose fields did not change (a load report, an instance leaving) still decode."""
+    old = _raw({"type": "instance_left", "instance_id": "i0"}, v=1)
+    envelope = s.Codec().decode(old)
+    assert envelope.body == s.InstanceLeft(instance_id="i0") and envelope.v == 1
+
+
+def test_a_newer_message_that_does_not_decode_is_an_unsupported_version() -> None:
+    body = {"type": "mig_abort", "migration_id": "m", "reason": "from_the_future"}
+    newer = _raw(body, v=s.SCHEMA_VERSION + 1)
+    with pytest.raises(s.UnsupportedVersion, match="newer than supported"):
+        s.Codec().decode(newer)
 
 
 def test_the_schema_changelog_has_a_dated_line_for_every_version() -> None:
