@@ -8,19 +8,19 @@ fed by tailing instance events and load reports) and opens one
 2. ask the scheduler (``rpc_dispatch``, short timeout); on a timeout, no
    responders, an error or no answer, place it from the board (bypass mode);
 3. send ``GenerateRequest`` to the chosen agent; an agent that does not answer
-   or refuses for its own reasons is excluded and the placement retried;
+   or refuses for its own reasons is excluded and the placement retried. A
+   refusal is decided on its :class:`~schemas.reasons.RejectReason`: a client
+   fault (:data:`CLIENT_FAULTS`) is the client's OpenAI error at once;
 4. reassemble deltas (:class:`~frontend.streams.DeltaAssembler`), ask the
-   owner to resend from a gap that outlives ``gap_grace``, and
+   owner to resend from a gap that outlives ``gap_grace``;
 5. rescue — re-place prompt + generated tokens with the next owner epoch —
    when the owner is declared failed, falls silent on the board, or the stream
-   stalls for ``stall_timeout`` since admission or the last token.
+   stalls for ``stall_timeout`` since admission or the last token; and
+6. close it with a :class:`~schemas.reasons.CloseReason`, which the abort sent
+   to its owner and the lifecycle log carry.
 
 Closing a stream that has not finished aborts the request on its owner (a
-client that went away frees its blocks); the stream records why it closed
-(:class:`~schemas.reasons.CloseReason`) and the abort carries it. An agent's
-refusal is decided on its :class:`~schemas.reasons.RejectReason`: a client fault
-(:data:`CLIENT_FAULTS`) becomes the OpenAI error for it, anything else is tried
-on another instance. Lifecycle events go to
+client that went away frees its blocks). Lifecycle events go to
 :class:`~frontend.lifecycle.LifecycleLog`. Text, stop strings and HTTP live
 in :mod:`frontend.app`; this module speaks token ids only.
 """
