@@ -204,7 +204,7 @@ async def _move(
             sampling=SamplingParams(max_tokens=1_000_000, ignore_eos=True, temperature=0.0),
         )
         reply = destination.call(lambda a: a.generate(request))
-        assert reply.accepted, reply.error
+        assert reply.accepted, (reply.reason, reply.detail)
     else:
         config = source.agent.config.migration
         if method == "blocking":
@@ -213,7 +213,8 @@ async def _move(
             source.call, lambda a: a.migrate(request_id, destination.agent.instance_id, config=config)
         )
         if not outcome.migrated:
-            raise MigrationFailed(f"{method} migration of {seq_len} tokens failed: {outcome.reason}")
+            why = f"{outcome.reason} ({outcome.detail})"
+            raise MigrationFailed(f"{method} migration of {seq_len} tokens failed: {why}")
     await _wait(lambda: client.count(1) >= 1, 300, "the first token after the move")
     last_before = max(a[0] for a in client.arrivals if a[2] == 0)
     first_after = min(a for a in client.arrivals if a[2] == 1)

@@ -40,9 +40,11 @@ from schemas import (
     AbortRequest,
     Body,
     Codec,
+    CommandRejectReason,
     CommandReply,
     Commit,
     Drain,
+    FinishReason,
     GenerateReply,
     GenerateRequest,
     InstanceJoined,
@@ -50,9 +52,13 @@ from schemas import (
     InstanceTerminating,
     LoadReport,
     MigrateOut,
+    MigrationAbortReason,
+    RejectReason,
     ResendRequest,
     RpcError,
+    RpcErrorCode,
     StopMigration,
+    TerminateReason,
     TokenDelta,
 )
 from transport import KVTransport, open_transport
@@ -296,9 +302,9 @@ class Agent:
                 )
             if output.finish_reason is not None:
                 self._request_done(output.request_id)
-                self.migration.request_gone(output.request_id, "finished")
+                self.migration.request_gone(output.request_id, MigrationAbortReason.REQUEST_FINISHED)
         for request_id in result.preempted:
-            self.migration.request_gone(request_id, "preempted")
+            self.migration.request_gone(request_id, MigrationAbortReason.REQUEST_PREEMPTED)
         self.engine.take_events()
         self.migration.step_done()
         for listener in self.step_listeners:
@@ -333,9 +339,9 @@ class Agent:
     def _request_done(self, request_id: str) -> None:
         self.deltas.close(request_id)
 
-    async def publish_failure(self, commit: Commit, reason: str) -> None:
+    async def publish_failure(self, commit: Commit, detail: str) -> None:
         """A migrated request could not be admitted after the log gave it to us: end its stream."""
-        log.error("agent %s: migrated request %s lost: %s", self.instance_id, commit.request_id, reason)
+        log.error("agent %s: migrated request %s lost: %s", self.instance_id, commit.request_id, detail)
         await self._publish_delta(
             TokenDelta(
                 request_id=commit.request_id,
@@ -343,7 +349,7 @@ class Agent:
                 owner_epoch=commit.owner_epoch + 1,
                 first_index=len(commit.token_ids) - commit.num_prompt_tokens,
                 token_ids=(),
-                finish_reason="abort",
+                finish_reason=FinishReason.ABORT,
                 num_prompt_tokens=commit.num_prompt_tokens,
             )
         )
@@ -423,7 +429,7 @@ class Agent:
     async def _serve_generate(self, data: bytes, headers: dict[str, str]) -> bytes:
         request: GenerateRequest | None = self._decode(data, GenerateRequest)
         if request is None:
-            return self._reply(RpcError(code="bad_request", message="expected a GenerateRequest"))
+            return self._reply(RpcError(code=RpcErrorCode.BAD_REQUEST, message="expected a GenerateRequest"))
         return self._reply(self.generate(request))
 
     def generate(self, request: GenerateRequest) -> GenerateReply:
@@ -443,7 +449,8 @@ class Agent:
                 instance_id=self.instance_id,
                 accepted=False,
                 num_accepted=self.num_accepted,
-                error="instance is terminating",
+                reason=RejectReason.TERMINATING,
+                detail="instance is terminating",
             )
         num_prompt = (
             len(request.token_ids) if request.num_prompt_tokens is None else request.num_prompt_tokens
@@ -464,7 +471,8 @@ class Agent:
                 instance_id=self.instance_id,
                 accepted=False,
                 num_accepted=self.num_accepted,
-                error=str(exc),
+                reason=exc.reason,
+                detail=str(exc),
             )
         else:
             if added:
@@ -493,11 +501,11 @@ class Agent:
     async def _serve_abort(self, data: bytes, headers: dict[str, str]) -> bytes:
         request: AbortRequest | None = self._decode(data, AbortRequest)
         if request is None:
-            return self._reply(RpcError(code="bad_request", message="expected an AbortRequest"))
+            return self._reply(RpcError(code=RpcErrorCode.BAD_REQUEST, message="expected an AbortRequest"))
         return self._reply(await self.abort(request.request_id))
 
     async def abort(self, request_id: str) -> AbortReply:
-        """Abort a request here; publishes a final delta with ``finish_reason="abort"``."""
+        """Abort a request here; publishes a final delta with ``FinishReason.ABORT``."""
         found = self.engine.abort(request_id)
         tokens = self.deltas.live(request_id)
         if found and tokens is not None:
@@ -508,22 +516,22 @@ class Agent:
                     owner_epoch=tokens.owner_epoch,
                     first_index=len(tokens.output_token_ids),
                     token_ids=(),
-                    finish_reason="abort",
+                    finish_reason=FinishReason.ABORT,
                     num_prompt_tokens=tokens.num_prompt_tokens,
                 )
             )
             self._request_done(request_id)
         if found:
-            self.migration.request_gone(request_id, "aborted")
+            self.migration.request_gone(request_id, MigrationAbortReason.REQUEST_ABORTED)
         return AbortReply(request_id=request_id, found=found)
 
     async def _serve_resend(self, data: bytes, headers: dict[str, str]) -> bytes:
         request: ResendRequest | None = self._decode(data, ResendRequest)
         if request is None:
-            return self._reply(RpcError(code="bad_request", message="expected a ResendRequest"))
+            return self._reply(RpcError(code=RpcErrorCode.BAD_REQUEST, message="expected a ResendRequest"))
         deltas = self.deltas.resend(request.request_id, request.from_index)
         if deltas is None:
-            return self._reply(CommandReply(accepted=False, detail="unknown request"))
+            return self._reply(CommandReply(accepted=False, reason=CommandRejectReason.UNKNOWN_REQUEST))
         for delta in deltas:
             await self.bus.publish(
                 self.subjects.tok(delta.request_id), self.codec.encode(delta, time=time.time())
@@ -539,31 +547,30 @@ class Agent:
     async def _serve_migrate_out(self, data: bytes, headers: dict[str, str]) -> bytes:
         command: MigrateOut | None = self._decode(data, MigrateOut)
         if command is None:
-            return self._reply(RpcError(code="bad_request", message="expected a MigrateOut"))
+            return self._reply(RpcError(code=RpcErrorCode.BAD_REQUEST, message="expected a MigrateOut"))
         if not self._epoch_ok(command.epoch):
-            return self._reply(CommandReply(accepted=False, detail="stale epoch"))
-        accepted, detail = await self.migration.command_migrate_out(command)
-        return self._reply(CommandReply(accepted=accepted, detail=detail))
+            return self._reply(CommandReply(accepted=False, reason=CommandRejectReason.STALE_EPOCH))
+        return self._reply(await self.migration.command_migrate_out(command))
 
     async def _serve_stop_migration(self, data: bytes, headers: dict[str, str]) -> bytes:
         command: StopMigration | None = self._decode(data, StopMigration)
         if command is None:
-            return self._reply(RpcError(code="bad_request", message="expected a StopMigration"))
+            return self._reply(RpcError(code=RpcErrorCode.BAD_REQUEST, message="expected a StopMigration"))
         if not self._epoch_ok(command.epoch):
-            return self._reply(CommandReply(accepted=False, detail="stale epoch"))
+            return self._reply(CommandReply(accepted=False, reason=CommandRejectReason.STALE_EPOCH))
         stopped = self.migration.command_stop(command.destination_id)
         return self._reply(CommandReply(accepted=True, detail="stopped" if stopped else "no such command"))
 
     async def _serve_drain(self, data: bytes, headers: dict[str, str]) -> bytes:
         command: Drain | None = self._decode(data, Drain)
         if command is None:
-            return self._reply(RpcError(code="bad_request", message="expected a Drain"))
+            return self._reply(RpcError(code=RpcErrorCode.BAD_REQUEST, message="expected a Drain"))
         if not self._epoch_ok(command.epoch):
-            return self._reply(CommandReply(accepted=False, detail="stale epoch"))
+            return self._reply(CommandReply(accepted=False, reason=CommandRejectReason.STALE_EPOCH))
         await self.drain()
         return self._reply(CommandReply(accepted=True, detail="terminating"))
 
-    async def drain(self, reason: str = "scale-down") -> None:
+    async def drain(self, reason: TerminateReason = TerminateReason.SCALE_DOWN) -> None:
         """Terminate: refuse new requests, report terminating, stop once every request has left."""
         if self.terminating:
             return

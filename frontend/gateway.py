@@ -8,12 +8,16 @@ fed by tailing instance events and load reports) and opens one
 2. ask the scheduler (``rpc_dispatch``, short timeout); on a timeout, no
    responders, an error or no answer, place it from the board (bypass mode);
 3. send ``GenerateRequest`` to the chosen agent; an agent that does not answer
-   or refuses for its own reasons is excluded and the placement retried;
+   or refuses for its own reasons is excluded and the placement retried. A
+   refusal is decided on its :class:`~schemas.reasons.RejectReason`: a client
+   fault (:data:`CLIENT_FAULTS`) is the client's OpenAI error at once;
 4. reassemble deltas (:class:`~frontend.streams.DeltaAssembler`), ask the
-   owner to resend from a gap that outlives ``gap_grace``, and
+   owner to resend from a gap that outlives ``gap_grace``;
 5. rescue — re-place prompt + generated tokens with the next owner epoch —
    when the owner is declared failed, falls silent on the board, or the stream
-   stalls for ``stall_timeout`` since admission or the last token.
+   stalls for ``stall_timeout`` since admission or the last token; and
+6. close it with a :class:`~schemas.reasons.CloseReason`, which the abort sent
+   to its owner and the lifecycle log carry.
 
 Closing a stream that has not finished aborts the request on its owner (a
 client that went away frees its blocks). Lifecycle events go to
@@ -27,7 +31,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
 import msgspec
@@ -41,11 +45,14 @@ from frontend.metrics import FrontendMetrics
 from frontend.streams import Accepted, DeltaAssembler
 from schemas import (
     AbortRequest,
+    CloseReason,
     Codec,
     DispatchReply,
     DispatchRequest,
+    FinishReason,
     GenerateReply,
     GenerateRequest,
+    RejectReason,
     ResendRequest,
     SamplingParams,
     TokenDelta,
@@ -59,12 +66,19 @@ from schemas.requests import (
     RequestRescued,
 )
 
-__all__ = ["Gateway", "Job", "RequestStream"]
+__all__ = ["CLIENT_FAULTS", "Gateway", "Job", "RequestStream"]
 
 log = logging.getLogger(__name__)
 
-#: Agent refusals that another instance would repeat: the client's request is at fault.
-_CLIENT_FAULTS = ("exceeds_model_context", "token_out_of_range", "empty_prompt", "invalid_sampling")
+#: Agent refusals that another instance would repeat: the client's request is at fault, and the
+#: client gets this OpenAI error. Any other refusal (``EXCEEDS_CAPACITY``, ``TERMINATING``) is the
+#: instance's: the request is tried on another one, and 503 if none takes it.
+CLIENT_FAULTS: Mapping[RejectReason, Callable[[str], APIError]] = {
+    RejectReason.EMPTY_PROMPT: invalid_parameter,
+    RejectReason.TOKEN_OUT_OF_RANGE: invalid_parameter,
+    RejectReason.INVALID_SAMPLING: invalid_parameter,
+    RejectReason.EXCEEDS_MODEL_CONTEXT: context_length_exceeded,
+}
 
 
 class Job(msgspec.Struct, frozen=True, kw_only=True):
@@ -110,7 +124,7 @@ class Gateway:
 
     async def stop(self) -> None:
         for stream in list(self.streams.values()):
-            await stream.close()
+            await stream.close(CloseReason.SHUTDOWN)
         for task in list(self._tasks):
             task.cancel()
         for task in list(self._tasks):
@@ -163,7 +177,7 @@ class Gateway:
         try:
             await stream.start()
         except BaseException:
-            await stream.close(reason="unplaced")
+            await stream.close(CloseReason.UNPLACED)
             raise
         return stream
 
@@ -233,15 +247,17 @@ class Gateway:
         if isinstance(body, GenerateReply):
             if body.accepted:
                 return None
-            error = body.error or "refused"
-            if any(fault in error for fault in _CLIENT_FAULTS):
-                if "exceeds_model_context" in error:
-                    raise context_length_exceeded(error)
-                raise invalid_parameter(error)
-            return f"{instance_id}: {error}"
+            reason = body.reason
+            if reason is not None:
+                self.metrics.refusals.labels(reason=reason).inc()
+            explain = body.detail or (reason or "refused")
+            client_fault = CLIENT_FAULTS.get(reason) if reason is not None else None
+            if client_fault is not None:
+                raise client_fault(explain)
+            return f"{instance_id}: {explain}"
         return f"{instance_id}: unexpected reply"
 
-    async def send_abort(self, instance_id: str, request_id: str, reason: str) -> None:
+    async def send_abort(self, instance_id: str, request_id: str, reason: CloseReason) -> None:
         with contextlib.suppress(BusError):
             await self.bus.request(
                 self.subjects.rpc_agent(instance_id, "abort"),
@@ -278,7 +294,8 @@ class RequestStream:
         self.num_rescues = 0
         self.next_rescue_at = 0.0
         self.closed = False
-        self.finish_reason: str | None = None
+        self.close_reason: CloseReason | None = None
+        self.finish_reason: FinishReason | None = None
 
     @property
     def request_id(self) -> str:
@@ -320,7 +337,7 @@ class RequestStream:
                 raise APIError(503, "the token stream closed unexpectedly") from None
             now = gateway.clock()
             if self.job.deadline is not None and now >= self.job.deadline:
-                await self._end_early("length")
+                await self._end_early(FinishReason.LENGTH)
                 break
             if message is not None:
                 chunk = self._on_message(message.data, now)
@@ -377,10 +394,10 @@ class RequestStream:
         elif now - self.last_progress >= config.stall_timeout:
             await self.rescue("stall")
 
-    async def _end_early(self, reason: str) -> None:
+    async def _end_early(self, reason: FinishReason) -> None:
         if self.owner_id is not None:
             self.gateway.fire_and_forget(
-                self.gateway.send_abort(self.owner_id, self.request_id, "deadline"), "abort"
+                self.gateway.send_abort(self.owner_id, self.request_id, CloseReason.DEADLINE), "abort"
             )
         self.assembler.finish_reason = reason
         self.finish_reason = reason
@@ -390,10 +407,10 @@ class RequestStream:
         gateway = self.gateway
         failed = self.owner_id or ""
         if failed:  # it may be alive but stuck (or wrongly presumed dead): stop it producing
-            gateway.fire_and_forget(gateway.send_abort(failed, self.request_id, "rescued"), "abort")
+            gateway.fire_and_forget(gateway.send_abort(failed, self.request_id, CloseReason.RESCUED), "abort")
         generated = tuple(self.generated)
         if len(generated) >= self.job.sampling.max_tokens:
-            self.assembler.finish_reason = self.finish_reason = "length"
+            self.assembler.finish_reason = self.finish_reason = FinishReason.LENGTH
             return
         epoch = self.assembler.owner_epoch + 1
         self.assembler.expect_epoch(epoch)
@@ -415,20 +432,25 @@ class RequestStream:
             num_tokens_kept=len(generated),
         ))
 
-    async def close(self, reason: str = "finished") -> None:
-        """End the request: abort it on its owner unless it finished, log, unsubscribe. Idempotent."""
+    async def close(self, reason: CloseReason = CloseReason.FINISHED) -> None:
+        """End the request: abort it on its owner unless it finished, log, unsubscribe. Idempotent.
+
+        ``reason`` (kept as :attr:`close_reason`) says why: ``FINISHED`` and ``STOP_STRING`` log
+        the request as finished, any other reason as aborted with that reason.
+        """
         if self.closed:
             return
         self.closed = True
+        self.close_reason = reason
         gateway = self.gateway
         gateway.streams.pop(self.request_id, None)
         now = gateway.clock()
-        finished = self.assembler.finished and reason == "finished"
+        finished = self.assembler.finished and reason is CloseReason.FINISHED
         if not self.assembler.finished and self.owner_id is not None:
             gateway.fire_and_forget(gateway.send_abort(self.owner_id, self.request_id, reason), "abort")
-        if finished or reason == "stop":
+        if finished or reason is CloseReason.STOP_STRING:
             gateway.lifecycle.emit(RequestFinished(
-                request_id=self.request_id, finish_reason=self.finish_reason or reason,
+                request_id=self.request_id, finish_reason=self.finish_reason or FinishReason.STOP,
                 num_prompt_tokens=len(self.job.prompt_ids), num_output_tokens=len(self.generated),
                 e2e_s=now - self.arrival,
             ))
@@ -436,6 +458,7 @@ class RequestStream:
             if self.first_token_at is not None and len(self.generated) > 1:
                 gateway.metrics.tpot.observe((now - self.first_token_at) / (len(self.generated) - 1))
         else:
+            gateway.metrics.aborted.labels(reason=reason).inc()
             gateway.lifecycle.emit(RequestAborted(request_id=self.request_id, reason=reason))
         with contextlib.suppress(Exception):
             await self.subscription.unsubscribe()

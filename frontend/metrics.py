@@ -6,7 +6,9 @@ change the frontend did not cause), recomputes (a request restarted from its
 prompt plus generated tokens, which is what a rescue is), per-instance
 freeness, running and waiting counts and cumulative preemptions from the load
 board (the agents' load reports carry them), bypass placements, rescues by
-cause, gap repairs and overload refusals.
+cause, gap repairs, overload refusals, agents' refusals of a request by reason
+and requests closed unfinished by reason (label values are the
+:mod:`schemas.reasons` enum values).
 """
 
 from __future__ import annotations
@@ -98,6 +100,14 @@ class FrontendMetrics:
         self.resends = Counter("shoal_resend_requests", "Gap repairs asked of agents", registry=r)
         self.stale_deltas = Counter("shoal_stale_deltas", "Deltas dropped as stale or duplicate", registry=r)
         self.rejected = Counter("shoal_rejected", "Requests refused for overload", ["status"], registry=r)
+        self.refusals = Counter(
+            "shoal_generate_refusals", "Agents' refusals of a request, by RejectReason", ["reason"],
+            registry=r,
+        )
+        self.aborted = Counter(
+            "shoal_requests_aborted", "Requests closed before they finished, by CloseReason", ["reason"],
+            registry=r,
+        )
         r.register(_FreenessCollector(loads))
 
     def render(self) -> bytes:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import msgspec
 
-from schemas import TokenDelta
+from schemas import FinishReason, TokenDelta
 
 __all__ = ["Accepted", "DeltaAssembler"]
 
@@ -30,7 +30,7 @@ class Accepted(msgspec.Struct, frozen=True, gc=False):
 
     token_ids: tuple[int, ...] = ()
     logprobs: tuple[float, ...] | None = None
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
 
 
 _NOTHING = Accepted()
@@ -43,7 +43,7 @@ class DeltaAssembler:
         self.num_delivered = first_index
         self.owner_epoch = owner_epoch
         self.owner_id: str | None = None
-        self.finish_reason: str | None = None
+        self.finish_reason: FinishReason | None = None
         self.num_stale = 0
         self.num_duplicates = 0
         self._held: dict[int, TokenDelta] = {}
@@ -108,7 +108,9 @@ class DeltaAssembler:
             finish_reason=finish,
         )
 
-    def _take(self, delta: TokenDelta, tokens: list[int], logprobs: list[float] | None) -> str | None:
+    def _take(
+        self, delta: TokenDelta, tokens: list[int], logprobs: list[float] | None
+    ) -> FinishReason | None:
         skip = self.num_delivered - delta.first_index
         new = delta.token_ids[skip:]
         tokens.extend(new)

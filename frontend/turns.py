@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from frontend.detokenize import IncrementalDetokenizer, StopStringMatcher
 from frontend.gateway import RequestStream
+from schemas import FinishReason
 
 __all__ = ["Piece", "Turn", "padded_logprobs", "pieces"]
 
@@ -32,7 +33,7 @@ class Turn:
     want_logprobs: bool
     num_prompt_tokens: int
     num_output_tokens: int = 0
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     ended: bool = False
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -49,7 +50,7 @@ class Piece:
     text: str
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
-    finish_reason: str | None
+    finish_reason: FinishReason | None
 
     @property
     def is_last(self) -> bool:
@@ -61,7 +62,7 @@ async def pieces(turn: Turn) -> AsyncIterator[Piece]:
     while True:
         chunk = await turn.stream.next_chunk()
         if chunk is None:
-            reason = turn.stream.finish_reason or "stop"
+            reason = turn.stream.finish_reason or FinishReason.STOP
             tail = turn.stops.push(turn.detokenizer.flush())[0] + turn.stops.flush()
             turn.finish_reason = reason
             yield Piece(tail, (), (), reason)
@@ -77,8 +78,8 @@ async def pieces(turn: Turn) -> AsyncIterator[Piece]:
             text += turn.detokenizer.flush()
         safe, stopped = turn.stops.push(text)
         if stopped:
-            turn.finish_reason = "stop"
-            yield Piece(safe, tokens, logprobs, "stop")
+            turn.finish_reason = FinishReason.STOP
+            yield Piece(safe, tokens, logprobs, FinishReason.STOP)
             return
         if chunk.finish_reason is not None:
             safe += turn.stops.flush()

@@ -26,6 +26,7 @@ from schemas.instance import InstanceJoined, KVLayout, ModelIdentity
 from schemas.load import LoadReport, PriorityLoad
 from schemas.migration import Ack, CommitAck, PreAllocate, StageDone
 from schemas.position import Position
+from schemas.reasons import FinishReason
 from schemas.requests import RequestArrived, RequestFinished
 
 __all__ = ["build_log", "main"]
@@ -71,7 +72,7 @@ def build_log(num_events: int, num_instances: int, seed: int = 0) -> list[tuple[
                            num_prompt_tokens=rng.randint(10, 2000)))
         elif roll < 0.9:
             add(RequestArrived(request_id=f"r{request}", num_prompt_tokens=100, max_tokens=100))
-            add(RequestFinished(request_id=f"r{max(request - 50, 0)}", finish_reason="stop",
+            add(RequestFinished(request_id=f"r{max(request - 50, 0)}", finish_reason=FinishReason.STOP,
                                 num_prompt_tokens=100, num_output_tokens=100, e2e_s=1.0))
         else:
             mid = f"m{request}-{len(log)}"

@@ -36,6 +36,7 @@ from schemas import Codec, Subjects
 from schemas.decisions import Dispatched, LoadPosition, SchedulerTick
 from schemas.instance import InstanceJoined, KVLayout, ModelIdentity
 from schemas.load import LoadReport, PriorityLoad
+from schemas.reasons import FinishReason
 from schemas.requests import RequestArrived, RequestFinished
 from schemas.rpc import DispatchReply, DispatchRequest
 
@@ -128,7 +129,7 @@ async def write_synthetic_log(bus: JetStreamBus, num_events: int, *, epoch: int 
                 subjects.req(request_id),
                 RequestFinished(
                     request_id=request_id,
-                    finish_reason="length",
+                    finish_reason=FinishReason.LENGTH,
                     num_prompt_tokens=128,
                     num_output_tokens=32,
                     e2e_s=1.0,

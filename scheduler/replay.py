@@ -32,6 +32,7 @@ from schemas.decisions import Dispatched, Paired, Unpaired
 from schemas.envelope import Body, Codec
 from schemas.load import LoadReport
 from schemas.migration import Abort, Commit, CommitAck, PreAllocate, StageDone
+from schemas.reasons import MigrationAbortReason, RpcErrorCode
 from schemas.rpc import DispatchRequest, RpcError
 
 __all__ = [
@@ -44,7 +45,7 @@ __all__ = [
     "replay_log",
 ]
 
-_MALFORMED = RpcError(code="malformed", message="undecodable log entry")
+_MALFORMED = RpcError(code=RpcErrorCode.MALFORMED, message="undecodable log entry")
 
 
 @dataclass(frozen=True)
@@ -112,9 +113,10 @@ class MigrationSummary(msgspec.Struct):
     destination_id: str
     started_at: float
     ended_at: float = 0.0
-    outcome: str = "in_flight"
+    outcome: str = "in_flight"  # "committed", or "aborted: <reason>" for people
     stages: list[StageTiming] = msgspec.field(default_factory=list)
     downtime_s: float | None = None
+    abort_reason: MigrationAbortReason | None = None
 
 
 class ReplayResult(msgspec.Struct):
@@ -282,6 +284,7 @@ def _migrations(events: list[tuple[int, float, Body]]) -> list[MigrationSummary]
                 summary.downtime_s = body.resumed_at - suspended[body.migration_id]
         elif isinstance(body, Abort):
             summary.outcome, summary.ended_at = f"aborted: {body.reason}", time
+            summary.abort_reason = body.reason
     return list(found.values())
 
 

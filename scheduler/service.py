@@ -65,6 +65,7 @@ from schemas.decisions import Dispatched, Paired, ScaleDown, ScaleUp, SchedulerT
 from schemas.envelope import Body, Codec
 from schemas.instance import InstanceFailed, InstanceJoined
 from schemas.load import LoadReport
+from schemas.reasons import DispatchFailReason, FailureReason, RpcErrorCode
 from schemas.rpc import DispatchReply, DispatchRequest, Drain, MigrateOut, RpcError, StopMigration
 
 __all__ = [
@@ -78,7 +79,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_MALFORMED = RpcError(code="malformed", message="undecodable log entry")
+_MALFORMED = RpcError(code=RpcErrorCode.MALFORMED, message="undecodable log entry")
 
 
 class _Deposed(Exception):
@@ -391,7 +392,8 @@ class SchedulerService:
                 request_id=request.request_id,
                 instance_id=None,
                 epoch=self.epoch,
-                error=f"scheduler is {self.role.value}",
+                reason=DispatchFailReason.NOT_ACTIVE,
+                detail=f"scheduler is {self.role.value}",
             )
         follower = self.follower
         if follower.num_buffered:
@@ -407,7 +409,8 @@ class SchedulerService:
                 request_id=request.request_id,
                 instance_id=None,
                 epoch=self.epoch,
-                error="no instance can take the request",
+                reason=DispatchFailReason.NO_INSTANCE,
+                detail="no instance can take the request",
             )
         if state is not follower.state:
             self._commit(state, cursor)
@@ -433,7 +436,8 @@ class SchedulerService:
         envelope = self.codec.decode_or_none(data)
         if envelope is None or not isinstance(envelope.body, DispatchRequest):
             reply = DispatchReply(
-                request_id="", instance_id=None, epoch=self.epoch, error="malformed request"
+                request_id="", instance_id=None, epoch=self.epoch,
+                reason=DispatchFailReason.MALFORMED_REQUEST, detail="expected a DispatchRequest",
             )
         else:
             reply = self.dispatch(envelope.body)
@@ -462,7 +466,8 @@ class SchedulerService:
                 emitted.append(
                     InstanceFailed(
                         instance_id=instance_id,
-                        reason=f"no load report for {now - seen:.1f}s",
+                        reason=FailureReason.NO_LOAD_REPORT,
+                        detail=f"no load report for {now - seen:.1f}s",
                         last_heartbeat=self._wall() - (now - seen),
                         epoch=self.epoch,
                     )

@@ -4,7 +4,7 @@ One module per protocol, tagged unions for event families, an envelope with a
 schema version, subject builders and a strict codec. No I/O lives here.
 """
 
-from schemas.base import SCHEMA_VERSION, Message
+from schemas.base import SCHEMA_CHANGES, SCHEMA_VERSION, Message
 from schemas.decisions import *  # noqa: F403
 from schemas.envelope import Body, Codec, Envelope, decode_body, encode_body
 from schemas.errors import *  # noqa: F403
@@ -12,12 +12,14 @@ from schemas.instance import *  # noqa: F403
 from schemas.load import *  # noqa: F403
 from schemas.migration import *  # noqa: F403
 from schemas.position import Position
+from schemas.reasons import *  # noqa: F403
 from schemas.requests import *  # noqa: F403
 from schemas.rpc import *  # noqa: F403
 from schemas.subjects import Subjects
 from schemas.tokens import TokenDelta
 
 __all__ = [
+    "SCHEMA_CHANGES",
     "SCHEMA_VERSION",
     "Body",
     "Codec",

@@ -1,4 +1,4 @@
-"""Base struct configuration shared by every wire message.
+"""Base struct configuration shared by every wire message, and the schema version.
 
 Every message that crosses the bus is a frozen, keyword-only ``msgspec.Struct``
 tagged by a short string in the ``type`` field, so that families of messages can
@@ -9,10 +9,23 @@ from __future__ import annotations
 
 import msgspec
 
-__all__ = ["SCHEMA_VERSION", "Message"]
+__all__ = ["SCHEMA_CHANGES", "SCHEMA_VERSION", "Message"]
 
-#: Bumped when a message changes incompatibly. Decoders reject newer versions.
-SCHEMA_VERSION = 1
+#: Bumped when a message changes incompatibly. Decoders reject newer versions; a message of an
+#: older version is accepted if it still decodes, else rejected as ``UnsupportedVersion``.
+SCHEMA_VERSION = 2
+
+#: What changed in each schema version (date, change). Add a line with every bump.
+SCHEMA_CHANGES: dict[int, str] = {
+    1: "2026-11-29: first version.",
+    2: (
+        "2026-12-01: reasons are enums (schemas.reasons): GenerateReply.error -> reason + detail, "
+        "DispatchReply.error -> reason + detail, CommandReply gains reason, RpcError.code, "
+        "Abort.reason (+ detail), AbortRequest.reason, RequestAborted.reason, Unpaired.reason, "
+        "InstanceFailed.reason (+ detail), InstanceTerminating.reason, TokenDelta.finish_reason "
+        "and RequestFinished.finish_reason; free-text values of version 1 no longer decode."
+    ),
+}
 
 
 class Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):

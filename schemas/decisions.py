@@ -9,6 +9,7 @@ so a replay can recompute it.
 from __future__ import annotations
 
 from schemas.base import Message
+from schemas.reasons import UnpairReason
 
 __all__ = [
     "DecisionEvent",
@@ -58,7 +59,7 @@ class Unpaired(Message, frozen=True, kw_only=True, tag="unpaired"):
     epoch: int
     source_id: str
     destination_id: str
-    reason: str
+    reason: UnpairReason
 
 
 class ScaleUp(Message, frozen=True, kw_only=True, tag="scale_up"):

@@ -3,8 +3,12 @@
 An envelope carries the schema version, the producer, the event time (seconds
 since the epoch, stamped by the producer) and the W3C ``traceparent`` of the
 span that produced it. The body is one of the tagged message types. Decoding
-is strict: an unknown tag, a missing field or a wrong type raises a typed
-:class:`~schemas.errors.MalformedMessage`, and :class:`Codec` counts it.
+is strict: an unknown tag, a missing field or a wrong type (an enum value no
+member has included) raises a typed :class:`~schemas.errors.MalformedMessage`,
+and :class:`Codec` counts it. An envelope of another schema version that does
+not decode raises :class:`~schemas.errors.UnsupportedVersion`, naming the
+version, the field and what changed (``schemas.base.SCHEMA_CHANGES``); one of
+an older version that still decodes is accepted.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from schemas.base import SCHEMA_VERSION
+from schemas.base import SCHEMA_CHANGES, SCHEMA_VERSION
 from schemas.decisions import DecisionEvent
 from schemas.errors import (
     MalformedMessage,
@@ -54,8 +58,15 @@ class Envelope(msgspec.Struct, frozen=True, kw_only=True):
     v: int = SCHEMA_VERSION
 
 
+class _VersionOnly(msgspec.Struct):
+    """An envelope read for its version alone (every other field is skipped)."""
+
+    v: int = SCHEMA_VERSION
+
+
 _encoder = msgspec.msgpack.Encoder()
 _envelope_decoder = msgspec.msgpack.Decoder(Envelope)
+_version_decoder = msgspec.msgpack.Decoder(_VersionOnly)
 
 
 def _translate(exc: Exception) -> MalformedMessage:
@@ -68,6 +79,30 @@ def _translate(exc: Exception) -> MalformedMessage:
             return MissingField(text)
         return WrongType(text)
     return NotDecodable(text)
+
+
+def _version_of(data: bytes) -> int | None:
+    """The schema version an envelope says it has, if it is an envelope at all."""
+    try:
+        return _version_decoder.decode(data).v
+    except Exception:  # not even an envelope: the caller's error stands
+        return None
+
+
+def _other_version(version: int, error: MalformedMessage) -> UnsupportedVersion:
+    """The error for an envelope of another schema version whose body does not decode here."""
+    if version > SCHEMA_VERSION:
+        return UnsupportedVersion(
+            f"schema version {version} is newer than supported {SCHEMA_VERSION} ({error.kind}: {error})",
+            version=version,
+        )
+    later = range(version + 1, SCHEMA_VERSION + 1)
+    changes = "; ".join(f"v{v} {SCHEMA_CHANGES[v]}" for v in later if v in SCHEMA_CHANGES)
+    return UnsupportedVersion(
+        f"schema version {version} no longer decodes under version {SCHEMA_VERSION} "
+        f"({error.kind}: {error}); changed since: {changes}",
+        version=version,
+    )
 
 
 def encode_body(body: Any) -> bytes:
@@ -110,6 +145,9 @@ class Codec:
             envelope = _envelope_decoder.decode(data)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             error = _translate(exc)
+            version = _version_of(data) if isinstance(exc, msgspec.ValidationError) else None
+            if version is not None and version != SCHEMA_VERSION:
+                error = _other_version(version, error)
             self.rejected[error.kind] += 1
             raise error from exc
         except Exception as exc:  # msgspec may raise others on pathological input
@@ -119,7 +157,8 @@ class Codec:
         if envelope.v > SCHEMA_VERSION:
             self.rejected[UnsupportedVersion.kind] += 1
             raise UnsupportedVersion(
-                f"schema version {envelope.v} is newer than supported {SCHEMA_VERSION}"
+                f"schema version {envelope.v} is newer than supported {SCHEMA_VERSION}",
+                version=envelope.v,
             )
         return envelope
 

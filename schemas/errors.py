@@ -47,6 +47,12 @@ class WrongType(MalformedMessage):
 
 
 class UnsupportedVersion(MalformedMessage):
-    """The envelope's schema version is newer than this code understands."""
+    """The envelope's schema version is newer than this code understands, or older and its body
+    no longer decodes (the message names the field and what changed since). ``version`` is the
+    envelope's."""
 
     kind = "unsupported_version"
+
+    def __init__(self, message: str, *, version: int | None = None) -> None:
+        super().__init__(message)
+        self.version = version

@@ -7,6 +7,7 @@ Appended by agents (and by the scheduler for ``InstanceFailed``) on
 from __future__ import annotations
 
 from schemas.base import Message
+from schemas.reasons import FailureReason, TerminateReason
 
 __all__ = [
     "InstanceEvent",
@@ -58,7 +59,7 @@ class InstanceHeartbeat(Message, frozen=True, kw_only=True, tag="instance_heartb
 
 class InstanceTerminating(Message, frozen=True, kw_only=True, tag="instance_terminating"):
     instance_id: str
-    reason: str = ""
+    reason: TerminateReason = TerminateReason.SCALE_DOWN
 
 
 class InstanceLeft(Message, frozen=True, kw_only=True, tag="instance_left"):
@@ -67,7 +68,8 @@ class InstanceLeft(Message, frozen=True, kw_only=True, tag="instance_left"):
 
 class InstanceFailed(Message, frozen=True, kw_only=True, tag="instance_failed"):
     instance_id: str
-    reason: str
+    reason: FailureReason
+    detail: str = ""
     last_heartbeat: float = 0.0
     epoch: int = 0
 

@@ -11,6 +11,7 @@ the request if the reply is lost.
 from __future__ import annotations
 
 from schemas.base import Message
+from schemas.reasons import MigrationAbortReason
 from schemas.rpc import SamplingParams
 
 __all__ = [
@@ -42,9 +43,12 @@ class Ack(Message, frozen=True, kw_only=True, tag="mig_ack"):
 
 
 class Abort(Message, frozen=True, kw_only=True, tag="mig_abort"):
+    """Either side gives the migration up; ``detail`` is for people, ``reason`` for decisions."""
+
     migration_id: str
-    reason: str
+    reason: MigrationAbortReason
     sender_id: str = ""
+    detail: str = ""
 
 
 class StageDone(Message, frozen=True, kw_only=True, tag="mig_stage_done"):

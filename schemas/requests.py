@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from schemas.base import Message
+from schemas.reasons import CloseReason, FinishReason
 
 __all__ = [
     "RequestAborted",
@@ -36,7 +37,7 @@ class RequestFirstToken(Message, frozen=True, kw_only=True, tag="req_first_token
 
 class RequestFinished(Message, frozen=True, kw_only=True, tag="req_finished"):
     request_id: str
-    finish_reason: str
+    finish_reason: FinishReason
     num_prompt_tokens: int
     num_output_tokens: int
     e2e_s: float
@@ -51,7 +52,7 @@ class RequestRescued(Message, frozen=True, kw_only=True, tag="req_rescued"):
 
 class RequestAborted(Message, frozen=True, kw_only=True, tag="req_aborted"):
     request_id: str
-    reason: str
+    reason: CloseReason
 
 
 RequestEvent = (

@@ -6,6 +6,13 @@ RPCs ride core NATS on ``<prefix>.rpc.…``; only their outcomes are logged.
 from __future__ import annotations
 
 from schemas.base import Message
+from schemas.reasons import (
+    CloseReason,
+    CommandRejectReason,
+    DispatchFailReason,
+    RejectReason,
+    RpcErrorCode,
+)
 
 __all__ = [
     "AbortReply",
@@ -57,16 +64,19 @@ class GenerateRequest(Message, frozen=True, kw_only=True, tag="generate"):
 
 
 class GenerateReply(Message, frozen=True, kw_only=True, tag="generate_reply"):
+    """Whether the agent took the request; a refusal carries ``reason`` (and ``detail`` for people)."""
+
     request_id: str
     instance_id: str
     accepted: bool
     num_accepted: int
-    error: str | None = None
+    reason: RejectReason | None = None
+    detail: str = ""
 
 
 class AbortRequest(Message, frozen=True, kw_only=True, tag="abort"):
     request_id: str
-    reason: str = "client"
+    reason: CloseReason = CloseReason.CLIENT
 
 
 class AbortReply(Message, frozen=True, kw_only=True, tag="abort_reply"):
@@ -91,10 +101,13 @@ class DispatchRequest(Message, frozen=True, kw_only=True, tag="dispatch_request"
 
 
 class DispatchReply(Message, frozen=True, kw_only=True, tag="dispatch_reply"):
+    """Where to run the request, or (``instance_id`` None) why the scheduler placed it nowhere."""
+
     request_id: str
     instance_id: str | None
     epoch: int
-    error: str | None = None
+    reason: DispatchFailReason | None = None
+    detail: str = ""
 
 
 class MigrateOut(Message, frozen=True, kw_only=True, tag="migrate_out"):
@@ -118,7 +131,7 @@ class Drain(Message, frozen=True, kw_only=True, tag="drain"):
 
 
 class RpcError(Message, frozen=True, kw_only=True, tag="rpc_error"):
-    code: str
+    code: RpcErrorCode
     message: str
 
 
@@ -126,6 +139,7 @@ class CommandReply(Message, frozen=True, kw_only=True, tag="command_reply"):
     """An agent's answer to ``resend``, ``migrate_out``, ``stop_migration`` and ``drain``."""
 
     accepted: bool
+    reason: CommandRejectReason | None = None  # set when not accepted
     detail: str = ""
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from schemas.base import Message
+from schemas.reasons import FinishReason
 
 __all__ = ["TokenDelta"]
 
@@ -21,5 +22,5 @@ class TokenDelta(Message, frozen=True, kw_only=True, tag="token_delta"):
     first_index: int
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...] | None = None
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     num_prompt_tokens: int = 0

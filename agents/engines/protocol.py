@@ -9,7 +9,9 @@ and :mod:`agents.engines.local_scheduler`; a vLLM adapter implements the same
 
 This module holds only the protocol and plain data types: request status and
 finish reasons, per-step outputs, stats, the KV buffer, the static engine
-description and the engine error tree. No engine logic, no I/O.
+description and the engine error tree. No engine logic, no I/O. The reject and
+finish reasons are the wire's own enums (:mod:`schemas.reasons`), re-exported
+here, so an engine's reason reaches the frontend as the same member.
 
 Threading: an engine is not thread-safe. The agent serializes calls; with
 ``step_async`` other calls may run *between* a step's scheduling and its
@@ -28,6 +30,7 @@ import msgspec
 
 from agents.engines.block_manager import OutOfBlocks, Reservation
 from schemas import KVLayout, ModelIdentity, SamplingParams
+from schemas.reasons import FinishReason, RejectReason
 
 __all__ = [
     "FINISH_REASONS",
@@ -35,6 +38,7 @@ __all__ = [
     "EngineError",
     "EngineInfo",
     "EngineStats",
+    "FinishReason",
     "InvalidRequestState",
     "KVBuffer",
     "MigrationError",
@@ -81,21 +85,11 @@ class RequestStatus(enum.IntEnum):
 
 
 #: Finish reason reported to clients (OpenAI's ``finish_reason``) per terminal status.
-FINISH_REASONS: dict[RequestStatus, str] = {
-    RequestStatus.FINISHED_STOPPED: "stop",
-    RequestStatus.FINISHED_LENGTH: "length",
-    RequestStatus.FINISHED_ABORTED: "abort",
+FINISH_REASONS: dict[RequestStatus, FinishReason] = {
+    RequestStatus.FINISHED_STOPPED: FinishReason.STOP,
+    RequestStatus.FINISHED_LENGTH: FinishReason.LENGTH,
+    RequestStatus.FINISHED_ABORTED: FinishReason.ABORT,
 }
-
-
-class RejectReason(enum.StrEnum):
-    """Why a request was refused on add (it never entered the queue)."""
-
-    EMPTY_PROMPT = "empty_prompt"
-    TOKEN_OUT_OF_RANGE = "token_out_of_range"
-    EXCEEDS_MODEL_CONTEXT = "exceeds_model_context"  # prompt longer than max_model_len
-    EXCEEDS_CAPACITY = "exceeds_capacity"  # prompt needs more blocks than the instance has
-    INVALID_SAMPLING = "invalid_sampling"  # max_tokens <= 0, min_tokens < 0, ...
 
 
 # -------------------------------------------------------------------- errors
@@ -106,7 +100,11 @@ class EngineError(Exception):
 
 
 class RequestRejected(EngineError, ValueError):
-    """``add_request`` refused a request; other requests are unaffected and it is counted."""
+    """``add_request`` refused a request; other requests are unaffected and it is counted.
+
+    ``reason`` is one of the engine's :class:`RejectReason` members (never ``TERMINATING``,
+    which is the agent's); ``detail`` is for people.
+    """
 
     def __init__(self, request_id: str, reason: RejectReason, detail: str) -> None:
         super().__init__(f"request {request_id!r} rejected ({reason.value}): {detail}")
@@ -145,7 +143,7 @@ class RequestOutput(msgspec.Struct, frozen=True):
     request_id: str
     first_index: int
     token_ids: tuple[int, ...]
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     num_prompt_tokens: int = 0
 
     @property

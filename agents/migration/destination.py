@@ -39,6 +39,7 @@ from agents.migration.host import DriverContext
 from agents.migration.source import reservation_tag
 from agents.tracing import parent_context
 from schemas.migration import Commit, StageWritten
+from schemas.reasons import MigrationAbortReason
 from transport import PendingTransfer, TransportError
 
 __all__ = ["DestinationDriver", "payload_bytes_per_block"]
@@ -95,7 +96,10 @@ class DestinationDriver(MachineDriver):
             await self._write(action)
         elif isinstance(action, RejectBlocks):
             self.received.pop(action.stage, None)
-            self.span.add_event("rejected-blocks", {"shoal.migration.stage": action.stage})
+            self.span.add_event(
+                "rejected-blocks",
+                {"shoal.migration.stage": action.stage, "shoal.migration.reason": action.reason.value},
+            )
         elif isinstance(action, ReleaseReservation):
             await self._release()
         elif isinstance(action, AdmitRequest):
@@ -107,20 +111,24 @@ class DestinationDriver(MachineDriver):
             self.span.end()
         elif isinstance(action, ReportFailed):
             self.span.set_attribute("shoal.migration.outcome", "aborted")
-            self.span.set_attribute("shoal.migration.reason", action.reason)
+            self.span.set_attribute("shoal.migration.reason", action.reason.value)
+            if action.detail:
+                self.span.set_attribute("shoal.migration.detail", action.detail)
             self.span.end()
         return None
 
     def _reserve(self, action: Reserve) -> Input:
         engine = self.agent.engine
         if action.stage == 0 and self.manager.num_incoming > self.manager.config.max_concurrent_per_instance:
-            return ReserveFailed(stage=action.stage, reason="too many incoming migrations")
+            return ReserveFailed(stage=action.stage, reason=MigrationAbortReason.TOO_MANY_INCOMING)
         if action.stage == 0 and self.agent.terminating:
-            return ReserveFailed(stage=action.stage, reason="instance is terminating")
+            return ReserveFailed(stage=action.stage, reason=MigrationAbortReason.DESTINATION_TERMINATING)
         try:
             reservation = engine.reserve(action.num_blocks)
         except OutOfBlocks as exc:
-            return ReserveFailed(stage=action.stage, reason=str(exc))
+            return ReserveFailed(
+                stage=action.stage, reason=MigrationAbortReason.OUT_OF_BLOCKS, detail=str(exc)
+            )
         self.reservations[action.stage] = reservation
         info = engine.info
         nbytes = action.num_blocks * payload_bytes_per_block(info.engine, info.bytes_per_block)

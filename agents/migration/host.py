@@ -88,7 +88,7 @@ class MigrationHost(Protocol):
         """``commit``'s request now runs here: publish its tokens with the next owner epoch."""
         ...
 
-    async def publish_failure(self, commit: Commit, reason: str) -> None:
+    async def publish_failure(self, commit: Commit, detail: str) -> None:
         """A request the log gave to this agent could not be admitted: end its stream with an error."""
         ...
 

@@ -10,8 +10,9 @@ in, feeds every machine a ``Tick`` periodically, follows the peers' lifecycle
 events (a failed or departed peer becomes ``PeerFailed``), and carries out the
 scheduler's ``MigrateOut`` command: it picks requests with the shared
 selection rule and migrates them, at most ``max_concurrent_per_instance`` at a
-time, until the freeness target is reached. Migration happens only between
-instances whose model identity and KV layout match.
+time, until the freeness target is reached; a destination that refuses for
+want of room (:data:`DESTINATION_FULL`) ends the command until the next pairing.
+Migration happens only between instances whose model identity and KV layout match.
 """
 
 from __future__ import annotations
@@ -39,14 +40,23 @@ from agents.reporting import running_requests
 from agents.tracing import headers_for, tracer_from
 from bus import BusError, Subscription
 from scheduler.policy import select_requests_to_migrate
-from schemas import MigrateOut
+from schemas import CommandRejectReason, CommandReply, MigrateOut
 from schemas.migration import CommitAck, MigrationMessage, StageWritten
+from schemas.reasons import MigrationAbortReason
 
-__all__ = ["MigrationManager", "MigrationOutcome"]
+__all__ = ["DESTINATION_FULL", "MigrationManager", "MigrationOutcome"]
 
 log = logging.getLogger(__name__)
 
 _FINISHED_KEPT = 1024
+
+#: Abort reasons that mean the destination has no room now: the ``MigrateOut`` command stops
+#: there and the source waits for the scheduler's next pairing instead of trying other requests.
+DESTINATION_FULL = frozenset({
+    MigrationAbortReason.OUT_OF_BLOCKS,
+    MigrationAbortReason.TOO_MANY_INCOMING,
+    MigrationAbortReason.DESTINATION_TERMINATING,
+})
 
 
 class MigrationManager:
@@ -186,7 +196,8 @@ class MigrationManager:
 
     # -- local events -------------------------------------------------------------------
 
-    def request_gone(self, request_id: str, reason: str) -> None:
+    def request_gone(self, request_id: str, reason: MigrationAbortReason) -> None:
+        """``request_id`` finished, was preempted or aborted here (a ``REQUEST_*`` reason)."""
         driver = self.sources_by_request.get(request_id)
         if driver is not None:
             driver.feed(RequestGone(reason=reason))
@@ -235,7 +246,7 @@ class MigrationManager:
         del self.outcomes[:-_FINISHED_KEPT]
         if not driver.outcome.migrated:
             self._command_failures.add(driver.request_id)
-            if driver.outcome.reason.startswith("destination aborted: no space"):
+            if driver.outcome.reason in DESTINATION_FULL:
                 self._command = None  # the destination is full: wait for the next pairing
         self.agent.wake()
 
@@ -267,12 +278,13 @@ class MigrationManager:
         """Start a migration; a refusal comes back as a failed :class:`MigrationOutcome`."""
         migration_id = f"{self.agent.instance_id}-{uuid.uuid4().hex[:12]}"
 
-        def refused(reason: str) -> MigrationOutcome:
+        def refused(reason: MigrationAbortReason, detail: str = "") -> MigrationOutcome:
             outcome = MigrationOutcome(
                 migration_id,
                 request_id,
                 destination_id,
                 reason=reason,
+                detail=detail,
                 started_at=time.time(),
                 finished_at=time.time(),
             )
@@ -280,20 +292,20 @@ class MigrationManager:
             return outcome
 
         if destination_id == self.agent.instance_id:
-            return refused("cannot migrate to itself")
+            return refused(MigrationAbortReason.SAME_INSTANCE, "cannot migrate to itself")
         joined = await self.directory.wait_for(destination_id, self.agent.config.peer_lookup_timeout_s)
         if joined is None:
-            return refused(f"unknown destination {destination_id!r}")
+            return refused(MigrationAbortReason.UNKNOWN_DESTINATION, f"{destination_id!r} is not known")
         info = self.agent.engine.info
         if joined.model != info.model or joined.kv_layout != info.kv_layout:
-            return refused("incompatible: model identity or KV layout differ")
+            return refused(MigrationAbortReason.INCOMPATIBLE, "model identity or KV layout differ")
         if len(self.sources) >= self.config.max_concurrent_per_instance:
-            return refused("too many outgoing migrations")
+            return refused(MigrationAbortReason.TOO_MANY_OUTGOING)
         if request_id in self.sources_by_request:
-            return refused("already migrating")
+            return refused(MigrationAbortReason.ALREADY_MIGRATING)
         stats = self.agent.engine.request_stats(request_id)
         if stats is None or not stats.status.holds_blocks or self.agent.request_record(request_id) is None:
-            return refused("not running here")
+            return refused(MigrationAbortReason.NOT_RUNNING, "not running here")
         driver = SourceDriver(
             self,
             migration_id=migration_id,
@@ -308,20 +320,26 @@ class MigrationManager:
         driver.begin()
         return driver
 
-    async def command_migrate_out(self, command: MigrateOut) -> tuple[bool, str]:
+    async def command_migrate_out(self, command: MigrateOut) -> CommandReply:
         """Adopt the scheduler's command: migrate towards the destination until the target freeness."""
         joined = await self.directory.wait_for(
             command.destination_id, self.agent.config.peer_lookup_timeout_s
         )
         if joined is None:
-            return False, f"unknown destination {command.destination_id!r}"
+            return CommandReply(
+                accepted=False, reason=CommandRejectReason.UNKNOWN_DESTINATION,
+                detail=f"unknown destination {command.destination_id!r}",
+            )
         info = self.agent.engine.info
         if joined.model != info.model or joined.kv_layout != info.kv_layout:
-            return False, "incompatible: model identity or KV layout differ"
+            return CommandReply(
+                accepted=False, reason=CommandRejectReason.INCOMPATIBLE,
+                detail="model identity or KV layout differ",
+            )
         self._command = command
         self._command_failures = set()
         self._drive_command()
-        return True, "migrating"
+        return CommandReply(accepted=True, detail="migrating")
 
     def command_stop(self, destination_id: str) -> bool:
         if self._command is not None and self._command.destination_id == destination_id:

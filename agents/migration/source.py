@@ -44,6 +44,7 @@ from agents.migration.fsm.config import MigrationConfig
 from agents.migration.fsm.source import SourceState, start_source
 from agents.migration.host import DriverContext
 from schemas.migration import Commit, CommitAck
+from schemas.reasons import MigrationAbortReason
 from transport import TransferHeader
 
 __all__ = ["MigrationOutcome", "SourceDriver", "StageRecord", "reservation_tag"]
@@ -67,13 +68,14 @@ class StageRecord:
 
 @dataclass
 class MigrationOutcome:
-    """How one migration ended, seen from the source."""
+    """How one migration ended, seen from the source: ``reason`` is None if it migrated."""
 
     migration_id: str
     request_id: str
     destination_id: str
     migrated: bool = False
-    reason: str = ""
+    reason: MigrationAbortReason | None = None
+    detail: str = ""
     stages: list[StageRecord] = field(default_factory=list)
     started_at: float = 0.0
     suspended_at: float | None = None
@@ -181,9 +183,9 @@ class SourceDriver(MachineDriver):
         elif isinstance(action, ClaimOutcome):
             self.helper(self._claim(action))
         elif isinstance(action, ReportMigrated):
-            self._report(migrated=True, reason="")
+            self._report(migrated=True)
         elif isinstance(action, ReportFailed):
-            self._report(migrated=False, reason=action.reason)
+            self._report(migrated=False, reason=action.reason, detail=action.detail)
         return None
 
     def _commit(self) -> Commit:
@@ -209,10 +211,10 @@ class SourceDriver(MachineDriver):
         try:
             self.agent.engine.suspend(self.request_id)
         except UnknownRequest:
-            self.feed(RequestGone(reason="finished"))
+            self.feed(RequestGone(reason=MigrationAbortReason.REQUEST_FINISHED))
             return
         except InvalidRequestState:
-            self.feed(RequestGone(reason="preempted"))
+            self.feed(RequestGone(reason=MigrationAbortReason.REQUEST_PREEMPTED))
             return
         if self.agent.is_stepping:
             self.awaiting_suspend = True  # applies once the step in flight completes
@@ -227,7 +229,7 @@ class SourceDriver(MachineDriver):
     def _report_suspended(self) -> None:
         stats = self.agent.engine.request_stats(self.request_id)
         if stats is None or not stats.status.holds_blocks:
-            self.feed(RequestGone(reason="finished" if stats is None else "preempted"))
+            self.feed(RequestGone(reason=self._gone_reason()))
             return
         self.outcome.suspended_at = time.time()
         self.span.add_event("suspended", {"shoal.blocks": stats.num_blocks})
@@ -277,8 +279,8 @@ class SourceDriver(MachineDriver):
             gone = isinstance(exc, UnknownRequest) or (
                 isinstance(exc, MigrationError) and not self._holds_blocks()
             )
-            reason = "request finished or preempted" if gone else f"{type(exc).__name__}: {exc}"
-            self.feed(CopyFailed(stage=action.stage, reason=reason))
+            reason = self._gone_reason() if gone else MigrationAbortReason.COPY_FAILED
+            self.feed(CopyFailed(stage=action.stage, reason=reason, detail=f"{type(exc).__name__}: {exc}"))
             return
         duration = time.perf_counter() - started
         span.set_attribute("shoal.migration.bytes", buffer.nbytes)
@@ -307,6 +309,12 @@ class SourceDriver(MachineDriver):
         stats = self.agent.engine.request_stats(self.request_id)
         return stats is not None and stats.status.holds_blocks
 
+    def _gone_reason(self) -> MigrationAbortReason:
+        """Why the request no longer holds its blocks: it finished (the engine forgot it) or was preempted."""
+        if self.agent.engine.request_stats(self.request_id) is None:
+            return MigrationAbortReason.REQUEST_FINISHED
+        return MigrationAbortReason.REQUEST_PREEMPTED
+
     async def _claim(self, action: ClaimOutcome) -> None:
         try:
             committed = await self.manager.log.claim(action.outcome)
@@ -317,13 +325,18 @@ class SourceDriver(MachineDriver):
     def on_commit_ack(self, ack: CommitAck) -> None:
         self.outcome.resumed_at = ack.resumed_at
 
-    def _report(self, *, migrated: bool, reason: str) -> None:
+    def _report(
+        self, *, migrated: bool, reason: MigrationAbortReason | None = None, detail: str = ""
+    ) -> None:
         outcome = self.outcome
-        outcome.migrated, outcome.reason, outcome.finished_at = migrated, reason, time.time()
+        outcome.migrated, outcome.reason, outcome.detail = migrated, reason, detail
+        outcome.finished_at = time.time()
         span = self.span
         span.set_attribute("shoal.migration.outcome", "migrated" if migrated else "aborted")
-        if reason:
-            span.set_attribute("shoal.migration.reason", reason)
+        if reason is not None:
+            span.set_attribute("shoal.migration.reason", reason.value)
+        if detail:
+            span.set_attribute("shoal.migration.detail", detail)
         span.set_attribute("shoal.migration.stages", outcome.num_stages)
         span.set_attribute("shoal.migration.bytes", sum(s.num_bytes for s in outcome.stages))
         if outcome.downtime_s is not None:
@@ -335,7 +348,7 @@ class SourceDriver(MachineDriver):
     def finished(self) -> None:
         self._on_finished(self)
         if not self.done.done():  # cancelled before an outcome: report it as failed
-            self.outcome.reason = self.outcome.reason or "cancelled"
+            self.outcome.reason = self.outcome.reason or MigrationAbortReason.CANCELLED
             self.outcome.finished_at = time.time()
             self.span.end()
             self.done.set_result(self.outcome)

@@ -43,6 +43,7 @@ from frontend.openai_models import (
 )
 from frontend.tokenization import token_text
 from frontend.turns import Turn, padded_logprobs, pieces
+from schemas import CloseReason, FinishReason
 
 __all__ = ["chat_completions", "completions", "end_turn", "generate", "output_budget", "router"]
 
@@ -84,7 +85,8 @@ async def generate(request: Request, body: BodyT, flavor: Flavor[BodyT], state: 
         aligned = padded_logprobs(turn.token_ids, turn.logprobs)
         logprobs = flavor.logprobs(turn.token_ids, aligned, _decoder(state), 0)
     return json_response(200, flavor.response(
-        reply, text, turn.finish_reason or "stop", turn.num_prompt_tokens, turn.num_output_tokens, logprobs,
+        reply, text, turn.finish_reason or FinishReason.STOP, turn.num_prompt_tokens, turn.num_output_tokens,
+        logprobs,
     ))
 
 
@@ -149,11 +151,12 @@ def end_turn(state: FrontendState, turn: Turn, outcome: str) -> None:
     if outcome == "ok":
         metrics.prompt_tokens.inc(turn.num_prompt_tokens)
         metrics.output_tokens.inc(turn.num_output_tokens)
-    reason = "finished" if outcome == "ok" and turn.finish_reason != "stop" else (
-        "stop" if outcome == "ok" else "client"
+    stopped_early = turn.finish_reason is FinishReason.STOP
+    reason = CloseReason.FINISHED if outcome == "ok" and not stopped_early else (
+        CloseReason.STOP_STRING if outcome == "ok" else CloseReason.CLIENT
     )
     if turn.stream.assembler.finished and outcome == "ok":
-        reason = "finished"
+        reason = CloseReason.FINISHED
     gateway.fire_and_forget(turn.stream.close(reason), "close")
 
 

@@ -11,12 +11,12 @@ terminating, or a terminating source has drained. The pairing command carries
 the freeness target the source must reach (``PairingConfig.source_target``).
 
 A terminating instance has freeness ``-inf`` (its fake request), so it is
-always a source until it has drained. Ties break on instance id. Pure code.
+always a source until it has drained. Ties break on instance id. Why a pair ends is
+the wire's :class:`schemas.reasons.UnpairReason`, re-exported here. Pure code.
 """
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Iterable, Sequence
 
 import msgspec
@@ -24,6 +24,7 @@ import msgspec
 from scheduler.config import PolicyConfig
 from scheduler.policy.load import InstanceLoad, load_freeness
 from schemas.decisions import Paired, Unpaired
+from schemas.reasons import UnpairReason
 
 __all__ = [
     "PairDecision",
@@ -33,15 +34,6 @@ __all__ = [
     "UnpairReason",
     "pair_instances",
 ]
-
-
-class UnpairReason(enum.StrEnum):
-    SOURCE_RECOVERED = "source_recovered"
-    DESTINATION_FILLED = "destination_filled"
-    SOURCE_GONE = "source_gone"
-    DESTINATION_GONE = "destination_gone"
-    DESTINATION_TERMINATING = "destination_terminating"
-    SOURCE_DRAINED = "source_drained"
 
 
 class Pairing(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -78,8 +70,7 @@ class UnpairDecision(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
     def to_event(self, epoch: int) -> Unpaired:
         return Unpaired(
-            epoch=epoch, source_id=self.source_id, destination_id=self.destination_id,
-            reason=self.reason.value,
+            epoch=epoch, source_id=self.source_id, destination_id=self.destination_id, reason=self.reason,
         )
 
 

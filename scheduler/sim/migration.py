@@ -37,6 +37,7 @@ from scheduler.sim.event_kinds import EventKind
 from scheduler.sim.instance import SimInstance
 from scheduler.sim.metrics import RequestRecord
 from scheduler.sim.policy_layer import PolicyLayer
+from schemas.reasons import MigrationAbortReason
 
 __all__ = ["Migration", "MigrationDriver", "MigrationHost"]
 
@@ -105,7 +106,7 @@ class MigrationDriver:
         self.num_committed = 0
         self.num_aborted = 0
         self.downtime_total_s = 0.0
-        self.abort_reasons: dict[str, int] = {}
+        self.abort_reasons: dict[MigrationAbortReason, int] = {}
 
     # ------------------------------------------------------------ starting
 
@@ -156,14 +157,14 @@ class MigrationDriver:
         request = migration.source.engine.scheduler.get(migration.request_id)
         reason = None
         if request is None or request.status.is_finished:
-            reason = "finished"
+            reason = MigrationAbortReason.REQUEST_FINISHED
         elif request.num_preemptions != migration.num_preemptions or not request.status.holds_blocks:
-            reason = "preempted"
+            reason = MigrationAbortReason.REQUEST_PREEMPTED
         elif (
             migration.destination.terminating
             or migration.destination.instance_id not in self.host.instances
         ):
-            reason = "destination_terminating"
+            reason = MigrationAbortReason.DESTINATION_TERMINATING
         if reason is not None:
             self._abort(migration, reason)
             return None
@@ -173,7 +174,7 @@ class MigrationDriver:
         try:
             migration.reservations.append(migration.destination.engine.reserve(num_blocks))
         except OutOfBlocks:
-            self._abort(migration, "out_of_blocks")
+            self._abort(migration, MigrationAbortReason.OUT_OF_BLOCKS)
             return False
         migration.destination.dirty = True
         return True
@@ -265,10 +266,11 @@ class MigrationDriver:
         source, destination = migration.source, migration.destination
         request = source.engine.scheduler.get(migration.request_id)
         if request is None or request.status is not RequestStatus.SUSPENDED:
-            self._abort(migration, "lost_suspended")
+            self._abort(migration, MigrationAbortReason.REQUEST_FINISHED if request is None
+                        else MigrationAbortReason.REQUEST_PREEMPTED)
             return
         if destination.instance_id not in host.instances:
-            self._abort(migration, "destination_gone")
+            self._abort(migration, MigrationAbortReason.PEER_FAILED)
             return
         self._land_copy(migration)
         destination.engine.admit_migrated(
@@ -287,7 +289,7 @@ class MigrationDriver:
         self.downtime_total_s += host.now - migration.suspended_s
         self._finish(migration, committed=True)
 
-    def _abort(self, migration: Migration, reason: str) -> None:
+    def _abort(self, migration: Migration, reason: MigrationAbortReason) -> None:
         self.abort_reasons[reason] = self.abort_reasons.get(reason, 0) + 1
         self.num_aborted += 1
         destination = migration.destination

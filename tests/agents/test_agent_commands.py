@@ -6,6 +6,7 @@ import asyncio
 
 from agents.engines.sim import SimEngine, sim_token_id
 from schemas import (
+    CommandRejectReason,
     CommandReply,
     Drain,
     GenerateRequest,
@@ -13,6 +14,8 @@ from schemas import (
     InstanceTerminating,
     LoadReport,
     MigrateOut,
+    MigrationAbortReason,
+    RejectReason,
     StopMigration,
 )
 from tests.agents.agent_cluster import AgentCluster, agent_cluster, fast_agent_config, greedy, sim_engine
@@ -49,9 +52,35 @@ async def test_migrate_out_moves_lowest_priority_until_the_target(nats_url: str)
         on_a1 = {r.request_id for r in a1.engine.stats().requests}
         assert on_a2 == {"lowest"} and on_a1 == {"urgent", "normal"}
         stale = await cluster.call("a1", "stop_migration", StopMigration(epoch=0, destination_id="a2"))
-        assert stale == CommandReply(accepted=False, detail="stale epoch")
+        assert stale == CommandReply(accepted=False, reason=CommandRejectReason.STALE_EPOCH)
         stopped = await cluster.call("a1", "stop_migration", StopMigration(epoch=1, destination_id="a2"))
         assert stopped.accepted
+
+
+async def test_a_full_destination_ends_the_command_until_the_next_pairing(nats_url: str) -> None:
+    """Out of blocks there aborts the migration with ``OUT_OF_BLOCKS``, and the source drops the
+    ``MigrateOut`` command at once instead of trying its other requests on the full destination."""
+    async with agent_cluster(nats_url) as cluster:
+        a1 = await cluster.add(sim_engine(time_scale=4.0), fast_agent_config("a1"))
+        a2 = await cluster.add(sim_engine(num_blocks=6, time_scale=4.0), fast_agent_config("a2"))
+        for priority, request_id in enumerate(("r1", "r2", "r3")):  # 10 full blocks each, a2 has 6
+            await _run(cluster, "a1", request_id, priority=priority)
+        await asyncio.sleep(0.05)
+        reply = await cluster.call(
+            "a1", "migrate_out", MigrateOut(epoch=1, destination_id="a2", target_freeness=99.0)
+        )
+        assert reply == CommandReply(accepted=True, detail="migrating")
+        async with asyncio.timeout(5):
+            while a1.migration.command is not None or not a1.migration.is_idle:
+                await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)  # ten ticks: a command still in force would start the next request
+        outcomes = a1.migration.outcomes
+        assert [(o.request_id, o.migrated, o.reason) for o in outcomes] == [
+            ("r3", False, MigrationAbortReason.OUT_OF_BLOCKS)
+        ]
+        assert "destination aborted" in outcomes[0].detail
+        assert a2.engine.stats().num_free_blocks == 6 and not a2.engine.has_unfinished()
+        assert {r.request_id for r in a1.engine.stats().requests} == {"r1", "r2", "r3"}
 
 
 async def test_migration_needs_matching_model_and_kv_layout(nats_url: str) -> None:
@@ -62,11 +91,11 @@ async def test_migration_needs_matching_model_and_kv_layout(nats_url: str) -> No
         reply = await cluster.call(
             "a1", "migrate_out", MigrateOut(epoch=1, destination_id="big", target_freeness=99)
         )
-        assert not reply.accepted and "incompatible" in reply.detail
+        assert not reply.accepted and reply.reason is CommandRejectReason.INCOMPATIBLE
         outcome = await a1.migrate("r1", "big")
-        assert not outcome.migrated and "incompatible" in outcome.reason
+        assert not outcome.migrated and outcome.reason is MigrationAbortReason.INCOMPATIBLE
         unknown = await a1.migrate("r1", "nobody")
-        assert not unknown.migrated and "unknown destination" in unknown.reason
+        assert not unknown.migrated and unknown.reason is MigrationAbortReason.UNKNOWN_DESTINATION
 
 
 async def test_drain_migrates_everything_away_then_leaves(nats_url: str) -> None:
@@ -81,7 +110,7 @@ async def test_drain_migrates_everything_away_then_leaves(nats_url: str) -> None
         refused = await cluster.generate(
             "a1", GenerateRequest(request_id="late", token_ids=(1, 2), sampling=greedy(4))
         )
-        assert not refused.accepted and "terminating" in (refused.error or "")
+        assert not refused.accepted and refused.reason is RejectReason.TERMINATING
         await asyncio.sleep(0.15)
         reports = [
             env.body

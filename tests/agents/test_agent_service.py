@@ -9,10 +9,12 @@ from schemas import (
     AbortReply,
     AbortRequest,
     CommandReply,
+    FinishReason,
     GenerateRequest,
     InstanceJoined,
     InstanceLeft,
     LoadReport,
+    RejectReason,
     ResendRequest,
 )
 from tests.agents.agent_cluster import agent_cluster, fast_agent_config, greedy, sim_engine
@@ -36,7 +38,7 @@ async def test_announces_streams_tokens_and_reports_load(nats_url: str) -> None:
         await watcher.wait_finished()
         tokens = watcher.tokens()
         assert tokens == [sim_token_id("r1", 3, i, 1000, 0) for i in range(12)]
-        assert watcher.deltas[-1].finish_reason == "length"
+        assert watcher.deltas[-1].finish_reason is FinishReason.LENGTH
         assert all(d.owner_epoch == 0 and d.instance_id == "a1" for d in watcher.deltas)
         assert len(watcher.deltas) > 1  # one delta per step, not one in all
         await asyncio.sleep(0.2)
@@ -76,7 +78,7 @@ async def test_abort_and_rejection(nats_url: str) -> None:
         answer = await cluster.call("a1", "abort", AbortRequest(request_id="long"))
         assert answer == AbortReply(request_id="long", found=True)
         await watcher.wait_finished()
-        assert watcher.deltas[-1].finish_reason == "abort"
+        assert watcher.deltas[-1].finish_reason is FinishReason.ABORT
         assert len(watcher.tokens()) < 200
         await watcher.close()
         quiet = await cluster.watch("quiet")
@@ -92,4 +94,5 @@ async def test_abort_and_rejection(nats_url: str) -> None:
         too_long = await cluster.generate(
             "a1", GenerateRequest(request_id="big", token_ids=tuple(range(1, 400)), sampling=greedy(4))
         )
-        assert not too_long.accepted and too_long.error
+        assert not too_long.accepted and too_long.reason is RejectReason.EXCEEDS_MODEL_CONTEXT
+        assert "big" in too_long.detail  # the engine's sentence, for people

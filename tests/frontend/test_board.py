@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from frontend.board import LoadBoard
 from scheduler.policy import InstanceLoad, PendingRequest, make_dispatcher
-from schemas import InstanceFailed, InstanceJoined, KVLayout, LoadReport, ModelIdentity
+from schemas import FailureReason, InstanceFailed, InstanceJoined, KVLayout, LoadReport, ModelIdentity
 from schemas.load import PriorityLoad
 from schemas.position import Position
 
@@ -67,7 +67,8 @@ def test_silent_and_failed_instances_are_not_placed_on() -> None:
     assert board.is_silent("b", 5.0) and not board.is_silent("a", 5.0)
     decision = board.choose("r", 16, now=5.0)
     assert decision is not None and decision.instance_id == "a"
-    board.observe(Position("ev", 3), InstanceFailed(instance_id="a", reason="test"), now=5.0)
+    failed = InstanceFailed(instance_id="a", reason=FailureReason.NO_LOAD_REPORT)
+    board.observe(Position("ev", 3), failed, now=5.0)
     assert board.is_failed("a")
     assert board.choose("r", 16, now=5.0) is None
     assert board.live_instance_ids(5.0) == []

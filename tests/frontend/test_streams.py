@@ -8,10 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from frontend.streams import DeltaAssembler
-from schemas import TokenDelta
+from schemas import FinishReason, TokenDelta
 
 
-def _delta(first: int, tokens: list[int], *, epoch: int = 0, finish: str | None = None,
+def _delta(first: int, tokens: list[int], *, epoch: int = 0, finish: FinishReason | None = None,
            instance: str = "a") -> TokenDelta:
     return TokenDelta(request_id="r", instance_id=instance, owner_epoch=epoch, first_index=first,
                       token_ids=tuple(tokens), finish_reason=finish)
@@ -48,9 +48,9 @@ def test_stale_owner_epoch_is_dropped_after_a_migration() -> None:
     out, finish = _feed(assembler, [
         _delta(0, [1]), _delta(1, [2], epoch=1, instance="b"),
         _delta(2, [99], epoch=0, instance="a"),  # the old owner, late
-        _delta(2, [3], epoch=1, instance="b", finish="length"),
+        _delta(2, [3], epoch=1, instance="b", finish=FinishReason.LENGTH),
     ])
-    assert out == [1, 2, 3] and finish == "length"
+    assert out == [1, 2, 3] and finish is FinishReason.LENGTH
     assert assembler.num_stale == 1 and assembler.owner_id == "b"
 
 
@@ -65,7 +65,7 @@ def test_rescue_epoch_drops_the_dead_owners_late_deltas() -> None:
 def test_a_finish_without_tokens_ends_the_stream() -> None:
     assembler = DeltaAssembler()
     assembler.accept(_delta(0, [1]))
-    assert assembler.accept(_delta(1, [], finish="abort")).finish_reason == "abort"
+    assert assembler.accept(_delta(1, [], finish=FinishReason.ABORT)).finish_reason is FinishReason.ABORT
     assert assembler.finished
 
 
@@ -83,9 +83,9 @@ def test_any_delivery_order_with_duplicates_yields_the_sequence_once(
             break
         chunk = tokens[at : at + size]
         last = at + len(chunk) >= len(tokens)
-        deltas.append(_delta(at, chunk, finish="stop" if last else None))
+        deltas.append(_delta(at, chunk, finish=FinishReason.STOP if last else None))
         at += len(chunk)
     shuffled = deltas + (deltas[: len(deltas) // 2] if duplicate else [])
     random.Random(seed).shuffle(shuffled)
     out, finish = _feed(DeltaAssembler(), shuffled)
-    assert out == tokens and finish == "stop"
+    assert out == tokens and finish is FinishReason.STOP

@@ -32,6 +32,7 @@ from schemas.decisions import Dispatched, Paired, ScaleDown, ScaleUp, Unpaired
 from schemas.envelope import Body
 from schemas.instance import InstanceFailed, InstanceHeartbeat, InstanceLeft, InstanceTerminating
 from schemas.migration import Abort, Ack, Commit, CommitAck, PreAllocate, StageDone
+from schemas.reasons import CloseReason, FailureReason, FinishReason, MigrationAbortReason, UnpairReason
 from schemas.requests import (
     RequestAborted,
     RequestArrived,
@@ -79,7 +80,7 @@ def test_instance_lifecycle() -> None:
     assert state.instances["a"].status is InstanceStatus.TERMINATING
     assert load_freeness(state.instances["a"].load, CONFIG) == -math.inf
     log.add(joined("b"))
-    state = log.add(InstanceFailed(instance_id="b", reason="heartbeat", epoch=1))
+    state = log.add(InstanceFailed(instance_id="b", reason=FailureReason.NO_LOAD_REPORT, epoch=1))
     assert state.instances["b"].status is InstanceStatus.FAILED
     assert [ld.instance_id for ld in live_loads(state)] == ["a"]
     state = log.add(InstanceLeft(instance_id="a"))
@@ -128,16 +129,18 @@ def test_decisions_of_an_older_lease_epoch_are_ignored() -> None:
     assert state.epoch == 2 and set(state.pairings) == {"a"}
     for stale in (
         Dispatched(epoch=1, request_id="r", instance_id="a", policy="freeness", num_prompt_tokens=5),
-        Unpaired(epoch=1, source_id="a", destination_id="b", reason="x"),
+        Unpaired(epoch=1, source_id="a", destination_id="b", reason=UnpairReason.SOURCE_GONE),
         ScaleUp(epoch=1, num_instances=3, average_freeness=0.0),
         ScaleDown(epoch=1, instance_id="b", average_freeness=99.0),
-        InstanceFailed(instance_id="a", reason="old scheduler", epoch=1),
+        InstanceFailed(instance_id="a", reason=FailureReason.NO_LOAD_REPORT, epoch=1),
     ):
         state = log.add(stale)
     assert state.num_stale_decisions == 5
     assert state.num_dispatched == 0 and state.num_launching == 0 and "a" in state.pairings
     assert {r.status for r in state.instances.values()} == {InstanceStatus.ACTIVE}
-    state = log.add(Unpaired(epoch=3, source_id="a", destination_id="b", reason="source_recovered"))
+    state = log.add(
+        Unpaired(epoch=3, source_id="a", destination_id="b", reason=UnpairReason.SOURCE_RECOVERED)
+    )
     assert state.epoch == 3 and state.pairings == {}
     state = log.add(ScaleDown(epoch=3, instance_id="b", average_freeness=99.0))
     assert state.instances["b"].status is InstanceStatus.TERMINATING
@@ -154,7 +157,7 @@ def test_failure_or_departure_ends_pairs() -> None:
                    source_freeness=0.0, destination_freeness=90.0))
     log.add(Paired(epoch=1, source_id="c", destination_id="d", target_freeness=3.0,
                    source_freeness=0.0, destination_freeness=90.0))
-    state = log.add(InstanceFailed(instance_id="b", reason="heartbeat"))
+    state = log.add(InstanceFailed(instance_id="b", reason=FailureReason.NO_LOAD_REPORT))
     assert set(state.pairings) == {"c"}
     state = log.add(InstanceLeft(instance_id="c"))
     assert state.pairings == {}
@@ -178,10 +181,11 @@ def test_the_committed_event_in_the_log_decides_who_owns_a_request() -> None:
                               resumed_at=2.0))
     assert owner_of(state, "r") is not None and owner_of(state, "r").instance_id == "b"  # type: ignore[union-attr]
     assert state.migrations == {} and state.num_migrations_committed == 1
-    state = log.add(Abort(migration_id="m1", reason="late", sender_id="a"))  # after the outcome: ignored
+    late = Abort(migration_id="m1", reason=MigrationAbortReason.PEER_FAILED, sender_id="a")
+    state = log.add(late)  # after the outcome: ignored
     assert state.num_migrations_aborted == 0 and owner_of(state, "r").instance_id == "b"  # type: ignore[union-attr]
     _migration(log, "m2", "q")
-    log.add(Abort(migration_id="m2", reason="commit-ack timeout", sender_id="a"))
+    log.add(Abort(migration_id="m2", reason=MigrationAbortReason.COMMIT_TIMEOUT, sender_id="a"))
     state = log.add(CommitAck(migration_id="m2", request_id="q", destination_id="b", owner_epoch=1,
                               resumed_at=3.0))
     assert owner_of(state, "q") is None and state.num_migrations_aborted == 1
@@ -196,10 +200,10 @@ def test_request_lifecycle() -> None:
                                    num_tokens_kept=3))
     assert owner_of(state, "r").instance_id == "c"  # type: ignore[union-attr]
     _migration(log, "m", "r")
-    state = log.add(RequestFinished(request_id="r", finish_reason="stop", num_prompt_tokens=5,
+    state = log.add(RequestFinished(request_id="r", finish_reason=FinishReason.STOP, num_prompt_tokens=5,
                                     num_output_tokens=5, e2e_s=1.0))
     assert owner_of(state, "r") is None and state.migrations == {}  # nothing left for a finished request
-    state = log.add(RequestAborted(request_id="x", reason="client"))
+    state = log.add(RequestAborted(request_id="x", reason=CloseReason.CLIENT))
     assert (state.num_requests_arrived, state.num_requests_finished) == (1, 2)
 
 

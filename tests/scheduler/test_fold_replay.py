@@ -27,6 +27,7 @@ from schemas.envelope import Body
 from schemas.instance import InstanceFailed, InstanceHeartbeat, InstanceLeft, InstanceTerminating
 from schemas.migration import Abort, Ack, Commit, CommitAck, PreAllocate, StageDone
 from schemas.position import Position
+from schemas.reasons import CloseReason, FailureReason, FinishReason, MigrationAbortReason
 from schemas.requests import (
     RequestAborted,
     RequestArrived,
@@ -101,7 +102,7 @@ class Run:
             lifecycle: list[Body] = [
                 InstanceHeartbeat(instance_id=iid, seq=t),
                 InstanceTerminating(instance_id=iid),
-                InstanceFailed(instance_id=iid, reason="heartbeat", epoch=self.epoch),
+                InstanceFailed(instance_id=iid, reason=FailureReason.NO_LOAD_REPORT, epoch=self.epoch),
                 InstanceLeft(instance_id=iid),
             ]
             self.append(lifecycle[b % 4])
@@ -131,7 +132,7 @@ class Run:
                       **common),
         ]
         if step > 0 and b % 5 == 0:
-            self.append(Abort(reason="timeout", sender_id="i0", **common))
+            self.append(Abort(reason=MigrationAbortReason.COMMIT_TIMEOUT, sender_id="i0", **common))
             self.migrations[migration_id] = 5
             return
         self.append(bodies[step])
@@ -144,9 +145,9 @@ class Run:
             RequestFirstToken(request_id=request_id, instance_id="i2", ttft_s=0.2),
             RequestRescued(request_id=request_id, failed_instance_id="i2", new_instance_id="i3",
                            num_tokens_kept=2),
-            RequestFinished(request_id=request_id, finish_reason="stop", num_prompt_tokens=10,
+            RequestFinished(request_id=request_id, finish_reason=FinishReason.STOP, num_prompt_tokens=10,
                             num_output_tokens=5, e2e_s=1.0),
-            RequestAborted(request_id=request_id, reason="client"),
+            RequestAborted(request_id=request_id, reason=CloseReason.CLIENT),
         ]
         self.append(bodies[b % 6])
 

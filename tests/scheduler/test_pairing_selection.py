@@ -60,7 +60,7 @@ def test_a_pair_lasts_until_one_side_leaves_its_band() -> None:
     recovered = pair_instances([with_freeness("a", 3), with_freeness("c", 31)], [pair], CONFIG)
     assert [u.reason for u in recovered.unpaired] == [UnpairReason.SOURCE_RECOVERED]
     assert recovered.unpaired[0].to_event(1) == Unpaired(
-        epoch=1, source_id="a", destination_id="c", reason="source_recovered")
+        epoch=1, source_id="a", destination_id="c", reason=UnpairReason.SOURCE_RECOVERED)
     filled = pair_instances([with_freeness("a", 1), with_freeness("c", 30)], [pair], CONFIG)
     assert [u.reason for u in filled.unpaired] == [UnpairReason.DESTINATION_FILLED]
 

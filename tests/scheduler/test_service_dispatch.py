@@ -20,6 +20,8 @@ from scheduler.service import SchedulerConfig, SchedulerService
 from schemas import Codec
 from schemas.decisions import Dispatched, Paired, ScaleDown, ScaleUp, SchedulerTick
 from schemas.instance import InstanceFailed
+from schemas.reasons import DispatchFailReason, FailureReason
+from schemas.rpc import DispatchRequest
 from tests.scheduler.service_helpers import FakeAgent, connected, delete_streams, dispatch, new_prefix, place
 
 FAST = dict(lease_ttl_s=1.0, pairing_interval_s=0.1, failure_timeout_s=1.0, snapshot_every_s=0.5)
@@ -107,6 +109,7 @@ async def test_silent_instance_is_marked_failed_and_no_longer_chosen(cluster: tu
         bodies = await _decisions(agent_bus)
         failed = [b for b in bodies if isinstance(b, InstanceFailed)]
         assert [f.instance_id for f in failed] == ["b"] and failed[0].epoch == service.epoch
+        assert failed[0].reason is FailureReason.NO_LOAD_REPORT and "no load report" in failed[0].detail
         await alive.stop()
 
 
@@ -126,6 +129,8 @@ async def test_only_the_lease_holder_decides_and_a_standby_takes_over(cluster: t
         async with running(second):
             await asyncio.sleep(0.5)
             assert second.role.value == "standby"
+            refused = second.dispatch(DispatchRequest(request_id="z", num_prompt_tokens=3))
+            assert refused.instance_id is None and refused.reason is DispatchFailReason.NOT_ACTIVE
             assert (await dispatch(agent_bus, "one")).epoch == first.epoch
             await first.stop()  # a clean stop releases the lease at once
             await asyncio.wait_for(task_a, 10)

@@ -33,7 +33,8 @@ Actions are plain data the shell executes, in order:
   holds. The first outcome in the log decides who owns the request;
 * :class:`ReportMigrated` / :class:`ReportFailed` — the machine reached its end.
 
-Pure data; no I/O.
+Every reason is a :class:`~schemas.reasons.MigrationAbortReason` member, with
+an optional ``detail`` sentence for people. Pure data; no I/O.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from __future__ import annotations
 import msgspec
 
 from schemas.migration import Abort, Commit, CommitAck, MigrationMessage
+from schemas.reasons import MigrationAbortReason
 
 __all__ = [
     "Action",
@@ -91,8 +93,12 @@ class CopyDone(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
 
 class CopyFailed(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """A stage's copy failed: ``COPY_FAILED``, or ``REQUEST_FINISHED`` / ``REQUEST_PREEMPTED``
+    when the request lost its blocks under the copy."""
+
     stage: int
-    reason: str
+    reason: MigrationAbortReason
+    detail: str = ""
 
 
 class Suspended(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -102,9 +108,9 @@ class Suspended(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
 
 class RequestGone(msgspec.Struct, frozen=True, kw_only=True, gc=False):
-    """The request finished, was preempted or aborted on the source."""
+    """The request finished, was preempted or aborted on the source (``REQUEST_*``)."""
 
-    reason: str
+    reason: MigrationAbortReason
 
 
 class PeerFailed(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -123,8 +129,11 @@ class Reserved(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
 
 class ReserveFailed(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """``OUT_OF_BLOCKS``, ``TOO_MANY_INCOMING`` or ``DESTINATION_TERMINATING``."""
+
     stage: int
-    reason: str
+    reason: MigrationAbortReason
+    detail: str = ""
 
 
 class BlocksReceived(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -201,7 +210,8 @@ class RejectBlocks(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """Drop the received stage and report the transfer failed to the source."""
 
     stage: int
-    reason: str
+    reason: MigrationAbortReason
+    detail: str = ""
 
 
 class AdmitRequest(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -223,7 +233,8 @@ class ReportMigrated(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
 
 class ReportFailed(msgspec.Struct, frozen=True, kw_only=True, gc=False):
-    reason: str
+    reason: MigrationAbortReason
+    detail: str = ""
 
 
 Action = (

@@ -51,11 +51,13 @@ from agents.migration.fsm.actions import (
 )
 from agents.migration.fsm.config import MigrationConfig
 from schemas.migration import Abort, Ack, Commit, CommitAck, MigrationMessage, PreAllocate, StageDone
+from schemas.reasons import MigrationAbortReason
 
 __all__ = ["DestinationPhase", "DestinationState", "destination_step", "start_destination"]
 
 _replace = msgspec.structs.replace
 _Step = tuple["DestinationState", tuple[Action, ...]]
+_R = MigrationAbortReason
 
 
 class DestinationPhase(enum.StrEnum):
@@ -88,7 +90,7 @@ class DestinationState(msgspec.Struct, frozen=True, kw_only=True):
     commit: Commit | None = None
     commit_ack: CommitAck | None = None
     deadline: float = math.inf
-    reason: str = ""
+    reason: MigrationAbortReason | None = None
 
 
 def start_destination(
@@ -111,28 +113,30 @@ def start_destination(
     source_id = getattr(message, "source_id", "")
     state = DestinationState(
         migration_id=message.migration_id, request_id=request_id, source_id=source_id,
-        destination_id=destination_id, phase=DestinationPhase.ABORTED, reason="unknown migration",
+        destination_id=destination_id, phase=DestinationPhase.ABORTED, reason=_R.UNKNOWN_MIGRATION,
     )
     if isinstance(message, PreAllocate | Commit):
-        return state, (SendToPeer(message=_abort(state, "unknown migration")),)
+        return state, (SendToPeer(message=_abort(state, _R.UNKNOWN_MIGRATION)),)
     return state, ()
 
 
-def _abort(state: DestinationState, reason: str) -> Abort:
-    return Abort(migration_id=state.migration_id, reason=reason, sender_id=state.destination_id)
+def _abort(state: DestinationState, reason: MigrationAbortReason, detail: str = "") -> Abort:
+    return Abort(migration_id=state.migration_id, reason=reason, sender_id=state.destination_id,
+                 detail=detail)
 
 
 # -- the one rollback -----------------------------------------------------------
 
 
-def _rollback(state: DestinationState, reason: str, *, notify_peer: bool) -> _Step:
+def _rollback(state: DestinationState, reason: MigrationAbortReason, *, notify_peer: bool,
+              detail: str = "") -> _Step:
     """Release every reserved block, tell the peer if asked, report."""
     actions: list[Action] = []
     if state.block_ids:
         actions.append(ReleaseReservation(block_ids=state.block_ids))
     if notify_peer:
-        actions.append(SendToPeer(message=_abort(state, reason)))
-    actions.append(ReportFailed(reason=reason))
+        actions.append(SendToPeer(message=_abort(state, reason, detail)))
+    actions.append(ReportFailed(reason=reason, detail=detail))
     state = _replace(state, phase=DestinationPhase.ABORTED, block_ids=(), blocks_by_stage=(),
                      deadline=math.inf, reason=reason)
     return state, tuple(actions)
@@ -155,7 +159,7 @@ def _on_reserved(state: DestinationState, event: Reserved, now: float, config: M
 
 def _on_reserve_failed(state: DestinationState, event: ReserveFailed, now: float,
                        config: MigrationConfig) -> _Step:
-    return _rollback(state, f"no space: {event.reason}", notify_peer=True)
+    return _rollback(state, event.reason, notify_peer=True, detail=event.detail)
 
 
 def _on_pre_allocate(state: DestinationState, event: PreAllocate, now: float,
@@ -174,12 +178,13 @@ def _on_blocks_received(state: DestinationState, event: BlocksReceived, now: flo
                         config: MigrationConfig) -> _Step:
     if 0 <= event.stage < len(state.blocks_by_stage):
         return state, (WriteBlocks(stage=event.stage, block_ids=state.blocks_by_stage[event.stage]),)
-    return state, (RejectBlocks(stage=event.stage, reason="stage not reserved"),)
+    return state, (RejectBlocks(stage=event.stage, reason=_R.STAGE_NOT_RESERVED),)
 
 
 def _on_unexpected_blocks(state: DestinationState, event: BlocksReceived, now: float,
                           config: MigrationConfig) -> _Step:
-    return state, (RejectBlocks(stage=event.stage, reason=f"migration {state.phase.value}"),)
+    return state, (RejectBlocks(stage=event.stage, reason=_R.STAGE_NOT_RESERVED,
+                                detail=f"migration {state.phase.value}"),)
 
 
 def _on_stage_done(state: DestinationState, event: StageDone, now: float, config: MigrationConfig) -> _Step:
@@ -206,7 +211,7 @@ def _claimed(state: DestinationState) -> tuple[Commit, CommitAck]:
 def _on_outcome(state: DestinationState, event: OutcomeClaimed, now: float,
                 config: MigrationConfig) -> _Step:
     if not event.committed:
-        return _rollback(state, "source aborted first", notify_peer=False)
+        return _rollback(state, _R.CLAIM_LOST, notify_peer=False, detail="the source aborted first")
     commit, ack = _claimed(state)
     admit = AdmitRequest(commit=commit, block_ids=state.block_ids)
     state = _replace(state, phase=DestinationPhase.COMMITTED, deadline=math.inf)
@@ -219,16 +224,17 @@ def _on_claim_retry(state: DestinationState, event: Tick, now: float, config: Mi
 
 
 def _on_abort(state: DestinationState, event: Abort, now: float, config: MigrationConfig) -> _Step:
-    return _rollback(state, f"source aborted: {event.reason}", notify_peer=False)
+    detail = f"source aborted: {event.detail}" if event.detail else "source aborted"
+    return _rollback(state, event.reason, notify_peer=False, detail=detail)
 
 
 def _on_peer_failed(state: DestinationState, event: PeerFailed, now: float,
                     config: MigrationConfig) -> _Step:
-    return _rollback(state, "source failed", notify_peer=False)
+    return _rollback(state, _R.PEER_FAILED, notify_peer=False, detail="source failed")
 
 
 def _on_idle_timeout(state: DestinationState, event: Tick, now: float, config: MigrationConfig) -> _Step:
-    return _rollback(state, "idle timeout", notify_peer=True)
+    return _rollback(state, _R.IDLE_TIMEOUT, notify_peer=True)
 
 
 def _on_repeat_commit(state: DestinationState, event: Commit, now: float, config: MigrationConfig) -> _Step:
@@ -236,7 +242,7 @@ def _on_repeat_commit(state: DestinationState, event: Commit, now: float, config
 
 
 def _on_late_request(state: DestinationState, event: Any, now: float, config: MigrationConfig) -> _Step:
-    return state, (SendToPeer(message=_abort(state, state.reason or "aborted")),)
+    return state, (SendToPeer(message=_abort(state, state.reason or _R.UNKNOWN_MIGRATION)),)
 
 
 _Handler = Callable[[DestinationState, Any, float, MigrationConfig], _Step]

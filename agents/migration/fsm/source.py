@@ -17,10 +17,14 @@ the source never frees its blocks on a guess: a ``CommitAck`` (sent only by a
 destination that won the log) or the log's answer decides. An ``Abort`` from
 the destination in ``COMMITTING`` is safe to act on: a destination that aborts
 never commits. A request that finishes while a stage is being copied rolls back
-when the copy ends, so the destination never frees blocks under a running copy.
+when the copy ends, so the destination never frees blocks under a running copy;
+the reason is the first thing that happened to the request, whatever the copy
+then reports.
 
 Rollback lives in one place, :func:`_rollback`, which undoes exactly what the
-state says is held. Pure: :func:`source_step` returns the next state and the
+state says is held. Every way to fail has a :class:`~schemas.reasons.MigrationAbortReason`:
+a phase's timeout its own (``_TIMEOUTS``), an ``Abort`` from the destination the
+destination's reason (the detail says who). Pure: :func:`source_step` returns the next state and the
 actions; time comes in as ``now``.
 """
 
@@ -56,11 +60,13 @@ from agents.migration.fsm.actions import (
 )
 from agents.migration.fsm.config import MigrationConfig
 from schemas.migration import Abort, Ack, CommitAck, MigrationMessage, PreAllocate, StageDone
+from schemas.reasons import MigrationAbortReason
 
 __all__ = ["SourcePhase", "SourceState", "source_step", "start_source"]
 
 _replace = msgspec.structs.replace
 _Step = tuple["SourceState", tuple[Action, ...]]
+_R = MigrationAbortReason
 
 
 class SourcePhase(enum.StrEnum):
@@ -98,9 +104,9 @@ class SourceState(msgspec.Struct, frozen=True, kw_only=True):
     destination_block_ids: tuple[int, ...] = ()
     suspend_requested: bool = False
     peer_may_hold: bool = False
-    request_gone: str = ""
+    request_gone: MigrationAbortReason | None = None
     deadline: float = math.inf
-    reason: str = ""
+    reason: MigrationAbortReason | None = None
 
 
 def start_source(
@@ -155,11 +161,17 @@ def _commit(state: SourceState, now: float, config: MigrationConfig,
     return state, (*sent, SendCommit(migration_id=state.migration_id))
 
 
-def _claim_abort(state: SourceState, now: float, config: MigrationConfig, reason: str) -> _Step:
-    state = _replace(state, phase=SourcePhase.RESOLVING, deadline=now + config.claim_retry_s,
-                     reason=state.reason or reason)
-    abort = Abort(migration_id=state.migration_id, reason=state.reason, sender_id=state.source_id)
+def _claim_abort(state: SourceState, now: float, config: MigrationConfig,
+                 reason: MigrationAbortReason) -> _Step:
+    reason = state.reason or reason
+    state = _replace(state, phase=SourcePhase.RESOLVING, deadline=now + config.claim_retry_s, reason=reason)
+    abort = Abort(migration_id=state.migration_id, reason=reason, sender_id=state.source_id)
     return state, (ClaimOutcome(outcome=abort),)
+
+
+def _claimed_reason(state: SourceState) -> MigrationAbortReason:
+    """Why the source claimed "aborted" (set on entering RESOLVING; the fallback is never used)."""
+    return state.reason or _R.COMMIT_TIMEOUT
 
 
 def _migrated(state: SourceState) -> _Step:
@@ -170,18 +182,19 @@ def _migrated(state: SourceState) -> _Step:
 # -- the one rollback -----------------------------------------------------------
 
 
-def _rollback(state: SourceState, reason: str, *, notify_peer: bool) -> _Step:
+def _rollback(state: SourceState, reason: MigrationAbortReason, *, notify_peer: bool,
+              detail: str = "") -> _Step:
     """Undo what the state holds: stop a copy, resume the request, tell the peer, report."""
     actions: list[Action] = []
     if state.phase is SourcePhase.COPYING:
         actions.append(CancelCopy(stage=state.stage))
-    if state.suspend_requested and not state.request_gone:
+    if state.suspend_requested and state.request_gone is None:
         actions.append(ResumeOnSource())
     if notify_peer and state.peer_may_hold:
         actions.append(SendToPeer(message=Abort(
-            migration_id=state.migration_id, reason=reason, sender_id=state.source_id,
+            migration_id=state.migration_id, reason=reason, sender_id=state.source_id, detail=detail,
         )))
-    actions.append(ReportFailed(reason=reason))
+    actions.append(ReportFailed(reason=reason, detail=detail))
     state = _replace(state, phase=SourcePhase.ABORTED, deadline=math.inf, reason=reason)
     return state, tuple(actions)
 
@@ -192,8 +205,10 @@ def _rollback(state: SourceState, reason: str, *, notify_peer: bool) -> _Step:
 def _on_ack(state: SourceState, event: Ack, now: float, config: MigrationConfig) -> _Step:
     if event.stage != state.stage:
         return state, ()  # a duplicate or a late ack of another stage
-    if len(event.block_ids) != state.stage_end - state.stage_start:
-        return _rollback(state, "bad-ack", notify_peer=True)
+    num_blocks = state.stage_end - state.stage_start
+    if len(event.block_ids) != num_blocks:
+        detail = f"{len(event.block_ids)} blocks reserved for a stage of {num_blocks}"
+        return _rollback(state, _R.BAD_ACK, notify_peer=True, detail=detail)
     copy = CopyBlocks(stage=state.stage, first_block=state.stage_start, end_block=state.stage_end,
                       destination_block_ids=event.block_ids)
     state = _replace(state, phase=SourcePhase.COPYING, destination_block_ids=event.block_ids,
@@ -204,7 +219,7 @@ def _on_ack(state: SourceState, event: Ack, now: float, config: MigrationConfig)
 def _on_copy_done(state: SourceState, event: CopyDone, now: float, config: MigrationConfig) -> _Step:
     if event.stage != state.stage:
         return state, ()
-    if state.request_gone:
+    if state.request_gone is not None:
         return _rollback(state, state.request_gone, notify_peer=True)
     state = _replace(state, num_copied_blocks=state.stage_end)
     done = SendToPeer(message=StageDone(
@@ -231,7 +246,9 @@ def _on_suspended(state: SourceState, event: Suspended, now: float, config: Migr
 def _on_copy_failed(state: SourceState, event: CopyFailed, now: float, config: MigrationConfig) -> _Step:
     if event.stage != state.stage:
         return state, ()
-    return _rollback(state, f"copy-failed: {event.reason}", notify_peer=True)
+    if state.request_gone is not None:  # the copy failed because the request lost its blocks
+        return _rollback(state, state.request_gone, notify_peer=True, detail=event.detail)
+    return _rollback(state, event.reason, notify_peer=True, detail=event.detail)
 
 
 def _on_gone_before_copy(state: SourceState, event: RequestGone, now: float,
@@ -241,15 +258,17 @@ def _on_gone_before_copy(state: SourceState, event: RequestGone, now: float,
 
 def _on_gone_while_copying(state: SourceState, event: RequestGone, now: float,
                            config: MigrationConfig) -> _Step:
-    return _replace(state, request_gone=event.reason), ()  # roll back once the copy stops
+    gone = state.request_gone or event.reason  # the first cause (preempted, then finished: preempted)
+    return _replace(state, request_gone=gone), ()  # roll back once the copy stops
 
 
 def _on_abort(state: SourceState, event: Abort, now: float, config: MigrationConfig) -> _Step:
-    return _rollback(state, f"destination aborted: {event.reason}", notify_peer=False)
+    detail = f"destination aborted: {event.detail}" if event.detail else "destination aborted"
+    return _rollback(state, event.reason, notify_peer=False, detail=detail)
 
 
 def _on_peer_failed(state: SourceState, event: PeerFailed, now: float, config: MigrationConfig) -> _Step:
-    return _rollback(state, "destination failed", notify_peer=False)
+    return _rollback(state, _R.PEER_FAILED, notify_peer=False, detail="destination failed")
 
 
 def _on_commit_ack(state: SourceState, event: CommitAck, now: float, config: MigrationConfig) -> _Step:
@@ -257,24 +276,33 @@ def _on_commit_ack(state: SourceState, event: CommitAck, now: float, config: Mig
 
 
 def _on_commit_unknown(state: SourceState, event: Any, now: float, config: MigrationConfig) -> _Step:
-    reason = "destination failed" if isinstance(event, PeerFailed) else "commit-ack timeout"
+    reason = _R.PEER_FAILED if isinstance(event, PeerFailed) else _R.COMMIT_TIMEOUT
     return _claim_abort(state, now, config, reason)
 
 
 def _on_outcome(state: SourceState, event: OutcomeClaimed, now: float, config: MigrationConfig) -> _Step:
     if event.committed:
         return _migrated(state)
-    return _rollback(state, state.reason or "aborted in the log", notify_peer=True)
+    return _rollback(state, _claimed_reason(state), notify_peer=True)
+
+
+#: The reason a phase's deadline gives (``COMMITTING`` claims it in the log instead of rolling back).
+_TIMEOUTS: dict[SourcePhase, MigrationAbortReason] = {
+    SourcePhase.PRE_ALLOCATING: _R.ACK_TIMEOUT,
+    SourcePhase.COPYING: _R.COPY_TIMEOUT,
+    SourcePhase.SUSPENDING: _R.SUSPEND_TIMEOUT,
+    SourcePhase.COMMITTING: _R.COMMIT_TIMEOUT,
+}
 
 
 def _on_timeout(state: SourceState, event: Tick, now: float, config: MigrationConfig) -> _Step:
     if state.phase is SourcePhase.COMMITTING:
-        return _claim_abort(state, now, config, "commit-ack timeout")
+        return _claim_abort(state, now, config, _TIMEOUTS[state.phase])
     if state.phase is SourcePhase.RESOLVING:
-        return _claim_abort(state, now, config, state.reason)
-    if state.phase is SourcePhase.COPYING and state.request_gone:
+        return _claim_abort(state, now, config, _claimed_reason(state))
+    if state.phase is SourcePhase.COPYING and state.request_gone is not None:
         return _rollback(state, state.request_gone, notify_peer=True)
-    return _rollback(state, f"{state.phase.value} timeout", notify_peer=True)
+    return _rollback(state, _TIMEOUTS[state.phase], notify_peer=True)
 
 
 _Handler = Callable[[SourceState, Any, float, MigrationConfig], _Step]

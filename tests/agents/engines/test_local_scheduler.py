@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from agents.engines.local_scheduler import LocalScheduler, LocalSchedulerConfig, SchedulerOutput
 from agents.engines.protocol import (
+    FinishReason,
     InvalidRequestState,
     PreemptionEvent,
     RejectionEvent,
@@ -194,7 +195,7 @@ def test_instance_capacity_caps_generation_instead_of_thrashing() -> None:
     sched.add_request("r", [1] * 6, sp(max_tokens=100))
     outs = generate(sched, "r", [5] * 10)
     # 9 tokens is the longest sequence whose next decode still fits: KV for 8 tokens.
-    assert len(outs) == 3 and outs[-1].finish_reason == "length"
+    assert len(outs) == 3 and outs[-1].finish_reason is FinishReason.LENGTH
     assert sched.num_preemptions == 0
 
 

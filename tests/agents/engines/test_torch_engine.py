@@ -12,6 +12,7 @@ from safetensors.torch import save_file
 from agents.engines import engine_class
 from agents.engines.protocol import (
     Engine,
+    FinishReason,
     KVBuffer,
     MigrationError,
     PreemptionEvent,
@@ -29,7 +30,9 @@ def _prompt(n: int, salt: int = 0) -> list[int]:
     return [(i * 37 + salt * 11 + 5) % 256 for i in range(n)]
 
 
-def _drain(engine: TorchEngine, outputs: dict[str, list[int]], finish: dict[str, str] | None = None) -> None:
+def _drain(
+    engine: TorchEngine, outputs: dict[str, list[int]], finish: dict[str, FinishReason] | None = None
+) -> None:
     """Step until idle, collecting each request's tokens (checking they arrive in order)."""
     while engine.has_unfinished():
         for out in engine.step().outputs:
@@ -189,11 +192,11 @@ def test_stop_token_min_tokens_and_max_tokens() -> None:
     engine.add_request("min", prompt, SamplingParams(max_tokens=20, min_tokens=8, stop_token_ids=(stop_id,)))
     engine.add_request("short", prompt, SamplingParams(max_tokens=2))
     outputs: dict[str, list[int]] = {}
-    finish: dict[str, str] = {}
+    finish: dict[str, FinishReason] = {}
     _drain(engine, outputs, finish)
-    assert outputs["stop"] == free_run[: first + 1] and finish["stop"] == "stop"
+    assert outputs["stop"] == free_run[: first + 1] and finish["stop"] is FinishReason.STOP
     assert stop_id not in outputs["min"][:8] and len(outputs["min"]) >= 8
-    assert outputs["short"] == free_run[:2] and finish["short"] == "length"
+    assert outputs["short"] == free_run[:2] and finish["short"] is FinishReason.LENGTH
 
 
 def test_checkpoint_with_several_eos_ids_stops_on_any_unless_ignore_eos(tmp_path: Path) -> None:
@@ -216,10 +219,10 @@ def test_checkpoint_with_several_eos_ids_stops_on_any_unless_ignore_eos(tmp_path
     engine.add_request("eos", prompt, SamplingParams(max_tokens=12))
     engine.add_request("ignore", prompt, SamplingParams(max_tokens=12, ignore_eos=True))
     outputs: dict[str, list[int]] = {}
-    finish: dict[str, str] = {}
+    finish: dict[str, FinishReason] = {}
     _drain(engine, outputs, finish)
     assert outputs["ignore"] == free_run
-    assert outputs["eos"] == free_run[: free_run.index(second_eos) + 1] and finish["eos"] == "stop"
+    assert outputs["eos"] == free_run[: free_run.index(second_eos) + 1] and finish["eos"] is FinishReason.STOP
 
 
 async def test_abort_during_an_async_step_drops_the_request_and_frees_its_blocks() -> None:

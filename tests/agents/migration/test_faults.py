@@ -18,7 +18,7 @@ import pytest
 from agents.agent import Agent, AgentConfig, FaultPlan, MigrationOutcome
 from agents.engines.sim import sim_token_id
 from agents.migration.fsm.config import MigrationConfig
-from schemas import Abort, CommitAck, GenerateRequest
+from schemas import Abort, CommitAck, GenerateRequest, MigrationAbortReason
 from tests.agents.agent_cluster import (
     AgentCluster,
     TokenWatcher,
@@ -79,7 +79,7 @@ async def test_destination_out_of_blocks_aborts_at_pre_allocate(nats_url: str) -
         a2 = await cluster.add(sim_engine(num_blocks=6, time_scale=3.0), fast_agent_config("a2"))
         watcher = await _start(cluster)
         outcome = await a1.migrate("r1", "a2")
-        assert not outcome.migrated and "no space" in outcome.reason
+        assert not outcome.migrated and outcome.reason is MigrationAbortReason.OUT_OF_BLOCKS
         assert a2.engine.stats().num_free_blocks == 6 and a2.engine.stats().num_reserved_blocks == 0
         await _finished_once(watcher)
         assert {d.instance_id for d in watcher.deltas} == {"a1"}
@@ -96,7 +96,7 @@ async def test_lost_abort_at_pre_allocate_times_out_on_the_source(nats_url: str)
         )
         watcher = await _start(cluster)
         outcome = await a1.migrate("r1", "a2")
-        assert not outcome.migrated and "timeout" in outcome.reason
+        assert not outcome.migrated and outcome.reason is MigrationAbortReason.ACK_TIMEOUT
         await _finished_once(watcher)
         await _settle(a1, a2)
         assert a1.engine.stats().num_free_blocks == 64 and a2.engine.stats().num_free_blocks == 6
@@ -112,7 +112,7 @@ async def test_request_finishing_mid_migration_rolls_back(nats_url: str) -> None
         assert a2.engine.stats().num_reserved_blocks > 0  # stage 0 reserved, its copy is under way
         await _finished_once(watcher)
         outcome = await migration
-        assert not outcome.migrated and "finished" in outcome.reason
+        assert not outcome.migrated and outcome.reason is MigrationAbortReason.REQUEST_FINISHED
         await _settle(a1, a2)
         assert a1.engine.stats().num_free_blocks == 64 and a2.engine.stats().num_free_blocks == 64
 
@@ -135,7 +135,7 @@ async def test_request_preempted_mid_migration_rolls_back(nats_url: str) -> None
         )
         assert (await cluster.generate("a1", high)).accepted
         outcome = await migration
-        assert not outcome.migrated and "preempted" in outcome.reason
+        assert not outcome.migrated and outcome.reason is MigrationAbortReason.REQUEST_PREEMPTED
         assert a1.engine.stats().num_preemptions >= 1
         await watcher.wait_finished(timeout=10)
         tokens = watcher.tokens()  # no gap, no duplicate across the preemption and the rollback
@@ -155,7 +155,7 @@ async def test_destination_killed_mid_transfer(nats_url: str) -> None:
         assert a2.engine.stats().num_reserved_blocks > 0
         await a2.kill()
         outcome = await migration
-        assert not outcome.migrated and outcome.reason.startswith("copy-failed")
+        assert not outcome.migrated and outcome.reason is MigrationAbortReason.COPY_FAILED
         await _finished_once(watcher)
         assert {d.instance_id for d in watcher.deltas} == {"a1"}
         await _settle(a1)

@@ -13,6 +13,7 @@ from agents.migration.fsm.actions import (
     ClaimOutcome,
     CopyBlocks,
     CopyDone,
+    CopyFailed,
     FreeSourceBlocks,
     OutcomeClaimed,
     PeerFailed,
@@ -34,6 +35,7 @@ from agents.migration.fsm.actions import (
 from agents.migration.fsm.destination import DestinationPhase, destination_step, start_destination
 from agents.migration.fsm.source import SourcePhase, start_source
 from schemas.migration import Abort, Ack, Commit, CommitAck, PreAllocate, StageDone
+from schemas.reasons import MigrationAbortReason
 from tests.agents.migration.world import CONFIG, World
 
 
@@ -132,8 +134,56 @@ def test_a_destination_without_space_aborts_and_a_suspended_request_resumes() ->
     assert world.suspended
     deliver_all(world)
     assert world.src is not None and world.src.phase is SourcePhase.ABORTED
+    assert world.src.reason is MigrationAbortReason.OUT_OF_BLOCKS  # the destination's reason, typed
+    assert world.dst is not None and world.dst.reason is MigrationAbortReason.OUT_OF_BLOCKS
     assert world.src_running and not world.suspended and world.src_owns
     world.check_end()
+
+
+def test_each_way_to_fail_has_its_own_reason() -> None:
+    """Timeouts name their phase; peer failure, lost claims and aborts from the other side are typed."""
+    reasons = MigrationAbortReason
+    source, _ = start_source(migration_id="m", request_id="r", source_id="a", destination_id="b",
+                             num_full_blocks=10, now=0.0, config=CONFIG)
+    assert source.phase is SourcePhase.PRE_ALLOCATING
+    assert step(source, Tick(), now=CONFIG.ack_timeout_s, config=CONFIG)[0].reason is reasons.ACK_TIMEOUT
+    ack = Ack(migration_id="m", stage=0, block_ids=tuple(range(10)))
+    copying, _ = step(source, ack, now=0.0, config=CONFIG)
+    assert step(copying, Tick(), now=CONFIG.copy_timeout_s, config=CONFIG)[0].reason is reasons.COPY_TIMEOUT
+    bad, actions = step(source, Ack(migration_id="m", stage=0, block_ids=(1,)), now=0.0, config=CONFIG)
+    assert bad.reason is reasons.BAD_ACK and isinstance(actions[0], SendToPeer)
+    assert actions[0].message == Abort(migration_id="m", reason=reasons.BAD_ACK, sender_id="a",
+                                       detail="1 blocks reserved for a stage of 10")
+    assert step(copying, PeerFailed(), now=0.0, config=CONFIG)[0].reason is reasons.PEER_FAILED
+    # preempted under a copy, then finished, then the copy fails: the first cause is the reason
+    gone = step(copying, RequestGone(reason=reasons.REQUEST_PREEMPTED), now=0.0, config=CONFIG)[0]
+    gone = step(gone, RequestGone(reason=reasons.REQUEST_FINISHED), now=0.0, config=CONFIG)[0]
+    failed = CopyFailed(stage=0, reason=reasons.REQUEST_FINISHED, detail="UnknownRequest")
+    assert step(gone, failed, now=0.0, config=CONFIG)[0].reason is reasons.REQUEST_PREEMPTED
+    failed = CopyFailed(stage=0, reason=reasons.COPY_FAILED, detail="PeerUnreachable")
+    assert step(copying, failed, now=0.0, config=CONFIG)[0].reason is reasons.COPY_FAILED
+
+    pre = PreAllocate(migration_id="m", request_id="r", source_id="a", destination_id="b", stage=0,
+                      num_blocks=2)
+    reserved, _ = destination_step(start_destination(pre, destination_id="b", now=0.0, config=CONFIG)[0],
+                                   Reserved(stage=0, block_ids=(1, 2)), now=0.0, config=CONFIG)
+    idle = CONFIG.destination_idle_timeout_s
+    assert destination_step(reserved, Tick(), now=idle, config=CONFIG)[0].reason is reasons.IDLE_TIMEOUT
+    assert destination_step(reserved, PeerFailed(), now=0.0, config=CONFIG)[0].reason is reasons.PEER_FAILED
+    aborted, actions = destination_step(
+        reserved, Abort(migration_id="m", reason=reasons.REQUEST_FINISHED), now=0.0, config=CONFIG
+    )
+    assert aborted.reason is reasons.REQUEST_FINISHED
+    assert actions[-1] == ReportFailed(reason=reasons.REQUEST_FINISHED, detail="source aborted")
+    commit = Commit(migration_id="m", request_id="r", source_id="a", destination_id="b", token_ids=(1,),
+                    num_prompt_tokens=1, owner_epoch=0, suspended_at=0.0)
+    claiming, _ = destination_step(reserved, commit, now=0.0, config=CONFIG)
+    lost, _ = destination_step(claiming, OutcomeClaimed(committed=False), now=0.0, config=CONFIG)
+    assert lost.reason is reasons.CLAIM_LOST
+    unknown, actions = start_destination(commit, destination_id="b", now=0.0, config=CONFIG)
+    assert unknown.reason is reasons.UNKNOWN_MIGRATION
+    assert actions == (SendToPeer(message=Abort(migration_id="m", reason=reasons.UNKNOWN_MIGRATION,
+                                                sender_id="b")),)
 
 
 def test_ack_timeout_rolls_back_and_tells_the_destination() -> None:
@@ -143,7 +193,7 @@ def test_ack_timeout_rolls_back_and_tells_the_destination() -> None:
     world.to_src.clear()  # the Ack is lost
     world.tick(CONFIG.ack_timeout_s)
     assert world.src is not None and world.src.phase is SourcePhase.ABORTED
-    assert world.src.reason == "pre_allocating timeout"
+    assert world.src.reason is MigrationAbortReason.ACK_TIMEOUT
     deliver_all(world)
     world.check_end()
 
@@ -238,7 +288,7 @@ def test_a_late_copy_never_lands_in_released_blocks() -> None:
     world.to_source(world.to_src.pop())  # the Ack still arrives: the source starts copying
     world.deliver_src_local(0)  # the data reaches the destination, which refuses it
     assert world.written == [] and world.src is not None and world.src.phase is SourcePhase.ABORTED
-    assert world.src.reason.startswith("copy-failed")
+    assert world.src.reason is MigrationAbortReason.COPY_FAILED
     world.settle()
     world.check_end()
 
@@ -269,14 +319,17 @@ def test_rollback_undoes_exactly_what_is_held() -> None:
     state, _ = start_source(migration_id="m", request_id="r", source_id="a", destination_id="b",
                             num_full_blocks=10, now=0.0, config=CONFIG)
     state, _ = step(state, Ack(migration_id="m", stage=0, block_ids=tuple(range(10))), now=0.0, config=CONFIG)
-    _, actions = step(state, Abort(migration_id="m", reason="draining"), now=0.1, config=CONFIG)
-    assert actions == (CancelCopy(stage=0), ReportFailed(reason="destination aborted: draining"))
+    abort = Abort(migration_id="m", reason=MigrationAbortReason.DESTINATION_TERMINATING)
+    _, actions = step(state, abort, now=0.1, config=CONFIG)
+    assert actions == (CancelCopy(stage=0), ReportFailed(
+        reason=MigrationAbortReason.DESTINATION_TERMINATING, detail="destination aborted"))
     state, _ = start_source(migration_id="m", request_id="r", source_id="a", destination_id="b",
                             num_full_blocks=1, now=0.0, config=CONFIG)
     _, actions = step(state, Tick(), now=CONFIG.suspend_timeout_s, config=CONFIG)
-    assert actions == (ResumeOnSource(), ReportFailed(reason="suspending timeout"))
-    _, actions = step(state, RequestGone(reason="preempted"), now=0.1, config=CONFIG)
-    assert actions == (ReportFailed(reason="preempted"),)  # nothing to resume, nobody to tell
+    assert actions == (ResumeOnSource(), ReportFailed(reason=MigrationAbortReason.SUSPEND_TIMEOUT))
+    gone = RequestGone(reason=MigrationAbortReason.REQUEST_PREEMPTED)
+    _, actions = step(state, gone, now=0.1, config=CONFIG)
+    assert actions == (ReportFailed(reason=MigrationAbortReason.REQUEST_PREEMPTED),)  # nothing to resume
 
 
 def test_messages_of_another_migration_are_ignored() -> None:

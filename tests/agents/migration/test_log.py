@@ -8,7 +8,7 @@ import pytest
 
 from agents.migration.log import MigrationLog
 from bus import Bus, JetStreamBus, MemoryBroker, MemoryBus
-from schemas import Abort, Codec, CommitAck, PreAllocate, Subjects
+from schemas import Abort, Codec, CommitAck, MigrationAbortReason, PreAllocate, Subjects
 from tests.agents.agent_cluster import bus_config
 
 
@@ -30,11 +30,11 @@ async def test_first_outcome_wins_and_both_sides_read_it(nats_url: str, kind: st
         ack = CommitAck(
             migration_id="m1", request_id="r", destination_id="dst", owner_epoch=1, resumed_at=1.0
         )
-        abort = Abort(migration_id="m1", reason="commit-ack timeout", sender_id="src")
+        abort = Abort(migration_id="m1", reason=MigrationAbortReason.COMMIT_TIMEOUT, sender_id="src")
         assert await destination.claim(ack) is True
         assert await source.claim(abort) is True  # too late: the log holds the commit
         assert await destination.claim(ack) is True  # a retry reads the same answer
-        other = Abort(migration_id="m2", reason="timeout", sender_id="src")
+        other = Abort(migration_id="m2", reason=MigrationAbortReason.COMMIT_TIMEOUT, sender_id="src")
         assert await source.claim(other) is False
         late = CommitAck(
             migration_id="m2", request_id="r", destination_id="dst", owner_epoch=1, resumed_at=2.0

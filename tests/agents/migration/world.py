@@ -45,6 +45,7 @@ from agents.migration.fsm.config import MigrationConfig
 from agents.migration.fsm.destination import DestinationState, destination_step, start_destination
 from agents.migration.fsm.source import SourceState, source_step, start_source
 from schemas.migration import Commit, CommitAck, MigrationMessage
+from schemas.reasons import MigrationAbortReason
 
 CONFIG = MigrationConfig(last_stage_max_blocks=2, max_stages=5, ack_timeout_s=2.0, copy_timeout_s=5.0,
                          suspend_timeout_s=2.0, commit_timeout_s=2.0, claim_retry_s=1.0,
@@ -145,7 +146,8 @@ class World:
             elif isinstance(action, Reserve):
                 # the block manager answers at once, before anything else reaches the machine
                 if self.reserve_fails or action.num_blocks > self.free_blocks:
-                    self.to_destination(ReserveFailed(stage=action.stage, reason="full"))
+                    full = MigrationAbortReason.OUT_OF_BLOCKS
+                    self.to_destination(ReserveFailed(stage=action.stage, reason=full))
                 else:
                     ids = tuple(range(self.next_block, self.next_block + action.num_blocks))
                     self.next_block += action.num_blocks
@@ -196,7 +198,9 @@ class World:
             self.to_destination(BlocksReceived(stage=stage))
             if self.rejected and self.rejected[-1] == stage:
                 self.rejected.pop()
-                self.to_source(CopyFailed(stage=stage, reason="rejected by the destination"))
+                self.to_source(CopyFailed(
+                    stage=stage, reason=MigrationAbortReason.COPY_FAILED, detail="rejected by the destination"
+                ))
             else:
                 written = bool(self.written) and self.written.pop() == stage
                 self.check(written, "copy neither written nor rejected")
@@ -219,7 +223,7 @@ class World:
     def finish_request(self) -> None:
         if self.src_running and not self.gone:
             self.gone, self.src_running, self.src_owns = True, False, False
-            self.to_source(RequestGone(reason="finished"))
+            self.to_source(RequestGone(reason=MigrationAbortReason.REQUEST_FINISHED))
 
     def tick(self, seconds: float) -> None:
         self.now += seconds
