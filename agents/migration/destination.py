@@ -35,6 +35,7 @@ from agents.migration.fsm.actions import (
     WriteBlocks,
 )
 from agents.migration.fsm.destination import DestinationState
+from agents.migration.fsm.record import DestinationStart
 from agents.migration.host import DriverContext
 from agents.migration.source import reservation_tag
 from agents.tracing import parent_context
@@ -62,11 +63,12 @@ class DestinationDriver(MachineDriver):
         self,
         manager: DriverContext,
         state: DestinationState,
+        start: DestinationStart,
         headers: Mapping[str, str],
         *,
         on_finished: Callable[[DestinationDriver], None],
     ) -> None:
-        super().__init__(manager, state)
+        super().__init__(manager, state, start)
         self._on_finished = on_finished
         self.reservations: dict[int, Reservation] = {}
         self.pending: dict[int, PendingTransfer] = {}

@@ -7,7 +7,9 @@ queue. Each input's actions are executed in order by the subclass
 is answered synchronously (``Reserve``, ``WriteBlocks``) returns its answer,
 which is applied before the next queued input, as the protocol requires.
 Time is the wall clock (``time.time()``), so ``Commit.suspended_at`` and
-``CommitAck.resumed_at`` of two agents on one host compare directly.
+``CommitAck.resumed_at`` of two agents on one host compare directly. Every
+transition goes into the driver's :class:`~agents.migration.fsm.record.MachineRecord`
+(for tests and logs: :func:`agents.migration.fsm.record.replay` re-feeds it).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from agents.migration.fsm import Input, is_final, step
 from agents.migration.fsm.actions import Action
 from agents.migration.fsm.config import MigrationConfig
 from agents.migration.fsm.destination import DestinationState
+from agents.migration.fsm.record import DestinationStart, MachineRecord, SourceStart
 from agents.migration.fsm.source import SourceState
 from agents.migration.host import DriverContext
 
@@ -36,6 +39,7 @@ class MachineDriver:
         self,
         manager: DriverContext,
         state: SourceState | DestinationState,
+        start: SourceStart | DestinationStart,
         config: MigrationConfig | None = None,
     ) -> None:
         self.manager = manager
@@ -45,7 +49,7 @@ class MachineDriver:
         self.queue: asyncio.Queue[Input] = asyncio.Queue()
         self.task: asyncio.Task[None] | None = None
         self.helpers: set[asyncio.Task[Any]] = set()
-        self.history: list[str] = []  # phases passed through, for tests and logs
+        self.record = MachineRecord(start, self.config)
 
     @property
     def migration_id(self) -> str:
@@ -55,7 +59,13 @@ class MachineDriver:
     def is_final(self) -> bool:
         return is_final(self.state)
 
+    @property
+    def history(self) -> list[str]:
+        """The phases passed through, the first one included."""
+        return self.record.phases
+
     def start(self, actions: tuple[Action, ...]) -> None:
+        self.record.started(self.state, actions)
         self.task = self.agent.spawn(self._run(actions))
 
     def feed(self, event: Input) -> None:
@@ -86,16 +96,17 @@ class MachineDriver:
         """Hook run before each queued input (the destination flushes landed transfers here)."""
 
     async def apply(self, event: Input) -> None:
-        before = self.state.phase
-        state, actions = step(self.state, event, now=time.time(), config=self.config)
+        before = self.state
+        now = time.time()
+        state, actions = step(before, event, now=now, config=self.config)
         self.state = state
-        if state.phase != before:
-            self.history.append(str(state.phase))
+        self.record.stepped(now, event, before, state, actions)
+        if state.phase != before.phase:
             log.debug(
                 "%s %s: %s -> %s on %s",
                 self.agent.instance_id,
                 self.migration_id,
-                before,
+                before.phase,
                 state.phase,
                 type(event).__name__,
             )

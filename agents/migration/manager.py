@@ -33,6 +33,7 @@ from agents.migration.directory import PeerDirectory
 from agents.migration.fsm.actions import PeerFailed, RequestGone, Tick
 from agents.migration.fsm.config import MigrationConfig
 from agents.migration.fsm.destination import start_destination
+from agents.migration.fsm.record import DestinationStart
 from agents.migration.host import MigrationHost
 from agents.migration.log import MigrationLog
 from agents.migration.source import MigrationOutcome, SourceDriver
@@ -179,14 +180,16 @@ class MigrationManager:
             return
         if any(o.migration_id == migration_id for o in self.outcomes[-64:]):
             return  # a late message for a migration this agent sourced and finished
+        start = DestinationStart(message, self.agent.instance_id, time.time())
         state, actions = start_destination(
             message,
-            destination_id=self.agent.instance_id,
-            now=time.time(),
+            destination_id=start.destination_id,
+            now=start.at,
             config=self.config,
         )
-        driver = DestinationDriver(self, state, headers, on_finished=self.destination_finished)
+        driver = DestinationDriver(self, state, start, headers, on_finished=self.destination_finished)
         if driver.is_final:
+            driver.record.started(state, actions)
             self.finished_destinations[migration_id] = driver
             driver.span.end()
             self.agent.spawn(driver.execute_all(actions))

@@ -41,6 +41,7 @@ from agents.migration.fsm.actions import (
     Suspended,
 )
 from agents.migration.fsm.config import MigrationConfig
+from agents.migration.fsm.record import SourceStart
 from agents.migration.fsm.source import SourceState, start_source
 from agents.migration.host import DriverContext
 from schemas.migration import Commit, CommitAck
@@ -115,17 +116,24 @@ class SourceDriver(MachineDriver):
         stats = agent.engine.request_stats(request_id)
         if stats is None:
             raise UnknownRequest(request_id)
-        num_full = stats.num_computed_tokens // agent.engine.info.block_size
+        start = SourceStart(
+            migration_id=migration_id,
+            request_id=request_id,
+            source_id=agent.instance_id,
+            destination_id=destination_id,
+            num_full_blocks=stats.num_computed_tokens // agent.engine.info.block_size,
+            at=time.time(),
+        )
         state, actions = start_source(
             migration_id=migration_id,
             request_id=request_id,
             source_id=agent.instance_id,
             destination_id=destination_id,
-            num_full_blocks=num_full,
-            now=time.time(),
+            num_full_blocks=start.num_full_blocks,
+            now=start.at,
             config=config,
         )
-        super().__init__(manager, state, config)
+        super().__init__(manager, state, start, config)
         self.request_id = request_id
         self.destination_id = destination_id
         self.destination_address = destination_address

@@ -6,7 +6,10 @@ auto-scaling. Modules: :mod:`~scheduler.sim.config` (what to simulate),
 :mod:`~scheduler.sim.workload` (traces and synthetic workloads),
 :mod:`~scheduler.sim.policy_layer` (the global scheduler),
 :mod:`~scheduler.sim.instance` (an engine and its agent),
-:mod:`~scheduler.sim.migration` (migration stages),
+:mod:`~scheduler.sim.migration` (which requests migrate, and the counts),
+:mod:`~scheduler.sim.migration_shell` (one migration: the agents' own state
+machines of :mod:`agents.migration.fsm` on the virtual clock),
+:mod:`~scheduler.sim.migration_ports` (what migration needs of the rest),
 :mod:`~scheduler.sim.simulator` (the event loop), :mod:`~scheduler.sim.metrics`,
 :mod:`~scheduler.sim.sweep`, :mod:`~scheduler.sim.plots` (matplotlib, imported
 on use) and :mod:`~scheduler.sim.cli`.

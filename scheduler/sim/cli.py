@@ -65,8 +65,9 @@ def _cluster_options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--bandwidth-gbps", default=10.0, show_default=True,
                      help="KV copy bandwidth between instances, GB/s."),
         click.option("--handshake-ms", default=2.0, show_default=True,
-                     help="Latency of one stage's handshake."),
-        click.option("--commit-ms", default=5.0, show_default=True, help="Commit latency of the last stage."),
+                     help="Round trip of a migration handshake message (one message takes half)."),
+        click.option("--commit-ms", default=5.0, show_default=True,
+                     help="A migration outcome's claim in the event log, append to answer."),
         click.option("--max-migrations", default=1, show_default=True,
                      help="Concurrent migrations per instance (as source and as destination each)."),
         click.option("--report-ms", default=100.0, show_default=True, help="Load-report interval (virtual)."),
@@ -152,6 +153,7 @@ def _result_table(results: Sequence[SimResult]) -> Table:
         ("fragmentation mean", lambda r: f"{100 * r.fragmentation_mean:.2f}%"),
         ("migrations (aborted)", lambda r: f"{r.migrations} ({r.migrations_aborted})"),
         ("downtime mean (ms)", lambda r: f"{1000 * r.migration_downtime_mean_s:.1f}"),
+        ("KV copied (GB)", lambda r: f"{r.migration_bytes / 1e9:.1f}"),
         ("churn (>3 moves)", lambda r: f"{100 * r.churn:.2f}%"),
         ("rejected", lambda r: str(r.rejected)),
         ("instances mean", lambda r: f"{r.instances_mean:.2f}"),
@@ -252,6 +254,9 @@ def simulate_command(ctx: click.Context, /, **opts: Any) -> None:
     for result in results:
         if len(result.by_priority) > 1:
             console.print(_priority_table(result))
+        if result.migration_abort_reasons:
+            reasons = ", ".join(f"{n} {reason}" for reason, n in result.migration_abort_reasons.items())
+            console.print(f"{result.policy}: migrations aborted: {reasons}")
     if opts["json_path"]:
         path = Path(opts["json_path"])
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -104,13 +104,24 @@ def policy_setup(
 
 @dataclass(frozen=True, slots=True)
 class MigrationModel:
-    """How long migration stages take: ``bytes / bandwidth + handshake`` per stage.
+    """The time a migration's steps take, and the protocol's configuration.
 
-    Stage 0 copies every full block while the request keeps decoding; each
-    next stage copies the full blocks produced meanwhile; once a stage leaves
-    at most ``config.last_stage_max_blocks`` new blocks (or ``config.max_stages``
-    is reached) the request is suspended at its source's next step boundary
-    and the rest is copied: its downtime is that copy plus ``commit_latency_s``.
+    The agents' state machines (:mod:`agents.migration.fsm`, with ``config``)
+    decide the stages, the suspend and every abort; this model only says how
+    long things take on the virtual clock:
+
+    * ``handshake_latency_s`` — a message's round trip between two agents; one
+      handshake message (``PreAllocate``, ``Ack``, ``StageWritten``,
+      ``Commit``, ``CommitAck``, ``Abort``) takes half of it (:attr:`message_s`);
+    * ``bytes / bandwidth_bytes_per_s`` — a stage's data, from the source's
+      export to its landing at the destination (:meth:`copy_s`);
+    * ``commit_latency_s`` — a claim of the outcome in the event log, from the
+      append to its answer.
+
+    So a stage takes ``1.5 handshakes + copy`` (pre-allocate, ack, copy, the
+    destination's written-confirmation), and a migration's downtime (suspend to
+    admission at the destination) is the last stage plus the ``Commit``
+    message and the destination's claim: ``2 handshakes + copy + commit latency``.
     """
 
     bandwidth_bytes_per_s: float = DEFAULT_BANDWIDTH_BYTES_PER_S
@@ -123,6 +134,11 @@ class MigrationModel:
             raise ValueError("bandwidth_bytes_per_s must be > 0")
         if self.handshake_latency_s < 0 or self.commit_latency_s < 0:
             raise ValueError("latencies must be >= 0")
+
+    @property
+    def message_s(self) -> float:
+        """Seconds one handshake message takes to reach the peer."""
+        return self.handshake_latency_s / 2
 
     def copy_s(self, num_blocks: int, bytes_per_block: int) -> float:
         """Seconds to copy ``num_blocks`` blocks (no handshake)."""
@@ -139,7 +155,10 @@ class SimConfig:
     * ``scaling_interval_s``: the scheduler evaluates auto-scaling this often
       (when ``autoscale``); a launched instance joins ``startup_delay_s`` later;
     * ``sample_interval_s``: fragmentation and instance counts are sampled this often;
-    * ``max_virtual_s``: give up (and say so) past this much virtual time.
+    * ``max_virtual_s``: give up (and say so) past this much virtual time;
+    * ``record_policy_log`` / ``record_migrations``: keep the policy layer's
+      inputs and decisions / every finished migration with its machines'
+      records (for tests and replays).
     """
 
     setup: PolicySetup = field(default_factory=lambda: policy_setup(PolicyName.SHOAL))
@@ -154,6 +173,7 @@ class SimConfig:
     sample_interval_s: float = 1.0
     max_virtual_s: float = 1e6
     record_policy_log: bool = False
+    record_migrations: bool = False
 
     def __post_init__(self) -> None:
         if self.num_instances < 1:

@@ -18,6 +18,5 @@ class EventKind(enum.IntEnum):
     PAIR = 3  # payload: tick number
     SCALE = 4  # payload: tick number
     SAMPLE = 5  # payload: tick number
-    STAGE_END = 6  # payload: the Migration whose (non-last) stage copy ends
-    COMMIT = 7  # payload: the Migration whose last stage ends
-    READY = 8  # payload: id of a launched instance that joins now
+    MIGRATION = 6  # payload: a migration_shell.Delivery (a message, copy, tick or answer reaching one side)
+    READY = 7  # payload: id of a launched instance that joins now

@@ -9,25 +9,24 @@ something changed since its last report (``dirty``), as an agent that reports
 on change at an interval would.
 
 The instance also tracks the step in flight (planned with
-:meth:`SimEngine.begin_step`, completed at its end time) and its migrations in
-and out. The event loop lives in :mod:`scheduler.sim.simulator`.
+:meth:`SimEngine.begin_step`, completed at its end time) and counts its
+migrations in and out; it implements
+:class:`~scheduler.sim.migration_ports.MigrationInstance`, which is all the
+migration code knows of it. The event loop lives in :mod:`scheduler.sim.simulator`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import TYPE_CHECKING
 
 from agents.engines.local_scheduler import Request, SchedulerOutput
 from agents.engines.protocol import RequestStatus
 from agents.engines.sim import SimEngine
 from scheduler.config import PolicyConfig
 from scheduler.policy import RunningRequest, freeness, virtual_usage_of_groups
+from scheduler.sim.migration_ports import Continuation
 from schemas.instance import InstanceJoined
 from schemas.load import LoadReport, PriorityLoad
-
-if TYPE_CHECKING:
-    from scheduler.sim.migration import Migration
 
 __all__ = ["InstanceSnapshot", "SimInstance"]
 
@@ -83,7 +82,6 @@ class SimInstance:
         self.plan_duration_s = 0.0
         self.num_migrating_out = 0
         self.num_migrating_in = 0
-        self.pending_suspends: list[Migration] = []  # migrations waiting for this step to end
 
     @property
     def busy(self) -> bool:
@@ -139,6 +137,26 @@ class SimInstance:
     def head_of_line_demand(self, snap: InstanceSnapshot) -> int:
         head = snap.head_of_line
         return 0 if head is None else -(-len(head.all_token_ids) // self.block_size)
+
+    def current_head_of_line_demand(self) -> int:
+        return self.head_of_line_demand(self.snapshot())
+
+    def continuation(self, request_id: str) -> Continuation | None:
+        """How to continue ``request_id`` elsewhere (what a ``Commit`` carries); None if it is not here."""
+        request = self.engine.scheduler.get(request_id)
+        if request is None or request_id not in self.request_ids:
+            return None
+        return Continuation(
+            request.prompt_token_ids, request.output_token_ids, request.sampling, request.priority
+        )
+
+    def adopt(self, request_id: str) -> None:
+        self.request_ids[request_id] = None
+        self.dirty = True
+
+    def forget(self, request_id: str) -> None:
+        self.request_ids.pop(request_id, None)
+        self.dirty = True
 
     def build_report(self, config: PolicyConfig) -> LoadReport:
         """This instance's load report now; freeness from the shared virtual-usage functions."""

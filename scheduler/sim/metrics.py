@@ -15,8 +15,10 @@ tokens, preemptions and the time they cost, migrations. Summary
   instances while an instance's head-of-line request waits for lack of them,
   counted up to each such request's demand (and at most all free blocks), as a
   share of all cluster blocks; the mean over samples;
-* **migrations** committed (and aborted), **churn** (the share of requests
-  migrated more than 3 times), mean **downtime** of a migration;
+* **migrations** committed (and aborted, and started), the abort reasons
+  (the source machine's, counted), the KV bytes copied, **churn** (the share
+  of requests migrated more than 3 times), mean **downtime** of a committed
+  migration (suspend on the source to admission at the destination);
 * **rejected** requests (prompt beyond every instance's capacity);
 * **instances_mean**: the time-average of instances held (launching, serving
   or draining), the cost when auto-scaling.
@@ -153,6 +155,9 @@ class SimResult(msgspec.Struct, kw_only=True):
     migrations: int
     migrations_aborted: int
     migration_downtime_mean_s: float
+    migrations_started: int = 0
+    migration_abort_reasons: dict[str, int] = msgspec.field(default_factory=dict)
+    migration_bytes: int = 0
     churn: float
     rejected: int
     instances_mean: float
@@ -183,6 +188,9 @@ def summarize(
     migrations: int,
     migrations_aborted: int,
     downtime_total_s: float,
+    migrations_started: int = 0,
+    migration_abort_reasons: dict[str, int] | None = None,
+    migration_bytes: int = 0,
     fragmentation_series: list[tuple[float, float]],
     instances_series: list[tuple[float, int]],
     instance_seconds: float,
@@ -219,6 +227,9 @@ def summarize(
         migrations=migrations,
         migrations_aborted=migrations_aborted,
         migration_downtime_mean_s=downtime_total_s / migrations if migrations else 0.0,
+        migrations_started=migrations_started,
+        migration_abort_reasons={} if migration_abort_reasons is None else migration_abort_reasons,
+        migration_bytes=migration_bytes,
         churn=churned / len(records) if records else 0.0,
         rejected=rejected,
         instances_mean=instance_seconds / virtual_s if virtual_s > 0 else float(num_instances),

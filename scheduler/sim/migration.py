@@ -1,128 +1,81 @@
-"""Live migration in the simulator: stages, copy times, downtime, through the engines' own calls.
+"""Live migration in the simulator: which requests move, and what the migrations added up to.
 
 For each pair in force the source picks requests with
 :func:`~scheduler.policy.select_requests_to_migrate` toward the pair's target
 freeness (at most ``MigrationConfig.max_concurrent_per_instance`` migrations
-per instance as source and as destination), and each request moves in stages:
+per instance as source and as destination), and each request moves by the
+agents' own protocol: :class:`~scheduler.sim.migration_shell.SimMigration`
+runs the two state machines of :mod:`agents.migration.fsm` on the virtual
+clock against the sim engines. Nothing here decides a stage, a suspend or an
+abort; the machines do.
 
-1. **stage 0** reserves the request's full blocks on the destination
-   (``reserve``), exports them (``export_blocks``) and copies them in
-   ``handshake + bytes / bandwidth`` while the request keeps decoding;
-2. **stage k** copies the full blocks produced meanwhile;
-3. once a stage leaves at most ``last_stage_max_blocks`` new blocks (or after
-   ``max_stages``), the request is **suspended** at its source's next step
-   boundary, the rest of its blocks (the partial last one included) is
-   reserved and copied, and after ``copy + commit latency`` (the downtime)
-   the destination admits it (``import_blocks`` + ``admit_migrated``) and the
-   source releases it (``release_request``).
-
-A stage that finds the request finished, preempted (its preemption count
-moved) or gone, a destination out of blocks, or a destination that started
-terminating aborts the migration: the destination's reservations are released
-and a suspended request resumes on its source. The sim engine checks that
-every block holding computed KV arrived (its fingerprints), so an accounting
-slip here fails loudly.
+:class:`MigrationDriver` starts migrations, routes the simulator's events to
+them (heap deliveries, step ends, requests that finished or were preempted,
+instances that left), keeps the in-memory outcome log (first claim wins, as in
+:mod:`agents.migration.log`), frees the slots, and counts: migrations started,
+committed and aborted, abort reasons (the source machine's reason), downtime
+(suspend to admission at the destination) and bytes copied. With
+``SimConfig.record_migrations`` it keeps every finished migration, with both
+machines' records, for tests.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections import Counter
 
-from agents.engines.block_manager import OutOfBlocks, Reservation
-from agents.engines.local_scheduler import Request
-from agents.engines.protocol import KVBuffer, RequestStatus
+from agents.migration.fsm.actions import RequestGone
 from scheduler.policy import Pairing, select_requests_to_migrate
-from scheduler.sim.config import SimConfig
-from scheduler.sim.event_kinds import EventKind
-from scheduler.sim.instance import SimInstance
-from scheduler.sim.metrics import RequestRecord
-from scheduler.sim.policy_layer import PolicyLayer
+from scheduler.sim.config import MigrationModel
+from scheduler.sim.migration_ports import MigrationHost
+from scheduler.sim.migration_shell import Delivery, Side, SimMigration
+from schemas.migration import Abort, Commit, CommitAck
 from schemas.reasons import MigrationAbortReason
 
-__all__ = ["Migration", "MigrationDriver", "MigrationHost"]
-
-
-class MigrationHost(Protocol):
-    """What the driver needs from the simulator."""
-
-    now: float
-    config: SimConfig
-    instances: dict[str, SimInstance]
-    records: dict[str, RequestRecord]
-    layer: PolicyLayer
-
-    def push(self, at: float, kind: int, payload: object = None) -> None: ...
-
-    def kick(self, instance: SimInstance) -> None: ...
-
-    def leave_if_drained(self, instance: SimInstance) -> None: ...
-
-
-class Migration:
-    """One request on its way from ``source`` to ``destination``."""
-
-    __slots__ = (
-        "buffer",
-        "destination",
-        "finished",
-        "migration_id",
-        "num_copied",
-        "num_in_flight",
-        "num_preemptions",
-        "request_id",
-        "reservations",
-        "source",
-        "stage",
-        "started_s",
-        "suspended_s",
-    )
-
-    def __init__(
-        self, migration_id: str, request: Request, source: SimInstance, destination: SimInstance, now: float
-    ) -> None:
-        self.migration_id = migration_id
-        self.request_id = request.request_id
-        self.source = source
-        self.destination = destination
-        self.num_preemptions = request.num_preemptions
-        self.stage = 0
-        self.num_copied = 0
-        self.num_in_flight = 0
-        self.reservations: list[Reservation] = []
-        self.buffer: KVBuffer | None = None
-        self.started_s = now
-        self.suspended_s = -1.0
-        self.finished = False
+__all__ = ["MigrationDriver"]
 
 
 class MigrationDriver:
-    """Starts, advances, commits and aborts the simulator's migrations."""
+    """Starts the simulator's migrations, feeds them its events, and counts their outcomes."""
 
-    def __init__(self, host: MigrationHost) -> None:
-        self.host = host
-        self.model = host.config.migration
-        self.active: dict[str, Migration] = {}  # request id -> its migration
+    def __init__(self, host: MigrationHost, model: MigrationModel, *, record: bool = False) -> None:
+        self._host = host
+        self._model = model
+        self.record = record
+        self.active: dict[str, SimMigration] = {}  # request id -> its migration, until the source is done
+        self.live: dict[str, SimMigration] = {}  # migration id -> migrations not settled on both sides
+        self.finished: list[SimMigration] = []  # settled ones, when recording
+        self._outcomes: dict[str, bool] = {}  # migration id -> committed, the first claim logged
+        self._epochs: dict[str, int] = {}  # request id -> owner epoch after its last migration
+        self._awaiting: dict[str, list[SimMigration]] = {}  # instance id -> suspends waiting for its step
         self.num_started = 0
         self.num_committed = 0
         self.num_aborted = 0
         self.downtime_total_s = 0.0
-        self.abort_reasons: dict[MigrationAbortReason, int] = {}
+        self.bytes_total = 0
+        self.abort_reasons: Counter[MigrationAbortReason] = Counter()
+
+    @property
+    def host(self) -> MigrationHost:
+        return self._host
+
+    @property
+    def model(self) -> MigrationModel:
+        return self._model
 
     # ------------------------------------------------------------ starting
 
     def start_all(self) -> None:
         """Let every source of a pair in force start what it may."""
-        pairings = self.host.layer.state.pairings
-        for pairing in sorted(pairings.values(), key=lambda p: p.source_id):
+        for pairing in self._host.pairings():
             self.start_from(pairing)
 
     def start_from(self, pairing: Pairing) -> None:
-        host = self.host
-        source = host.instances.get(pairing.source_id)
-        destination = host.instances.get(pairing.destination_id)
+        host = self._host
+        source = host.instance(pairing.source_id)
+        destination = host.instance(pairing.destination_id)
         if source is None or destination is None or destination.terminating:
             return
-        limit = self.model.config.max_concurrent_per_instance
+        limit = self._model.config.max_concurrent_per_instance
         slots = min(limit - source.num_migrating_out, limit - destination.num_migrating_in)
         if slots <= 0:
             return
@@ -132,191 +85,111 @@ class MigrationDriver:
         chosen = select_requests_to_migrate(
             running,
             num_total_blocks=source.num_total_blocks,
-            head_of_line_demand=source.head_of_line_demand(source.snapshot()),
+            head_of_line_demand=source.current_head_of_line_demand(),
             target_freeness=pairing.target_freeness,
-            config=host.layer.config,
+            config=host.policy,
             terminating=source.terminating,
             num_reserved_blocks=source.num_reserved_blocks,
             exclude=exclude,
             max_requests=slots,
         )
         for candidate in chosen:
-            request = source.engine.scheduler.request(candidate.request_id)
             self.num_started += 1
-            migration = Migration(f"m{self.num_started}", request, source, destination, host.now)
-            self.active[request.request_id] = migration
+            migration = SimMigration(
+                self, f"m{self.num_started}", candidate.request_id, source, destination, self._model.config
+            )
+            self.active[migration.request_id] = migration
+            self.live[migration.migration_id] = migration
             source.num_migrating_out += 1
             destination.num_migrating_in += 1
-            source.dirty = destination.dirty = True
-            self._begin_stage(migration, request)
+            migration.begin()
 
-    # ------------------------------------------------------------ stages
+    # ------------------------------------------------------------ the simulator's events
 
-    def _live_request(self, migration: Migration) -> Request | None:
-        """The request if the migration may go on, else None (after aborting it)."""
-        request = migration.source.engine.scheduler.get(migration.request_id)
-        reason = None
-        if request is None or request.status.is_finished:
-            reason = MigrationAbortReason.REQUEST_FINISHED
-        elif request.num_preemptions != migration.num_preemptions or not request.status.holds_blocks:
-            reason = MigrationAbortReason.REQUEST_PREEMPTED
-        elif (
-            migration.destination.terminating
-            or migration.destination.instance_id not in self.host.instances
-        ):
-            reason = MigrationAbortReason.DESTINATION_TERMINATING
-        if reason is not None:
-            self._abort(migration, reason)
-            return None
-        return request
+    def on_delivery(self, delivery: Delivery) -> None:
+        delivery.migration.deliver(delivery.side, delivery.item)
 
-    def _reserve(self, migration: Migration, num_blocks: int) -> bool:
-        try:
-            migration.reservations.append(migration.destination.engine.reserve(num_blocks))
-        except OutOfBlocks:
-            self._abort(migration, MigrationAbortReason.OUT_OF_BLOCKS)
-            return False
-        migration.destination.dirty = True
-        return True
+    def step_done(self, instance_id: str) -> None:
+        """An instance's step ended: suspends waiting for it report now."""
+        waiting = self._awaiting.pop(instance_id, None)
+        for migration in waiting or ():
+            migration.step_done()
 
-    def _export(self, migration: Migration, num_blocks: int) -> None:
-        first = migration.num_copied
-        migration.buffer = migration.source.engine.export_blocks(
-            migration.request_id, range(first, first + num_blocks)
-        )
-        migration.num_in_flight = num_blocks
+    def request_gone(self, instance_id: str, request_id: str, reason: MigrationAbortReason) -> None:
+        """A request finished or was preempted on ``instance_id``: tell its source machine."""
+        migration = self.active.get(request_id)
+        if migration is not None and migration.source.instance_id == instance_id:
+            migration.feed(Side.SOURCE, RequestGone(reason=reason))
 
-    def _copy_s(self, migration: Migration, num_blocks: int) -> float:
-        return self.model.copy_s(num_blocks, migration.source.bytes_per_block)
+    def instance_left(self, instance_id: str) -> None:
+        """An instance left the cluster: the peers of its migrations see ``PeerFailed``."""
+        for migration in list(self.live.values()):
+            if migration.source.instance_id == instance_id:
+                migration.peer_left(Side.SOURCE)
+            if migration.destination.instance_id == instance_id:
+                migration.peer_left(Side.DESTINATION)
 
-    def _begin_stage(self, migration: Migration, request: Request) -> None:
-        num_new = request.num_computed_tokens // migration.source.block_size - migration.num_copied
-        if num_new <= 0 or (migration.stage > 0 and num_new <= self.model.config.last_stage_max_blocks):
-            self._ask_suspend(migration)
+    # ------------------------------------------------------------ what a migration asks of its owner
+
+    def claim(self, outcome: CommitAck | Abort) -> bool:
+        committed = self._outcomes.setdefault(outcome.migration_id, isinstance(outcome, CommitAck))
+        return committed
+
+    def owner_epoch(self, request_id: str) -> int:
+        return self._epochs.get(request_id, 0)
+
+    def admitted(self, migration: SimMigration, commit: Commit) -> None:
+        self._epochs[commit.request_id] = commit.owner_epoch + 1
+        self._host.count_migration(commit.request_id)
+
+    def await_step_end(self, migration: SimMigration) -> None:
+        self._awaiting.setdefault(migration.source.instance_id, []).append(migration)
+
+    def source_finished(self, migration: SimMigration) -> None:
+        """The source machine ended: count it, free its slot, and let the source go on."""
+        if migration.source_done:
             return
-        if not self._reserve(migration, num_new):
-            return
-        self._export(migration, num_new)
-        at = self.host.now + self.model.handshake_latency_s + self._copy_s(migration, num_new)
-        self.host.push(at, EventKind.STAGE_END, migration)
-
-    def _land_copy(self, migration: Migration) -> None:
-        """The copy in flight arrives: write it into the last reservation."""
-        if migration.num_in_flight and migration.buffer is not None:
-            reservation = migration.reservations[-1]
-            migration.destination.engine.import_blocks(reservation.block_ids, migration.buffer)
-            migration.num_copied += migration.num_in_flight
-        migration.num_in_flight = 0
-        migration.buffer = None
-
-    def on_stage_end(self, migration: Migration) -> None:
-        if migration.finished:
-            return
-        request = self._live_request(migration)
-        if request is None:
-            return
-        self._land_copy(migration)
-        migration.stage += 1
-        num_new = request.num_computed_tokens // migration.source.block_size - migration.num_copied
-        config = self.model.config
-        if num_new <= config.last_stage_max_blocks or migration.stage >= config.max_stages - 1:
-            self._ask_suspend(migration)
+        migration.source_done = True
+        if migration.migrated:
+            self.num_committed += 1
+            downtime = migration.downtime_s
+            self.downtime_total_s += 0.0 if downtime is None else downtime
         else:
-            self._begin_stage(migration, request)
-
-    def _ask_suspend(self, migration: Migration) -> None:
-        """Suspend at the source's next step boundary (now, if it is idle)."""
+            self.num_aborted += 1
+            self.abort_reasons[migration.reason or MigrationAbortReason.CANCELLED] += 1
+        self.bytes_total += migration.num_bytes
+        if self.active.get(migration.request_id) is migration:
+            del self.active[migration.request_id]
         source = migration.source
-        if source.plan is not None:
-            source.pending_suspends.append(migration)
-        else:
-            self._last_stage(migration)
-
-    def on_step_boundary(self, instance: SimInstance) -> None:
-        waiting = instance.pending_suspends
-        instance.pending_suspends = []
-        for migration in waiting:
-            if not migration.finished:
-                self._last_stage(migration)
-
-    def _last_stage(self, migration: Migration) -> None:
-        request = self._live_request(migration)
-        if request is None:
-            return
-        source = migration.source
-        source.engine.suspend(migration.request_id)
-        source.dirty = True
-        migration.suspended_s = self.host.now
-        total = -(-request.num_computed_tokens // source.block_size)
-        remaining = total - migration.num_copied
-        copy_s = 0.0
-        if remaining > 0:
-            if not self._reserve(migration, remaining):
-                return
-            self._export(migration, remaining)
-            copy_s = self._copy_s(migration, remaining)
-        self.host.push(self.host.now + copy_s + self.model.commit_latency_s, EventKind.COMMIT, migration)
-
-    # ------------------------------------------------------------ outcome
-
-    def on_commit(self, migration: Migration) -> None:
-        if migration.finished:
-            return
-        host = self.host
-        source, destination = migration.source, migration.destination
-        request = source.engine.scheduler.get(migration.request_id)
-        if request is None or request.status is not RequestStatus.SUSPENDED:
-            self._abort(migration, MigrationAbortReason.REQUEST_FINISHED if request is None
-                        else MigrationAbortReason.REQUEST_PREEMPTED)
-            return
-        if destination.instance_id not in host.instances:
-            self._abort(migration, MigrationAbortReason.PEER_FAILED)
-            return
-        self._land_copy(migration)
-        destination.engine.admit_migrated(
-            request.request_id,
-            request.prompt_token_ids,
-            request.output_token_ids,
-            request.sampling,
-            request.priority,
-            migration.reservations,
-        )
-        source.engine.release_request(request.request_id)
-        del source.request_ids[request.request_id]
-        destination.request_ids[request.request_id] = None
-        host.records[request.request_id].num_migrations += 1
-        self.num_committed += 1
-        self.downtime_total_s += host.now - migration.suspended_s
-        self._finish(migration, committed=True)
-
-    def _abort(self, migration: Migration, reason: MigrationAbortReason) -> None:
-        self.abort_reasons[reason] = self.abort_reasons.get(reason, 0) + 1
-        self.num_aborted += 1
-        destination = migration.destination
-        for reservation in migration.reservations:
-            destination.engine.release_reservation(reservation)
-        migration.reservations = []
-        request = migration.source.engine.scheduler.get(migration.request_id)
-        if request is not None and request.status is RequestStatus.SUSPENDED:
-            migration.source.engine.resume(migration.request_id)
-        if migration in migration.source.pending_suspends:
-            migration.source.pending_suspends.remove(migration)
-        self._finish(migration, committed=False)
-
-    def _finish(self, migration: Migration, *, committed: bool) -> None:
-        """Free the migration's slots; after a commit the source goes on toward its target."""
-        migration.finished = True
-        self.active.pop(migration.request_id, None)
-        source, destination = migration.source, migration.destination
         source.num_migrating_out -= 1
+        source.dirty = True
+        host = self._host
+        host.wake(source.instance_id)
+        if migration.destination_settled:
+            self.destination_finished(migration)
+        host.leave_if_drained(source.instance_id)
+        self._settle(migration)
+        if migration.migrated and host.instance(source.instance_id) is not None:
+            pairing = next((p for p in host.pairings() if p.source_id == source.instance_id), None)
+            if pairing is not None:
+                self.start_from(pairing)
+
+    def destination_finished(self, migration: SimMigration) -> None:
+        """The destination holds nothing more for the migration: free its slot."""
+        if migration.destination_done:
+            return
+        migration.destination_done = True
+        destination = migration.destination
         destination.num_migrating_in -= 1
-        source.dirty = destination.dirty = True
-        host = self.host
-        for instance in (destination, source):
-            if instance.instance_id in host.instances:
-                host.kick(instance)
-        host.leave_if_drained(source)
-        host.leave_if_drained(destination)
-        pairing = host.layer.state.pairings.get(source.instance_id)
-        if committed and pairing is not None and source.instance_id in host.instances:
-            self.start_from(pairing)
+        destination.dirty = True
+        self._host.wake(destination.instance_id)
+        self._host.leave_if_drained(destination.instance_id)
+        self._settle(migration)
+
+    def _settle(self, migration: SimMigration) -> None:
+        if not (migration.source_done and migration.destination_done):
+            return
+        if self.live.pop(migration.migration_id, None) is not None:
+            self._outcomes.pop(migration.migration_id, None)
+            if self.record:
+                self.finished.append(migration)

@@ -14,6 +14,9 @@ One event heap, ordered by (virtual time, insertion order), no sleeps, no bus:
   scheduler pairs instances; each source in a pair picks requests with
   :func:`~scheduler.policy.select_requests_to_migrate` toward the pair's
   target freeness and migrates them (see :mod:`scheduler.sim.migration`);
+* **migration** — a handshake message, a stage's data, a log answer or a
+  deadline reaches one side of a migration, whose state machine (the agents'
+  own, :mod:`agents.migration.fsm`) takes the next step;
 * **scaling tick** (``scaling_interval_s``, with ``autoscale``) — the
   scheduler decides; a launched instance joins ``startup_delay_s`` later, a
   terminating one drains (by migration where the policy migrates) and leaves;
@@ -29,12 +32,13 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from agents.engines.protocol import RequestRejected
 from agents.engines.sim import SimEngine
 from scheduler.policy import (
+    Pairing,
     PendingRequest,
     ScaleDownDecision,
     ScaleUpDecision,
@@ -49,12 +53,13 @@ from scheduler.sim.policy_layer import PolicyLayer, PolicyLog
 from scheduler.sim.workload import SimRequest, Workload
 from schemas import SamplingParams
 from schemas.instance import InstanceLeft
+from schemas.reasons import MigrationAbortReason
 
 __all__ = ["SimulationIncomplete", "Simulator", "simulate"]
 
-ARRIVAL, STEP_END, REPORT, PAIR, SCALE, SAMPLE, STAGE_END, COMMIT, READY = (
+ARRIVAL, STEP_END, REPORT, PAIR, SCALE, SAMPLE, MIGRATION, READY = (
     EventKind.ARRIVAL, EventKind.STEP_END, EventKind.REPORT, EventKind.PAIR, EventKind.SCALE,
-    EventKind.SAMPLE, EventKind.STAGE_END, EventKind.COMMIT, EventKind.READY,
+    EventKind.SAMPLE, EventKind.MIGRATION, EventKind.READY,
 )
 
 ProgressCallback = Callable[[int, int, float], None]
@@ -91,7 +96,7 @@ class Simulator:
         self.joins: list[tuple[str, float, float]] = []  # (instance id, launched, joined)
         self.fragmentation_series: list[tuple[float, float]] = []
         self.instances_series: list[tuple[float, int]] = []
-        self.migrations = MigrationDriver(self)
+        self.migrations = MigrationDriver(self, config.migration, record=config.record_migrations)
         self._by_id: dict[str, SimRequest] = {r.request_id: r for r in workload.requests}
 
     # ------------------------------------------------------------ plumbing
@@ -115,11 +120,28 @@ class Simulator:
         del self.instances[instance.instance_id]
         self._held.append((instance.launched_s, self.now))
         self.layer.fold((InstanceLeft(instance_id=instance.instance_id),))
+        self.migrations.instance_left(instance.instance_id)
 
-    def leave_if_drained(self, instance: SimInstance) -> None:
-        """A terminating instance with nothing left on it leaves the cluster."""
-        if instance.terminating and instance.is_drained() and instance.instance_id in self.instances:
+    # ------------------------------------------------------------ what migration uses (MigrationHost)
+
+    def instance(self, instance_id: str) -> SimInstance | None:
+        return self.instances.get(instance_id)
+
+    def pairings(self) -> Sequence[Pairing]:
+        return sorted(self.layer.state.pairings.values(), key=lambda p: p.source_id)
+
+    def wake(self, instance_id: str) -> None:
+        instance = self.instances.get(instance_id)
+        if instance is not None:
+            self.kick(instance)
+
+    def leave_if_drained(self, instance_id: str) -> None:
+        instance = self.instances.get(instance_id)
+        if instance is not None and instance.terminating and instance.is_drained():
             self._leave(instance)
+
+    def count_migration(self, request_id: str) -> None:
+        self.records[request_id].num_migrations += 1
 
     def done(self) -> bool:
         return self.num_done >= len(self.workload.requests)
@@ -147,8 +169,7 @@ class Simulator:
             PAIR: self._on_pair,
             SCALE: self._on_scale,
             SAMPLE: self._on_sample,
-            STAGE_END: self.migrations.on_stage_end,
-            COMMIT: self.migrations.on_commit,
+            MIGRATION: self.migrations.on_delivery,
             READY: self._on_ready,
         }
         heap = self._heap
@@ -202,6 +223,9 @@ class Simulator:
             rejected=self.num_rejected,
             migrations=self.migrations.num_committed,
             migrations_aborted=self.migrations.num_aborted,
+            migrations_started=self.migrations.num_started,
+            migration_abort_reasons=dict(sorted(self.migrations.abort_reasons.items())),
+            migration_bytes=self.migrations.bytes_total,
             downtime_total_s=self.migrations.downtime_total_s,
             fragmentation_series=self.fragmentation_series,
             instances_series=self.instances_series,
@@ -276,6 +300,9 @@ class Simulator:
                 record.num_preemptions += 1
                 if record.preempted_at_s < 0:
                     record.preempted_at_s = self.now
+                self.migrations.request_gone(
+                    instance.instance_id, request_id, MigrationAbortReason.REQUEST_PREEMPTED
+                )
         if plan.num_scheduled == 0:
             return
         instance.plan = plan
@@ -301,9 +328,11 @@ class Simulator:
                 record.num_output_tokens = output.first_index + 1
                 del instance.request_ids[output.request_id]
                 self.num_done += 1
+                self.migrations.request_gone(
+                    instance.instance_id, output.request_id, MigrationAbortReason.REQUEST_FINISHED
+                )
         instance.dirty = True
-        if instance.pending_suspends:
-            self.migrations.on_step_boundary(instance)
+        self.migrations.step_done(instance.instance_id)
         if instance.terminating and instance.is_drained():
             self._leave(instance)
             return
@@ -336,7 +365,7 @@ class Simulator:
             if instance is not None:
                 instance.terminating = True
                 instance.dirty = True
-                self.leave_if_drained(instance)
+                self.leave_if_drained(instance.instance_id)
         self.push((tick + 1) * self.config.scaling_interval_s, SCALE, tick + 1)
 
     def _on_ready(self, instance_id: str) -> None:

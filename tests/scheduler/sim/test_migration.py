@@ -1,0 +1,94 @@
+"""The simulator's migrations: their timing, a destination that leaves, and what a run reports about them."""
+
+from __future__ import annotations
+
+import pytest
+
+from agents.engines.profile import load_profile
+from agents.migration.fsm.actions import CopyDone
+from agents.migration.fsm.config import MigrationConfig
+from agents.migration.fsm.source import SourcePhase
+from scheduler.config import PairingConfig
+from scheduler.sim.config import MigrationModel, SimConfig, policy_setup
+from scheduler.sim.instance import SimInstance
+from scheduler.sim.simulator import Simulator
+from scheduler.sim.workload import SimRequest, Workload, synthetic_workload
+from schemas.reasons import MigrationAbortReason
+
+TINY = load_profile("tiny-test")  # 64 blocks of 4 tokens, 1 KiB each; steps of 1-3 ms
+
+
+def _long_request_config(model: MigrationModel) -> SimConfig:
+    """Two tiny instances paired back and forth while one long request decodes."""
+    setup = policy_setup("llumnix-base", pairing=PairingConfig(low_freeness=60, high_freeness=63))
+    return SimConfig(setup=setup, profile=TINY, num_instances=2, migration=model, record_migrations=True)
+
+
+def _long_request(num_output_tokens: int = 150) -> Workload:
+    request = SimRequest(request_id="long", arrival_s=0.0, num_prompt_tokens=40,
+                         num_output_tokens=num_output_tokens, priority=0)
+    return Workload(requests=(request,), description="one long request")
+
+
+def test_downtime_is_the_last_stage_then_the_commit_message_and_the_claim() -> None:
+    # suspend -> PreAllocate, Ack (one handshake), copy, StageWritten + Commit (another), claim
+    model = MigrationModel(handshake_latency_s=0.010, commit_latency_s=0.020,
+                           config=MigrationConfig(max_stages=2))
+    sim = Simulator(_long_request_config(model), _long_request())
+    result = sim.run()
+    committed = [m for m in sim.migrations.finished if m.migrated]
+    assert committed and result.migrations == len(committed)
+    for migration in committed:
+        last_copy_s = 8 * 1024 / model.bandwidth_bytes_per_s  # at most 8 tiny blocks: microseconds
+        assert migration.downtime_s == pytest.approx(2 * 0.010 + 0.020, abs=last_copy_s)
+    assert result.migration_downtime_mean_s == pytest.approx(0.040, abs=1e-5)
+    assert sim.records["long"].num_migrations == len(committed)
+    assert sim.records["long"].num_output_tokens == 150
+
+
+def test_a_destination_that_leaves_fails_the_migration_and_the_request_finishes_at_its_source() -> None:
+    class DestinationLeaves(Simulator):
+        """Takes the destination out of the cluster while stage 0 is being copied."""
+
+        def _on_step_end(self, instance: SimInstance) -> None:
+            super()._on_step_end(instance)
+            for migration in list(self.migrations.live.values()):
+                state = migration.source_state
+                if state is not None and state.phase is SourcePhase.COPYING:
+                    self._leave(self.instances[migration.destination.instance_id])
+
+    model = MigrationModel(handshake_latency_s=0.020, config=MigrationConfig(max_stages=4))
+    sim = DestinationLeaves(_long_request_config(model), _long_request())
+    result = sim.run()
+    assert result.migrations == 0 and result.migrations_aborted == 1
+    assert result.migration_abort_reasons == {MigrationAbortReason.PEER_FAILED: 1}
+    (migration,) = sim.migrations.finished
+    assert migration.source_record is not None
+    assert migration.source_record.phases[-1] == "aborted"
+    assert result.num_finished == 1 and sim.records["long"].num_output_tokens == 150
+    assert sim.records["long"].num_migrations == 0
+    survivor = sim.instances[migration.source.instance_id]
+    assert survivor.num_migrating_out == 0 and survivor.num_free_blocks == TINY.num_blocks
+
+
+def test_a_run_reports_started_aborted_reasons_and_bytes_copied() -> None:
+    workload = synthetic_workload(400, 12.0, mix="L-L", seed=3)
+    config = SimConfig(setup=policy_setup("llumnix"), num_instances=4, record_migrations=True)
+    sim = Simulator(config, workload)
+    result = sim.run()
+    assert result.migrations_started == result.migrations + result.migrations_aborted
+    assert sum(result.migration_abort_reasons.values()) == result.migrations_aborted
+    assert MigrationAbortReason.OUT_OF_BLOCKS in result.migration_abort_reasons
+    copied = sum(
+        t.input.num_bytes
+        for m in sim.migrations.finished if m.source_record is not None
+        for t in m.source_record.transitions if isinstance(t.input, CopyDone)
+    )
+    assert result.migration_bytes == copied > 0
+    block = load_profile("llama-7b-a10").kv_bytes_per_block
+    assert result.migration_bytes % block == 0
+    for instance in sim.instances.values():
+        assert instance.num_migrating_in == instance.num_migrating_out == instance.num_reserved_blocks == 0
+    document = result.to_dict(series=False)
+    for key in ("migrations_started", "migration_abort_reasons", "migration_bytes"):
+        assert key in document
