@@ -2,10 +2,12 @@
 
 Starts an embedded ``nats-server`` (unless ``--nats URL`` names an existing
 deployment), then ``shoal scheduler``, ``--instances N`` times ``shoal agent`` and
-``shoal serve`` as child processes, waits until the frontend answers
-``/health`` with every instance visible, prints the URL and a curl example,
-and supervises. Each child runs in a session of its own (so a terminal's
-Ctrl-C reaches only ``shoal up``) and is told by the kernel to exit if
+``shoal serve`` as child processes, waits until the frontend's ``/health``
+answers 200 with every instance *ready* (a request would be placed on it:
+``shoal is serving`` means a completion sent at once succeeds), prints where
+the API, ``/health`` and ``/metrics`` are and a curl example, and
+supervises. Each child runs in a session of its own (so a terminal's Ctrl-C
+reaches only ``shoal up``) and is told by the kernel to exit if
 ``shoal up`` itself dies (``PR_SET_PDEATHSIG``); on Ctrl-C or SIGTERM every
 child's process group gets SIGTERM, then SIGKILL after a grace period, and the
 embedded server stops last: no orphans. A child that dies is reported; the
@@ -28,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -107,10 +110,16 @@ class ClusterProcesses:
 
 
 def _health(url: str) -> dict[str, Any] | None:
+    """The frontend's ``/health`` body (a 503's too: it says why not ready); None while it does not answer."""
     try:
         with urllib.request.urlopen(f"{url}/health", timeout=1.0) as response:
             data: dict[str, Any] = json.loads(response.read())
             return data
+    except urllib.error.HTTPError as exc:
+        with contextlib.suppress(Exception):
+            body: dict[str, Any] = json.loads(exc.read())
+            return body
+        return None
     except Exception:
         return None
 
@@ -231,7 +240,8 @@ def _start(
     deadline = time.monotonic() + options["ready_timeout"]
     while not stopping():
         health = _health(url)
-        if health is not None and len(health.get("instances", [])) >= options["instances"]:
+        ready = health.get("instances", []) if health is not None and health.get("status") == "ok" else []
+        if len(ready) >= max(1, options["instances"]):  # ready: a request would be placed on each
             break
         for dead in cluster.newly_dead():
             raise click.ClickException(
@@ -244,6 +254,9 @@ def _start(
         return False
     name = tokenizer
     click.echo("")
+    click.echo(f"API             {url}/v1")
+    click.echo(f"health          {url}/health")
+    click.echo(f"metrics         {url}/metrics  (frontend)")
     click.echo(f"shoal is serving {name} at {url}/v1  (Ctrl-C stops everything)")
     click.echo("try:")
     click.echo(
