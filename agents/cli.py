@@ -22,6 +22,7 @@ from typing import Any
 import click
 
 from bus import event_loop
+from bus.options import nats_option
 
 __all__ = ["agent", "build_engine"]
 
@@ -66,7 +67,7 @@ def build_engine(
 
 
 @click.command("agent")
-@click.option("--nats-url", default="nats://127.0.0.1:4222", show_default=True, help="NATS server(s).")
+@nats_option()
 @click.option("--prefix", default="shoal", show_default=True, help="Subject prefix of the cluster.")
 @click.option("--instance-id", default=None, help="Instance id (default: agent-<random>).")
 @click.option("--engine", type=click.Choice(["torch", "sim"]), default="torch", show_default=True)
@@ -91,7 +92,10 @@ def build_engine(
     show_default=True,
     help="KV data plane; auto tries UCX then TCP.",
 )
-@click.option("--transport-host", default="127.0.0.1", show_default=True)
+@click.option("--transport-host", default="127.0.0.1", show_default=True,
+              help="Bind host of the KV transport.")
+@click.option("--transport-advertise", default="", metavar="HOST",
+              help="Host peers use for KV transfers (default: --transport-host).")
 @click.option("--transport-port", type=int, default=0, show_default=True)
 @click.option("--ucx-tls", default="", help="UCX transport list, e.g. 'tcp'.")
 @click.option("--report-interval", type=float, default=0.1, show_default=True, help="Seconds.")
@@ -148,6 +152,7 @@ async def _run(options: dict[str, Any]) -> None:
         transport=TransportConfig(
             kind=options["transport_kind"],
             host=options["transport_host"],
+            advertise_host=options["transport_advertise"],
             port=options["transport_port"],
             ucx_tls=options["ucx_tls"],
         ),

@@ -39,6 +39,7 @@ from typing import IO, Any
 
 import click
 
+from bus.options import nats_option
 from bus.server import die_with_parent
 from scheduler.cli import scale_band_options
 
@@ -137,7 +138,7 @@ def _tail(path: Path, lines: int = 15) -> str:
               help="torch: preset (default small) or a Hugging Face checkpoint folder; sim: a profile.")
 @click.option("--port", type=int, default=8000, show_default=True, help="Frontend HTTP port.")
 @click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--nats", "nats_url", default=None, help="Use this NATS deployment instead of an embedded one.")
+@nats_option(None, help="Use this NATS deployment instead of an embedded one.")
 @click.option("--prefix", default="shoal", show_default=True, help="Subject prefix of the cluster.")
 @click.option("--threads", type=int, default=1, show_default=True, help="Torch threads per agent.")
 @click.option("--num-blocks", type=int, default=None, help="KV blocks per agent (engine default if unset).")
@@ -193,7 +194,7 @@ def _start(
         click.echo(f"nats-server     {nats_url} (embedded, pid {cluster.nats.pid})")
     else:
         click.echo(f"nats            {nats_url}")
-    common = ["--nats-url", nats_url, "--prefix", options["prefix"]]
+    common = ["--nats", nats_url, "--prefix", options["prefix"]]
     engine = options["engine"]
     model = options["model"] or ("small" if engine == "torch" else "tiny-test")
 

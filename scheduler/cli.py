@@ -23,6 +23,7 @@ import click
 import msgspec
 
 from bus import BusConfig, JetStreamBus, StreamConfig, event_loop
+from bus.options import nats_option
 from scheduler.config import DispatchPolicy, PairingConfig, PolicyConfig, ScalingConfig
 from scheduler.instances import InstanceManager, LocalProcessManager
 from scheduler.service import SchedulerConfig, SchedulerService, default_scheduler_id
@@ -117,14 +118,7 @@ def policy_from_options(
 
 
 @click.command("scheduler")
-@click.option(
-    "--nats-url",
-    "--nats",
-    "nats_url",
-    default="nats://127.0.0.1:4222",
-    show_default=True,
-    help="NATS server URL(s).",
-)
+@nats_option()
 @click.option("--prefix", default="shoal", show_default=True, help="Subject prefix of the cluster.")
 @click.option("--id", "scheduler_id", default=None, help="Lease holder id (default: host-pid-random).")
 @click.option(

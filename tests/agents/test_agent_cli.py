@@ -23,7 +23,7 @@ async def test_shoal_agent_serves_and_leaves_cleanly(nats_url: str, tmp_path: Pa
             "agent",
             "--engine",
             "sim",
-            "--nats-url",
+            "--nats",
             nats_url,
             "--prefix",
             cluster.subjects.prefix,

@@ -197,7 +197,7 @@ async def test_shoal_up_autoscale_starts_an_agent_under_load_and_drains_one_when
         finally:
             process.stdout.close()
     time.sleep(0.5)
-    leftovers = subprocess.run(["pgrep", "-f", "--", f"--nats-url {nats_url}"], capture_output=True,
+    leftovers = subprocess.run(["pgrep", "-f", "--", f"--nats {nats_url}"], capture_output=True,
                                text=True)
     assert nats_url and not leftovers.stdout.split(), "an agent outlived shoal up"
 
