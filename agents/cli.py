@@ -22,7 +22,7 @@ from typing import Any
 import click
 
 from bus import event_loop
-from bus.options import nats_option
+from bus.options import metrics_options, nats_option
 
 __all__ = ["agent", "build_engine"]
 
@@ -105,6 +105,7 @@ def build_engine(
 @click.option("--max-concurrent-migrations", type=int, default=1, show_default=True)
 @click.option("--otlp-endpoint", default=None, help="Export spans over OTLP (needs the exporter package).")
 @click.option("--ready-file", type=click.Path(dir_okay=False, path_type=Path), default=None)
+@metrics_options
 @click.option("--log-level", default="INFO", show_default=True)
 def agent(**options: Any) -> None:
     """Run one instance agent driving an engine."""
@@ -170,8 +171,17 @@ async def _run(options: dict[str, Any]) -> None:
         engine.info.engine,
         runner.transport.address,
     )
+    metrics_url = None
+    if options["metrics_port"] is not None:
+        from prometheus_client import start_http_server
+
+        server, _ = start_http_server(options["metrics_port"], addr=options["metrics_host"],
+                                      registry=runner.metrics.registry)
+        metrics_url = f"http://{options['metrics_host']}:{server.server_port}/metrics"
+        click.echo(f"agent {instance_id} metrics {metrics_url}")
     if options["ready_file"] is not None:
-        ready = {"instance_id": instance_id, "transport_address": runner.transport.address}
+        ready = {"instance_id": instance_id, "transport_address": runner.transport.address,
+                 "metrics_url": metrics_url}
         options["ready_file"].write_text(json.dumps(ready))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -1,9 +1,11 @@
-"""The one command-line option every ``shoal`` command uses to name its NATS deployment.
+"""Command-line options shared by ``shoal`` commands: the NATS deployment and the metrics endpoint.
 
 ``--nats URL`` (comma-separated for a cluster), also read from the
 ``SHOAL_NATS_URL`` environment variable by click at the entry point, never
 below it. ``--nats-url``, the older spelling of some commands, still parses
-but is no longer shown in ``--help``. Nothing here connects to anything.
+but is no longer shown in ``--help``. ``--metrics-port`` / ``--metrics-host``
+(:func:`metrics_options`) are where a long-running process serves Prometheus
+``/metrics``. Nothing here connects to or serves anything.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any, TypeVar
 
 import click
 
-__all__ = ["DEFAULT_NATS_URL", "NATS_ENVVAR", "nats_option"]
+__all__ = ["DEFAULT_NATS_URL", "NATS_ENVVAR", "metrics_options", "nats_option"]
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 NATS_ENVVAR = "SHOAL_NATS_URL"
@@ -45,3 +47,14 @@ def nats_option(
         "--nats", "--nats-url", "nats_url", cls=_AliasedOption, default=default, envvar=NATS_ENVVAR,
         show_envvar=True, show_default=default is not None, metavar="URL", help=help,
     )
+
+
+def metrics_options(function: _F) -> _F:
+    """``--metrics-port PORT`` (unset: no endpoint; 0: any free port, printed) and ``--metrics-host``."""
+    function = click.option(
+        "--metrics-host", default="127.0.0.1", show_default=True, help="Bind host of the /metrics endpoint."
+    )(function)
+    return click.option(
+        "--metrics-port", type=click.IntRange(0, 65535), default=None, metavar="PORT",
+        help="Serve Prometheus /metrics on this port (0: any free port; unset: off).",
+    )(function)

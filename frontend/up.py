@@ -5,8 +5,9 @@ deployment), then ``shoal scheduler``, ``--instances N`` times ``shoal agent`` a
 ``shoal serve`` as child processes, waits until the frontend's ``/health``
 answers 200 with every instance *ready* (a request would be placed on it:
 ``shoal is serving`` means a completion sent at once succeeds), prints where
-the API, ``/health`` and ``/metrics`` are and a curl example, and
-supervises. Each child runs in a session of its own (so a terminal's Ctrl-C
+the API, ``/health`` and ``/metrics`` are (the frontend's, and each scheduler's
+and agent's own Prometheus endpoint on a port ``shoal up`` picks) and a curl
+example, and supervises. Each child runs in a session of its own (so a terminal's Ctrl-C
 reaches only ``shoal up``) and is told by the kernel to exit if
 ``shoal up`` itself dies (``PR_SET_PDEATHSIG``); on Ctrl-C or SIGTERM every
 child's process group gets SIGTERM, then SIGKILL after a grace period, and the
@@ -40,7 +41,7 @@ from typing import IO, Any
 import click
 
 from bus.options import nats_option
-from bus.server import die_with_parent
+from bus.server import die_with_parent, free_port
 from scheduler.cli import scale_band_options
 
 __all__ = ["Child", "ClusterProcesses", "up"]
@@ -217,18 +218,23 @@ def _start(
             # the scheduler's instance manager runs more agents like ours, as its own children
             low, high = options["scale_band"]
             scheduler_args += [
-                "--autoscale-command", shlex.join([*_SHOAL, *agent_args("{instance_id}")]),
+                "--autoscale-command",
+                shlex.join([*_SHOAL, *agent_args("{instance_id}"), "--metrics-port", "0"]),  # port: its log
                 "--min-instances", str(options["instances"] if options["min_instances"] is None
                                        else options["min_instances"]),
                 "--max-instances", str(options["max_instances"]),
                 "--scale-band", str(low), str(high), "--scale-sustain", str(options["scale_sustain"]),
             ]
+        metrics_port = free_port()
+        scheduler_args += ["--metrics-port", str(metrics_port)]
         child = cluster.spawn("scheduler", scheduler_args)
-        click.echo(f"scheduler       pid {child.pid}" + ("  (auto-scaling)" if options["autoscale"] else ""))
+        click.echo(f"scheduler       pid {child.pid}  metrics http://127.0.0.1:{metrics_port}/metrics"
+                   + ("  (auto-scaling)" if options["autoscale"] else ""))
     for index in range(options["instances"]):
         instance_id = f"agent-{index}"
-        child = cluster.spawn(instance_id, agent_args(instance_id))
-        click.echo(f"agent           {instance_id} pid {child.pid}")
+        metrics_port = free_port()
+        child = cluster.spawn(instance_id, [*agent_args(instance_id), "--metrics-port", str(metrics_port)])
+        click.echo(f"agent           {instance_id} pid {child.pid}  metrics http://127.0.0.1:{metrics_port}/metrics")
     tokenizer = model if engine == "torch" else f"sim:{model}"
     serve_args = ["serve", *common, "--model", tokenizer, "--host", options["host"],
                   "--port", str(options["port"]), "--stall-timeout", str(options["stall_timeout"])]

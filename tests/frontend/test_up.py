@@ -23,6 +23,7 @@ import openai
 import pytest
 
 from bus.server import free_port
+from tests.scrape import scrape, value
 
 pytestmark = pytest.mark.slow
 
@@ -229,6 +230,14 @@ async def test_a_completion_sent_the_moment_shoal_up_says_serving_succeeds(tmp_p
         endpoints = {line.split()[0]: line.split()[1] for line in lines
                      if line.split() and line.split()[0] in ("API", "health", "metrics")}
         assert endpoints == {"API": f"{base}/v1", "health": f"{base}/health", "metrics": f"{base}/metrics"}
+        own = {found.group(1): found.group(2) for line in lines
+               if (found := re.search(r"^(scheduler|agent)\s.*metrics (http://\S+)", line))}
+        assert set(own) == {"scheduler", "agent"}, lines
+        agent = await scrape(own["agent"])
+        assert value(agent, "shoal_agent_step_duration_seconds_count") >= 1  # it ran our request
+        scheduler = await scrape(own["scheduler"])
+        assert sum(value(scheduler, "shoal_scheduler_role", role=r) for r in ("active", "standby",
+                                                                              "starting", "taking_over")) == 1
     finally:
         process.send_signal(signal.SIGINT)
         try:
