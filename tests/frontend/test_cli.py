@@ -71,3 +71,17 @@ def test_agent_advertises_the_transport_host_it_is_told() -> None:
     ctx = command.make_context("agent", ["--transport-host", "0.0.0.0", "--transport-advertise", "10.1.2.3"],
                                resilient_parsing=True)
     assert (ctx.params["transport_host"], ctx.params["transport_advertise"]) == ("0.0.0.0", "10.1.2.3")
+
+
+def test_every_command_in_the_compose_file_parses() -> None:
+    """docker/compose.yaml is not run here (no Docker engine); at least its command lines are valid."""
+    from pathlib import Path
+
+    yaml = pytest.importorskip("yaml")
+    compose = yaml.safe_load((Path(__file__).parents[2] / "docker" / "compose.yaml").read_text())
+    commands = [s["command"] for s in compose["services"].values() if "build" in s]
+    assert len(commands) == 4
+    for argv in commands:
+        command = _command((argv[0],))
+        ctx = command.make_context(argv[0], list(argv[1:]))  # raises on an unknown option
+        assert ctx.params["nats_url"] == "nats://nats:4222"
