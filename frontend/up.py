@@ -255,7 +255,8 @@ def _start(
                 f"{dead.name} exited with code {dead.process.returncode}:\n{_tail(dead.log_path)}"
             )
         if time.monotonic() > deadline:
-            raise click.ClickException(f"the cluster was not ready within {options['ready_timeout']}s")
+            why = "the frontend does not answer" if health is None else json.dumps(health)
+            raise click.ClickException(f"the cluster was not ready within {options['ready_timeout']}s: {why}")
         time.sleep(0.2)
     else:
         return False
