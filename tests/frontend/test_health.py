@@ -89,9 +89,13 @@ async def test_health_is_503_before_the_first_agent_200_while_one_serves_503_aft
         completion = await client.post("/v1/completions", json={
             "model": "sim:tiny-test", "prompt": "hello", "max_tokens": 3})
         assert completion.status_code == 200  # ready meant a request is placed
+        metrics = (await client.get("/metrics")).text
+        assert 'shoal_instances{state="ready"} 1.0' in metrics
 
         await cluster.agents.pop("i0").kill()
         body = await _health_until(client, 503)
         assert body["reason"] == NO_INSTANCE_READY and body["instances"] == []
         assert body["states"] in ({"i0": "silent"}, {"i0": "failed"})
+        metrics = (await client.get("/metrics")).text
+        assert 'shoal_instances{state="ready"} 0.0' in metrics
         await client.aclose()
