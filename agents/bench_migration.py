@@ -3,7 +3,7 @@
 Setup (stated in the output): two agents driving the torch engine (``kv-heavy``
 preset by default, float32 on CPU) in one process, each on its own thread and
 event loop with its own NATS connection (an embedded nats-server unless
-``--nats-url``) and its own KV transport (TCP on loopback by default); one torch
+``--nats``) and its own KV transport (TCP on loopback by default); one torch
 intra-op thread per agent. Each run puts ``--background`` other requests
 decoding on both instances, and the request to move — ``seq_len`` tokens of KV
 filled without prefill (:func:`agents.bench_harness.admit_filled`) — on the
@@ -43,6 +43,7 @@ from typing import Any
 import click
 
 from bus import event_loop
+from bus.options import nats_option
 
 __all__ = ["bench_migration", "run_benchmark"]
 
@@ -454,7 +455,7 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
 @click.option("--transport", type=click.Choice(["tcp", "ucx"]), default="tcp", show_default=True)
 @click.option("--background", default=2, show_default=True, help="Co-located decoding requests per instance.")
 @click.option("--gaps", default=6, show_default=True, help="Tokens observed before each move.")
-@click.option("--nats-url", default=None, help="Use this NATS server instead of an embedded one.")
+@nats_option(None, help="Use this NATS server instead of an embedded one.")
 def bench_migration(
     json_path: Path | None,
     plot_path: Path | None,

@@ -22,6 +22,7 @@ from typing import Any
 import click
 
 from bus import event_loop
+from bus.options import metrics_options, nats_option
 
 __all__ = ["agent", "build_engine"]
 
@@ -66,7 +67,7 @@ def build_engine(
 
 
 @click.command("agent")
-@click.option("--nats-url", default="nats://127.0.0.1:4222", show_default=True, help="NATS server(s).")
+@nats_option()
 @click.option("--prefix", default="shoal", show_default=True, help="Subject prefix of the cluster.")
 @click.option("--instance-id", default=None, help="Instance id (default: agent-<random>).")
 @click.option("--engine", type=click.Choice(["torch", "sim"]), default="torch", show_default=True)
@@ -91,7 +92,10 @@ def build_engine(
     show_default=True,
     help="KV data plane; auto tries UCX then TCP.",
 )
-@click.option("--transport-host", default="127.0.0.1", show_default=True)
+@click.option("--transport-host", default="127.0.0.1", show_default=True,
+              help="Bind host of the KV transport.")
+@click.option("--transport-advertise", default="", metavar="HOST",
+              help="Host peers use for KV transfers (default: --transport-host).")
 @click.option("--transport-port", type=int, default=0, show_default=True)
 @click.option("--ucx-tls", default="", help="UCX transport list, e.g. 'tcp'.")
 @click.option("--report-interval", type=float, default=0.1, show_default=True, help="Seconds.")
@@ -101,6 +105,7 @@ def build_engine(
 @click.option("--max-concurrent-migrations", type=int, default=1, show_default=True)
 @click.option("--otlp-endpoint", default=None, help="Export spans over OTLP (needs the exporter package).")
 @click.option("--ready-file", type=click.Path(dir_okay=False, path_type=Path), default=None)
+@metrics_options
 @click.option("--log-level", default="INFO", show_default=True)
 def agent(**options: Any) -> None:
     """Run one instance agent driving an engine."""
@@ -148,6 +153,7 @@ async def _run(options: dict[str, Any]) -> None:
         transport=TransportConfig(
             kind=options["transport_kind"],
             host=options["transport_host"],
+            advertise_host=options["transport_advertise"],
             port=options["transport_port"],
             ucx_tls=options["ucx_tls"],
         ),
@@ -165,8 +171,17 @@ async def _run(options: dict[str, Any]) -> None:
         engine.info.engine,
         runner.transport.address,
     )
+    metrics_url = None
+    if options["metrics_port"] is not None:
+        from prometheus_client import start_http_server
+
+        server, _ = start_http_server(options["metrics_port"], addr=options["metrics_host"],
+                                      registry=runner.metrics.registry)
+        metrics_url = f"http://{options['metrics_host']}:{server.server_port}/metrics"
+        click.echo(f"agent {instance_id} metrics {metrics_url}")
     if options["ready_file"] is not None:
-        ready = {"instance_id": instance_id, "transport_address": runner.transport.address}
+        ready = {"instance_id": instance_id, "transport_address": runner.transport.address,
+                 "metrics_url": metrics_url}
         options["ready_file"].write_text(json.dumps(ready))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -30,7 +30,8 @@ from opentelemetry import trace
 
 from agents.config import AgentConfig
 from agents.deltas import DeltaBuffer, RequestTokens
-from agents.engines.protocol import Engine, RequestRejected, StepResult
+from agents.engines.protocol import Engine, EngineStats, RequestRejected, StepResult
+from agents.metrics import AgentMetrics
 from agents.migration.fsm.config import MigrationConfig
 from agents.migration.manager import MigrationManager, MigrationOutcome
 from agents.reporting import build_load_report, load_signature
@@ -108,8 +109,11 @@ class Agent:
         self._last_report_at = 0.0
         self._epoch_seen = -1
         self._started = False
-        self.step_listeners: list[Callable[[StepResult], None]] = []
+        self.last_engine_stats: EngineStats | None = None
+        self.metrics = AgentMetrics(lambda: self.last_engine_stats)
+        self.step_listeners: list[Callable[[StepResult], None]] = [self.metrics.observe_step]
         self.migration = MigrationManager(self, tracer_provider=tracer_provider)
+        self.migration.outcome_listeners.append(self.metrics.observe_migration)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -379,9 +383,10 @@ class Agent:
     # ------------------------------------------------------------------ reports
 
     def load_report(self) -> LoadReport:
-        """The load report of the engine as it is now (also used by tests)."""
+        """The load report of the engine as it is now (also used by tests); keeps the stats for metrics."""
+        stats = self.last_engine_stats = self.engine.stats()
         return build_load_report(
-            self.engine.stats(),
+            stats,
             instance_id=self.instance_id,
             seq=self._report_seq,
             block_size=self.engine.info.block_size,

@@ -32,6 +32,7 @@ from rich.table import Table
 import schemas
 from bus import event_loop
 from bus.jetstream import JetStreamBus
+from bus.options import nats_option
 from bus.protocol import BusConfig, StreamConfig
 from bus.server import EmbeddedNats
 from schemas.subjects import Subjects
@@ -204,7 +205,7 @@ def _table(result: dict[str, Any]) -> Table:
 
 
 @click.command("bus")
-@click.option("--nats", "nats_url", default=None, help="Use this NATS server instead of an embedded one.")
+@nats_option(None, help="Use this NATS server instead of an embedded one.")
 @click.option("--count", default=50_000, show_default=True, help="Messages per measurement.")
 @click.option(
     "--payload-bytes",

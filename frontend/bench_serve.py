@@ -162,13 +162,13 @@ def run_through_shoal(
     port = free_port()
     try:
         processes.spawn("agent", [
-            "agent", "--nats-url", url, "--instance-id", "bench-0", "--engine", "torch", "--model", preset,
+            "agent", "--nats", url, "--instance-id", "bench-0", "--engine", "torch", "--model", preset,
             "--threads", str(threads), "--num-blocks", str(options["num_blocks"]),
             "--max-batch-size", str(largest), "--max-model-len", str(options["max_model_len"]),
             "--transport", "tcp", "--log-level", "WARNING",
         ])
         processes.spawn("frontend", [
-            "serve", "--nats-url", url, "--model", preset, "--port", str(port),
+            "serve", "--nats", url, "--model", preset, "--port", str(port),
             "--max-model-len", str(options["max_model_len"]), "--dispatch-timeout", "0.2",
         ])
         http_url = f"http://127.0.0.1:{port}"

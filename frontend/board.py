@@ -11,10 +11,16 @@ On top of the fold it keeps what only a frontend knows:
   anyone declares it failed (the scheduler that would may be the one that is down);
 * its own bypass placements that no report reflects yet (they count against
   the instance until its accepted-request counter passes them).
+
+:meth:`LoadBoard.readiness` names each instance's state as placement sees it
+(:class:`Readiness`): only a *ready* one — joined, reported load, heard from
+lately, neither terminating nor failed — is ever placed on, so ``/health`` is
+honest by answering from it.
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterable
 
 from scheduler.cluster_state import ClusterState, InstanceStatus, initial_state
@@ -25,9 +31,19 @@ from schemas import InstanceFailed, InstanceJoined, InstanceLeft, InstanceTermin
 from schemas.envelope import Body
 from schemas.position import Position
 
-__all__ = ["LoadBoard"]
+__all__ = ["LoadBoard", "Readiness"]
 
 _FOLDED = (InstanceJoined, InstanceFailed, InstanceLeft, InstanceTerminating, LoadReport)
+
+
+class Readiness(enum.StrEnum):
+    """An instance's state as this frontend's placement sees it."""
+
+    JOINED = "joined"  # announced itself, no load report yet: not placed on
+    READY = "ready"  # placed on
+    SILENT = "silent"  # reported once, quiet for more than ``stale_after``: likely dead
+    TERMINATING = "terminating"  # draining: takes no new requests
+    FAILED = "failed"  # declared failed
 
 
 class LoadBoard:
@@ -81,6 +97,28 @@ class LoadBoard:
         heard = self._heard.get(instance_id)
         return heard is not None and instance_id in self.state.instances and now - heard > self.stale_after
 
+    def readiness(self, instance_id: str, now: float) -> Readiness | None:
+        """The instance's :class:`Readiness` (None: unknown or gone). READY iff :meth:`choose` may pick it."""
+        record = self.state.instances.get(instance_id)
+        if record is None:
+            return None
+        if record.status is InstanceStatus.FAILED:
+            return Readiness.FAILED
+        if record.status is InstanceStatus.TERMINATING or record.load.terminating:
+            return Readiness.TERMINATING
+        if not self.is_alive(instance_id, now):
+            return Readiness.SILENT
+        return Readiness.READY if record.load.reported else Readiness.JOINED
+
+    def readiness_view(self, now: float) -> dict[str, Readiness]:
+        """Every known instance's :class:`Readiness`, by instance id."""
+        view = {i: self.readiness(i, now) for i in sorted(self.state.instances, key=str)}
+        return {i: r for i, r in view.items() if r is not None}
+
+    def ready_instance_ids(self, now: float) -> list[str]:
+        """Instances a request would be placed on now (in id order)."""
+        return [i for i, r in self.readiness_view(now).items() if r is Readiness.READY]
+
     def live_instance_ids(self, now: float) -> list[str]:
         return sorted((i for i in self.state.instances if self.is_alive(i, now)), key=str)
 
@@ -93,10 +131,16 @@ class LoadBoard:
         return min(lengths) if lengths else default
 
     def loads(self, now: float) -> list[InstanceLoad]:
-        """Views of live instances, this frontend's unreflected placements counted against them."""
+        """Views of live instances that reported load, this frontend's unreflected placements counted.
+
+        An instance that joined but never reported is left out: nothing is placed
+        on it (and ``/health`` does not count it) until its engine says it runs.
+        """
         views: list[InstanceLoad] = []
         for instance_id in self.live_instance_ids(now):
             view = self.state.instances[instance_id].load
+            if not view.reported:
+                continue
             for _, blocks in self._accepted_at_placement.get(instance_id, ()):
                 view = view.with_dispatch(blocks)
             views.append(view)

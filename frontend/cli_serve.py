@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from bus.options import nats_option
 from frontend.config import FrontendConfig
 
 __all__ = ["config_from_options", "serve"]
@@ -37,7 +38,7 @@ def config_from_options(options: dict[str, Any]) -> FrontendConfig:
 
 
 @click.command("serve")
-@click.option("--nats-url", default="nats://127.0.0.1:4222", show_default=True, help="NATS server(s).")
+@nats_option()
 @click.option("--prefix", default="shoal", show_default=True, help="Subject prefix of the cluster.")
 @click.option("--model", default="tiny", show_default=True,
               help="Tokenizer: torch preset, checkpoint folder, or sim:<profile>.")

@@ -108,7 +108,9 @@ class Gateway:
         self.codec = Codec(producer="frontend")
         self.clock = clock
         self.board = LoadBoard(policy=config.dispatch_policy, stale_after=config.instance_stale_after)
-        self.metrics = metrics or FrontendMetrics(lambda: self.board.loads(self.clock()))
+        self.metrics = metrics or FrontendMetrics(
+            lambda: self.board.loads(self.clock()), lambda: self.board.readiness_view(self.clock())
+        )
         self.lifecycle = LifecycleLog(bus, self.codec)
         self._tasks: set[asyncio.Task[None]] = set()
         self.streams: dict[str, RequestStream] = {}

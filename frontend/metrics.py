@@ -5,7 +5,8 @@ latency histograms, tokens in and out, migrations seen in streams (an owner
 change the frontend did not cause), recomputes (a request restarted from its
 prompt plus generated tokens, which is what a rescue is), per-instance
 freeness, running and waiting counts and cumulative preemptions from the load
-board (the agents' load reports carry them), bypass placements, rescues by
+board (the agents' load reports carry them), instances by readiness
+(``shoal_instances{state="ready"}``: what ``/health`` answers from), bypass placements, rescues by
 cause, gap repairs, overload refusals, agents' refusals of a request by reason
 and requests closed unfinished by reason (label values are the
 :mod:`schemas.reasons` enum values).
@@ -13,12 +14,13 @@ and requests closed unfinished by reason (label values are the
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from frontend.board import Readiness
 from scheduler.policy import InstanceLoad
 
 __all__ = ["CONTENT_TYPE", "FrontendMetrics"]
@@ -59,10 +61,29 @@ class _FreenessCollector(Collector):
         yield preemptions
 
 
+class _ReadinessCollector(Collector):
+    def __init__(self, readiness: Callable[[], Mapping[str, Readiness]]) -> None:
+        self._readiness = readiness
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        states = list(self._readiness().values())
+        family = GaugeMetricFamily(
+            "shoal_instances", "Instances known to this frontend, by readiness (ready: placed on)",
+            labels=["state"],
+        )
+        for state in Readiness:
+            family.add_metric([state.value], states.count(state))
+        yield family
+
+
 class FrontendMetrics:
     """The frontend's counters and histograms; :meth:`render` gives the exposition text."""
 
-    def __init__(self, loads: Callable[[], Iterable[InstanceLoad]] = tuple) -> None:
+    def __init__(
+        self,
+        loads: Callable[[], Iterable[InstanceLoad]] = tuple,
+        readiness: Callable[[], Mapping[str, Readiness]] = dict,
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(
@@ -109,6 +130,7 @@ class FrontendMetrics:
             registry=r,
         )
         r.register(_FreenessCollector(loads))
+        r.register(_ReadinessCollector(readiness))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

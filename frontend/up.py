@@ -2,10 +2,13 @@
 
 Starts an embedded ``nats-server`` (unless ``--nats URL`` names an existing
 deployment), then ``shoal scheduler``, ``--instances N`` times ``shoal agent`` and
-``shoal serve`` as child processes, waits until the frontend answers
-``/health`` with every instance visible, prints the URL and a curl example,
-and supervises. Each child runs in a session of its own (so a terminal's
-Ctrl-C reaches only ``shoal up``) and is told by the kernel to exit if
+``shoal serve`` as child processes, waits until the frontend's ``/health``
+answers 200 with every instance *ready* (a request would be placed on it:
+``shoal is serving`` means a completion sent at once succeeds), prints where
+the API, ``/health`` and ``/metrics`` are (the frontend's, and each scheduler's
+and agent's own Prometheus endpoint on a port ``shoal up`` picks) and a curl
+example, and supervises. Each child runs in a session of its own (so a terminal's Ctrl-C
+reaches only ``shoal up``) and is told by the kernel to exit if
 ``shoal up`` itself dies (``PR_SET_PDEATHSIG``); on Ctrl-C or SIGTERM every
 child's process group gets SIGTERM, then SIGKILL after a grace period, and the
 embedded server stops last: no orphans. A child that dies is reported; the
@@ -28,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -36,7 +40,8 @@ from typing import IO, Any
 
 import click
 
-from bus.server import die_with_parent
+from bus.options import nats_option
+from bus.server import die_with_parent, free_port
 from scheduler.cli import scale_band_options
 
 __all__ = ["Child", "ClusterProcesses", "up"]
@@ -107,10 +112,16 @@ class ClusterProcesses:
 
 
 def _health(url: str) -> dict[str, Any] | None:
+    """The frontend's ``/health`` body (a 503's too: it says why not ready); None while it does not answer."""
     try:
         with urllib.request.urlopen(f"{url}/health", timeout=1.0) as response:
             data: dict[str, Any] = json.loads(response.read())
             return data
+    except urllib.error.HTTPError as exc:
+        with contextlib.suppress(Exception):
+            body: dict[str, Any] = json.loads(exc.read())
+            return body
+        return None
     except Exception:
         return None
 
@@ -128,7 +139,7 @@ def _tail(path: Path, lines: int = 15) -> str:
               help="torch: preset (default small) or a Hugging Face checkpoint folder; sim: a profile.")
 @click.option("--port", type=int, default=8000, show_default=True, help="Frontend HTTP port.")
 @click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--nats", "nats_url", default=None, help="Use this NATS deployment instead of an embedded one.")
+@nats_option(None, help="Use this NATS deployment instead of an embedded one.")
 @click.option("--prefix", default="shoal", show_default=True, help="Subject prefix of the cluster.")
 @click.option("--threads", type=int, default=1, show_default=True, help="Torch threads per agent.")
 @click.option("--num-blocks", type=int, default=None, help="KV blocks per agent (engine default if unset).")
@@ -184,7 +195,7 @@ def _start(
         click.echo(f"nats-server     {nats_url} (embedded, pid {cluster.nats.pid})")
     else:
         click.echo(f"nats            {nats_url}")
-    common = ["--nats-url", nats_url, "--prefix", options["prefix"]]
+    common = ["--nats", nats_url, "--prefix", options["prefix"]]
     engine = options["engine"]
     model = options["model"] or ("small" if engine == "torch" else "tiny-test")
 
@@ -207,18 +218,23 @@ def _start(
             # the scheduler's instance manager runs more agents like ours, as its own children
             low, high = options["scale_band"]
             scheduler_args += [
-                "--autoscale-command", shlex.join([*_SHOAL, *agent_args("{instance_id}")]),
+                "--autoscale-command",
+                shlex.join([*_SHOAL, *agent_args("{instance_id}"), "--metrics-port", "0"]),  # port: its log
                 "--min-instances", str(options["instances"] if options["min_instances"] is None
                                        else options["min_instances"]),
                 "--max-instances", str(options["max_instances"]),
                 "--scale-band", str(low), str(high), "--scale-sustain", str(options["scale_sustain"]),
             ]
+        metrics_port = free_port()
+        scheduler_args += ["--metrics-port", str(metrics_port)]
         child = cluster.spawn("scheduler", scheduler_args)
-        click.echo(f"scheduler       pid {child.pid}" + ("  (auto-scaling)" if options["autoscale"] else ""))
+        click.echo(f"scheduler       pid {child.pid}  metrics http://127.0.0.1:{metrics_port}/metrics"
+                   + ("  (auto-scaling)" if options["autoscale"] else ""))
     for index in range(options["instances"]):
         instance_id = f"agent-{index}"
-        child = cluster.spawn(instance_id, agent_args(instance_id))
-        click.echo(f"agent           {instance_id} pid {child.pid}")
+        metrics_port = free_port()
+        child = cluster.spawn(instance_id, [*agent_args(instance_id), "--metrics-port", str(metrics_port)])
+        click.echo(f"agent           {instance_id} pid {child.pid}  metrics http://127.0.0.1:{metrics_port}/metrics")
     tokenizer = model if engine == "torch" else f"sim:{model}"
     serve_args = ["serve", *common, "--model", tokenizer, "--host", options["host"],
                   "--port", str(options["port"]), "--stall-timeout", str(options["stall_timeout"])]
@@ -231,19 +247,24 @@ def _start(
     deadline = time.monotonic() + options["ready_timeout"]
     while not stopping():
         health = _health(url)
-        if health is not None and len(health.get("instances", [])) >= options["instances"]:
+        ready = health.get("instances", []) if health is not None and health.get("status") == "ok" else []
+        if len(ready) >= max(1, options["instances"]):  # ready: a request would be placed on each
             break
         for dead in cluster.newly_dead():
             raise click.ClickException(
                 f"{dead.name} exited with code {dead.process.returncode}:\n{_tail(dead.log_path)}"
             )
         if time.monotonic() > deadline:
-            raise click.ClickException(f"the cluster was not ready within {options['ready_timeout']}s")
+            why = "the frontend does not answer" if health is None else json.dumps(health)
+            raise click.ClickException(f"the cluster was not ready within {options['ready_timeout']}s: {why}")
         time.sleep(0.2)
     else:
         return False
     name = tokenizer
     click.echo("")
+    click.echo(f"API             {url}/v1")
+    click.echo(f"health          {url}/health")
+    click.echo(f"metrics         {url}/metrics  (frontend)")
     click.echo(f"shoal is serving {name} at {url}/v1  (Ctrl-C stops everything)")
     click.echo("try:")
     click.echo(

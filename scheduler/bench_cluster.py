@@ -45,6 +45,7 @@ from rich.table import Table
 
 from bus import BusConfig, JetStreamBus, event_loop
 from bus.errors import BusError
+from bus.options import nats_option
 from bus.server import EmbeddedNats
 from scheduler.service import SENT_HEADER
 from schemas import Codec, Subjects
@@ -276,9 +277,7 @@ async def run_cluster_bench(
 @click.option("--instances", type=int, default=64, show_default=True)
 @click.option("--processes", type=int, default=4, show_default=True, help="Agent processes.")
 @click.option("--no-baseline", is_flag=True, help="Skip the phase with the scheduler stopped.")
-@click.option(
-    "--nats-url", "--nats", "nats_url", default=None, help="Use this NATS server instead of an embedded one."
-)
+@nats_option(None, help="Use this NATS server instead of an embedded one.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None)
 def bench_cluster(
     rates: str,

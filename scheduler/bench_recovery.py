@@ -28,6 +28,7 @@ from rich.table import Table
 
 from bus import BusConfig, JetStreamBus, event_loop
 from bus.errors import BusError
+from bus.options import nats_option
 from bus.protocol import StreamConfig
 from bus.server import EmbeddedNats
 from scheduler.lease import LEASE_KEY
@@ -223,9 +224,7 @@ async def measure_recovery(url: str, num_events: int) -> list[dict[str, Any]]:
     show_default=True,
     help="Log sizes to test (repeat the option).",
 )
-@click.option(
-    "--nats-url", "--nats", "nats_url", default=None, help="Use this NATS server instead of an embedded one."
-)
+@nats_option(None, help="Use this NATS server instead of an embedded one.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None)
 def bench_recovery(sizes: tuple[int, ...], nats_url: str | None, json_path: Path | None) -> None:
     """Scheduler recovery time (start to first dispatch) with and without a snapshot."""

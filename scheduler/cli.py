@@ -23,6 +23,7 @@ import click
 import msgspec
 
 from bus import BusConfig, JetStreamBus, StreamConfig, event_loop
+from bus.options import metrics_options, nats_option
 from scheduler.config import DispatchPolicy, PairingConfig, PolicyConfig, ScalingConfig
 from scheduler.instances import InstanceManager, LocalProcessManager
 from scheduler.service import SchedulerConfig, SchedulerService, default_scheduler_id
@@ -117,14 +118,7 @@ def policy_from_options(
 
 
 @click.command("scheduler")
-@click.option(
-    "--nats-url",
-    "--nats",
-    "nats_url",
-    default="nats://127.0.0.1:4222",
-    show_default=True,
-    help="NATS server URL(s).",
-)
+@nats_option()
 @click.option("--prefix", default="shoal", show_default=True, help="Subject prefix of the cluster.")
 @click.option("--id", "scheduler_id", default=None, help="Lease holder id (default: host-pid-random).")
 @click.option(
@@ -172,6 +166,7 @@ def policy_from_options(
     default=None,
     help="On exit, write counters and per-dispatch decision times (JSON) here.",
 )
+@metrics_options
 @click.option("--log-level", default="INFO", show_default=True)
 def scheduler(**options: Any) -> None:
     """Run the global scheduler: dispatch, pairing, failure detection, scaling, snapshots."""
@@ -204,7 +199,10 @@ def scheduler(**options: Any) -> None:
         name="shoal-scheduler",
         streams=StreamConfig(loads_max_msgs_per_subject=options["loads_per_instance"]),
     )
-    event_loop.run(run_scheduler(bus_config, config, manager, stats_file=options["stats_file"]))
+    metrics = None if options["metrics_port"] is None else (options["metrics_host"], options["metrics_port"])
+    event_loop.run(
+        run_scheduler(bus_config, config, manager, stats_file=options["stats_file"], metrics=metrics)
+    )
 
 
 async def run_scheduler(
@@ -213,10 +211,17 @@ async def run_scheduler(
     manager: InstanceManager | None = None,
     *,
     stats_file: Path | None = None,
+    metrics: tuple[str, int] | None = None,
 ) -> None:
-    """Connect, run the service until a signal, clean up."""
+    """Connect, run the service until a signal, clean up; ``metrics``: (host, port) to serve /metrics on."""
     async with JetStreamBus(bus_config) as bus:
         service = SchedulerService(bus, config, instance_manager=manager)
+        if metrics is not None:
+            from prometheus_client import start_http_server
+
+            host, port = metrics
+            server, _ = start_http_server(port, addr=host, registry=service.metrics.registry)
+            click.echo(f"scheduler metrics http://{host}:{server.server_port}/metrics")
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError):

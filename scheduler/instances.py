@@ -64,7 +64,7 @@ class LocalProcessManager:
 
     ``command`` is the argv of one agent with ``{instance_id}`` where its id
     goes, e.g. ``("shoal", "agent", "--engine", "sim", "--instance-id", "{instance_id}",
-    "--nats-url", "nats://127.0.0.1:4222")``. ``stop_grace_s`` is how long a stopped
+    "--nats", "nats://127.0.0.1:4222")``. ``stop_grace_s`` is how long a stopped
     agent may take to leave after SIGTERM before it is killed.
     """
 

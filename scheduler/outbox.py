@@ -11,9 +11,11 @@ point it names is in the log.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from bus.protocol import Bus
@@ -26,10 +28,14 @@ log = logging.getLogger(__name__)
 class Outbox:
     """An ordered queue of appends drained by :meth:`run` (start it as a task)."""
 
-    def __init__(self, bus: Bus, *, max_in_flight: int = 1024) -> None:
+    def __init__(
+        self, bus: Bus, *, max_in_flight: int = 1024, observe_append: Callable[[float], None] | None = None
+    ) -> None:
+        """``observe_append`` gets each stored append's latency (queued to acknowledged, seconds)."""
         self.bus = bus
         self.max_in_flight = max_in_flight
-        self._queue: deque[tuple[str, bytes, str]] = deque()
+        self.observe_append = observe_append
+        self._queue: deque[tuple[str, bytes, str, float]] = deque()
         self._ready = asyncio.Event()
         self.num_queued = 0
         self.num_acked = 0
@@ -38,7 +44,7 @@ class Outbox:
         self.total_failed = 0
 
     def put(self, subject: str, data: bytes, msg_id: str) -> None:
-        self._queue.append((subject, data, msg_id))
+        self._queue.append((subject, data, msg_id, time.perf_counter()))
         self.num_queued += 1
         self._ready.set()
 
@@ -53,11 +59,11 @@ class Outbox:
             await self._ready.wait()
             self._ready.clear()
             while self._queue:
-                subject, data, msg_id = self._queue.popleft()
+                subject, data, msg_id, queued_at = self._queue.popleft()
                 future = asyncio.ensure_future(await pipe.append(subject, data, msg_id=msg_id))
-                future.add_done_callback(self._done)
+                future.add_done_callback(functools.partial(self._done, queued_at))
 
-    def _done(self, future: asyncio.Future[Any]) -> None:
+    def _done(self, queued_at: float, future: asyncio.Future[Any]) -> None:
         if future.cancelled() or future.exception() is not None:
             self.num_failed += 1
             self.total_failed += 1
@@ -65,6 +71,8 @@ class Outbox:
         else:
             self.num_acked += 1
             self.total_acked += 1
+            if self.observe_append is not None:
+                self.observe_append(time.perf_counter() - queued_at)
 
     async def wait_acked(self, count: int, timeout: float) -> bool:
         """Wait until ``count`` appends since the last reset are settled; True if all were stored."""

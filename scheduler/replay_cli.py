@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bus import BusConfig, JetStreamBus, event_loop
+from bus.options import nats_option
 from scheduler.cli import policy_from_options, policy_options
 from scheduler.cluster_state import live_loads
 from scheduler.config import DispatchPolicy
@@ -231,7 +232,7 @@ def _print(console: Console, data: dict[str, Any]) -> None:
 
 
 @click.command("replay")
-@click.option("--nats-url", "--nats", "nats_url", default="nats://127.0.0.1:4222", show_default=True)
+@nats_option()
 @click.option("--prefix", default="shoal", show_default=True)
 @click.option(
     "--file",
@@ -299,7 +300,7 @@ def events() -> None:
 
 
 @events.command("export")
-@click.option("--nats-url", "--nats", "nats_url", default="nats://127.0.0.1:4222", show_default=True)
+@nats_option()
 @click.option("--prefix", default="shoal", show_default=True)
 @click.option("--out", "path", type=click.Path(dir_okay=False, path_type=Path), required=True)
 @click.option("--since", default=None, help="Only entries stored at or after (epoch seconds or ISO 8601).")

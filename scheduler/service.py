@@ -44,6 +44,7 @@ from scheduler.config import encode_policy
 from scheduler.follower import LogFollower, Shadow
 from scheduler.instances import InstanceManager
 from scheduler.lease import Lease, LeaseLost
+from scheduler.metrics import SchedulerMetrics
 from scheduler.outbox import Outbox
 from scheduler.policy.scaling import ScaleDownDecision, ScalingState, decide_scaling
 from scheduler.recompute import (
@@ -118,7 +119,11 @@ class SchedulerService:
         self._own: deque[tuple[str, Body]] = deque()
         self._own_counter = 0
         self._view: ClusterState | None = None
-        self.outbox = Outbox(bus, max_in_flight=self.config.max_in_flight_appends)
+        self.metrics = SchedulerMetrics(lambda: (self.role, self.epoch))
+        self.outbox = Outbox(
+            bus, max_in_flight=self.config.max_in_flight_appends,
+            observe_append=self.metrics.append_latency.observe,
+        )
         self._last_seen: dict[str, float] = {}
         self._scaling = ScalingState()
         self._tasks: list[asyncio.Task[None]] = []
@@ -363,6 +368,7 @@ class SchedulerService:
         self._own_counter += 1
         msg_id = f"{self.config.scheduler_id}:{self.epoch}:{self._own_counter}"
         self.outbox.put(self._subject_of(body), self.codec.encode(body, time=self._wall()), msg_id)
+        self.metrics.observe_decision(body)
         if self.role is not Role.TAKING_OVER:
             self._own.append((msg_id, body))
             self._view = apply_overlay(self._view, (body,)) if self._view is not None else None
@@ -388,6 +394,7 @@ class SchedulerService:
         """Place one request now (the RPC handler's body; synchronous, from memory)."""
         if self.role is not Role.ACTIVE or self.lease.expired_locally():
             self.stats.dispatch_errors += 1
+            self.metrics.dispatch_failures.labels(reason=DispatchFailReason.NOT_ACTIVE.value).inc()
             return DispatchReply(
                 request_id=request.request_id,
                 instance_id=None,
@@ -405,6 +412,7 @@ class SchedulerService:
         event = dispatch_decision(view, request, epoch=self.epoch, cursor=cursor, policy=self.config.policy)
         if event is None:
             self.stats.dispatch_errors += 1
+            self.metrics.dispatch_failures.labels(reason=DispatchFailReason.NO_INSTANCE.value).inc()
             return DispatchReply(
                 request_id=request.request_id,
                 instance_id=None,
@@ -426,6 +434,7 @@ class SchedulerService:
         try:
             return self._answer_dispatch(data)
         finally:
+            self.metrics.decision_latency.observe(time.perf_counter() - started)
             if self.config.record_decision_times:
                 now = self._wall()
                 sent = headers.get(SENT_HEADER)

@@ -21,9 +21,10 @@ class TransportConfig(msgspec.Struct, frozen=True, kw_only=True):
 
     * ``kind``: ``auto`` tries UCX and falls back to TCP (with a warning in the log)
       when ``ucxx`` is missing or UCX fails to initialise.
-    * ``host``/``port``: where to listen (``port=0``: any free port); ``host`` is also the
-      address peers are told. The UCX listener binds every interface (ucxx offers no
-      bind address); ``host`` is what it advertises.
+    * ``host``/``port``: where to listen (``port=0``: any free port). The UCX listener
+      binds every interface (ucxx offers no bind address).
+    * ``advertise_host``: the host peers are told to connect to (:attr:`advertised_host`);
+      blank: ``host`` (set it when binding ``0.0.0.0`` or behind NAT).
     * ``inproc_name``: the endpoint name of an in-process transport (blank: generated).
     * ``connect_timeout_s``: opening a connection to a peer; ``send_timeout_s``: one whole
       transfer (offer, payload, landing), unless ``send(timeout=...)`` says otherwise.
@@ -39,6 +40,7 @@ class TransportConfig(msgspec.Struct, frozen=True, kw_only=True):
     kind: TransportKind = "auto"
     host: str = "127.0.0.1"
     port: int = 0
+    advertise_host: str = ""
     inproc_name: str = ""
     connect_timeout_s: float = 2.0
     send_timeout_s: float = 60.0
@@ -56,6 +58,11 @@ class TransportConfig(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError("timeouts must be positive")
         if self.max_connections_per_peer < 1:
             raise ValueError("max_connections_per_peer must be >= 1")
+
+    @property
+    def advertised_host(self) -> str:
+        """The host in the address peers use: ``advertise_host``, else the bind ``host``."""
+        return self.advertise_host or self.host
 
     def ucx_config(self) -> dict[str, str]:
         """The options handed to the UCX context."""

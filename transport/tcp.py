@@ -96,7 +96,7 @@ class TcpTransport(TransportBase):
             listener.close()
             raise TransportError(f"cannot listen on {self._config.host}:{self._config.port}: {exc}") from exc
         self._listener = listener
-        self._address = format_address("tcp", self._config.host, listener.getsockname()[1])
+        self._address = format_address("tcp", self._config.advertised_host, listener.getsockname()[1])
         self._accept_task = loop.create_task(self._accept_loop(listener), name=f"tcp-accept {self._address}")
         return self._address
 

@@ -212,7 +212,7 @@ class UcxTransport(TransportBase):
             _release_runtime(runtime)
             raise TransportError(f"UCX cannot listen on port {self._config.port}: {exc}") from exc
         self._runtime = runtime
-        self._address = format_address("ucx", self._config.host, int(self._listener.port))
+        self._address = format_address("ucx", self._config.advertised_host, int(self._listener.port))
         return self._address
 
     async def close(self) -> None:

@@ -23,7 +23,7 @@ import logging
 import time
 import uuid
 from collections import Counter, OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from opentelemetry import trace
 from opentelemetry.trace import Span
@@ -75,6 +75,8 @@ class MigrationManager:
         self.destinations: dict[str, DestinationDriver] = {}
         self.finished_destinations: OrderedDict[str, DestinationDriver] = OrderedDict()
         self.outcomes: list[MigrationOutcome] = []
+        #: Called with every source-side outcome, a refusal to start included (the agent's metrics).
+        self.outcome_listeners: list[Callable[[MigrationOutcome], None]] = []
         self.faults_applied: Counter[tuple[str, str, str]] = Counter()
         self._subscription: Subscription | None = None
         self._command: MigrateOut | None = None
@@ -245,13 +247,18 @@ class MigrationManager:
         self.sources.pop(driver.migration_id, None)
         if self.sources_by_request.get(driver.request_id) is driver:
             del self.sources_by_request[driver.request_id]
-        self.outcomes.append(driver.outcome)
-        del self.outcomes[:-_FINISHED_KEPT]
+        self._record(driver.outcome)
         if not driver.outcome.migrated:
             self._command_failures.add(driver.request_id)
             if driver.outcome.reason in DESTINATION_FULL:
                 self._command = None  # the destination is full: wait for the next pairing
         self.agent.wake()
+
+    def _record(self, outcome: MigrationOutcome) -> None:
+        self.outcomes.append(outcome)
+        del self.outcomes[:-_FINISHED_KEPT]
+        for listener in self.outcome_listeners:
+            listener(outcome)
 
     def destination_finished(self, driver: DestinationDriver) -> None:
         self.destinations.pop(driver.migration_id, None)
@@ -291,7 +298,7 @@ class MigrationManager:
                 started_at=time.time(),
                 finished_at=time.time(),
             )
-            self.outcomes.append(outcome)
+            self._record(outcome)
             return outcome
 
         if destination_id == self.agent.instance_id:

@@ -1,4 +1,4 @@
-"""``shoal agent`` as a user runs it: a subprocess that serves, streams tokens and leaves on SIGTERM."""
+"""``shoal agent`` as a user runs it: a subprocess that serves, streams, has /metrics, leaves on SIGTERM."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 from agents.engines.sim import sim_token_id
 from schemas import GenerateRequest, InstanceJoined, InstanceLeft
 from tests.agents.agent_cluster import agent_cluster, greedy
+from tests.scrape import scrape, value
 
 
 async def test_shoal_agent_serves_and_leaves_cleanly(nats_url: str, tmp_path: Path) -> None:
@@ -23,7 +24,7 @@ async def test_shoal_agent_serves_and_leaves_cleanly(nats_url: str, tmp_path: Pa
             "agent",
             "--engine",
             "sim",
-            "--nats-url",
+            "--nats",
             nats_url,
             "--prefix",
             cluster.subjects.prefix,
@@ -33,6 +34,8 @@ async def test_shoal_agent_serves_and_leaves_cleanly(nats_url: str, tmp_path: Pa
             "tcp",
             "--ready-file",
             str(ready),
+            "--metrics-port",
+            "0",
             "--log-level",
             "WARNING",
             stdout=asyncio.subprocess.PIPE,
@@ -52,6 +55,9 @@ async def test_shoal_agent_serves_and_leaves_cleanly(nats_url: str, tmp_path: Pa
             await watcher.wait_finished()
             assert watcher.tokens() == [sim_token_id("c1", None, i, 1000, 0) for i in range(10)]
             await watcher.close()
+            samples = await scrape(info["metrics_url"])  # --metrics-port 0: a free port, in the ready file
+            assert value(samples, "shoal_agent_step_duration_seconds_count") >= 10
+            assert value(samples, "shoal_agent_kv_blocks") > 0
         finally:
             process.send_signal(signal.SIGTERM)
             output, _ = await asyncio.wait_for(process.communicate(), 20)

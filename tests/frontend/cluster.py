@@ -83,7 +83,7 @@ class Cluster:
         assert self.gateway is not None
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        while len(self.gateway.board.live_instance_ids(self.gateway.clock())) < count:
+        while len(self.gateway.board.ready_instance_ids(self.gateway.clock())) < count:
             if loop.time() > deadline:
                 raise TimeoutError(f"fewer than {count} instances visible to the frontend")
             await asyncio.sleep(0.05)

@@ -23,6 +23,7 @@ import openai
 import pytest
 
 from bus.server import free_port
+from tests.scrape import scrape, value
 
 pytestmark = pytest.mark.slow
 
@@ -197,6 +198,49 @@ async def test_shoal_up_autoscale_starts_an_agent_under_load_and_drains_one_when
         finally:
             process.stdout.close()
     time.sleep(0.5)
-    leftovers = subprocess.run(["pgrep", "-f", "--", f"--nats-url {nats_url}"], capture_output=True,
+    leftovers = subprocess.run(["pgrep", "-f", "--", f"--nats {nats_url}"], capture_output=True,
                                text=True)
     assert nats_url and not leftovers.stdout.split(), "an agent outlived shoal up"
+
+
+async def test_a_completion_sent_the_moment_shoal_up_says_serving_succeeds(tmp_path: Path) -> None:
+    """The ready line means ready: no sleep, no retry between it and the first request."""
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-c", "from frontend.cli import main; main()", "up", "--engine", "sim",
+         "--instances", "1", "--port", str(port), "--log-dir", str(tmp_path / "logs")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    assert process.stdout is not None
+    lines: list[str] = []
+    try:
+        for line in process.stdout:
+            lines.append(line.rstrip())
+            if line.startswith("shoal is serving"):
+                break
+        assert lines and lines[-1].startswith("shoal is serving"), "\n".join(lines)
+        base = f"http://127.0.0.1:{port}"
+        body = {"model": "sim:tiny-test", "prompt": "hello", "max_tokens": 4}
+        async with httpx.AsyncClient(timeout=30) as http:
+            reply = await http.post(f"{base}/v1/completions", json=body)
+            assert reply.status_code == 200, reply.text
+            assert reply.json()["usage"]["completion_tokens"] == 4
+            health = await http.get(f"{base}/health")
+            assert health.status_code == 200 and health.json()["states"] == {"agent-0": "ready"}
+        endpoints = {line.split()[0]: line.split()[1] for line in lines
+                     if line.split() and line.split()[0] in ("API", "health", "metrics")}
+        assert endpoints == {"API": f"{base}/v1", "health": f"{base}/health", "metrics": f"{base}/metrics"}
+        own = {found.group(1): found.group(2) for line in lines
+               if (found := re.search(r"^(scheduler|agent)\s.*metrics (http://\S+)", line))}
+        assert set(own) == {"scheduler", "agent"}, lines
+        agent = await scrape(own["agent"])
+        assert value(agent, "shoal_agent_step_duration_seconds_count") >= 1  # it ran our request
+        scheduler = await scrape(own["scheduler"])
+        assert sum(value(scheduler, "shoal_scheduler_role", role=r) for r in ("active", "standby",
+                                                                              "starting", "taking_over")) == 1
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(30)
+        finally:
+            process.stdout.close()

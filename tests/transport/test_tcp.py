@@ -71,3 +71,14 @@ async def test_a_connection_dropped_mid_payload_leaves_the_slot_waiting_for_a_re
     assert (await pending.wait(timeout=5)) is into
     assert into == b"y" * 1000
     assert receiver.stats().rejected_total == 0
+
+
+async def test_peers_are_told_the_advertised_host_while_the_listener_binds_the_bind_host() -> None:
+    """``advertise_host`` (``shoal agent --transport-advertise``): bind one address, advertise another."""
+    config = TransportConfig(kind="tcp", host="127.0.0.1", advertise_host="localhost")
+    async with TcpTransport(config) as advertised, TcpTransport(TransportConfig(kind="tcp")) as plain:
+        host, port = parse_host_port(advertised.address, "tcp")
+        assert host == "localhost" and port > 0
+        assert parse_host_port(plain.address, "tcp")[0] == "127.0.0.1"
+        _, writer = await asyncio.open_connection("localhost", port)  # reachable where advertised
+        writer.close()

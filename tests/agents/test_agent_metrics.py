@@ -1,0 +1,64 @@
+"""An agent's Prometheus endpoint over real HTTP: engine gauges, step histograms and migrations move.
+
+Two sim agents on a real nats-server; the source's registry is served by
+prometheus_client's own HTTP server (what ``shoal agent --metrics-port``
+starts) and scraped before traffic, after it, after a forced live migration
+and after a migration refused for an unknown destination.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from schemas import GenerateRequest, MigrationAbortReason
+from tests.agents.agent_cluster import agent_cluster, fast_agent_config, greedy, sim_engine
+from tests.scrape import scrape, serving, value
+
+
+async def test_agent_metrics_move_with_traffic_and_a_forced_migration(nats_url: str) -> None:
+    async with agent_cluster(nats_url) as cluster:
+        a1 = await cluster.add(sim_engine(time_scale=3.0), fast_agent_config("a1"))
+        await cluster.add(sim_engine(time_scale=3.0), fast_agent_config("a2"))
+        with serving(a1.metrics.registry) as url:
+            await asyncio.sleep(0.1)  # a load-report round took the engine's stats
+            idle = await scrape(url)
+            assert value(idle, "shoal_agent_kv_blocks") == 64
+            assert value(idle, "shoal_agent_kv_blocks_free") == 64
+            assert value(idle, "shoal_agent_step_duration_seconds_count") == 0
+            reasons = {labels for name, labels in idle if name == "shoal_agent_migration_aborts_total"}
+            assert reasons == {(("reason", r.value),) for r in MigrationAbortReason}  # every reason, at 0
+
+            watcher = await cluster.watch("r1")
+            prompt = tuple(range(1, 41))
+            reply = await cluster.generate(
+                "a1", GenerateRequest(request_id="r1", token_ids=prompt, sampling=greedy(120))
+            )
+            assert reply.accepted
+            while len(watcher.tokens()) < 20:
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.1)
+            busy = await scrape(url)
+            assert value(busy, "shoal_agent_num_requests_running") == 1
+            assert value(busy, "shoal_agent_kv_blocks_used") >= 3  # 40 prompt + 20 tokens, 16 per block
+            assert value(busy, "shoal_agent_kv_blocks_free") == 64 - value(busy, "shoal_agent_kv_blocks_used")
+            assert value(busy, "shoal_agent_step_duration_seconds_count") >= 20
+            assert value(busy, "shoal_agent_step_duration_seconds_sum") > 0
+            assert value(busy, "shoal_agent_batch_size_count") >= 20
+
+            outcome = await a1.migrate("r1", "a2")
+            assert outcome.migrated, outcome.reason
+            refused = await a1.migrate("r1", "nobody")
+            assert refused.reason is MigrationAbortReason.UNKNOWN_DESTINATION
+            await watcher.wait_finished()
+            await watcher.close()
+            await asyncio.sleep(0.1)
+            moved = await scrape(url)
+            assert value(moved, "shoal_agent_migrations_total", outcome="migrated") == 1
+            assert value(moved, "shoal_agent_migrations_total", outcome="aborted") == 1
+            assert value(moved, "shoal_agent_migration_aborts_total", reason="unknown_destination") == 1
+            assert value(moved, "shoal_agent_migration_downtime_seconds_count") == 1
+            assert value(moved, "shoal_agent_migration_stage_duration_seconds_count") == outcome.num_stages
+            moved_bytes = sum(stage.num_bytes for stage in outcome.stages)
+            assert value(moved, "shoal_agent_migration_bytes_total") == moved_bytes > 0
+            assert value(moved, "shoal_agent_num_requests_running") == 0
+            assert value(moved, "shoal_agent_kv_blocks_free") == 64  # the request left with its blocks
