@@ -1,4 +1,4 @@
-"""``shoal replay`` and ``shoal events export``: inspect the cluster's log.
+"""``shoal replay``: rebuild and inspect the cluster's state from its log.
 
 ``shoal replay`` reads both streams (live, or a file written by ``shoal events
 export``), rebuilds the state at a position (``--at-seq``) or a time
@@ -10,12 +10,12 @@ their epoch's takeover tick recorded (``--policy``, ``--low-freeness``, ...
 only for logs without one). ``--what-if`` decides every point again under
 those rules changed by ``--what-if-*`` and prints where the choices differ. ``--follow``
 repeats every second on the live streams. Rich tables for people, ``--json``
-for scripts.
+for scripts. ``shoal events`` lives in :mod:`scheduler.events_cli` (``events`` is
+re-exported here for command lines that name this module).
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import math
 from pathlib import Path
@@ -26,35 +26,16 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
-from bus import BusConfig, JetStreamBus, event_loop
+from bus import event_loop
 from scheduler.cli import policy_from_options, policy_options
 from scheduler.cluster_state import live_loads
 from scheduler.config import DispatchPolicy
-from scheduler.logfile import RecordedLog, load_log, read_bus_log, write_log
+from scheduler.events_cli import DEFAULT_PREFIX, events, read_live, read_log_file, time_option
 from scheduler.policy.load import load_freeness
 from scheduler.replay import ReplayOptions, ReplayResult, WhatIf, replay_log
-from schemas import Subjects
 from schemas.decisions import Dispatched
 
 __all__ = ["events", "replay", "result_as_dict"]
-
-
-def _parse_time(value: str | None) -> float | None:
-    if value is None:
-        return None
-    try:
-        return float(value)
-    except ValueError:
-        parsed = dt.datetime.fromisoformat(value)
-        if parsed.tzinfo is None:
-            parsed = parsed.replace(tzinfo=dt.UTC)
-        return parsed.timestamp()
-
-
-async def _read_live(nats_url: str, prefix: str, since: float | None, until: float | None) -> RecordedLog:
-    config = BusConfig(url=nats_url, subjects=Subjects(prefix), name="shoal-replay", provision=False)
-    async with JetStreamBus(config) as bus:
-        return await read_bus_log(bus, since=since, until=until)
 
 
 def _finite(value: float) -> float | None:
@@ -232,7 +213,11 @@ def _print(console: Console, data: dict[str, Any]) -> None:
 
 @click.command("replay")
 @click.option("--nats-url", "--nats", "nats_url", default="nats://127.0.0.1:4222", show_default=True)
-@click.option("--prefix", default="shoal", show_default=True)
+@click.option(
+    "--prefix",
+    default=None,
+    help=f"Subject prefix (default {DEFAULT_PREFIX}; with --file: checked against the file's).",
+)
 @click.option(
     "--file",
     "path",
@@ -240,6 +225,7 @@ def _print(console: Console, data: dict[str, Any]) -> None:
     default=None,
     help="Replay an exported log file instead of the live streams.",
 )
+@click.option("--skip-corrupt", is_flag=True, help="Skip (and report) corrupt entries of --file.")
 @click.option("--at-seq", type=int, default=None, help="Rebuild the state at this events-stream sequence.")
 @click.option(
     "--at-time", default=None, help="... or at this time (epoch seconds or ISO 8601, UTC if naive)."
@@ -268,15 +254,15 @@ def replay(**o: Any) -> None:
             high_freeness=o["what_if_high"],
         )
     options = ReplayOptions(
-        until_seq=o["at_seq"], until_time=_parse_time(o["at_time"]), policy=policy, what_if=what_if
+        until_seq=o["at_seq"], until_time=time_option(o["at_time"]), policy=policy, what_if=what_if
     )
     console = Console()
 
     def once() -> None:
         log = (
-            load_log(o["path"])
+            read_log_file(o["path"], o["prefix"], skip_corrupt=o["skip_corrupt"])
             if o["path"]
-            else event_loop.run(_read_live(o["nats_url"], o["prefix"], None, None))
+            else event_loop.run(read_live(o["nats_url"], o["prefix"] or DEFAULT_PREFIX, None, None))
         )
         data = result_as_dict(replay_log(log, options), options, o["limit"])
         if o["as_json"]:
@@ -291,21 +277,3 @@ def replay(**o: Any) -> None:
         time.sleep(1.0)
         console.clear()
         once()
-
-
-@click.group("events")
-def events() -> None:
-    """The event log: export it to a file."""
-
-
-@events.command("export")
-@click.option("--nats-url", "--nats", "nats_url", default="nats://127.0.0.1:4222", show_default=True)
-@click.option("--prefix", default="shoal", show_default=True)
-@click.option("--out", "path", type=click.Path(dir_okay=False, path_type=Path), required=True)
-@click.option("--since", default=None, help="Only entries stored at or after (epoch seconds or ISO 8601).")
-@click.option("--until", default=None, help="Only entries stored at or before.")
-def export(nats_url: str, prefix: str, path: Path, since: str | None, until: str | None) -> None:
-    """Write the events and loads streams (or a time window of them) to a file for ``shoal replay --file``."""
-    log = event_loop.run(_read_live(nats_url, prefix, _parse_time(since), _parse_time(until)))
-    count = write_log(path, log)
-    click.echo(f"wrote {count} entries ({len(log.events)} events, {len(log.loads)} load reports) to {path}")
