@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from scheduler.config import DispatchPolicy
 from scheduler.events_cli import DEFAULT_PREFIX, events, read_live, read_log_file, time_option
 from scheduler.policy.load import load_freeness
 from scheduler.replay import ReplayOptions, ReplayResult, WhatIf, replay_log
+from scheduler.timeline import RequestTimeline, TimelineStep, request_timeline
 from schemas.decisions import Dispatched
 
 __all__ = ["events", "replay", "result_as_dict"]
@@ -211,6 +213,83 @@ def _print(console: Console, data: dict[str, Any]) -> None:
         console.print(table)
 
 
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f} ms"
+
+
+def _step_text(step: TimelineStep) -> str:
+    d = step.detail
+    if step.kind == "arrived":
+        return f"{d['num_prompt_tokens']} prompt tokens, max {d['max_tokens']}, priority {d['priority']}"
+    if step.kind == "dispatched":
+        text = f"policy {d['policy']} (epoch {d['epoch']}), fold point {d['fold_point']['events_seq']}/"
+        text += f"{d['fold_point']['loads_seq']}"
+        if d.get("exclude"):
+            text += f", excluding {', '.join(d['exclude'])}"
+        for c in d.get("candidates", []):
+            mark = "chosen" if c["instance_id"] == step.instance_id else "runner-up"
+            if c["instance_id"] not in (step.instance_id, d.get("runner_up")):
+                mark = "excluded" if c["excluded"] else "candidate"
+            text += (
+                f"\n  {mark} {c['instance_id']}: freeness {c['freeness']:.1f} → {c['freeness_after']:.1f} "
+                f"after admitting; running {c['num_running']}, waiting {c['num_waiting']}, "
+                f"blocks {c['num_used_blocks']}/{c['num_total_blocks']}"
+            )
+        if "candidates" not in d:
+            text += " (the state at the fold point is not in the log)"
+        return text
+    if step.kind == "placed":
+        return (
+            "bypass: placed by the frontend without the scheduler" if d["bypass"] else "placed as dispatched"
+        )
+    if step.kind == "first_token":
+        return f"TTFT {_ms(d['ttft_s'])}"
+    if step.kind == "migration":
+        stages = " ".join(
+            f"{s['stage']}:{s['num_blocks']}blk/{_ms(s['duration_s'])}" for s in d.get("stages", [])
+        )
+        downtime = "" if d.get("downtime_s") is None else f", downtime {_ms(d['downtime_s'])}"
+        text = f"{d['migration_id']} {d.get('source_id')} → {d.get('destination_id')}: {d.get('outcome')}"
+        text += f"{downtime}; stages {stages or '-'}"
+        start = d["handshake"][0]["time"] if d["handshake"] else 0.0
+        for h in d["handshake"]:
+            extra = f" stage {h['stage']}" if "stage" in h else ""
+            if h["type"] == "mig_abort":
+                extra = f" {h['reason']} {h.get('detail', '')}"
+            claim = " (outcome claim)" if h.get("outcome_claim") else ""
+            text += f"\n  +{_ms(h['time'] - start)} {h['type']}{extra}{claim}"
+        return text
+    if step.kind == "rescued":
+        return f"rescued from failed {d['failed_instance_id']}, {d['num_tokens_kept']} tokens kept"
+    if step.kind == "finished":
+        return f"{d['finish_reason']}: {d['num_output_tokens']} output tokens, e2e {_ms(d['e2e_s'])}"
+    return f"aborted: {d['reason']}"
+
+
+def _print_timeline(console: Console, timeline: RequestTimeline, as_json: bool) -> None:
+    if not timeline.found:
+        raise click.ClickException(f"request {timeline.request_id!r} is not in the log")
+    if as_json:
+        click.echo(json.dumps(msgspec.to_builtins(timeline)))
+        return
+    start = timeline.steps[0].time
+    table = Table(title=f"request {timeline.request_id}")
+    for column in ("at", "seq", "step", "instance", "what"):
+        table.add_column(column, no_wrap=column != "what")
+    for step in timeline.steps:
+        table.add_row(
+            f"+{_ms(step.time - start)}", str(step.seq), step.kind, step.instance_id, _step_text(step)
+        )
+    console.print(table)
+    for p in timeline.preemptions:
+        console.print(
+            f"preemptions on {p.instance_id} while the request was there: {p.num_preemptions} "
+            f"(+{_ms(p.start - start)} to +{_ms(p.end - start)})"
+        )
+    for note in timeline.notes:
+        console.print(f"[dim]note: {note}[/dim]")
+
+
 @click.command("replay")
 @click.option("--nats-url", "--nats", "nats_url", default="nats://127.0.0.1:4222", show_default=True)
 @click.option(
@@ -240,6 +319,12 @@ def _print(console: Console, data: dict[str, Any]) -> None:
 @click.option("--what-if-policy", type=click.Choice([p.value for p in DispatchPolicy]), default=None)
 @click.option("--what-if-low", type=float, default=None, help="Low freeness threshold for the what-if.")
 @click.option("--what-if-high", type=float, default=None, help="High freeness threshold for the what-if.")
+@click.option(
+    "--request",
+    "request_id",
+    default=None,
+    help="Show this request's life as a timeline instead of the state.",
+)
 @click.option("--follow", is_flag=True, help="Tail the live streams, printing again every second.")
 @click.option("--limit", type=int, default=20, show_default=True, help="Rows per table.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
@@ -256,7 +341,7 @@ def replay(**o: Any) -> None:
     options = ReplayOptions(
         until_seq=o["at_seq"], until_time=time_option(o["at_time"]), policy=policy, what_if=what_if
     )
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 200)
 
     def once() -> None:
         log = (
@@ -264,6 +349,9 @@ def replay(**o: Any) -> None:
             if o["path"]
             else event_loop.run(read_live(o["nats_url"], o["prefix"] or DEFAULT_PREFIX, None, None))
         )
+        if o["request_id"] is not None:
+            _print_timeline(console, request_timeline(log, o["request_id"], policy=policy), o["as_json"])
+            return
         data = result_as_dict(replay_log(log, options), options, o["limit"])
         if o["as_json"]:
             click.echo(json.dumps(data))

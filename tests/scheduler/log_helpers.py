@@ -66,7 +66,7 @@ def history(subjects: Subjects) -> list[tuple[str, Body]]:
                 epoch=1,
                 request_id="r1",
                 instance_id="i2",
-                policy="load_balance",
+                policy="freeness",
                 num_prompt_tokens=32,
                 events_seq=4,
                 loads_seq=2,
@@ -105,9 +105,7 @@ def history(subjects: Subjects) -> list[tuple[str, Body]]:
         (subjects.req("r2"), RequestArrived(request_id="r2", num_prompt_tokens=16, max_tokens=8)),
         (
             subjects.sched("dispatch"),
-            Dispatched(
-                epoch=1, request_id="r2", instance_id="i2", policy="load_balance", num_prompt_tokens=16
-            ),
+            Dispatched(epoch=1, request_id="r2", instance_id="i2", policy="freeness", num_prompt_tokens=16),
         ),
         (
             subjects.req("r1"),
