@@ -148,7 +148,7 @@ class EventQuery:
         unknown = sorted(t for t in self.types if t.lower() not in known)
         if unknown:
             raise ValueError(f"unknown event type(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-        return tuple(dict.fromkeys(known[t.lower()] for t in self.types))
+        return tuple(dict.fromkeys(known[t.lower()] for t in sorted(self.types, key=str.lower)))
 
     def wants_loads(self) -> bool:
         classes = self.classes()

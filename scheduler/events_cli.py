@@ -18,16 +18,16 @@ import datetime as dt
 import json
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 import msgspec
 from rich.console import Console
 from rich.table import Table
 
-from bus import BusConfig, JetStreamBus, event_loop
+from bus import BusConfig, BusError, JetStreamBus, StreamNotFound, event_loop
 from bus.protocol import StoredMessage
 from scheduler.event_query import EventMatcher, EventQuery, StreamFilter, parse_time
 from scheduler.logfile import LogEntry, LogFileError, RecordedLog, load_log, read_bus_log, write_log
@@ -35,7 +35,9 @@ from schemas import Subjects
 from schemas.envelope import Codec, Envelope
 from schemas.errors import MalformedMessage
 
-__all__ = ["EventRow", "events", "read_live", "read_log_file", "time_option"]
+__all__ = ["EventRow", "events", "read_live", "read_log_file", "run_live", "time_option"]
+
+T = TypeVar("T")
 
 DEFAULT_NATS = "nats://127.0.0.1:4222"
 DEFAULT_PREFIX = "shoal"
@@ -71,6 +73,16 @@ def read_log_file(path: Path, prefix: str | None, *, skip_corrupt: bool = False)
     for skipped in log.skipped:
         click.echo(f"warning: skipped {skipped}", err=True)
     return log
+
+
+def run_live(main: Coroutine[Any, Any, T], nats_url: str, prefix: str) -> T:
+    """Run ``main`` against the live streams; bus errors become a clean command-line error."""
+    try:
+        return event_loop.run(main)
+    except StreamNotFound as exc:
+        raise click.ClickException(f"no log for prefix {prefix!r} at {nats_url}: {exc}") from None
+    except BusError as exc:
+        raise click.ClickException(f"cannot read the log at {nats_url}: {exc}") from None
 
 
 def _bus_config(nats_url: str, prefix: str) -> BusConfig:
@@ -341,10 +353,12 @@ def _run_list(o: dict[str, Any], follow: bool) -> None:
         return
     prefix = o["prefix"] or DEFAULT_PREFIX
     try:
-        event_loop.run(
+        run_live(
             _list_live(
                 o["nats_url"], prefix, query, printer, follow=follow, limit=o["limit"], flush=printer.close
-            )
+            ),
+            o["nats_url"],
+            prefix,
         )
     except KeyboardInterrupt:
         pass
@@ -382,6 +396,6 @@ def follow_events(**o: Any) -> None:
 @click.option("--until", default=None, help="Only entries stored at or before.")
 def export(nats_url: str, prefix: str, path: Path, since: str | None, until: str | None) -> None:
     """Write the events and loads streams (or a time window of them) to a file for ``shoal replay --file``."""
-    log = event_loop.run(read_live(nats_url, prefix, time_option(since), time_option(until)))
+    log = run_live(read_live(nats_url, prefix, time_option(since), time_option(until)), nats_url, prefix)
     count = write_log(path, log)
     click.echo(f"wrote {count} entries ({len(log.events)} events, {len(log.loads)} load reports) to {path}")

@@ -27,11 +27,10 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
-from bus import event_loop
 from scheduler.cli import policy_from_options, policy_options
 from scheduler.cluster_state import live_loads
 from scheduler.config import DispatchPolicy
-from scheduler.events_cli import DEFAULT_PREFIX, events, read_live, read_log_file, time_option
+from scheduler.events_cli import DEFAULT_PREFIX, events, read_live, read_log_file, run_live, time_option
 from scheduler.policy.load import load_freeness
 from scheduler.replay import ReplayOptions, ReplayResult, WhatIf, replay_log
 from scheduler.timeline import RequestTimeline, TimelineStep, request_timeline
@@ -343,11 +342,13 @@ def replay(**o: Any) -> None:
     )
     console = Console(width=None if sys.stdout.isatty() else 200)
 
+    prefix = o["prefix"] or DEFAULT_PREFIX
+
     def once() -> None:
         log = (
             read_log_file(o["path"], o["prefix"], skip_corrupt=o["skip_corrupt"])
             if o["path"]
-            else event_loop.run(read_live(o["nats_url"], o["prefix"] or DEFAULT_PREFIX, None, None))
+            else run_live(read_live(o["nats_url"], prefix, None, None), o["nats_url"], prefix)
         )
         if o["request_id"] is not None:
             _print_timeline(console, request_timeline(log, o["request_id"], policy=policy), o["as_json"])
