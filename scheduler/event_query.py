@@ -151,6 +151,8 @@ class EventQuery:
         return tuple(dict.fromkeys(known[t.lower()] for t in sorted(self.types, key=str.lower)))
 
     def wants_loads(self) -> bool:
+        if self.subject is not None:
+            return ".load." in f".{self.subject}"
         classes = self.classes()
         if classes:
             return LoadReport in classes

@@ -87,6 +87,8 @@ async def test_filters_by_request_migration_instance_and_type(logged: tuple[str,
         assert [(r["type"], r["body"]["instance_id"]) for r in loads] == [("load_report", "i2")]
         by_subject = await _rows(source, "--subject", f"{logged[1]}.ev.req.*")
         assert len(by_subject) == 5
+        loads = await _rows(source, "--subject", f"{logged[1]}.load.i1")
+        assert [(r["type"], r["body"]["instance_id"]) for r in loads] == [("load_report", "i1")]
 
 
 async def test_time_window_and_limit(logged: tuple[str, str, Path]) -> None:
