@@ -88,7 +88,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "scheduler": ("scheduler.cli:scheduler", "Run the global scheduler (or a standby)."),
     "serve": ("frontend.cli_serve:serve", "Run the OpenAI-compatible HTTP frontend."),
     "replay": ("scheduler.replay_cli:replay", "Rebuild and inspect cluster state from the log."),
-    "events": ("scheduler.replay_cli:events", "Export the event streams to a file."),
+    "events": ("scheduler.events_cli:events", "List, follow or export the event log."),
     "simulate": ("scheduler.sim.cli:simulate", "Discrete-event cluster simulation."),
     "bench": ("frontend.bench_cli:bench", "Benchmarks: bus, engine, migration, cluster, ..."),
 }

@@ -5,6 +5,10 @@
 folds exactly what the scheduler saw. ``shoal events export`` writes one with
 :func:`write_log`; ``shoal replay --file`` reads it with :func:`load_log`.
 The file is a msgpack header followed by length-prefixed msgpack entries.
+:func:`load_log` checks what it reads and raises :class:`LogFileError` naming
+the problem: not a log, a newer format or schema version, a truncated file, a
+log of another prefix, or a corrupt entry (with its position; skipped and
+listed in ``RecordedLog.skipped`` only with ``skip_corrupt``).
 """
 
 from __future__ import annotations
@@ -15,12 +19,19 @@ from pathlib import Path
 import msgspec
 
 from bus.protocol import MSG_ID_HEADER, Bus
+from schemas.base import SCHEMA_VERSION
+from schemas.envelope import Codec
+from schemas.errors import MalformedMessage, UnsupportedVersion
 from schemas.subjects import Subjects
 
-__all__ = ["LogEntry", "RecordedLog", "load_log", "read_bus_log", "write_log"]
+__all__ = ["LogEntry", "LogFileError", "RecordedLog", "load_log", "read_bus_log", "write_log"]
 
 FORMAT = "shoal-log"
 VERSION = 1
+
+
+class LogFileError(ValueError):
+    """A log file that cannot be read as asked; the message says what is wrong and where."""
 
 
 class LogEntry(msgspec.Struct, array_like=True, frozen=True, gc=False):
@@ -37,6 +48,8 @@ class _Header(msgspec.Struct, frozen=True):
     prefix: str
     num_events: int
     num_loads: int
+    #: The newest message schema version of the writer (0: written before this was recorded).
+    schema_version: int = 0
 
 
 class _Tagged(msgspec.Struct, array_like=True, frozen=True, gc=False):
@@ -48,6 +61,8 @@ class RecordedLog(msgspec.Struct):
     prefix: str
     events: list[LogEntry]
     loads: list[LogEntry]
+    #: Corrupt entries :func:`load_log` skipped, described with their position.
+    skipped: list[str] = msgspec.field(default_factory=list)
 
     @property
     def subjects(self) -> Subjects:
@@ -97,7 +112,9 @@ _encoder = msgspec.msgpack.Encoder()
 def write_log(path: Path, log: RecordedLog) -> int:
     """Write ``log`` to ``path``; returns the number of entries."""
     with path.open("wb") as out:
-        header = _encoder.encode(_Header(FORMAT, VERSION, log.prefix, len(log.events), len(log.loads)))
+        header = _encoder.encode(
+            _Header(FORMAT, VERSION, log.prefix, len(log.events), len(log.loads), SCHEMA_VERSION)
+        )
         out.write(struct.pack(">I", len(header)) + header)
         for is_loads, entries in ((False, log.events), (True, log.loads)):
             for entry in entries:
@@ -106,24 +123,101 @@ def write_log(path: Path, log: RecordedLog) -> int:
     return len(log.events) + len(log.loads)
 
 
-def load_log(path: Path) -> RecordedLog:
+def _header(path: Path, raw: bytes) -> tuple[_Header, int]:
+    if len(raw) < 4:
+        raise LogFileError(f"{path} is not a shoal log: {len(raw)} bytes, too short for a header")
+    (size,) = struct.unpack_from(">I", raw, 0)
+    if size > len(raw) - 4:
+        raise LogFileError(f"{path} is not a shoal log, or is truncated inside its header")
+    try:
+        header = msgspec.msgpack.decode(raw[4 : 4 + size], type=_Header)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        raise LogFileError(f"{path} is not a shoal log (no shoal-log header)") from None
+    if header.format != FORMAT:
+        raise LogFileError(f"{path} is not a shoal log (format {header.format!r})")
+    if header.version > VERSION:
+        raise LogFileError(
+            f"{path} is a shoal log of file format v{header.version}; this shoal reads up to v{VERSION}"
+        )
+    if header.schema_version > SCHEMA_VERSION:
+        raise LogFileError(
+            f"{path} holds messages of schema version {header.schema_version}; this shoal reads up to "
+            f"version {SCHEMA_VERSION} (upgrade shoal to read it)"
+        )
+    return header, 4 + size
+
+
+def _check_prefix(path: Path, header: _Header, prefix: str | None) -> None:
+    if prefix is not None and prefix != header.prefix:
+        raise LogFileError(
+            f"{path} is the log of prefix {header.prefix!r}, not {prefix!r} "
+            f"(drop --prefix, or pass --prefix {header.prefix})"
+        )
+
+
+def load_log(path: Path, *, prefix: str | None = None, skip_corrupt: bool = False) -> RecordedLog:
+    """Read a file written by :func:`write_log`, checking it (see the module docstring).
+
+    ``prefix``, if given, must be the one the log was exported with. Every
+    entry must be a stored message of that prefix whose envelope decodes; one
+    that is not is an error naming its position, or with ``skip_corrupt`` is
+    left out and described in ``RecordedLog.skipped``.
+    """
     raw = path.read_bytes()
-    offset = 0
-
-    def take() -> bytes:
-        nonlocal offset
-        (size,) = struct.unpack_from(">I", raw, offset)
-        offset += 4
-        chunk = raw[offset : offset + size]
-        offset += size
-        return chunk
-
-    header = msgspec.msgpack.decode(take(), type=_Header)
-    if header.format != FORMAT or header.version > VERSION:
-        raise ValueError(f"{path} is not a shoal log (format {header.format!r} v{header.version})")
+    header, offset = _header(path, raw)
+    _check_prefix(path, header, prefix)
     decoder = msgspec.msgpack.Decoder(_Tagged)
+    codec = Codec()
     log = RecordedLog(header.prefix, [], [])
+    expected = header.num_events + header.num_loads
+    index = 0
     while offset < len(raw):
-        tagged = decoder.decode(take())
-        (log.loads if tagged.loads else log.events).append(tagged.entry)
+        where = f"entry {index} (byte {offset})"
+        if offset + 4 > len(raw):
+            raise LogFileError(f"{path} is truncated: {where} has a partial length prefix")
+        (size,) = struct.unpack_from(">I", raw, offset)
+        if offset + 4 + size > len(raw):
+            raise LogFileError(
+                f"{path} is truncated: {where} should be {size} bytes, {len(raw) - offset - 4} remain "
+                f"(the header announces {expected} entries)"
+            )
+        chunk = raw[offset + 4 : offset + 4 + size]
+        offset += 4 + size
+        index += 1
+        problem = _problem(codec, decoder, chunk, header.prefix)
+        if isinstance(problem, _Tagged):
+            (log.loads if problem.loads else log.events).append(problem.entry)
+            continue
+        if problem.startswith("schema"):
+            raise LogFileError(f"{path}: {where} {problem}")
+        if not skip_corrupt:
+            raise LogFileError(
+                f"{path}: {where} is corrupt: {problem}; pass --skip-corrupt to skip such entries"
+            )
+        log.skipped.append(f"{where} of {path}: {problem}")
+    if index < expected:
+        raise LogFileError(
+            f"{path} is truncated: the header announces {expected} entries, the file ends after {index}"
+        )
     return log
+
+
+def _problem(
+    codec: Codec, decoder: msgspec.msgpack.Decoder[_Tagged], chunk: bytes, prefix: str
+) -> _Tagged | str:
+    """The entry in ``chunk``, or what is wrong with it (``schema ...`` for another schema version)."""
+    try:
+        tagged = decoder.decode(chunk)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        return f"not a log entry ({exc})"
+    entry = tagged.entry
+    where = f"seq {entry.seq} on {entry.subject!r}"
+    if not entry.subject.startswith(prefix + "."):
+        return f"{where} is not under the log's prefix {prefix!r}"
+    try:
+        codec.decode(entry.data)
+    except UnsupportedVersion as exc:
+        return f"schema version {exc.version} at {where}: {exc}"
+    except MalformedMessage as exc:
+        return f"{where} does not decode ({exc.kind}: {exc})"
+    return tagged

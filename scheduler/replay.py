@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from scheduler.cluster_state import ClusterState, initial_state
+from scheduler.cluster_state import ClusterState, initial_state, live_loads
 from scheduler.config import DispatchPolicy, PolicyConfig
 from scheduler.follower import LogFollower, Shadow, ShadowStats
 from scheduler.logfile import RecordedLog
@@ -36,6 +36,7 @@ from schemas.reasons import MigrationAbortReason, RpcErrorCode
 from schemas.rpc import DispatchRequest, RpcError
 
 __all__ = [
+    "Candidate",
     "DecisionRow",
     "MigrationSummary",
     "ReplayOptions",
@@ -77,6 +78,21 @@ class ReplayOptions:
     #: Recomputes the decisions of epochs whose takeover tick recorded no policy (older logs).
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     what_if: WhatIf | None = None
+    #: Requests whose dispatch view to keep (``ReplayResult.dispatch_views``): ``shoal replay --request``.
+    capture_requests: frozenset[str] = frozenset()
+
+
+class Candidate(msgspec.Struct, frozen=True):
+    """An instance as a dispatch decision saw it: its load and freeness before and after admitting."""
+
+    instance_id: str
+    num_running: int
+    num_waiting: int
+    num_used_blocks: int
+    num_total_blocks: int
+    freeness: float
+    freeness_after: float
+    excluded: bool = False
 
 
 class DecisionRow(msgspec.Struct, frozen=True):
@@ -131,6 +147,8 @@ class ReplayResult(msgspec.Struct):
     #: The policy each epoch recorded, and the one in force at the end (freeness is shown under it).
     policies: dict[int, PolicyConfig] = msgspec.field(default_factory=dict)
     policy: PolicyConfig = msgspec.field(default_factory=PolicyConfig)
+    #: For each captured dispatch (by events seq): every live instance as the decision saw it.
+    dispatch_views: dict[int, list[Candidate]] = msgspec.field(default_factory=dict)
 
     @property
     def num_recomputed(self) -> int:
@@ -188,10 +206,13 @@ class _Observer:
         self.follower = shadow.follower
         self.rows: list[DecisionRow] = []
         self.what_if: list[WhatIfRow] = []
+        self.dispatch_views: dict[int, list[Candidate]] = {}
 
     def __call__(self, seq: int, body: Body, view: ClusterState) -> None:
         if not isinstance(body, (Dispatched, Paired, Unpaired)):
             return
+        if isinstance(body, Dispatched) and body.request_id in self.options.capture_requests:
+            self.dispatch_views[seq] = _candidates(view, body, self.shadow.policy)
         recomputed = recompute(view, body, policy=self.shadow.policy)
         verifiable = self.retention.complete(view, self.follower.cursor.loads_seq)
         self.rows.append(DecisionRow(seq, body, recomputed, recomputed == body, verifiable))
@@ -249,6 +270,26 @@ class _Observer:
         if record is None:
             return float("nan")
         return freeness_after_admit(record.load, record.load.demand_blocks(num_prompt_tokens), policy)
+
+
+def _candidates(view: ClusterState, body: Dispatched, policy: PolicyConfig) -> list[Candidate]:
+    out = []
+    for load in live_loads(view):
+        record = view.instances[load.instance_id]
+        demand = record.load.demand_blocks(body.num_prompt_tokens)
+        out.append(
+            Candidate(
+                instance_id=load.instance_id,
+                num_running=load.num_running,
+                num_waiting=load.num_waiting,
+                num_used_blocks=load.num_used_blocks,
+                num_total_blocks=load.num_total_blocks,
+                freeness=load_freeness(record.load, policy),
+                freeness_after=freeness_after_admit(record.load, demand, policy),
+                excluded=load.instance_id in body.exclude,
+            )
+        )
+    return out
 
 
 def _describe(body: Body | None) -> str:
@@ -335,4 +376,5 @@ def replay_log(log: RecordedLog, options: ReplayOptions | None = None) -> Replay
         num_loads=len(loads),
         policies=dict(shadow.policies),
         policy=shadow.policy,
+        dispatch_views=observer.dispatch_views,
     )

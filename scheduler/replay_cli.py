@@ -1,4 +1,4 @@
-"""``shoal replay`` and ``shoal events export``: inspect the cluster's log.
+"""``shoal replay``: rebuild and inspect the cluster's state from its log.
 
 ``shoal replay`` reads both streams (live, or a file written by ``shoal events
 export``), rebuilds the state at a position (``--at-seq``) or a time
@@ -10,14 +10,15 @@ their epoch's takeover tick recorded (``--policy``, ``--low-freeness``, ...
 only for logs without one). ``--what-if`` decides every point again under
 those rules changed by ``--what-if-*`` and prints where the choices differ. ``--follow``
 repeats every second on the live streams. Rich tables for people, ``--json``
-for scripts.
+for scripts. ``shoal events`` lives in :mod:`scheduler.events_cli` (``events`` is
+re-exported here for command lines that name this module).
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,36 +27,17 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
-from bus import BusConfig, JetStreamBus, event_loop
 from bus.options import nats_option
 from scheduler.cli import policy_from_options, policy_options
 from scheduler.cluster_state import live_loads
 from scheduler.config import DispatchPolicy
-from scheduler.logfile import RecordedLog, load_log, read_bus_log, write_log
+from scheduler.events_cli import DEFAULT_PREFIX, events, read_live, read_log_file, run_live, time_option
 from scheduler.policy.load import load_freeness
 from scheduler.replay import ReplayOptions, ReplayResult, WhatIf, replay_log
-from schemas import Subjects
+from scheduler.timeline import RequestTimeline, TimelineStep, request_timeline
 from schemas.decisions import Dispatched
 
 __all__ = ["events", "replay", "result_as_dict"]
-
-
-def _parse_time(value: str | None) -> float | None:
-    if value is None:
-        return None
-    try:
-        return float(value)
-    except ValueError:
-        parsed = dt.datetime.fromisoformat(value)
-        if parsed.tzinfo is None:
-            parsed = parsed.replace(tzinfo=dt.UTC)
-        return parsed.timestamp()
-
-
-async def _read_live(nats_url: str, prefix: str, since: float | None, until: float | None) -> RecordedLog:
-    config = BusConfig(url=nats_url, subjects=Subjects(prefix), name="shoal-replay", provision=False)
-    async with JetStreamBus(config) as bus:
-        return await read_bus_log(bus, since=since, until=until)
 
 
 def _finite(value: float) -> float | None:
@@ -231,9 +213,90 @@ def _print(console: Console, data: dict[str, Any]) -> None:
         console.print(table)
 
 
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f} ms"
+
+
+def _step_text(step: TimelineStep) -> str:
+    d = step.detail
+    if step.kind == "arrived":
+        return f"{d['num_prompt_tokens']} prompt tokens, max {d['max_tokens']}, priority {d['priority']}"
+    if step.kind == "dispatched":
+        text = f"policy {d['policy']} (epoch {d['epoch']}), fold point {d['fold_point']['events_seq']}/"
+        text += f"{d['fold_point']['loads_seq']}"
+        if d.get("exclude"):
+            text += f", excluding {', '.join(d['exclude'])}"
+        for c in d.get("candidates", []):
+            mark = "chosen" if c["instance_id"] == step.instance_id else "runner-up"
+            if c["instance_id"] not in (step.instance_id, d.get("runner_up")):
+                mark = "excluded" if c["excluded"] else "candidate"
+            text += (
+                f"\n  {mark} {c['instance_id']}: freeness {c['freeness']:.1f} → {c['freeness_after']:.1f} "
+                f"after admitting; running {c['num_running']}, waiting {c['num_waiting']}, "
+                f"blocks {c['num_used_blocks']}/{c['num_total_blocks']}"
+            )
+        if "candidates" not in d:
+            text += " (the state at the fold point is not in the log)"
+        return text
+    if step.kind == "placed":
+        return (
+            "bypass: placed by the frontend without the scheduler" if d["bypass"] else "placed as dispatched"
+        )
+    if step.kind == "first_token":
+        return f"TTFT {_ms(d['ttft_s'])}"
+    if step.kind == "migration":
+        stages = " ".join(
+            f"{s['stage']}:{s['num_blocks']}blk/{_ms(s['duration_s'])}" for s in d.get("stages", [])
+        )
+        downtime = "" if d.get("downtime_s") is None else f", downtime {_ms(d['downtime_s'])}"
+        text = f"{d['migration_id']} {d.get('source_id')} → {d.get('destination_id')}: {d.get('outcome')}"
+        text += f"{downtime}; stages {stages or '-'}"
+        start = d["handshake"][0]["time"] if d["handshake"] else 0.0
+        for h in d["handshake"]:
+            extra = f" stage {h['stage']}" if "stage" in h else ""
+            if h["type"] == "mig_abort":
+                extra = f" {h['reason']} {h.get('detail', '')}"
+            claim = " (outcome claim)" if h.get("outcome_claim") else ""
+            text += f"\n  +{_ms(h['time'] - start)} {h['type']}{extra}{claim}"
+        return text
+    if step.kind == "rescued":
+        return f"rescued from failed {d['failed_instance_id']}, {d['num_tokens_kept']} tokens kept"
+    if step.kind == "finished":
+        return f"{d['finish_reason']}: {d['num_output_tokens']} output tokens, e2e {_ms(d['e2e_s'])}"
+    return f"aborted: {d['reason']}"
+
+
+def _print_timeline(console: Console, timeline: RequestTimeline, as_json: bool) -> None:
+    if not timeline.found:
+        raise click.ClickException(f"request {timeline.request_id!r} is not in the log")
+    if as_json:
+        click.echo(json.dumps(msgspec.to_builtins(timeline)))
+        return
+    start = timeline.steps[0].time
+    table = Table(title=f"request {timeline.request_id}")
+    for column in ("at", "seq", "step", "instance", "what"):
+        table.add_column(column, no_wrap=column != "what")
+    for step in timeline.steps:
+        table.add_row(
+            f"+{_ms(step.time - start)}", str(step.seq), step.kind, step.instance_id, _step_text(step)
+        )
+    console.print(table)
+    for p in timeline.preemptions:
+        console.print(
+            f"preemptions on {p.instance_id} while the request was there: {p.num_preemptions} "
+            f"(+{_ms(p.start - start)} to +{_ms(p.end - start)})"
+        )
+    for note in timeline.notes:
+        console.print(f"[dim]note: {note}[/dim]")
+
+
 @click.command("replay")
 @nats_option()
-@click.option("--prefix", default="shoal", show_default=True)
+@click.option(
+    "--prefix",
+    default=None,
+    help=f"Subject prefix (default {DEFAULT_PREFIX}; with --file: checked against the file's).",
+)
 @click.option(
     "--file",
     "path",
@@ -241,6 +304,7 @@ def _print(console: Console, data: dict[str, Any]) -> None:
     default=None,
     help="Replay an exported log file instead of the live streams.",
 )
+@click.option("--skip-corrupt", is_flag=True, help="Skip (and report) corrupt entries of --file.")
 @click.option("--at-seq", type=int, default=None, help="Rebuild the state at this events-stream sequence.")
 @click.option(
     "--at-time", default=None, help="... or at this time (epoch seconds or ISO 8601, UTC if naive)."
@@ -255,6 +319,12 @@ def _print(console: Console, data: dict[str, Any]) -> None:
 @click.option("--what-if-policy", type=click.Choice([p.value for p in DispatchPolicy]), default=None)
 @click.option("--what-if-low", type=float, default=None, help="Low freeness threshold for the what-if.")
 @click.option("--what-if-high", type=float, default=None, help="High freeness threshold for the what-if.")
+@click.option(
+    "--request",
+    "request_id",
+    default=None,
+    help="Show this request's life as a timeline instead of the state.",
+)
 @click.option("--follow", is_flag=True, help="Tail the live streams, printing again every second.")
 @click.option("--limit", type=int, default=20, show_default=True, help="Rows per table.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
@@ -269,16 +339,21 @@ def replay(**o: Any) -> None:
             high_freeness=o["what_if_high"],
         )
     options = ReplayOptions(
-        until_seq=o["at_seq"], until_time=_parse_time(o["at_time"]), policy=policy, what_if=what_if
+        until_seq=o["at_seq"], until_time=time_option(o["at_time"]), policy=policy, what_if=what_if
     )
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 200)
+
+    prefix = o["prefix"] or DEFAULT_PREFIX
 
     def once() -> None:
         log = (
-            load_log(o["path"])
+            read_log_file(o["path"], o["prefix"], skip_corrupt=o["skip_corrupt"])
             if o["path"]
-            else event_loop.run(_read_live(o["nats_url"], o["prefix"], None, None))
+            else run_live(read_live(o["nats_url"], prefix, None, None), o["nats_url"], prefix)
         )
+        if o["request_id"] is not None:
+            _print_timeline(console, request_timeline(log, o["request_id"], policy=policy), o["as_json"])
+            return
         data = result_as_dict(replay_log(log, options), options, o["limit"])
         if o["as_json"]:
             click.echo(json.dumps(data))
@@ -292,21 +367,3 @@ def replay(**o: Any) -> None:
         time.sleep(1.0)
         console.clear()
         once()
-
-
-@click.group("events")
-def events() -> None:
-    """The event log: export it to a file."""
-
-
-@events.command("export")
-@nats_option()
-@click.option("--prefix", default="shoal", show_default=True)
-@click.option("--out", "path", type=click.Path(dir_okay=False, path_type=Path), required=True)
-@click.option("--since", default=None, help="Only entries stored at or after (epoch seconds or ISO 8601).")
-@click.option("--until", default=None, help="Only entries stored at or before.")
-def export(nats_url: str, prefix: str, path: Path, since: str | None, until: str | None) -> None:
-    """Write the events and loads streams (or a time window of them) to a file for ``shoal replay --file``."""
-    log = event_loop.run(_read_live(nats_url, prefix, _parse_time(since), _parse_time(until)))
-    count = write_log(path, log)
-    click.echo(f"wrote {count} entries ({len(log.events)} events, {len(log.loads)} load reports) to {path}")

@@ -1,0 +1,121 @@
+"""``shoal replay --request``: one request's life, on a real cluster and on a scripted log."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+from click.testing import CliRunner
+
+from frontend.cli import cli
+from scheduler.service import SchedulerConfig, SchedulerService
+from tests.frontend.cluster import frontend_cluster
+from tests.scheduler.log_helpers import write_history
+from tests.scheduler.service_helpers import connected, delete_streams, new_prefix
+
+
+async def _shoal(*args: str) -> str:
+    result = await asyncio.to_thread(CliRunner().invoke, cli, list(args), catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+async def _running_request(gateway: Any) -> tuple[str, str]:
+    for _ in range(1000):
+        for request_id, stream in list(gateway.streams.items()):
+            if stream.generated and stream.owner_id:
+                return request_id, stream.owner_id
+        await asyncio.sleep(0.005)
+    raise AssertionError("no request produced a token")
+
+
+async def test_timeline_of_a_request_migrated_twice(nats_url: str, tmp_path: Path) -> None:
+    async with frontend_cluster(nats_url, instances=3) as cluster:
+        prefix = cluster.subjects.prefix
+        async with connected(nats_url, prefix) as sched_bus:
+            service = SchedulerService(sched_bus, SchedulerConfig(lease_ttl_s=1.0, pairing_interval_s=3600.0))
+            task = asyncio.create_task(service.run())
+            try:
+                await service.wait_active(10)
+                await asyncio.sleep(0.3)  # the scheduler has seen every instance's load
+                async with cluster.client() as client:
+                    body = {
+                        "model": "sim:tiny-test",
+                        "prompt": "hello there",
+                        "max_tokens": 240,
+                        "temperature": 0,
+                    }
+                    call = asyncio.ensure_future(client.post("/v1/completions", json=body))
+                    assert cluster.gateway is not None
+                    request_id, first = await _running_request(cluster.gateway)
+                    second, third = (i for i in sorted(cluster.agents) if i != first)
+                    outcome = await cluster.agents[first].migrate(request_id, second)
+                    assert outcome.migrated, outcome
+                    await asyncio.sleep(0.05)
+                    outcome = await cluster.agents[second].migrate(request_id, third)
+                    assert outcome.migrated, outcome
+                    response = await call
+                    assert response.status_code == 200, response.text
+                await asyncio.sleep(0.3)  # the frontend's lifecycle events are appended
+            finally:
+                await service.stop()
+                await asyncio.wait_for(task, 10)
+        path = tmp_path / "cluster.log"
+        await _shoal("events", "export", "--nats", nats_url, "--prefix", prefix, "--out", str(path))
+    timeline = json.loads(await _shoal("replay", "--file", str(path), "--request", request_id, "--json"))
+    steps = timeline["steps"]
+    kinds = [step["kind"] for step in steps]
+    assert kinds == ["arrived", "dispatched", "placed", "first_token", "migration", "migration", "finished"]
+    assert [step["seq"] for step in steps] == sorted(step["seq"] for step in steps)
+    dispatched, placed, first_token = steps[1], steps[2], steps[3]
+    assert dispatched["instance_id"] == first == placed["instance_id"] == first_token["instance_id"]
+    assert not placed["detail"]["bypass"]
+    candidates = dispatched["detail"]["candidates"]
+    assert candidates[0]["instance_id"] == first and {c["instance_id"] for c in candidates} == set(
+        cluster.agents
+    )
+    assert dispatched["detail"]["runner_up"] in {second, third}
+    assert first_token["detail"]["ttft_s"] > 0
+    for step, (source, destination) in zip(steps[4:6], [(first, second), (second, third)], strict=True):
+        detail = step["detail"]
+        assert (detail["source_id"], detail["destination_id"], detail["outcome"]) == (
+            source,
+            destination,
+            "committed",
+        )
+        handshake = [h["type"] for h in detail["handshake"]]
+        assert handshake[0] == "mig_pre_allocate" and handshake[-1] == "mig_commit_ack"
+        assert "mig_stage_done" in handshake and "mig_commit" in handshake
+        assert detail["stages"] and detail["downtime_s"] is not None and detail["downtime_s"] >= 0
+    assert steps[-1]["detail"]["finish_reason"] == "length"
+    assert [p["instance_id"] for p in timeline["preemptions"]] == [first, second, third]
+    assert any("not logged per request" in note for note in timeline["notes"])
+    people = await _shoal("replay", "--file", str(path), "--request", request_id)
+    assert "TTFT" in people and "runner-up" in people and f"{first} → {second}: committed" in people
+
+
+async def test_timeline_of_a_scripted_log_and_an_unknown_request(nats_url: str, tmp_path: Path) -> None:
+    prefix = new_prefix()
+    try:
+        async with connected(nats_url, prefix) as bus:
+            await write_history(bus)
+        path = tmp_path / "log"
+        await _shoal("events", "export", "--nats", nats_url, "--prefix", prefix, "--out", str(path))
+        for source in (["--file", str(path)], ["--nats", nats_url, "--prefix", prefix]):
+            timeline = json.loads(await _shoal("replay", *source, "--request", "r1", "--json"))
+            assert [s["kind"] for s in timeline["steps"]] == [
+                "arrived",
+                "dispatched",
+                "placed",
+                "first_token",
+                "migration",
+                "finished",
+            ]
+            migration = timeline["steps"][4]["detail"]
+            assert migration["downtime_s"] == 0.004 or abs(migration["downtime_s"] - 0.004) < 1e-6
+        result = CliRunner().invoke(cli, ["replay", "--file", str(path), "--request", "nope"])
+        assert result.exit_code == 1 and "request 'nope' is not in the log" in result.output
+    finally:
+        await delete_streams(nats_url, prefix)
