@@ -9,7 +9,6 @@ indented under its parent, with a bar placed on the trace's time axis.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from bus import BusConfig, JetStreamBus
+from bus import BusConfig, JetStreamBus, event_loop
 from bus.options import nats_option
 from scheduler.logfile import RecordedLog, load_log, read_bus_log
 from scheduler.trace_export import (
@@ -94,7 +93,7 @@ def trace(request_id: str | None, migration_id: str | None, nats_url: str, prefi
     """Build a request's (or --migration's) trace from the event log: Jaeger JSON and a waterfall."""
     if (request_id is None) == (migration_id is None):
         raise click.UsageError("give a REQUEST_ID or --migration ID (one of them)")
-    log = load_log(path) if path is not None else asyncio.run(_read_live(nats_url, prefix))
+    log = load_log(path) if path is not None else event_loop.run(_read_live(nats_url, prefix))
     if migration_id is not None:
         found = [m for m in request_migrations(log) if m.migration_id == migration_id]
         if not found:

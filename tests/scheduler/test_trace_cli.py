@@ -88,6 +88,12 @@ async def test_shoal_trace_exports_a_migrated_request_and_its_migration_for_jaeg
         assert (await response).status_code == 200
         await asyncio.sleep(0.3)  # the lifecycle log's last appends
         log = await read_bus_log(cluster.buses[-1])
+        live_out = tmp_path / "live.json"  # the same, read from NATS (the CLI runs its own loop)
+        live = await asyncio.to_thread(CliRunner().invoke, cli, [
+            "trace", request_id, "--nats", nats_url, "--prefix", cluster.subjects.prefix,
+            "--out", str(live_out), "--quiet",
+        ])
+        assert live.exit_code == 0, live.output
     log_file = tmp_path / "log.bin"
     write_log(log_file, log)
 
@@ -96,6 +102,7 @@ async def test_shoal_trace_exports_a_migrated_request_and_its_migration_for_jaeg
     assert result.exit_code == 0, result.output
     assert "generate" in result.output and "migration" in result.output  # the waterfall
     trace = check_jaeger_structure(json.loads(out.read_text()))
+    assert json.loads(live_out.read_text()) == json.loads(out.read_text())
     spans = _by_name(trace)
     (root,) = spans["request"]
     assert _service(trace, root) == "shoal-frontend"
