@@ -164,7 +164,7 @@ async def _run(options: dict[str, Any]) -> None:
     environ = dict(os.environ)
     if options["otlp_endpoint"]:
         environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = options["otlp_endpoint"]
-    provider = tracer_provider(TelemetryConfig.from_env(environ), f"shoal-agent-{instance_id}")
+    provider = tracer_provider(TelemetryConfig.from_env(environ), "shoal-agent", instance_id=instance_id)
     bus = JetStreamBus(
         BusConfig(url=options["nats_url"], subjects=Subjects(options["prefix"]), name=instance_id)
     )

@@ -125,8 +125,10 @@ class TelemetryConfig:
             log.warning("OTEL_TRACES_SAMPLER=%r is not known; using parentbased_always_on", self.sampler)
         return samplers.get(self.sampler, DEFAULT_ON)
 
-    def build_resource(self, default_service_name: str) -> Resource:
+    def build_resource(self, default_service_name: str, instance_id: str | None = None) -> Resource:
         attributes: dict[str, str] = {"service.name": default_service_name}
+        if instance_id:
+            attributes["service.instance.id"] = instance_id
         attributes.update(self.resource_attributes)
         if self.service_name:
             attributes["service.name"] = self.service_name
@@ -146,15 +148,20 @@ def _exporter(config: TelemetryConfig) -> SpanExporter:
     return HttpExporter(endpoint=config.endpoint, headers=headers)
 
 
-def tracer_provider(config: TelemetryConfig, default_service_name: str) -> TracerProvider | None:
+def tracer_provider(
+    config: TelemetryConfig, default_service_name: str, *, instance_id: str | None = None
+) -> TracerProvider | None:
     """A provider exporting over OTLP as ``config`` says, or None when tracing is off.
 
-    The caller owns it: ``provider.shutdown()`` at exit flushes the last spans.
+    ``default_service_name`` (``shoal-agent``, ``shoal-scheduler``, ``shoal-frontend``) yields to
+    ``OTEL_SERVICE_NAME``; ``instance_id`` becomes ``service.instance.id`` (an agent's instance id,
+    a scheduler's lease-holder id). The caller owns the provider: ``provider.shutdown()`` at exit
+    flushes the last spans.
     """
     if not config.enabled:
         return None
     provider = TracerProvider(
-        resource=config.build_resource(default_service_name), sampler=config.build_sampler()
+        resource=config.build_resource(default_service_name, instance_id), sampler=config.build_sampler()
     )
     provider.add_span_processor(BatchSpanProcessor(_exporter(config)))
     log.info("tracing: OTLP %s to %s", config.protocol, config.endpoint)

@@ -204,7 +204,9 @@ def scheduler(**options: Any) -> None:
         streams=StreamConfig(loads_max_msgs_per_subject=options["loads_per_instance"]),
     )
     metrics = None if options["metrics_port"] is None else (options["metrics_host"], options["metrics_port"])
-    provider = tracer_provider(TelemetryConfig.from_env(os.environ), "shoal-scheduler")
+    provider = tracer_provider(
+        TelemetryConfig.from_env(os.environ), "shoal-scheduler", instance_id=config.scheduler_id
+    )
     try:
         event_loop.run(run_scheduler(
             bus_config, config, manager, stats_file=options["stats_file"], metrics=metrics,

@@ -167,11 +167,14 @@ class _Builder:
         self.processes: dict[str, dict[str, Any]] = {}
 
     def process(self, service: str) -> str:
+        """The process of ``service``, ``name`` or ``name/instance`` (``service.instance.id``)."""
+        name, _, instance = service.partition("/")
+        tags = _tags({"service.instance.id": instance}) if instance else []
         for process_id, process in self.processes.items():
-            if process["serviceName"] == service:
+            if process["serviceName"] == name and process["tags"] == tags:
                 return process_id
         process_id = f"p{len(self.processes) + 1}"
-        self.processes[process_id] = {"serviceName": service, "tags": []}
+        self.processes[process_id] = {"serviceName": name, "tags": tags}
         return process_id
 
     def span(
@@ -211,7 +214,7 @@ class _Builder:
 
 
 def _agent(instance_id: str) -> str:
-    return f"shoal-agent-{instance_id}"
+    return f"shoal-agent/{instance_id}"
 
 
 def _migration_spans(

@@ -64,9 +64,10 @@ def test_service_name_resource_attributes_and_sampler_come_from_the_environment(
 def test_the_default_service_name_is_the_components() -> None:
     config = TelemetryConfig.from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317",
                                        "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"})
-    provider = tracer_provider(config, "shoal-scheduler")
+    provider = tracer_provider(config, "shoal-scheduler", instance_id="scheduler-a")
     assert provider is not None
     try:
         assert provider.resource.attributes["service.name"] == "shoal-scheduler"
+        assert provider.resource.attributes["service.instance.id"] == "scheduler-a"
     finally:
         provider.shutdown()

@@ -7,7 +7,9 @@ this test — exports over OTLP http/protobuf; the receiver decodes each
 ``ExportTraceServiceRequest`` with OTLP's own protobuf messages. A request
 that is live-migrated mid-decode arrives as one trace holding the frontend's,
 the scheduler's and both agents' spans with the right parents; a request
-without migration is one trace from the HTTP span to the last token.
+without migration is one trace from the HTTP span to the last token. Last,
+``shoal up --otlp-endpoint`` (the entry points as users start them) puts every
+process's spans into the trace of a caller's ``traceparent``.
 """
 
 from __future__ import annotations
@@ -15,11 +17,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import os
+import signal
+import subprocess
+import sys
 import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -32,6 +39,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from agents.agent import Agent
 from bus import JetStreamBus
+from bus.server import free_port
 from bus.telemetry import TelemetryConfig, tracer_provider
 from frontend.app import create_app
 from frontend.config import FrontendConfig
@@ -67,10 +75,13 @@ class _Receiver(BaseHTTPRequestHandler):
             request.ParseFromString(body)
             for resource_spans in request.resource_spans:
                 resource = {a.key: a.value.string_value for a in resource_spans.resource.attributes}
+                service = resource["service.name"]
+                if resource.get("service.instance.id"):
+                    service += "/" + resource["service.instance.id"]
                 for scope_spans in resource_spans.scope_spans:
                     for span in scope_spans.spans:
                         self.server.spans.append(ReceivedSpan(  # type: ignore[attr-defined]
-                            service=resource["service.name"], name=span.name,
+                            service=service, name=span.name,
                             trace_id=span.trace_id.hex(), span_id=span.span_id.hex(),
                             parent_id=span.parent_span_id.hex(),
                             start_ns=span.start_time_unix_nano, end_ns=span.end_time_unix_nano,
@@ -125,8 +136,8 @@ async def traced_cluster(nats_url: str, otlp_url: str) -> AsyncIterator[TracedCl
     providers: list[TracerProvider] = []
     buses: list[JetStreamBus] = []
 
-    def provider(name: str) -> TracerProvider:
-        built = tracer_provider(telemetry, name)
+    def provider(name: str, instance_id: str | None = None) -> TracerProvider:
+        built = tracer_provider(telemetry, name, instance_id=instance_id)
         assert built is not None
         providers.append(built)
         return built
@@ -145,7 +156,7 @@ async def traced_cluster(nats_url: str, otlp_url: str) -> AsyncIterator[TracedCl
         for instance_id in ("i0", "i1"):
             agent = Agent(
                 make_engine("sim", time_scale=4.0), await bus(instance_id), agent_config(instance_id),
-                tracer_provider=provider(f"shoal-agent-{instance_id}"),
+                tracer_provider=provider("shoal-agent", instance_id),
             )
             await agent.start()
             agents[instance_id] = agent
@@ -256,23 +267,23 @@ async def test_a_migrated_request_is_one_trace_across_frontend_scheduler_and_bot
 
     root, trace = _one_trace(spans, request_id)
     assert {s.service for s in trace} == {
-        "shoal-frontend", "shoal-scheduler", f"shoal-agent-{source_id}", f"shoal-agent-{destination_id}"
+        "shoal-frontend", "shoal-scheduler", f"shoal-agent/{source_id}", f"shoal-agent/{destination_id}"
     }
     assert root.name == "POST /v1/completions" and root.attributes["shoal.placement.bypass"] is False
     dispatch = _only(trace, name="dispatch")
     assert dispatch.parent_id == root.span_id
     assert dispatch.attributes["shoal.dispatch.instance"] == source_id
     assert "shoal.dispatch.freeness" in dispatch.attributes and "shoal.dispatch.policy" in dispatch.attributes
-    source = _only(trace, name="generate", service=f"shoal-agent-{source_id}")
+    source = _only(trace, name="generate", service=f"shoal-agent/{source_id}")
     assert source.parent_id == root.span_id and source.attributes["shoal.moved_away"] is True
     assert "first_token" in source.events
     migration = _only(trace, name="migration")
-    assert migration.parent_id == source.span_id and migration.service == f"shoal-agent-{source_id}"
+    assert migration.parent_id == source.span_id and migration.service == f"shoal-agent/{source_id}"
     stages = [s for s in trace if s.name == "migration.stage"]
     assert stages and all(s.parent_id == migration.span_id for s in stages)
     arrived = _only(trace, name="migration.destination")
-    assert arrived.parent_id == migration.span_id and arrived.service == f"shoal-agent-{destination_id}"
-    resumed = _only(trace, name="generate", service=f"shoal-agent-{destination_id}")
+    assert arrived.parent_id == migration.span_id and arrived.service == f"shoal-agent/{destination_id}"
+    resumed = _only(trace, name="generate", service=f"shoal-agent/{destination_id}")
     assert resumed.parent_id == arrived.span_id
     assert resumed.attributes["shoal.migrated_from"] == source_id and "finish" in resumed.events
     assert root.end_ns >= resumed.end_ns  # the HTTP span lasts until the last token
@@ -301,3 +312,45 @@ async def test_a_request_without_migration_is_one_trace_from_http_to_last_token(
     assert _only(trace, name="dispatch").parent_id == root.span_id
     assert root.start_ns <= generate.start_ns and generate.end_ns <= root.end_ns
     assert not [s for s in trace if s.name.startswith("migration")]
+
+
+async def test_shoal_up_with_otlp_endpoint_exports_each_processs_spans_into_the_callers_trace(
+    otlp_receiver: tuple[str, list[ReceivedSpan]], tmp_path: Path
+) -> None:
+    """The entry points as users run them: ``shoal up --otlp-endpoint`` and real HTTP with a traceparent."""
+    otlp_url, spans = otlp_receiver
+    port = free_port()
+    env = {**os.environ, "OTEL_BSP_SCHEDULE_DELAY": "200"}  # the SDK's own variable: export soon
+    process = subprocess.Popen(
+        [sys.executable, "-c", "from frontend.cli import main; main()", "up", "--engine", "sim",
+         "--instances", "2", "--port", str(port), "--log-dir", str(tmp_path / "logs"),
+         "--otlp-endpoint", otlp_url, "--ready-timeout", "90"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    )
+    assert process.stdout is not None
+    try:
+        lines: list[str] = []
+        while not any(line.startswith("shoal is serving") for line in lines):
+            line = await asyncio.to_thread(process.stdout.readline)
+            assert line, "shoal up exited:\n" + "\n".join(lines)
+            lines.append(line.rstrip())
+        caller_trace = uuid.uuid4().hex
+        async with httpx.AsyncClient(timeout=30) as http:
+            response = await http.post(
+                f"http://127.0.0.1:{port}/v1/completions",
+                json={"model": "sim:tiny-test", "prompt": "hello", "max_tokens": 6, "stream": True},
+                headers={"traceparent": f"00-{caller_trace}-00f067aa0ba902b7-01"},
+            )
+        assert response.status_code == 200
+    finally:
+        process.send_signal(signal.SIGINT)  # each child's provider flushes as it stops
+        await asyncio.to_thread(process.wait, 60)
+        process.stdout.close()
+    mine = [s for s in spans if s.trace_id == caller_trace]
+    services = {s.service for s in mine}
+    assert any(s.startswith("shoal-scheduler/") for s in services), services
+    assert any(s.startswith("shoal-agent/agent-") for s in services), services
+    (root,) = [s for s in mine if s.service == "shoal-frontend"]
+    assert root.parent_id == "00f067aa0ba902b7"
+    expected = {"POST /v1/completions", "dispatch", "generate", "queue", "prefill", "decode"}
+    assert {s.name for s in mine} >= expected

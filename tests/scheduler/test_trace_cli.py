@@ -53,7 +53,10 @@ def _by_name(trace: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
 
 
 def _service(trace: dict[str, Any], span: dict[str, Any]) -> str:
-    return str(trace["processes"][span["processID"]]["serviceName"])
+    """``serviceName``, or ``serviceName/instance`` for a process with a ``service.instance.id`` tag."""
+    process = trace["processes"][span["processID"]]
+    instance = [tag["value"] for tag in process["tags"] if tag["key"] == "service.instance.id"]
+    return "/".join([process["serviceName"], *instance])
 
 
 def _parent(span: dict[str, Any]) -> str:
@@ -107,7 +110,7 @@ async def test_shoal_trace_exports_a_migrated_request_and_its_migration_for_jaeg
     (root,) = spans["request"]
     assert _service(trace, root) == "shoal-frontend"
     generates = sorted(spans["generate"], key=lambda s: s["startTime"])
-    expected = [f"shoal-agent-{source_id}", f"shoal-agent-{destination_id}"]
+    expected = [f"shoal-agent/{source_id}", f"shoal-agent/{destination_id}"]
     assert [_service(trace, s) for s in generates] == expected
     assert all(_parent(s) == root["spanID"] for s in generates)
     (migration,) = spans["migration"]
