@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
@@ -71,3 +73,39 @@ def test_the_default_service_name_is_the_components() -> None:
         assert provider.resource.attributes["service.instance.id"] == "scheduler-a"
     finally:
         provider.shutdown()
+
+
+def test_grpc_exports_reach_a_real_otlp_grpc_receiver() -> None:
+    """OTEL_EXPORTER_OTLP_PROTOCOL=grpc: spans arrive at an OTLP/gRPC TraceService (Jaeger's :4317)."""
+    from concurrent import futures
+
+    import grpc
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+    received: list[str] = []
+
+    class Receiver(trace_service_pb2_grpc.TraceServiceServicer):  # type: ignore[misc]
+        def Export(self, request: Any, context: Any) -> Any:
+            received.extend(
+                span.name
+                for resource_spans in request.resource_spans
+                for scope_spans in resource_spans.scope_spans
+                for span in scope_spans.spans
+            )
+            return trace_service_pb2.ExportTraceServiceResponse()
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Receiver(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        config = TelemetryConfig.from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+                                           "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"})
+        provider = tracer_provider(config, "shoal-agent")
+        assert provider is not None
+        provider.get_tracer("test").start_span("generate").end()
+        assert provider.force_flush(10_000)
+        provider.shutdown()
+        assert received == ["generate"]
+    finally:
+        server.stop(None)
