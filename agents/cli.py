@@ -5,7 +5,8 @@ torch's thread count before the engine is built, connects to NATS, starts the
 :class:`~agents.service.Agent` and runs until SIGINT/SIGTERM (a clean stop
 with ``InstanceLeft``) or until a ``drain`` completes. ``--ready-file`` writes
 a small JSON (instance id, transport address) once the agent is serving, for
-scripts and benchmarks that start agents as subprocesses.
+scripts and benchmarks that start agents as subprocesses. Tracing follows the
+standard ``OTEL_*`` variables (:mod:`bus.telemetry`), read here and nowhere below.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import signal
 import uuid
 from pathlib import Path
@@ -103,7 +105,8 @@ def build_engine(
 @click.option("--last-stage-max-blocks", type=int, default=2, show_default=True)
 @click.option("--max-stages", type=int, default=8, show_default=True)
 @click.option("--max-concurrent-migrations", type=int, default=1, show_default=True)
-@click.option("--otlp-endpoint", default=None, help="Export spans over OTLP (needs the exporter package).")
+@click.option("--otlp-endpoint", default=None,
+              help="OTLP endpoint for spans (default: OTEL_EXPORTER_OTLP_ENDPOINT; unset: no tracing).")
 @click.option("--ready-file", type=click.Path(dir_okay=False, path_type=Path), default=None)
 @metrics_options
 @click.option("--log-level", default="INFO", show_default=True)
@@ -122,8 +125,8 @@ def agent(**options: Any) -> None:
 async def _run(options: dict[str, Any]) -> None:
     from agents.agent import Agent, AgentConfig
     from agents.migration.fsm.config import MigrationConfig
-    from agents.tracing import configure_tracing
     from bus import BusConfig, JetStreamBus
+    from bus.telemetry import TelemetryConfig, tracer_provider
     from schemas import Subjects
     from transport import TransportConfig
 
@@ -158,7 +161,10 @@ async def _run(options: dict[str, Any]) -> None:
             ucx_tls=options["ucx_tls"],
         ),
     )
-    provider = configure_tracing(f"shoal-agent-{instance_id}", options["otlp_endpoint"])
+    environ = dict(os.environ)
+    if options["otlp_endpoint"]:
+        environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = options["otlp_endpoint"]
+    provider = tracer_provider(TelemetryConfig.from_env(environ), "shoal-agent", instance_id=instance_id)
     bus = JetStreamBus(
         BusConfig(url=options["nats_url"], subjects=Subjects(options["prefix"]), name=instance_id)
     )

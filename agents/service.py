@@ -27,6 +27,7 @@ from typing import Any
 
 import msgspec
 from opentelemetry import trace
+from opentelemetry.context import Context
 
 from agents.config import AgentConfig
 from agents.deltas import DeltaBuffer, RequestTokens
@@ -35,7 +36,9 @@ from agents.metrics import AgentMetrics
 from agents.migration.fsm.config import MigrationConfig
 from agents.migration.manager import MigrationManager, MigrationOutcome
 from agents.reporting import build_load_report, load_signature
+from agents.tracing import RequestSpans, parent_context, tracer_from
 from bus import Bus, BusError, Service
+from bus import tracing as bus_tracing
 from schemas import (
     AbortReply,
     AbortRequest,
@@ -112,6 +115,8 @@ class Agent:
         self.last_engine_stats: EngineStats | None = None
         self.metrics = AgentMetrics(lambda: self.last_engine_stats)
         self.step_listeners: list[Callable[[StepResult], None]] = [self.metrics.observe_step]
+        #: the spans of traced requests (generate RPCs whose headers carry a trace context)
+        self.request_spans = RequestSpans(tracer_from(tracer_provider), config.instance_id)
         self.migration = MigrationManager(self, tracer_provider=tracer_provider)
         self.migration.outcome_listeners.append(self.metrics.observe_migration)
 
@@ -183,6 +188,7 @@ class Agent:
         await self.migration.close()
         await self._cancel_tasks()
         await self._flush_deltas()
+        self.request_spans.close_all()
         with contextlib.suppress(BusError):
             await self._append_instance_event(InstanceLeft(instance_id=self.instance_id))
         if self._transport is not None:
@@ -192,6 +198,7 @@ class Agent:
     async def kill(self) -> None:
         """Die abruptly (tests): cancel everything, close the connection and transport, no goodbyes."""
         self.migration.abandon()
+        self.request_spans.close_all()
         await self._cancel_tasks()
         for service in self._services:
             with contextlib.suppress(Exception):
@@ -272,10 +279,18 @@ class Agent:
         if self._unpublished:
             await self._flush_deltas()
             await asyncio.sleep(0)  # the NATS client's flusher writes them to the socket now
+        self.request_spans.step_started()
         return await engine.step_async(exclusive=self.migration.is_idle)
 
     def _after_step(self, result: StepResult) -> None:
         """Book a completed step's tokens and queue its deltas (sent by :meth:`_flush_deltas`)."""
+        spans = self.request_spans
+        if spans:
+            for output in result.outputs:
+                finish = None if output.finish_reason is None else str(output.finish_reason)
+                spans.output(output.request_id, output.first_index, len(output.token_ids), finish)
+            for request_id in result.preempted:
+                spans.preempted(request_id)
         for output in result.outputs:
             tokens = self.deltas.live(output.request_id)
             if tokens is None:
@@ -365,9 +380,21 @@ class Agent:
     def forget_request(self, request_id: str) -> None:
         """A request that moved away: stop publishing for it (its buffer stays for resends)."""
         self._request_done(request_id)
+        self.request_spans.close(request_id, attributes={"shoal.moved_away": True})
 
-    def adopt_migrated(self, commit: Commit) -> None:
+    def trace_context(self, request_id: str) -> Context | None:
+        """The context of ``request_id``'s ``generate`` span here (None: not traced)."""
+        return self.request_spans.context(request_id)
+
+    def adopt_migrated(self, commit: Commit, *, trace_context: Context | None = None) -> None:
         """A migrated request joined the engine here: publish its tokens with the next owner epoch."""
+        if trace_context is not None:
+            self.request_spans.open(commit.request_id, trace_context, {
+                "shoal.owner_epoch": commit.owner_epoch + 1,
+                "shoal.migrated_from": commit.source_id,
+                "shoal.migration.id": commit.migration_id,
+                "shoal.num_prompt_tokens": commit.num_prompt_tokens,
+            })
         prompt = commit.token_ids[: commit.num_prompt_tokens]
         self.deltas.open(
             commit.request_id,
@@ -435,9 +462,10 @@ class Agent:
         request: GenerateRequest | None = self._decode(data, GenerateRequest)
         if request is None:
             return self._reply(RpcError(code=RpcErrorCode.BAD_REQUEST, message="expected a GenerateRequest"))
-        return self._reply(self.generate(request))
+        traced = bus_tracing.header(headers, bus_tracing.TRACEPARENT) is not None
+        return self._reply(self.generate(request, trace_context=parent_context(headers) if traced else None))
 
-    def generate(self, request: GenerateRequest) -> GenerateReply:
+    def generate(self, request: GenerateRequest, *, trace_context: Context | None = None) -> GenerateReply:
         """Start a request; the reply says whether it was accepted.
 
         Idempotent by (request id, owner epoch): a retried generate gets the
@@ -491,6 +519,13 @@ class Agent:
                     priority=request.priority,
                     output_token_ids=outputs,
                 )
+                if trace_context is not None:
+                    self.request_spans.open(request.request_id, trace_context, {
+                        "shoal.owner_epoch": request.owner_epoch,
+                        "shoal.rescue": request.owner_epoch > 0,
+                        "shoal.num_prompt_tokens": len(prompt),
+                        "shoal.num_resumed_tokens": len(outputs),
+                    })
                 self.wake()
             reply = GenerateReply(
                 request_id=request.request_id,
@@ -527,6 +562,7 @@ class Agent:
             )
             self._request_done(request_id)
         if found:
+            self.request_spans.close(request_id, attributes={"shoal.aborted": True})
             self.migration.request_gone(request_id, MigrationAbortReason.REQUEST_ABORTED)
         return AbortReply(request_id=request_id, found=found)
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
+from opentelemetry.sdk.trace import TracerProvider
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agents.engines.tokenizer import TextTokenizer
@@ -32,6 +33,7 @@ from frontend.http_responses import json_response
 from frontend.middleware import BodyLimitMiddleware
 from frontend.routes import ROUTERS
 from frontend.tokenization import load_frontend_tokenizer
+from frontend.tracing import TracingMiddleware
 from schemas import Subjects
 
 __all__ = ["PRIORITY_HEADER", "BodyLimitMiddleware", "FrontendLifespan", "create_app", "running_gateway"]
@@ -42,8 +44,12 @@ def create_app(
     *,
     gateway: Gateway | None = None,
     bus_factory: Callable[[BusConfig], Bus] = JetStreamBus,
+    tracer_provider: TracerProvider | None = None,
 ) -> FastAPI:
-    """The frontend app. Without ``gateway`` its lifespan connects to ``config.nats_url`` and runs one."""
+    """The frontend app. Without ``gateway`` its lifespan connects to ``config.nats_url`` and runs one.
+
+    With ``tracer_provider`` every HTTP request gets a server span (:mod:`frontend.tracing`).
+    """
     tokenizer = load_frontend_tokenizer(config.model)
     app = FastAPI(
         title="shoal", version="0.1.0",
@@ -55,6 +61,8 @@ def create_app(
         },
     )
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_request_bytes)
+    if tracer_provider is not None:  # outermost: the span covers the 413 answers too
+        app.add_middleware(TracingMiddleware, tracer_provider=tracer_provider)
     for router in ROUTERS:
         app.include_router(router)
     if gateway is not None:  # served without a lifespan too (tests: ASGI transport, lifespan="off")

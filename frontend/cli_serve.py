@@ -2,17 +2,20 @@
 
 Parses options into a frozen :class:`~frontend.config.FrontendConfig`, builds
 the app with :func:`frontend.app.create_app` (its lifespan connects to NATS and
-runs the gateway) and serves it until SIGINT/SIGTERM.
+runs the gateway) and serves it until SIGINT/SIGTERM. Tracing follows the
+standard ``OTEL_*`` variables (:mod:`bus.telemetry`), read here and nowhere below.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import click
 
 from bus.options import nats_option
+from bus.telemetry import TelemetryConfig, tracer_provider
 from frontend.config import FrontendConfig
 
 __all__ = ["config_from_options", "serve"]
@@ -71,6 +74,11 @@ def serve(**options: Any) -> None:
     logging.basicConfig(level=options["log_level"].upper(),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     config = config_from_options(options)
-    app = create_app(config)
-    uvicorn.run(app, host=options["host"], port=options["port"], log_level=options["log_level"].lower(),
-                access_log=False)
+    provider = tracer_provider(TelemetryConfig.from_env(os.environ), "shoal-frontend")
+    app = create_app(config, tracer_provider=provider)
+    try:
+        uvicorn.run(app, host=options["host"], port=options["port"], log_level=options["log_level"].lower(),
+                    access_log=False)
+    finally:
+        if provider is not None:
+            provider.shutdown()

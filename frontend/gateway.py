@@ -37,6 +37,8 @@ from typing import Any
 import msgspec
 
 from bus import Bus, BusError, RequestTimeout, Subscription
+from bus import tracing as bus_tracing
+from frontend import tracing
 from frontend.board import LoadBoard
 from frontend.config import FrontendConfig
 from frontend.errors import APIError, context_length_exceeded, invalid_parameter, unavailable
@@ -176,6 +178,7 @@ class Gateway:
             max_tokens=job.sampling.max_tokens, priority=job.priority,
         ))
         self.streams[job.request_id] = stream
+        tracing.mark({"request.id": job.request_id, "request.num_prompt_tokens": len(job.prompt_ids)})
         try:
             await stream.start()
         except BaseException:
@@ -200,6 +203,7 @@ class Gateway:
                 else:
                     self.num_scheduler_placements += 1
                     self.metrics.scheduler_placements.inc()
+                tracing.mark({"placement.instance": instance_id, "placement.bypass": bypass})
                 return instance_id, bypass
             last_error = outcome
             excluded.append(instance_id)
@@ -215,7 +219,7 @@ class Gateway:
             try:
                 reply = await self.bus.request(
                     self.subjects.rpc_dispatch, self.codec.encode(ask, time=time.time()),
-                    timeout=self.config.dispatch_timeout,
+                    timeout=self.config.dispatch_timeout, headers=bus_tracing.inject({}),
                 )
                 envelope = self.codec.decode_or_none(reply.data)
                 body = envelope.body if envelope is not None else None
@@ -241,6 +245,7 @@ class Gateway:
                 self.subjects.rpc_agent(instance_id, "generate"),
                 self.codec.encode(request, time=time.time()),
                 timeout=self.config.generate_timeout,
+                headers=bus_tracing.inject({}),
             )
         except BusError as exc:
             return f"{instance_id}: {exc}"
@@ -371,6 +376,7 @@ class RequestStream:
             self.last_progress = now
             if self.first_token_at is None:
                 self.first_token_at = now
+                tracing.event("first_token", instance=self.owner_id or "")
                 self.gateway.metrics.ttft.observe(now - self.arrival)
                 self.gateway.lifecycle.emit(RequestFirstToken(
                     request_id=self.request_id, instance_id=delta.instance_id, ttft_s=now - self.arrival
@@ -428,6 +434,9 @@ class RequestStream:
         self.assembler.expect_epoch(epoch, new_owner)
         self.last_progress = gateway.clock()
         gateway.metrics.rescues.labels(cause=cause).inc()
+        tracing.mark({"rescues": self.num_rescues})
+        tracing.event("rescue", cause=cause, failed_instance=failed, new_instance=new_owner,
+                      num_tokens_kept=len(generated))
         gateway.metrics.recomputes.inc()
         gateway.lifecycle.emit(RequestRescued(
             request_id=self.request_id, failed_instance_id=failed, new_instance_id=new_owner,
@@ -448,6 +457,7 @@ class RequestStream:
         gateway.streams.pop(self.request_id, None)
         now = gateway.clock()
         finished = self.assembler.finished and reason is CloseReason.FINISHED
+        tracing.event("close", reason=reason.value, num_output_tokens=len(self.generated))
         if not self.assembler.finished and self.owner_id is not None:
             gateway.fire_and_forget(gateway.send_abort(self.owner_id, self.request_id, reason), "abort")
         if finished or reason is CloseReason.STOP_STRING:

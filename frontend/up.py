@@ -16,7 +16,9 @@ cluster keeps serving while the frontend lives (rescue and bypass cover
 agents and the scheduler). With ``--autoscale`` the scheduler's
 :class:`~scheduler.instances.LocalProcessManager` starts more agents like
 these (ids ``inst-N``, logging into the scheduler's log) when the average
-freeness stays below the band, and drains one when it stays above.
+freeness stays below the band, and drains one when it stays above. The
+children inherit the ``OTEL_*`` variables; ``--otlp-endpoint URL`` sets
+``OTEL_EXPORTER_OTLP_ENDPOINT`` for them (:mod:`bus.telemetry`).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -44,7 +46,7 @@ from bus.options import nats_option
 from bus.server import die_with_parent, free_port
 from scheduler.cli import scale_band_options
 
-__all__ = ["Child", "ClusterProcesses", "up"]
+__all__ = ["Child", "ClusterProcesses", "child_environment", "up"]
 
 _SHOAL = [sys.executable, "-c", "from frontend.cli import main; main()"]
 
@@ -68,6 +70,8 @@ class ClusterProcesses:
     """The children of one ``shoal up``; :meth:`stop_all` ends every one of them."""
 
     log_dir: Path
+    #: the children's environment (None: this process's, ``OTEL_*`` included)
+    env: dict[str, str] | None = None
     children: list[Child] = field(default_factory=list)
     nats: Any = None
     reported_dead: set[str] = field(default_factory=set)
@@ -78,7 +82,8 @@ class ClusterProcesses:
         try:
             process = subprocess.Popen(
                 [*_SHOAL, *args], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True, preexec_fn=die_with_parent if sys.platform == "linux" else None,
+                env=self.env, start_new_session=True,
+                preexec_fn=die_with_parent if sys.platform == "linux" else None,
             )
         finally:
             log.close()
@@ -109,6 +114,16 @@ class ClusterProcesses:
         dead = [c for c in self.children if not c.alive() and c.name not in self.reported_dead]
         self.reported_dead.update(c.name for c in dead)
         return dead
+
+
+def child_environment(environ: Mapping[str, str], otlp_endpoint: str | None) -> dict[str, str] | None:
+    """The children's environment: ours (``OTEL_*`` pass through) plus ``--otlp-endpoint``.
+
+    The endpoint goes in as the standard variable; None (inherit as is) when there is nothing to add.
+    """
+    if not otlp_endpoint:
+        return None
+    return {**environ, "OTEL_EXPORTER_OTLP_ENDPOINT": otlp_endpoint}
 
 
 def _health(url: str) -> dict[str, Any] | None:
@@ -155,11 +170,14 @@ def _tail(path: Path, lines: int = 15) -> str:
 @click.option("--log-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where each process logs (default: a temporary folder).")
 @click.option("--ready-timeout", type=float, default=180.0, show_default=True)
+@click.option("--otlp-endpoint", default=None, metavar="URL",
+              help="Send every component's spans here (sets OTEL_EXPORTER_OTLP_ENDPOINT for the children; "
+                   "other OTEL_* variables pass through).")
 def up(**options: Any) -> None:
     """Run a whole local cluster: NATS, scheduler, agents, frontend. Ctrl-C stops everything."""
     log_dir: Path = options["log_dir"] or Path(tempfile.mkdtemp(prefix="shoal-up-"))
     log_dir.mkdir(parents=True, exist_ok=True)
-    cluster = ClusterProcesses(log_dir)
+    cluster = ClusterProcesses(log_dir, env=child_environment(os.environ, options["otlp_endpoint"]))
     stop_requested = False
 
     def on_signal(signum: int, frame: object) -> None:

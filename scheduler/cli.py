@@ -4,7 +4,8 @@ Parses options into a frozen :class:`~scheduler.service.SchedulerConfig` and
 runs :class:`~scheduler.service.SchedulerService` until SIGINT/SIGTERM (a
 clean stop releases the lease so a standby takes over at once). With
 ``--autoscale-command`` scale decisions start and stop local agent processes
-through :class:`~scheduler.instances.LocalProcessManager`.
+through :class:`~scheduler.instances.LocalProcessManager`. Tracing follows the
+standard ``OTEL_*`` variables (:mod:`bus.telemetry`), read here and nowhere below.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import shlex
 import signal
 from collections.abc import Callable
@@ -21,9 +23,11 @@ from typing import Any
 
 import click
 import msgspec
+from opentelemetry.sdk.trace import TracerProvider
 
 from bus import BusConfig, JetStreamBus, StreamConfig, event_loop
 from bus.options import metrics_options, nats_option
+from bus.telemetry import TelemetryConfig, tracer_provider
 from scheduler.config import DispatchPolicy, PairingConfig, PolicyConfig, ScalingConfig
 from scheduler.instances import InstanceManager, LocalProcessManager
 from scheduler.service import SchedulerConfig, SchedulerService, default_scheduler_id
@@ -200,9 +204,17 @@ def scheduler(**options: Any) -> None:
         streams=StreamConfig(loads_max_msgs_per_subject=options["loads_per_instance"]),
     )
     metrics = None if options["metrics_port"] is None else (options["metrics_host"], options["metrics_port"])
-    event_loop.run(
-        run_scheduler(bus_config, config, manager, stats_file=options["stats_file"], metrics=metrics)
+    provider = tracer_provider(
+        TelemetryConfig.from_env(os.environ), "shoal-scheduler", instance_id=config.scheduler_id
     )
+    try:
+        event_loop.run(run_scheduler(
+            bus_config, config, manager, stats_file=options["stats_file"], metrics=metrics,
+            tracer_provider=provider,
+        ))
+    finally:
+        if provider is not None:
+            provider.shutdown()
 
 
 async def run_scheduler(
@@ -212,10 +224,11 @@ async def run_scheduler(
     *,
     stats_file: Path | None = None,
     metrics: tuple[str, int] | None = None,
+    tracer_provider: TracerProvider | None = None,
 ) -> None:
     """Connect, run the service until a signal, clean up; ``metrics``: (host, port) to serve /metrics on."""
     async with JetStreamBus(bus_config) as bus:
-        service = SchedulerService(bus, config, instance_manager=manager)
+        service = SchedulerService(bus, config, instance_manager=manager, tracer_provider=tracer_provider)
         if metrics is not None:
             from prometheus_client import start_http_server
 

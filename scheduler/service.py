@@ -37,6 +37,9 @@ from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from opentelemetry import trace
+
+from bus import tracing as bus_tracing
 from bus.errors import BusError
 from bus.protocol import Bus, StoredMessage
 from scheduler.cluster_state import ClusterState, InstanceStatus, initial_state, live_loads
@@ -46,6 +49,7 @@ from scheduler.instances import InstanceManager
 from scheduler.lease import Lease, LeaseLost
 from scheduler.metrics import SchedulerMetrics
 from scheduler.outbox import Outbox
+from scheduler.policy.load import freeness_after_admit, load_freeness
 from scheduler.policy.scaling import ScaleDownDecision, ScalingState, decide_scaling
 from scheduler.recompute import (
     Cursor,
@@ -98,9 +102,12 @@ class SchedulerService:
         instance_manager: InstanceManager | None = None,
         wall_clock: Callable[[], float] = time.time,
         clock: Callable[[], float] = time.monotonic,
+        tracer_provider: trace.TracerProvider | None = None,
     ) -> None:
         self.bus = bus
         self.config = config or SchedulerConfig()
+        #: spans: one ``dispatch`` per dispatch RPC, a child of the caller's span (NATS headers)
+        self.tracer = (tracer_provider or trace.get_tracer_provider()).get_tracer("shoal.scheduler")
         self.manager = instance_manager
         self.subjects = bus.config.subjects
         self.codec = Codec(producer=f"scheduler:{self.config.scheduler_id}")
@@ -424,6 +431,17 @@ class SchedulerService:
             self._commit(state, cursor)
             self._view = view
         self._emit(event)
+        span = trace.get_current_span()
+        if span.is_recording():
+            record = view.instances.get(event.instance_id)
+            span.set_attribute("shoal.dispatch.instance", event.instance_id)
+            if record is not None:
+                policy = self.config.policy
+                span.set_attribute("shoal.dispatch.freeness", load_freeness(record.load, policy))
+                demand = record.load.demand_blocks(request.num_prompt_tokens)
+                span.set_attribute(
+                    "shoal.dispatch.freeness_after_admit", freeness_after_admit(record.load, demand, policy)
+                )
         self.stats.dispatched += 1
         if not self.stats.first_dispatch_at:
             self.stats.first_dispatch_at = self._wall()
@@ -432,7 +450,17 @@ class SchedulerService:
     async def _handle_dispatch(self, data: bytes, headers: dict[str, str]) -> bytes:
         started = time.perf_counter()
         try:
-            return self._answer_dispatch(data)
+            if bus_tracing.header(headers, bus_tracing.TRACEPARENT) is None:
+                return self._answer_dispatch(data)  # no trace to join: no span
+            with self.tracer.start_as_current_span(
+                "dispatch", context=bus_tracing.extract(headers), kind=trace.SpanKind.SERVER,
+                attributes={
+                    "shoal.scheduler.id": self.config.scheduler_id,
+                    "shoal.scheduler.epoch": self.epoch,
+                    "shoal.dispatch.policy": self.config.policy.dispatch_policy.value,
+                },
+            ):
+                return self._answer_dispatch(data)
         finally:
             self.metrics.decision_latency.observe(time.perf_counter() - started)
             if self.config.record_decision_times:
@@ -450,6 +478,11 @@ class SchedulerService:
             )
         else:
             reply = self.dispatch(envelope.body)
+            span = trace.get_current_span()
+            if span.is_recording():
+                span.set_attribute("shoal.request.id", reply.request_id)
+                if reply.reason is not None:
+                    span.set_attribute("shoal.dispatch.failed", reply.reason.value)
         return self.codec.encode(reply, time=self._wall())
 
     def tick(self) -> list[Body]:

@@ -16,6 +16,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping
 
+from opentelemetry import trace
+
 from agents.engines.protocol import KVBuffer, MigrationError, OutOfBlocks, Reservation
 from agents.migration.driver import Input, MachineDriver
 from agents.migration.fsm.actions import (
@@ -248,7 +250,7 @@ class DestinationDriver(MachineDriver):
             agent.spawn(agent.publish_failure(commit, str(exc)))
             return
         self.reservations.clear()
-        agent.adopt_migrated(commit)
+        agent.adopt_migrated(commit, trace_context=trace.set_span_in_context(self.span))
 
     async def _claim(self, action: ClaimOutcome) -> None:
         try:

@@ -19,6 +19,7 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any, Protocol
 
+from opentelemetry.context import Context
 from opentelemetry.trace import Span, Tracer
 
 from agents.config import AgentConfig
@@ -84,8 +85,15 @@ class MigrationHost(Protocol):
         """``request_id`` moved away: stop publishing for it."""
         ...
 
-    def adopt_migrated(self, commit: Commit) -> None:
-        """``commit``'s request now runs here: publish its tokens with the next owner epoch."""
+    def adopt_migrated(self, commit: Commit, *, trace_context: Context | None = None) -> None:
+        """``commit``'s request now runs here: publish its tokens with the next owner epoch.
+
+        ``trace_context`` (the destination's migration span) parents the request's span here.
+        """
+        ...
+
+    def trace_context(self, request_id: str) -> Context | None:
+        """The trace context of ``request_id``'s span here (a migration's parent), None if untraced."""
         ...
 
     async def publish_failure(self, commit: Commit, detail: str) -> None:

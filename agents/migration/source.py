@@ -144,6 +144,7 @@ class SourceDriver(MachineDriver):
         self.awaiting_suspend = False
         self.span = manager.tracer.start_span(
             "migration",
+            context=agent.trace_context(request_id),  # a child of the request's span, if traced
             attributes={
                 "shoal.migration.id": migration_id,
                 "shoal.request.id": request_id,
