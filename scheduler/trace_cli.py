@@ -20,12 +20,12 @@ from rich.table import Table
 from bus import BusConfig, JetStreamBus, event_loop
 from bus.options import nats_option
 from scheduler.logfile import RecordedLog, load_log, read_bus_log
+from scheduler.timeline import request_timeline
 from scheduler.trace_export import (
     handshake_times,
     jaeger_trace,
     migration_trace,
     request_migrations,
-    request_steps,
 )
 from schemas import Subjects
 
@@ -101,7 +101,7 @@ def trace(request_id: str | None, migration_id: str | None, nats_url: str, prefi
         data = migration_trace(found[0], handshake_times(log, migration_id))
     else:
         assert request_id is not None
-        steps = request_steps(log, request_id)
+        steps = request_timeline(log, request_id).steps
         if not steps:
             raise click.ClickException(f"no events of request {request_id!r} in the log")
         data = jaeger_trace(request_id, steps, request_migrations(log, request_id))

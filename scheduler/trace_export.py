@@ -1,12 +1,10 @@
 """A request's (or one migration's) life from the event log as a Jaeger trace: ``shoal trace``.
 
-:func:`request_steps` collects, in log order, what the log holds about a
-request — its lifecycle events (``<prefix>.ev.req.<id>``), the scheduler's
-dispatch decision and its migrations (the handshakes under
-``<prefix>.ev.mig.<id>``, summarised by :func:`scheduler.replay.replay_log`) —
-as :class:`TraceStep` s, shaped like ``scheduler.timeline.TimelineStep`` so a
-timeline from that module can be passed in instead. :func:`jaeger_trace` turns
-them into one trace in the JSON format Jaeger UI's "upload JSON" reads:
+:func:`jaeger_trace` turns a request's timeline
+(:func:`scheduler.timeline.request_timeline`: its lifecycle events, the
+scheduler's dispatch decision) and its migrations (the handshakes under
+``<prefix>.ev.mig.<id>``, summarised by :func:`scheduler.replay.replay_log`)
+into one trace in the JSON format Jaeger UI's "upload JSON" reads:
 ``{"data": [{"traceID", "spans", "processes"}]}``, with a ``request`` span
 (frontend) as the root, a ``dispatch`` span (scheduler), one ``generate`` span
 per instance the request ran on (placement, rescue or migration), and each
@@ -23,29 +21,18 @@ import hashlib
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-import msgspec
-
 from scheduler.logfile import RecordedLog
 from scheduler.replay import MigrationSummary, replay_log
-from schemas.decisions import Dispatched
 from schemas.envelope import Codec
 from schemas.migration import MigrationMessage
-from schemas.requests import (
-    RequestAborted,
-    RequestArrived,
-    RequestFinished,
-    RequestFirstToken,
-    RequestPlaced,
-    RequestRescued,
-)
 
-__all__ = ["Step", "TraceStep", "jaeger_trace", "migration_trace", "request_migrations", "request_steps"]
+__all__ = ["Step", "jaeger_trace", "migration_trace", "request_migrations"]
 
 _US = 1_000_000
 
 
 class Step(Protocol):
-    """What :func:`jaeger_trace` reads of a step (``TraceStep`` or ``scheduler.timeline.TimelineStep``)."""
+    """What :func:`jaeger_trace` reads of a step (a ``scheduler.timeline.TimelineStep``)."""
 
     @property
     def time(self) -> float: ...
@@ -58,62 +45,6 @@ class Step(Protocol):
 
     @property
     def detail(self) -> dict[str, Any]: ...
-
-
-class TraceStep(msgspec.Struct, frozen=True):
-    """One thing that happened to the request: ``arrived``, ``dispatched``, ``placed``,
-    ``first_token``, ``rescued``, ``finished`` or ``aborted``; ``time`` is when the server stored it."""
-
-    seq: int
-    time: float
-    event_time: float
-    kind: str
-    instance_id: str
-    detail: dict[str, Any]
-
-
-_KINDS: dict[type, str] = {
-    RequestArrived: "arrived",
-    RequestPlaced: "placed",
-    RequestFirstToken: "first_token",
-    RequestRescued: "rescued",
-    RequestFinished: "finished",
-    RequestAborted: "aborted",
-}
-
-
-def request_steps(log: RecordedLog, request_id: str) -> list[TraceStep]:
-    """The request's lifecycle events and dispatch decision, in log order."""
-    codec = Codec()
-    subjects = log.subjects
-    own, dispatch = subjects.req(request_id), subjects.sched("dispatch")
-    steps: list[TraceStep] = []
-    for entry in log.events:
-        if entry.subject != own and entry.subject != dispatch:
-            continue
-        envelope = codec.decode_or_none(entry.data)
-        if envelope is None:
-            continue
-        body = envelope.body
-        at = (entry.seq, entry.time, envelope.time)
-        if isinstance(body, Dispatched):
-            if body.request_id == request_id:
-                detail = {"policy": body.policy, "epoch": body.epoch, "exclude": list(body.exclude)}
-                steps.append(TraceStep(*at, "dispatched", body.instance_id, detail))
-            continue
-        kind = _KINDS.get(type(body))
-        if kind is None:
-            continue
-        detail = msgspec.to_builtins(body)
-        detail.pop("type", None)
-        detail.pop("request_id", None)
-        instance = ""
-        if isinstance(body, (RequestPlaced, RequestFirstToken)):
-            instance = body.instance_id
-        elif isinstance(body, RequestRescued):
-            instance = body.new_instance_id
-        steps.append(TraceStep(*at, kind, instance, detail))
-    return steps
 
 
 def request_migrations(log: RecordedLog, request_id: str | None = None) -> list[MigrationSummary]:

@@ -13,7 +13,8 @@ from click.testing import CliRunner
 
 from frontend.cli import cli
 from scheduler.logfile import read_bus_log, write_log
-from scheduler.trace_export import TraceStep, jaeger_trace
+from scheduler.timeline import TimelineStep
+from scheduler.trace_export import jaeger_trace
 from tests.frontend.cluster import frontend_cluster
 
 pytestmark = pytest.mark.slow
@@ -136,11 +137,11 @@ async def test_shoal_trace_exports_a_migrated_request_and_its_migration_for_jaeg
 
 def test_a_dispatch_decision_becomes_the_schedulers_span_under_the_request() -> None:
     steps = [
-        TraceStep(1, 1_700_000_000.0, 0.0, "arrived", "", {}),
-        TraceStep(2, 1_700_000_000.001, 0.0, "dispatched", "i1", {"policy": "freeness", "epoch": 3}),
-        TraceStep(3, 1_700_000_000.002, 0.0, "placed", "i1", {"bypass": False}),
-        TraceStep(4, 1_700_000_000.050, 0.0, "first_token", "i1", {}),
-        TraceStep(5, 1_700_000_000.500, 0.0, "finished", "", {"finish_reason": "length"}),
+        TimelineStep(1, 1_700_000_000.0, 0.0, "arrived", "", {}),
+        TimelineStep(2, 1_700_000_000.001, 0.0, "dispatched", "i1", {"policy": "freeness", "epoch": 3}),
+        TimelineStep(3, 1_700_000_000.002, 0.0, "placed", "i1", {"bypass": False}),
+        TimelineStep(4, 1_700_000_000.050, 0.0, "first_token", "i1", {}),
+        TimelineStep(5, 1_700_000_000.500, 0.0, "finished", "", {"finish_reason": "length"}),
     ]
     trace = check_jaeger_structure(jaeger_trace("r1", steps))
     spans = _by_name(trace)
