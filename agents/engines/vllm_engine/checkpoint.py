@@ -2,9 +2,9 @@
 
 For tests, demos and the README: nothing is downloaded. The model is a
 ``transformers`` ``LlamaForCausalLM`` with seeded weights (scaled so that
-attention and the MLP matter and greedy decoding does not collapse to one
-token), saved with ``save_pretrained``; the tokenizer is a byte-level BPE
-trained with the ``tokenizers`` library on a short built-in text and saved as
+attention matters and greedy decoding does not collapse to one token), saved
+with ``save_pretrained``; the tokenizer is a byte-level BPE trained with the
+``tokenizers`` library on a short built-in text and saved as
 ``tokenizer.json`` with a ``tokenizer_config.json`` (special tokens and a chat
 template). The shape suits vLLM's CPU attention: ``head_dim`` 64.
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 __all__ = ["CheckpointSpec", "build_checkpoint"]
 
@@ -63,7 +64,11 @@ def _tokenizer(folder: Path, vocab_size: int) -> dict[str, int]:
     )
     tokenizer.train_from_iterator([_CORPUS] * 4, trainer=trainer)
     tokenizer.save(str(folder / "tokenizer.json"))
-    ids = {token: tokenizer.token_to_id(token) for token in _SPECIALS}
+    ids: dict[str, int] = {}
+    for token in _SPECIALS:
+        token_id = tokenizer.token_to_id(token)
+        assert token_id is not None, token
+        ids[token] = token_id
     (folder / "tokenizer_config.json").write_text(
         json.dumps(
             {
@@ -103,10 +108,10 @@ def build_checkpoint(folder: str | Path, spec: CheckpointSpec | None = None) -> 
         bos_token_id=special["<s>"],
         eos_token_id=special["</s>"],
         pad_token_id=special["<pad>"],
-        torch_dtype=spec.dtype,
     )
     torch.manual_seed(spec.seed)
-    model = LlamaForCausalLM(config)
+    model_class: Any = LlamaForCausalLM  # untyped in transformers
+    model = model_class(config)
     generator = torch.Generator().manual_seed(spec.seed)
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -115,6 +120,9 @@ def build_checkpoint(folder: str | Path, spec: CheckpointSpec | None = None) -> 
             elif "embed_tokens" in name:
                 param.copy_(torch.randn(param.shape, generator=generator))
             else:
-                param.copy_(torch.randn(param.shape, generator=generator) / param.shape[1] ** 0.5)
+                # sharper attention (q and k x3): greedy text keeps depending on the whole context
+                # instead of settling into one repeated token, so a wrong KV block changes the output
+                scale = 3.0 if name.endswith(("q_proj.weight", "k_proj.weight")) else 1.0
+                param.copy_(scale * torch.randn(param.shape, generator=generator) / param.shape[1] ** 0.5)
     model.to(getattr(torch, spec.dtype)).save_pretrained(path)
     return path

@@ -1,0 +1,182 @@
+"""The migration half of :class:`~.engine.VllmEngine`: reservations, block export/import, admission.
+
+Reservations are blocks taken from vLLM's own block pool (so vLLM's free
+count, and shoal's stats, see them as used); stages are written into them
+through :class:`~.kv_blocks.KVBlocks` over the KV tensors of the engine's
+in-process worker. Admission hands the request to vLLM's waiting queue with
+the scheduler-side :class:`~.connector.ShoalMigrationConnector` primed: vLLM
+allocates the request's blocks, the engine copies the reserved blocks into
+them before the next step's forward pass (:meth:`MigrationSupport.before_execute`),
+and the reservation is freed when that step completes. So admission needs as many
+free blocks again as the request holds, for one step. Suspend/resume live in
+:class:`~.scheduler.ShoalScheduler`. One in-process worker only (the engine
+reads the worker's connector in this process; tensor parallelism would need
+``collective_rpc``).
+
+Buffer format: per block, every layer's slice of vLLM's KV tensors in
+sorted layer-name order, raw bytes (``bytes_per_block`` each).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from agents.engines.block_manager import OutOfBlocks, Reservation
+from agents.engines.protocol import KVBuffer, MigrationError, UnknownRequest
+from agents.engines.vllm_engine.connector import BlockCopies
+from agents.engines.vllm_engine.kv_blocks import KVBlocks
+from schemas import SamplingParams
+
+if TYPE_CHECKING:
+    from agents.engines.vllm_engine.engine import VllmEngine
+
+__all__ = ["CONNECTOR_NAME", "MigrationSupport", "kv_transfer_config"]
+
+CONNECTOR_NAME = "ShoalMigrationConnector"
+
+
+def kv_transfer_config() -> Any:
+    """vLLM's ``KVTransferConfig`` that installs shoal's connector."""
+    from vllm.config import KVTransferConfig
+
+    return KVTransferConfig(
+        kv_connector=CONNECTOR_NAME,
+        kv_connector_module_path="agents.engines.vllm_engine.connector",
+        kv_role="kv_both",
+    )
+
+
+class MigrationSupport:
+    """Reservations and block copies of one vllm engine; see the module docstring."""
+
+    def __init__(self, engine: VllmEngine) -> None:
+        self.engine = engine
+        self.pool = engine.scheduler.kv_cache_manager.block_pool
+        self.scheduler_connector = engine.scheduler.connector
+        self.reservations: dict[int, list[Any]] = {}  # reservation id -> vLLM KVCacheBlocks
+        self._reserved_ids: set[int] = set()
+        self._ids = itertools.count(1)
+        self._admitted: dict[str, list[Reservation]] = {}  # request -> reservations to free once copied
+        self._kv: KVBlocks | None = None
+
+    @property
+    def num_reserved_blocks(self) -> int:
+        return len(self._reserved_ids)
+
+    @property
+    def kv(self) -> KVBlocks:
+        if self._kv is None:
+            runner = self.engine.core.model_executor.driver_worker.worker.model_runner
+            self._kv = KVBlocks(runner.kv_caches, self.pool.num_gpu_blocks)
+            if self._kv.bytes_per_block != self.engine.info.bytes_per_block:
+                raise MigrationError(
+                    f"vLLM's KV tensors hold {self._kv.bytes_per_block} bytes per block, "
+                    f"expected {self.engine.info.bytes_per_block}"
+                )
+        return self._kv
+
+    def before_execute(self, plan: Any) -> None:
+        """Copy migrated requests' reserved blocks into the blocks vLLM just gave them."""
+        meta = plan.kv_connector_metadata
+        if isinstance(meta, BlockCopies) and meta.copies:
+            self.kv.copy(meta.copies)
+
+    # --------------------------------------------------------- source side
+
+    def export_blocks(self, request_id: str, block_indices: Sequence[int]) -> KVBuffer:
+        if request_id not in self.engine._requests:
+            raise UnknownRequest(request_id)
+        table = self.engine._block_ids(request_id)
+        bad = [i for i in block_indices if not 0 <= i < len(table)]
+        if bad:
+            raise MigrationError(f"request {request_id!r} holds {len(table)} blocks; cannot export {bad[:5]}")
+        data = self.kv.gather([table[i] for i in block_indices])
+        payload = data.numpy().tobytes()
+        return KVBuffer(len(block_indices), len(payload), payload)
+
+    # ---------------------------------------------------- destination side
+
+    def reserve(self, num_blocks: int) -> Reservation:
+        free = self.pool.get_num_free_blocks()
+        if num_blocks > free:
+            raise OutOfBlocks(num_blocks, free)
+        blocks = self.pool.get_new_blocks(num_blocks)
+        reservation = Reservation(next(self._ids), tuple(b.block_id for b in blocks))
+        self.reservations[reservation.reservation_id] = blocks
+        self._reserved_ids.update(reservation.block_ids)
+        return reservation
+
+    def release_reservation(self, reservation: Reservation) -> int:
+        blocks = self.reservations.pop(reservation.reservation_id, None)
+        if blocks is None:
+            return 0
+        self.pool.free_blocks(blocks)
+        self._reserved_ids.difference_update(reservation.block_ids)
+        return len(blocks)
+
+    def import_blocks(self, block_ids: Sequence[int], buffer: KVBuffer) -> None:
+        import torch
+
+        bytes_per_block = self.engine.info.bytes_per_block
+        if buffer.num_blocks != len(block_ids):
+            raise MigrationError(f"buffer holds {buffer.num_blocks} blocks, {len(block_ids)} block ids given")
+        if (
+            buffer.nbytes != buffer.num_blocks * bytes_per_block
+            or memoryview(buffer.payload).nbytes != buffer.nbytes
+        ):
+            raise MigrationError(
+                f"buffer of {buffer.nbytes} bytes for {buffer.num_blocks} blocks of {bytes_per_block} bytes: "
+                "KV layouts differ or it carries no KV data"
+            )
+        not_reserved = [b for b in block_ids if b not in self._reserved_ids]
+        if not_reserved:
+            raise MigrationError(f"blocks {not_reserved[:5]} are not reserved; reserve before importing")
+        data = torch.frombuffer(bytearray(buffer.payload), dtype=torch.uint8).reshape(len(block_ids), -1)
+        self.kv.scatter(list(block_ids), data)
+
+    def admit_migrated(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        output_token_ids: Sequence[int],
+        sampling: SamplingParams,
+        priority: int,
+        reservations: Sequence[Reservation],
+        *,
+        num_computed_tokens: int | None = None,
+    ) -> None:
+        engine = self.engine
+        tokens = (*prompt_token_ids, *output_token_ids)
+        computed = len(tokens) - 1 if num_computed_tokens is None else num_computed_tokens
+        blocks = tuple(b for r in reservations for b in r.block_ids)
+        missing = [r.reservation_id for r in reservations if r.reservation_id not in self.reservations]
+        if missing:
+            raise MigrationError(f"reservations {missing} are not held here")
+        if -(-computed // engine.info.block_size) > len(blocks):
+            raise MigrationError(f"{computed} computed tokens need more than the {len(blocks)} blocks given")
+        if not 0 < computed < len(tokens):
+            raise MigrationError(
+                f"{computed} computed tokens of {len(tokens)}: one token must be left to compute"
+            )
+        self.scheduler_connector.expect(request_id, computed, blocks)
+        if not engine.add_request(
+            request_id, prompt_token_ids, sampling, priority, output_token_ids=output_token_ids
+        ):
+            self.scheduler_connector.pending.pop(request_id, None)
+            raise MigrationError(f"request {request_id!r} already lives here")
+        self._admitted[request_id] = list(reservations)
+
+    def after_step(self) -> None:
+        """Free the reservations whose blocks the last step copied into their requests."""
+        for request_id in self.scheduler_connector.loaded:
+            for reservation in self._admitted.pop(request_id, []):
+                self.release_reservation(reservation)
+        self.scheduler_connector.loaded.clear()
+
+    def forget(self, request_id: str) -> None:
+        """A request left before its blocks were copied: free what it still holds in reservations."""
+        self.scheduler_connector.pending.pop(request_id, None)
+        for reservation in self._admitted.pop(request_id, []):
+            self.release_reservation(reservation)
