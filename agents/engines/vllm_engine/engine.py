@@ -30,6 +30,7 @@ import dataclasses
 import hashlib
 import itertools
 import os
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -59,6 +60,11 @@ from agents.engines.vllm_engine.sampling import migration_blocker, to_vllm_sampl
 from schemas import KVLayout, ModelIdentity, SamplingParams
 
 __all__ = ["VllmEngine"]
+
+#: vLLM keeps the forward pass's context (attention metadata, KV tensors per layer) in a module global
+#: (``vllm.forward_context._forward_context``), so two engines in one process must never run their
+#: model halves at once: that corrupts memory in the CPU attention kernel. One lock per process.
+_EXECUTE_LOCK = threading.Lock()
 
 _FINISH = {0: "stop", 1: "length", 2: "abort", 3: "abort", 4: "stop"}  # vLLM FinishReason -> OpenAI
 
@@ -285,7 +291,11 @@ class VllmEngine:
         return self._complete(plan, output, started)
 
     def _execute(self, plan: Any) -> Any:
-        """The model half of a step (touches only the worker: safe in a thread)."""
+        """The model half of a step (touches only the worker: safe in a thread, one engine at a time)."""
+        with _EXECUTE_LOCK:
+            return self._execute_locked(plan)
+
+    def _execute_locked(self, plan: Any) -> Any:
         if self.migration is not None:
             self.migration.before_execute(plan)
         executor = self.core.model_executor
