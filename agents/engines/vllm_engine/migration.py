@@ -160,13 +160,32 @@ class MigrationSupport:
             raise MigrationError(
                 f"{computed} computed tokens of {len(tokens)}: one token must be left to compute"
             )
-        self.scheduler_connector.expect(request_id, computed, blocks)
         if not engine.add_request(
             request_id, prompt_token_ids, sampling, priority, output_token_ids=output_token_ids
         ):
-            self.scheduler_connector.pending.pop(request_id, None)
             raise MigrationError(f"request {request_id!r} already lives here")
-        self._admitted[request_id] = list(reservations)
+        self._hand_over(request_id, computed, reservations)
+
+    def _hand_over(self, request_id: str, computed: int, reservations: Sequence[Reservation]) -> None:
+        """Make the reserved blocks the waiting request's own, its first ``computed`` tokens computed.
+
+        This is the state vLLM itself leaves a request in once an asynchronous
+        KV load finished (``WAITING`` with blocks and ``num_computed_tokens``):
+        its scheduler then skips the cache lookup and allocates only the
+        blocks still missing. No copy, and admission needs no second set of
+        free blocks. Reserved blocks beyond the computed tokens go back to the pool.
+        """
+        engine = self.engine
+        request = engine.scheduler.requests[request_id]
+        manager = engine.scheduler.kv_cache_manager.coordinator.single_type_managers[0]
+        held = [block for r in reservations for block in self.reservations.pop(r.reservation_id)]
+        for reservation in reservations:
+            self._reserved_ids.difference_update(reservation.block_ids)
+        needed = -(-computed // engine.info.block_size)
+        manager.req_to_blocks[request_id].extend(held[:needed])
+        if held[needed:]:
+            self.pool.free_blocks(held[needed:])
+        request.num_computed_tokens = computed
 
     def after_step(self) -> None:
         """Free the reservations whose blocks the last step copied into their requests."""

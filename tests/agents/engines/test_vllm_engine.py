@@ -226,3 +226,32 @@ def test_requests_vllm_cannot_move_faithfully_are_marked(engines: Any) -> None:
     for request_id in ("seeded", "penalty", "plain"):
         engine.abort(request_id)
     assert engine.stats().num_free_blocks == NUM_BLOCKS
+
+
+@needs_vllm
+def test_admission_needs_no_blocks_beyond_the_reservation(engines: Any) -> None:
+    """The reserved blocks become the migrated request's own: it runs on a destination left with none free."""
+    source, destination = engines
+    for index in range(3):  # 450 tokens each: 15 blocks each, 45 of 48
+        destination.add_request(f"fill{index}", tuple(3 + (i * 7 + index) % 400 for i in range(450)), GREEDY)
+    destination.step()
+    assert destination.stats().num_free_blocks == 3
+    source.add_request("tight", PROMPT, GREEDY)
+    tokens: dict[str, list[int]] = {}
+    _step_collect(source, tokens, 20)  # 70 + 20 tokens: 3 blocks
+    source.suspend("tight")
+    stats = source.request_stats("tight")
+    assert stats.num_blocks == 3
+    reservation = destination.reserve(3)
+    assert destination.stats().num_free_blocks == 0
+    destination.import_blocks(reservation.block_ids, source.export_blocks("tight", range(3)))
+    generated = source.output_token_ids("tight")
+    destination.admit_migrated("tight", PROMPT, generated, GREEDY, 0, [reservation])
+    source.release_request("tight")
+    assert destination.stats().num_reserved_blocks == 0
+    _step_collect(destination, tokens)
+    assert len(tokens["tight"]) == len(generated) + 1  # scheduled at once, not waiting for free blocks
+    assert destination.request_stats("tight").num_blocks == 3
+    for request_id in ("tight", "fill0", "fill1", "fill2"):
+        assert destination.abort(request_id)
+    assert destination.stats().num_free_blocks == NUM_BLOCKS == source.stats().num_free_blocks
