@@ -303,8 +303,8 @@ def run_benchmark(
         if max(seq_lens) + 600 > max_model_len:
             raise ValueError(f"sequence lengths up to {max(seq_lens)} + 600 decoded exceed {max_model_len}")
         block_size = 32  # vLLM's CPU attention wants multiples of 32
-        # every request may decode to the full context; admission needs its blocks twice for a step
-        num_blocks = 2 * (max_model_len // block_size) * (2 * background + 2) + 8
+        # vLLM wants room for one request of the full context; the rest as for the torch engine
+        num_blocks = max_model_len // block_size + background * 24 + 8
     else:
         block_size = 16
         num_blocks = (max(seq_lens) + 600) // block_size + background * 48 + 8

@@ -3,14 +3,11 @@
 Reservations are blocks taken from vLLM's own block pool (so vLLM's free
 count, and shoal's stats, see them as used); stages are written into them
 through :class:`~.kv_blocks.KVBlocks` over the KV tensors of the engine's
-in-process worker. Admission hands the request to vLLM's waiting queue with
-the scheduler-side :class:`~.connector.ShoalMigrationConnector` primed: vLLM
-allocates the request's blocks, the engine copies the reserved blocks into
-them before the next step's forward pass (:meth:`MigrationSupport.before_execute`),
-and the reservation is freed when that step completes. So admission needs as many
-free blocks again as the request holds, for one step. Suspend/resume live in
+in-process worker. Admission hands the request to vLLM's waiting queue and the
+reserved blocks to the request (:meth:`MigrationSupport._hand_over`): no copy,
+and no free blocks beyond the reservation. Suspend/resume live in
 :class:`~.scheduler.ShoalScheduler`. One in-process worker only (the engine
-reads the worker's connector in this process; tensor parallelism would need
+reads the worker's KV tensors in this process; tensor parallelism would need
 ``collective_rpc``).
 
 Buffer format: per block, every layer's slice of vLLM's KV tensors in
