@@ -1,8 +1,8 @@
 """Live migration between two vllm-engine agents on a real nats-server (the vLLM twin of ``test_torch``).
 
 A greedy request migrated in at least two stages while other requests decode
-on both instances must produce exactly the tokens of an unmigrated run, finish
-once, and a subscriber must see no gap and no duplicate across the move; free
+on both instances, over TCP and over UCX, must produce exactly the tokens of
+an unmigrated run, finish once, and a subscriber must see no gap and no duplicate across the move; free
 block counts on both engines end where they started. A destination without
 room aborts the migration at pre-allocation and the request finishes on its
 source. Skipped (with the reason) where vLLM is not installed.
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,8 @@ from agents.engines.vllm_engine import vllm_unavailable_reason
 from agents.engines.vllm_engine.checkpoint import build_checkpoint
 from schemas import GenerateRequest, SamplingParams
 from tests.agents.agent_cluster import agent_cluster, fast_agent_config
+from transport import TransportConfig
+from transport.ucx import ucx_available
 
 _REASON = vllm_unavailable_reason()
 pytestmark = [
@@ -77,13 +80,18 @@ async def _idle(*agents: Any) -> None:
             await asyncio.sleep(0.01)
 
 
-async def test_migrated_request_matches_an_unmigrated_run(nats_url: str, engines: Any) -> None:
+@pytest.mark.parametrize("kind", ["tcp", "ucx"])
+async def test_migrated_request_matches_an_unmigrated_run(nats_url: str, engines: Any, kind: str) -> None:
+    if kind == "ucx" and (reason := ucx_available()) is not None:
+        pytest.fail(f"UCX must be exercised here but is unavailable: {reason}")
+    transport = TransportConfig(kind=kind, ucx_tls="tcp" if kind == "ucx" else "", send_timeout_s=5.0)
     first, second, _ = engines
     expected = _unmigrated(first)
     assert first.stats().num_free_blocks == NUM_BLOCKS == second.stats().num_free_blocks
     async with agent_cluster(nats_url) as cluster:
-        a1 = await cluster.add(first, fast_agent_config("v1"))
-        a2 = await cluster.add(second, fast_agent_config("v2"))
+        a1 = await cluster.add(first, replace(fast_agent_config("v1"), transport=transport))
+        a2 = await cluster.add(second, replace(fast_agent_config("v2"), transport=transport))
+        assert a1.transport.kind == kind
         for instance, name in (("v1", "bg1"), ("v2", "bg2")):  # co-located requests decode on both sides
             background = GenerateRequest(
                 request_id=name, token_ids=(3, 4, 5), sampling=SamplingParams(max_tokens=150, ignore_eos=True)
