@@ -4,9 +4,9 @@ Modules: ``config`` (:class:`VllmEngineConfig`), ``compat`` (which vLLM is
 installed), ``sampling`` (shoal's sampling as vLLM's; which requests cannot
 migrate), ``checkpoint`` (a small random Llama both vLLM and the torch engine
 load), and, importing vLLM: ``engine`` (:class:`~.engine.VllmEngine`),
-``scheduler`` (vLLM's scheduler plus suspend/resume), ``connector`` (the KV
-connector that admits migrated requests), ``kv_blocks`` (block copies on vLLM's
-KV tensors) and ``migration``. See ``STATUS.md`` beside this file.
+``scheduler`` (vLLM's scheduler plus suspend/resume), ``kv_blocks`` (block
+gather/scatter on vLLM's KV tensors) and ``migration`` (reservations, export,
+import, admission). See ``STATUS.md`` beside this file.
 """
 
 from agents.engines.vllm_engine.compat import VllmUnavailable, vllm_unavailable_reason, vllm_version

@@ -17,8 +17,8 @@ class VllmEngineConfig:
     vLLM otherwise takes from ``VLLM_CPU_KVCACHE_SPACE``); without either, vLLM
     sizes it from ``gpu_memory_utilization`` (GPU) or its CPU default.
     ``block_size``: vLLM's CPU attention wants a multiple of 32.
-    ``migration`` installs shoal's KV connector (needs prefix caching off and
-    one in-process worker: ``tensor_parallel_size`` 1).
+    ``migration`` turns prefix caching off (migrated requests get their blocks
+    handed over, unhashed) and needs one in-process worker (``tensor_parallel_size`` 1).
     """
 
     model: str

@@ -18,9 +18,10 @@ appended to its prompt (see :mod:`.sampling`). Stats come from vLLM's
 scheduler and its KV block pool: block 0 is vLLM's null block, so capacity is
 ``num_gpu_blocks - 1``.
 
-Migration (:mod:`.migration`) goes through shoal's KV connector and
-:class:`~.scheduler.ShoalScheduler`; this module holds the serving half and
-delegates the rest.
+Migration (:mod:`.migration`: reservations from vLLM's block pool, block
+export/import, admission by handing the reserved blocks to the request) and
+:class:`~.scheduler.ShoalScheduler` (suspend/resume) hold the rest; this module
+holds the serving half and delegates to them.
 """
 
 from __future__ import annotations
@@ -106,11 +107,8 @@ def _engine_args(config: VllmEngineConfig) -> Any:
     )
     if config.max_num_batched_tokens is not None:
         kwargs["max_num_batched_tokens"] = config.max_num_batched_tokens
-    if config.migration:
-        from agents.engines.vllm_engine.migration import kv_transfer_config
-
+    if config.migration:  # admission hands reserved blocks to a request: no prefix-cache hashing for them
         kwargs["enable_prefix_caching"] = False
-        kwargs["kv_transfer_config"] = kv_transfer_config()
     return EngineArgs(**kwargs)
 
 
@@ -296,8 +294,6 @@ class VllmEngine:
             return self._execute_locked(plan)
 
     def _execute_locked(self, plan: Any) -> Any:
-        if self.migration is not None:
-            self.migration.before_execute(plan)
         executor = self.core.model_executor
         output = executor.execute_model(plan)
         if output is None:
@@ -312,8 +308,6 @@ class VllmEngine:
         )
         core_outputs = self.scheduler.update_from_output(plan, model_output)
         self._num_steps += 1
-        if self.migration is not None:
-            self.migration.after_step()
         dropped = self._apply_deferred() if self._deferred else set()
         outputs: list[RequestOutput] = []
         for client_outputs in core_outputs.values():
@@ -352,8 +346,6 @@ class VllmEngine:
     def _forget(self, request_id: str) -> None:
         if self._requests.pop(request_id, None) is not None:
             self._num_finished += 1
-        if self.migration is not None:
-            self.migration.forget(request_id)
 
     def _apply_deferred(self) -> set[str]:
         dropped: set[str] = set()
@@ -519,8 +511,6 @@ class VllmEngine:
         freed = len(self._block_ids(request_id))
         self.scheduler.finish_requests(request_id, VllmStatus.FINISHED_ABORTED)
         self._requests.pop(request_id, None)
-        if self.migration is not None:
-            self.migration.forget(request_id)
         return freed
 
     def release_request(self, request_id: str) -> int:

@@ -1,4 +1,4 @@
-"""``KVBlocks``: one engine's KV tensors seen as blocks — gather, scatter, copy (torch only).
+"""``KVBlocks``: one engine's KV tensors seen as blocks — gather and scatter (torch only).
 
 vLLM allocates one KV tensor per attention layer; its layout depends on the
 attention backend (CPU: ``[num_blocks, kv_heads, block_size, 2 * head_dim]``;
@@ -53,12 +53,3 @@ class KVBlocks:
             offset += width
             values = chunk.view(tensor.dtype).reshape(shape).movedim(0, dim)
             tensor.index_copy_(dim, self._index(tensor, block_ids), values)
-
-    def copy(self, pairs: Sequence[tuple[int, int]]) -> None:
-        """Copy block ``source`` into block ``destination`` for each pair, in every layer."""
-        if not pairs:
-            return
-        for tensor, dim in zip(self.tensors, self.dims, strict=True):
-            source = self._index(tensor, [s for s, _ in pairs])
-            destination = self._index(tensor, [d for _, d in pairs])
-            tensor.index_copy_(dim, destination, tensor.index_select(dim, source))

@@ -22,28 +22,13 @@ from typing import TYPE_CHECKING, Any
 
 from agents.engines.block_manager import OutOfBlocks, Reservation
 from agents.engines.protocol import KVBuffer, MigrationError, UnknownRequest
-from agents.engines.vllm_engine.connector import BlockCopies
 from agents.engines.vllm_engine.kv_blocks import KVBlocks
 from schemas import SamplingParams
 
 if TYPE_CHECKING:
     from agents.engines.vllm_engine.engine import VllmEngine
 
-__all__ = ["CONNECTOR_NAME", "MigrationSupport", "kv_transfer_config"]
-
-CONNECTOR_NAME = "ShoalMigrationConnector"
-
-
-def kv_transfer_config() -> Any:
-    """vLLM's ``KVTransferConfig`` that installs shoal's connector."""
-    from vllm.config import KVTransferConfig
-
-    return KVTransferConfig(
-        kv_connector=CONNECTOR_NAME,
-        kv_connector_module_path="agents.engines.vllm_engine.connector",
-        kv_role="kv_both",
-    )
-
+__all__ = ["MigrationSupport"]
 
 class MigrationSupport:
     """Reservations and block copies of one vllm engine; see the module docstring."""
@@ -51,11 +36,9 @@ class MigrationSupport:
     def __init__(self, engine: VllmEngine) -> None:
         self.engine = engine
         self.pool = engine.scheduler.kv_cache_manager.block_pool
-        self.scheduler_connector = engine.scheduler.connector
         self.reservations: dict[int, list[Any]] = {}  # reservation id -> vLLM KVCacheBlocks
         self._reserved_ids: set[int] = set()
         self._ids = itertools.count(1)
-        self._admitted: dict[str, list[Reservation]] = {}  # request -> reservations to free once copied
         self._kv: KVBlocks | None = None
 
     @property
@@ -73,12 +56,6 @@ class MigrationSupport:
                     f"expected {self.engine.info.bytes_per_block}"
                 )
         return self._kv
-
-    def before_execute(self, plan: Any) -> None:
-        """Copy migrated requests' reserved blocks into the blocks vLLM just gave them."""
-        meta = plan.kv_connector_metadata
-        if isinstance(meta, BlockCopies) and meta.copies:
-            self.kv.copy(meta.copies)
 
     # --------------------------------------------------------- source side
 
@@ -183,16 +160,3 @@ class MigrationSupport:
         if held[needed:]:
             self.pool.free_blocks(held[needed:])
         request.num_computed_tokens = computed
-
-    def after_step(self) -> None:
-        """Free the reservations whose blocks the last step copied into their requests."""
-        for request_id in self.scheduler_connector.loaded:
-            for reservation in self._admitted.pop(request_id, []):
-                self.release_reservation(reservation)
-        self.scheduler_connector.loaded.clear()
-
-    def forget(self, request_id: str) -> None:
-        """A request left before its blocks were copied: free what it still holds in reservations."""
-        self.scheduler_connector.pending.pop(request_id, None)
-        for reservation in self._admitted.pop(request_id, []):
-            self.release_reservation(reservation)

@@ -49,12 +49,7 @@ def _vllm(checkpoint: Path) -> Any:
 
 @pytest.fixture(scope="module")
 def vllm_reference(checkpoint: Path) -> list[int]:
-    """vLLM's own ``LLM.generate`` greedy tokens for PROMPT.
-
-    Built before the engines: vLLM keeps the worker-side KV connector in a
-    process-wide singleton, so a plain ``LLM`` started after a shoal engine
-    (which installs its connector) would find it and fail.
-    """
+    """vLLM's own ``LLM.generate`` greedy tokens for PROMPT (built, and shut down, before the engines)."""
     if _REASON is not None:
         pytest.skip(_REASON)
     from vllm import LLM
