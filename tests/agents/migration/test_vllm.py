@@ -5,7 +5,9 @@ on both instances, over TCP and over UCX, must produce exactly the tokens of
 an unmigrated run, finish once, and a subscriber must see no gap and no duplicate across the move; free
 block counts on both engines end where they started. A destination without
 room aborts the migration at pre-allocation and the request finishes on its
-source. Skipped (with the reason) where vLLM is not installed.
+source. A lost or repeated handshake message either still migrates or rolls
+back, with the same tokens and free counts. Skipped (with the reason) where
+vLLM is not installed.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from agents.agent import FaultPlan
 from agents.engines.vllm_engine import vllm_unavailable_reason
 from agents.engines.vllm_engine.checkpoint import build_checkpoint
 from schemas import GenerateRequest, SamplingParams
@@ -144,3 +147,45 @@ async def test_destination_out_of_blocks_aborts_and_the_request_finishes_on_its_
         await _idle(a1, a3)
         assert a1.engine.stats().num_free_blocks == NUM_BLOCKS
         assert a3.engine.stats().num_free_blocks == 2
+
+
+#: (message type, the agent that drops or repeats it, fault, whether the migration still succeeds)
+MESSAGE_FAULTS = [
+    ("Ack", "v2", "drop", False),
+    ("StageDone", "v1", "duplicate", True),
+    ("Commit", "v1", "drop", False),
+    ("CommitAck", "v2", "drop", True),
+]
+
+
+@pytest.mark.parametrize(("message", "faulty", "fault", "migrates"), MESSAGE_FAULTS)
+async def test_lost_or_repeated_handshake_message(
+    nats_url: str, engines: Any, message: str, faulty: str, fault: str, migrates: bool
+) -> None:
+    """Every rollback path on vLLM engines: the request finishes once with the unmigrated tokens."""
+    first, second, _ = engines
+    expected = _unmigrated(first)
+    plan = FaultPlan(**{f"{fault}_outgoing": frozenset({message})}, max_faults=1)
+    async with agent_cluster(nats_url) as cluster:
+        agents = {}
+        for name, engine in (("v1", first), ("v2", second)):
+            faults = plan if name == faulty else FaultPlan()
+            agents[name] = await cluster.add(engine, fast_agent_config(name, faults=faults))
+        a1, a2 = agents["v1"], agents["v2"]
+        watcher = await cluster.watch("faulty")
+        request = GenerateRequest(request_id="faulty", token_ids=PROMPT, sampling=GREEDY)
+        assert (await cluster.generate("v1", request)).accepted
+        while len(watcher.tokens()) < 30:
+            await asyncio.sleep(0.005)
+        outcome = await a1.migrate("faulty", "v2")
+        assert agents[faulty].migration.faults_applied, "the fault was not injected"
+        assert outcome.migrated is migrates, outcome.reason
+        await watcher.wait_finished(timeout=60)
+        await asyncio.sleep(0.2)
+        assert watcher.tokens() == expected
+        assert sum(1 for d in watcher.deltas if d.finish_reason is not None) == 1
+        assert {d.owner_epoch for d in watcher.deltas} == ({0, 1} if migrates else {0})
+        await watcher.close()
+        await _idle(a1, a2)
+        assert a1.engine.stats().num_free_blocks == NUM_BLOCKS == a2.engine.stats().num_free_blocks
+        assert a1.engine.stats().num_reserved_blocks == 0 == a2.engine.stats().num_reserved_blocks
