@@ -250,3 +250,20 @@ def test_admission_needs_no_blocks_beyond_the_reservation(engines: Any) -> None:
     for request_id in ("tight", "fill0", "fill1", "fill2"):
         assert destination.abort(request_id)
     assert destination.stats().num_free_blocks == NUM_BLOCKS == source.stats().num_free_blocks
+
+
+@needs_vllm
+def test_a_migrated_request_aborted_before_its_first_step_frees_its_blocks(engines: Any) -> None:
+    source, destination = engines
+    source.add_request("early", PROMPT, GREEDY)
+    _step_collect(source, {}, 5)
+    source.suspend("early")
+    held = source.request_stats("early").num_blocks
+    reservation = destination.reserve(held + 2)  # more than it needs: the rest goes back at admission
+    destination.import_blocks(reservation.block_ids[:held], source.export_blocks("early", range(held)))
+    destination.admit_migrated("early", PROMPT, source.output_token_ids("early"), GREEDY, 0, [reservation])
+    assert source.abort("early")
+    assert destination.stats().num_free_blocks == NUM_BLOCKS - held
+    assert destination.stats().num_reserved_blocks == 0
+    assert destination.abort("early")  # still waiting in vLLM's queue
+    assert destination.stats().num_free_blocks == NUM_BLOCKS == source.stats().num_free_blocks
