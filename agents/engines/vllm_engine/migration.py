@@ -17,6 +17,7 @@ sorted layer-name order, raw bytes (``bytes_per_block`` each).
 from __future__ import annotations
 
 import itertools
+import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -67,8 +68,8 @@ class MigrationSupport:
         if bad:
             raise MigrationError(f"request {request_id!r} holds {len(table)} blocks; cannot export {bad[:5]}")
         data = self.kv.gather([table[i] for i in block_indices])
-        payload = data.numpy().tobytes()
-        return KVBuffer(len(block_indices), len(payload), payload)
+        payload = data.reshape(-1).numpy().data.cast("B")  # zero-copy: gather's result is contiguous
+        return KVBuffer(len(block_indices), payload.nbytes, payload)
 
     # ---------------------------------------------------- destination side
 
@@ -107,8 +108,13 @@ class MigrationSupport:
         not_reserved = [b for b in block_ids if b not in self._reserved_ids]
         if not_reserved:
             raise MigrationError(f"blocks {not_reserved[:5]} are not reserved; reserve before importing")
-        data = torch.frombuffer(bytearray(buffer.payload), dtype=torch.uint8).reshape(len(block_ids), -1)
-        self.kv.scatter(list(block_ids), data)
+        if not block_ids:
+            return
+        with warnings.catch_warnings():
+            # frombuffer warns about read-only memory (bytes); the tensor is only read by the scatter
+            warnings.simplefilter("ignore", UserWarning)
+            raw = torch.frombuffer(memoryview(buffer.payload).cast("B"), dtype=torch.uint8)
+        self.kv.scatter(list(block_ids), raw.reshape(len(block_ids), -1))
 
     def admit_migrated(
         self,

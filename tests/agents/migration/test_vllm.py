@@ -38,7 +38,7 @@ pytestmark = [
 ]
 
 NUM_BLOCKS = 48
-GREEDY = SamplingParams(max_tokens=200, ignore_eos=True)
+GREEDY = SamplingParams(max_tokens=400, ignore_eos=True)  # 470 tokens: long enough to still run under load
 PROMPT = tuple((i * 37) % 500 + 3 for i in range(70))
 
 
