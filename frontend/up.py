@@ -42,6 +42,7 @@ from scheduler.cli import scale_band_options
 __all__ = ["Child", "ClusterProcesses", "up"]
 
 _SHOAL = [sys.executable, "-c", "from frontend.cli import main; main()"]
+_VLLM_CPU_KV_BYTES = 2**30  # per agent, unless --kv-cache-bytes or VLLM_CPU_KVCACHE_SPACE says otherwise
 
 
 @dataclass
@@ -136,7 +137,8 @@ def _tail(path: Path, lines: int = 15) -> str:
 @click.option("--block-size", type=int, default=32, show_default=True, help="vllm: KV block size (CPU: x32).")
 @click.option("--max-model-len", type=int, default=None, help="vllm: context length.")
 @click.option("--dtype", default=None, help="vllm: model dtype.")
-@click.option("--kv-cache-bytes", type=int, default=None, help="vllm: KV space per agent in bytes.")
+@click.option("--kv-cache-bytes", type=int, default=None,
+              help="vllm: KV space per agent in bytes (on CPU 1 GiB unless VLLM_CPU_KVCACHE_SPACE is set).")
 @click.option("--no-scheduler", is_flag=True, help="Run without a scheduler (the frontend places requests).")
 @click.option("--autoscale", is_flag=True,
               help="Let the scheduler start and stop agents (between --min-instances and --max-instances).")
@@ -192,6 +194,14 @@ def _start(
         click.echo(f"nats            {nats_url}")
     common = ["--nats-url", nats_url, "--prefix", options["prefix"]]
     engine = options["engine"]
+    vllm_kv_unset = options["kv_cache_bytes"] is None and not os.environ.get("VLLM_CPU_KVCACHE_SPACE")
+    if engine == "vllm" and vllm_kv_unset:
+        from agents.engines.vllm_engine import vllm_version
+
+        if (vllm_version() or "").endswith("+cpu"):  # vLLM on CPU would size each agent's KV to 90% of RAM
+            options = {**options, "kv_cache_bytes": _VLLM_CPU_KV_BYTES}
+            click.echo(f"kv cache        {_VLLM_CPU_KV_BYTES / 2**30:g} GiB per agent "
+                       "(vLLM on CPU; --kv-cache-bytes)")
     model = options["model"] or ("small" if engine == "torch" else "tiny-test")
 
     def agent_args(instance_id: str) -> list[str]:

@@ -55,13 +55,15 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def shoal_up(checkpoint: Path, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[tuple[int, str]]:
     """``shoal up --engine vllm`` with ``request.param`` instances; yields (port, model name)."""
     port = free_port()
-    # 64 MiB of KV per agent: vLLM's CPU default (VLLM_CPU_KVCACHE_SPACE) would take GiBs per instance
+    # one instance: shoal up's own KV size on CPU (1 GiB; vLLM's would be 90% of RAM); two: 64 MiB each
+    kv_bytes = [] if request.param == 1 else ["--kv-cache-bytes", str(64 * 2**20)]
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"}
     process = subprocess.Popen(
         [sys.executable, "-c", "from frontend.cli import main; main()", "up", "--engine", "vllm",
          "--model", str(checkpoint), "--instances", str(request.param), "--port", str(port),
-         "--kv-cache-bytes", str(64 * 2**20), "--max-model-len", "1024",
+         *kv_bytes, "--max-model-len", "1024",
          "--log-dir", str(tmp_path / "logs"), "--ready-timeout", "240"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
     )
     assert process.stdout is not None
     pids: dict[str, int] = {}
@@ -80,6 +82,8 @@ def shoal_up(checkpoint: Path, tmp_path: Path, request: pytest.FixtureRequest) -
         else:
             raise AssertionError("shoal up did not become ready:\n" + "\n".join(lines))
         assert {f"agent-{i}" for i in range(request.param)} | {"nats-server", "frontend"} <= set(pids)
+        defaulted = any(line.startswith("kv cache        1 GiB per agent") for line in lines)
+        assert defaulted == (request.param == 1)
         yield port, str(checkpoint)
     finally:
         process.send_signal(signal.SIGINT)
