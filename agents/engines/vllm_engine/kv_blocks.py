@@ -3,8 +3,10 @@
 vLLM allocates one KV tensor per attention layer; its layout depends on the
 attention backend (CPU: ``[num_blocks, kv_heads, block_size, 2 * head_dim]``;
 flash-attention: ``[2, num_blocks, ...]``), so the block dimension is found
-by its size. A gathered buffer is block-major: per block, every layer's slice
-in layer order, raw bytes.
+by its size. A gathered buffer is layer-major: per layer (in order), that
+layer's slices of the blocks in the order given, raw bytes; so each layer is
+one contiguous run written by one ``index_select`` and read by one
+``index_copy_``, with no copy in between.
 """
 
 from __future__ import annotations
@@ -36,20 +38,30 @@ class KVBlocks:
         return torch.tensor(list(block_ids), dtype=torch.long, device=tensor.device)
 
     def gather(self, block_ids: Sequence[int]) -> torch.Tensor:
-        """The blocks as one CPU ``uint8`` tensor of shape ``[len(block_ids), bytes_per_block]``."""
-        parts = []
-        for tensor, dim in zip(self.tensors, self.dims, strict=True):
-            blocks = tensor.index_select(dim, self._index(tensor, block_ids)).movedim(dim, 0).contiguous()
-            parts.append(blocks.view(torch.uint8).reshape(len(block_ids), -1))
-        return torch.cat(parts, dim=1).cpu()
-
-    def scatter(self, block_ids: Sequence[int], data: torch.Tensor) -> None:
-        """Write a :meth:`gather` result into ``block_ids``."""
+        """The blocks as one flat CPU ``uint8`` tensor of ``len(block_ids) * bytes_per_block`` bytes."""
+        count = len(block_ids)
+        out = torch.empty(count * self.bytes_per_block, dtype=torch.uint8)
         offset = 0
         for tensor, dim in zip(self.tensors, self.dims, strict=True):
-            shape = [len(block_ids), *tensor.shape[:dim], *tensor.shape[dim + 1 :]]
-            width = tensor.element_size() * int(torch.Size(shape[1:]).numel())
-            chunk = data[:, offset : offset + width].to(tensor.device).contiguous()
+            shape = [count, *tensor.shape[:dim], *tensor.shape[dim + 1 :]]
+            width = count * tensor.element_size() * int(torch.Size(shape[1:]).numel())
+            target = out[offset : offset + width].view(tensor.dtype).view(shape)
             offset += width
-            values = chunk.view(tensor.dtype).reshape(shape).movedim(0, dim)
+            index = self._index(tensor, block_ids)
+            if dim == 0 and tensor.device.type == "cpu":
+                torch.index_select(tensor, 0, index, out=target)
+            else:
+                target.copy_(tensor.index_select(dim, index).movedim(dim, 0))
+        return out
+
+    def scatter(self, block_ids: Sequence[int], data: torch.Tensor) -> None:
+        """Write a :meth:`gather` result (flat ``uint8``) into ``block_ids``."""
+        count = len(block_ids)
+        offset = 0
+        for tensor, dim in zip(self.tensors, self.dims, strict=True):
+            shape = [count, *tensor.shape[:dim], *tensor.shape[dim + 1 :]]
+            width = count * tensor.element_size() * int(torch.Size(shape[1:]).numel())
+            chunk = data[offset : offset + width].to(tensor.device)
+            offset += width
+            values = chunk.view(tensor.dtype).view(shape).movedim(0, dim)
             tensor.index_copy_(dim, self._index(tensor, block_ids), values)

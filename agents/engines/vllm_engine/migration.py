@@ -10,8 +10,9 @@ and no free blocks beyond the reservation. Suspend/resume live in
 reads the worker's KV tensors in this process; tensor parallelism would need
 ``collective_rpc``).
 
-Buffer format: per block, every layer's slice of vLLM's KV tensors in
-sorted layer-name order, raw bytes (``bytes_per_block`` each).
+Buffer format: layer-major, per layer of vLLM's KV tensors (in the worker's
+order) that layer's slices of the blocks, raw bytes (``bytes_per_block`` per
+block in all); see :mod:`.kv_blocks`.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ class MigrationSupport:
         if bad:
             raise MigrationError(f"request {request_id!r} holds {len(table)} blocks; cannot export {bad[:5]}")
         data = self.kv.gather([table[i] for i in block_indices])
-        payload = data.reshape(-1).numpy().data.cast("B")  # zero-copy: gather's result is contiguous
+        payload = data.numpy().data.cast("B")  # zero-copy: gather's result is flat and contiguous
         return KVBuffer(len(block_indices), payload.nbytes, payload)
 
     # ---------------------------------------------------- destination side
@@ -114,7 +115,7 @@ class MigrationSupport:
             # frombuffer warns about read-only memory (bytes); the tensor is only read by the scatter
             warnings.simplefilter("ignore", UserWarning)
             raw = torch.frombuffer(memoryview(buffer.payload).cast("B"), dtype=torch.uint8)
-        self.kv.scatter(list(block_ids), raw.reshape(len(block_ids), -1))
+        self.kv.scatter(list(block_ids), raw)
 
     def admit_migrated(
         self,
