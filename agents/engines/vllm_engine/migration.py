@@ -141,6 +141,9 @@ class MigrationSupport:
             raise MigrationError(
                 f"{computed} computed tokens of {len(tokens)}: one token must be left to compute"
             )
+        groups = len(engine.scheduler.kv_cache_manager.coordinator.single_type_managers)
+        if groups != 1:  # hybrid / sliding-window models keep several block tables per request
+            raise MigrationError(f"this model has {groups} KV cache groups; migration handles one")
         if not engine.add_request(
             request_id, prompt_token_ids, sampling, priority, output_token_ids=output_token_ids
         ):
