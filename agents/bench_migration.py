@@ -1,7 +1,9 @@
 """``shoal bench migration``: downtime of live migration vs blocking copy vs recompute, by sequence length.
 
 Setup (stated in the output): two agents driving the torch engine (``kv-heavy``
-preset by default, float32 on CPU) in one process, each on its own thread and
+preset by default, float32 on CPU) or, with ``--engine vllm --model DIR``, the
+vllm engine (float32 on CPU; vLLM runs one engine's forward pass at a time per
+process, see :mod:`agents.engines.vllm_engine.engine`) in one process, each on its own thread and
 event loop with its own NATS connection (an embedded nats-server unless
 ``--nats``) and its own KV transport (TCP on loopback by default); one torch
 intra-op thread per agent. Each run puts ``--background`` other requests
@@ -269,30 +271,61 @@ def run_benchmark(
     gaps: int,
     nats_url: str | None,
     echo: Any = print,
+    engine: str = "torch",
+    model: str | None = None,
+    max_model_len: int = 2048,
 ) -> dict[str, Any]:
-    """Run every (length, method, repeat) and return the JSON document."""
+    """Run every (length, method, repeat) and return the JSON document.
+
+    ``engine="vllm"`` runs the vllm engine on the checkpoint folder ``model``
+    (``preset`` is then unused) with ``max_model_len`` tokens of context.
+    """
     import torch
 
     from agents.agent import AgentConfig
     from agents.bench_harness import AgentThread
     from agents.engines.torch_engine import TorchEngine
-    from agents.engines.torch_engine import preset as model_preset
     from agents.migration.fsm.config import MigrationConfig
     from bus import BusConfig, JetStreamBus
     from bus.server import EmbeddedNats
     from schemas import Codec, Subjects
     from transport import TransportConfig
 
-    torch.set_num_threads(1)
+    if engine == "torch":  # vLLM's CPU worker binds its own OpenMP threads (its attention kernel checks them)
+        torch.set_num_threads(1)
     server = None
     if nats_url is None:
         server = EmbeddedNats().start()
         nats_url = server.url
     subjects = Subjects(f"bench{uuid.uuid4().hex[:8]}")
-    block_size = 16
-    num_blocks = (max(seq_lens) + 600) // block_size + background * 48 + 8
-    model = model_preset(preset)
-    kv_bytes_per_token = model.kv_bytes_per_token("float32")
+    kv_bytes_per_token = 0
+    if engine == "vllm":
+        if model is None:
+            raise ValueError("the vllm engine needs a checkpoint folder (model)")
+        if max(seq_lens) + 600 > max_model_len:
+            raise ValueError(f"sequence lengths up to {max(seq_lens)} + 600 decoded exceed {max_model_len}")
+        block_size = 32  # vLLM's CPU attention wants multiples of 32
+        # vLLM wants room for one request of the full context; the rest as for the torch engine
+        num_blocks = max_model_len // block_size + background * 24 + 8
+    else:
+        block_size = 16
+        num_blocks = (max(seq_lens) + 600) // block_size + background * 48 + 8
+
+    def build_engine() -> Any:
+        if engine == "vllm":
+            from agents.engines.vllm_engine.engine import VllmEngine
+
+            assert model is not None
+            return VllmEngine(
+                model,
+                num_blocks=num_blocks,
+                block_size=block_size,
+                kv_cache_bytes=512 * 2**20,
+                max_model_len=max_model_len,
+                max_batch_size=64,
+                dtype="float32",
+            )
+        return TorchEngine(preset, num_blocks=num_blocks, block_size=block_size, max_batch_size=64)
 
     def make(instance_id: str) -> AgentThread:
         config = AgentConfig(
@@ -310,7 +343,7 @@ def run_benchmark(
             ),
         )
         return AgentThread(
-            lambda: TorchEngine(preset, num_blocks=num_blocks, block_size=block_size, max_batch_size=64),
+            build_engine,
             config,
             nats_url,
             subjects,
@@ -322,6 +355,9 @@ def run_benchmark(
     try:
         source.start()
         destination.start()
+        assert source.agent is not None
+        info = source.agent.engine.info
+        kv_bytes_per_token = info.bytes_per_block // info.block_size
 
         async def main() -> None:
             bus = JetStreamBus(BusConfig(url=nats_url, subjects=subjects, name="bench-client"))
@@ -365,11 +401,12 @@ def run_benchmark(
     return {
         "benchmark": "migration",
         "setup": {
-            "preset": preset,
+            "engine": engine,
+            **({"model": model, "max_model_len": max_model_len} if engine == "vllm" else {"preset": preset}),
             "kv_bytes_per_token": kv_bytes_per_token,
             "block_size": block_size,
             "transport": transport,
-            "torch_threads_per_agent": 1,
+            "torch_threads_per_agent": 1 if engine == "torch" else "vLLM's CPU default",
             "agents": "two agents in one process, each on its own thread, event loop, NATS connection and "
             "transport; KV export/import and the steps of an agent with a migration in flight run in "
             "worker threads (other steps inline)",
@@ -451,7 +488,10 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
     "--recompute-long-repeats", default=2, show_default=True, help="Recompute runs at long lengths."
 )
 @click.option("--long-from", default=8192, show_default=True, help="Lengths from here count as long.")
-@click.option("--preset", default="kv-heavy", show_default=True)
+@click.option("--preset", default="kv-heavy", show_default=True, help="torch: model preset.")
+@click.option("--engine", type=click.Choice(["torch", "vllm"]), default="torch", show_default=True)
+@click.option("--model", default=None, help="vllm: a local checkpoint folder.")
+@click.option("--max-model-len", default=2048, show_default=True, help="vllm: context length.")
 @click.option("--transport", type=click.Choice(["tcp", "ucx"]), default="tcp", show_default=True)
 @click.option("--background", default=2, show_default=True, help="Co-located decoding requests per instance.")
 @click.option("--gaps", default=6, show_default=True, help="Tokens observed before each move.")
@@ -468,8 +508,13 @@ def bench_migration(
     background: int,
     gaps: int,
     nats_url: str | None,
+    engine: str,
+    model: str | None,
+    max_model_len: int,
 ) -> None:
-    """Live vs blocking vs recompute downtime by sequence length (torch engine, two agents)."""
+    """Live vs blocking vs recompute downtime by sequence length (torch or vllm engine, two agents)."""
+    if engine == "vllm" and model is None:
+        raise click.UsageError("--engine vllm needs --model CHECKPOINT_FOLDER")
     lengths = [int(part) for part in seq_lens.split(",") if part.strip()]
     result = run_benchmark(
         seq_lens=lengths,
@@ -482,6 +527,9 @@ def bench_migration(
         gaps=gaps,
         nats_url=nats_url,
         echo=click.echo,
+        engine=engine,
+        model=model,
+        max_model_len=max_model_len,
     )
     click.echo(json.dumps(result["setup"], indent=1))
     click.echo(_table(result["rows"]))

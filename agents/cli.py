@@ -44,6 +44,7 @@ def build_engine(
     seed: int,
     device: str,
     time_scale: float,
+    vllm_options: dict[str, Any] | None = None,
 ) -> Any:
     """The engine the options describe (torch is imported only when chosen)."""
     if engine == "sim":
@@ -65,6 +66,23 @@ def build_engine(
                 max_batch_size=max_batch_size,
             )
         )
+    if engine == "vllm":
+        from agents.engines.vllm_engine.config import VllmEngineConfig
+        from agents.engines.vllm_engine.engine import VllmEngine
+
+        extra = vllm_options or {}
+        return VllmEngine(
+            VllmEngineConfig(
+                model=model,
+                block_size=block_size,
+                num_blocks=num_blocks,
+                kv_cache_bytes=kv_cache_bytes,
+                max_model_len=max_model_len,
+                max_batch_size=max_batch_size,
+                seed=seed,
+                **{k: v for k, v in extra.items() if v is not None},
+            )
+        )
     raise click.BadParameter(f"unknown engine {engine!r}", param_hint="--engine")
 
 
@@ -72,7 +90,7 @@ def build_engine(
 @nats_option()
 @click.option("--prefix", default="shoal", show_default=True, help="Subject prefix of the cluster.")
 @click.option("--instance-id", default=None, help="Instance id (default: agent-<random>).")
-@click.option("--engine", type=click.Choice(["torch", "sim"]), default="torch", show_default=True)
+@click.option("--engine", type=click.Choice(["torch", "sim", "vllm"]), default="torch", show_default=True)
 @click.option(
     "--model", default="tiny", show_default=True, help="torch: preset name or HF checkpoint folder."
 )
@@ -85,6 +103,9 @@ def build_engine(
 @click.option("--max-model-len", type=int, default=None)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--device", default="cpu", show_default=True)
+@click.option("--dtype", default=None, help="vllm: model dtype (auto, float32, bfloat16, ...).")
+@click.option("--gpu-memory-utilization", type=float, default=None, help="vllm: GPU memory share.")
+@click.option("--tensor-parallel-size", type=int, default=None, help="vllm: TP degree (1 with migration).")
 @click.option("--threads", type=int, default=1, show_default=True, help="torch.set_num_threads (CPU).")
 @click.option(
     "--transport",
@@ -143,6 +164,11 @@ async def _run(options: dict[str, Any]) -> None:
         seed=options["seed"],
         device=options["device"],
         time_scale=options["time_scale"],
+        vllm_options={
+            "dtype": options["dtype"],
+            "gpu_memory_utilization": options["gpu_memory_utilization"],
+            "tensor_parallel_size": options["tensor_parallel_size"],
+        },
     )
     config = AgentConfig(
         instance_id=instance_id,

@@ -49,6 +49,7 @@ from scheduler.cli import scale_band_options
 __all__ = ["Child", "ClusterProcesses", "child_environment", "up"]
 
 _SHOAL = [sys.executable, "-c", "from frontend.cli import main; main()"]
+_VLLM_CPU_KV_BYTES = 2**30  # per agent, unless --kv-cache-bytes or VLLM_CPU_KVCACHE_SPACE says otherwise
 
 
 @dataclass
@@ -149,7 +150,7 @@ def _tail(path: Path, lines: int = 15) -> str:
 
 @click.command("up")
 @click.option("--instances", type=int, default=2, show_default=True, help="Agents to start.")
-@click.option("--engine", type=click.Choice(["torch", "sim"]), default="torch", show_default=True)
+@click.option("--engine", type=click.Choice(["torch", "sim", "vllm"]), default="torch", show_default=True)
 @click.option("--model", default=None,
               help="torch: preset (default small) or a Hugging Face checkpoint folder; sim: a profile.")
 @click.option("--port", type=int, default=8000, show_default=True, help="Frontend HTTP port.")
@@ -159,6 +160,11 @@ def _tail(path: Path, lines: int = 15) -> str:
 @click.option("--threads", type=int, default=1, show_default=True, help="Torch threads per agent.")
 @click.option("--num-blocks", type=int, default=None, help="KV blocks per agent (engine default if unset).")
 @click.option("--time-scale", type=float, default=1.0, show_default=True, help="sim: step time multiplier.")
+@click.option("--block-size", type=int, default=32, show_default=True, help="vllm: KV block size (CPU: x32).")
+@click.option("--max-model-len", type=int, default=None, help="vllm: context length.")
+@click.option("--dtype", default=None, help="vllm: model dtype.")
+@click.option("--kv-cache-bytes", type=int, default=None,
+              help="vllm: KV space per agent in bytes (on CPU 1 GiB unless VLLM_CPU_KVCACHE_SPACE is set).")
 @click.option("--no-scheduler", is_flag=True, help="Run without a scheduler (the frontend places requests).")
 @click.option("--autoscale", is_flag=True,
               help="Let the scheduler start and stop agents (between --min-instances and --max-instances).")
@@ -200,6 +206,8 @@ def _start(
     cluster: ClusterProcesses, options: dict[str, Any], log_dir: Path, stopping: Callable[[], bool]
 ) -> bool:
     """Start everything and wait until the frontend sees every instance; False if stopped meanwhile."""
+    if options["engine"] == "vllm" and options["model"] is None:
+        raise click.UsageError("--engine vllm needs --model CHECKPOINT_FOLDER")
     if options["autoscale"] and options["no_scheduler"]:
         raise click.UsageError("--autoscale needs the scheduler (drop --no-scheduler)")
     nats_url = options["nats_url"]
@@ -215,13 +223,25 @@ def _start(
         click.echo(f"nats            {nats_url}")
     common = ["--nats", nats_url, "--prefix", options["prefix"]]
     engine = options["engine"]
+    vllm_kv_unset = options["kv_cache_bytes"] is None and not os.environ.get("VLLM_CPU_KVCACHE_SPACE")
+    if engine == "vllm" and vllm_kv_unset:
+        from agents.engines.vllm_engine import vllm_version
+
+        if (vllm_version() or "").endswith("+cpu"):  # vLLM on CPU would size each agent's KV to 90% of RAM
+            options = {**options, "kv_cache_bytes": _VLLM_CPU_KV_BYTES}
+            click.echo(f"kv cache        {_VLLM_CPU_KV_BYTES / 2**30:g} GiB per agent "
+                       "(vLLM on CPU; --kv-cache-bytes)")
     model = options["model"] or ("small" if engine == "torch" else "tiny-test")
 
     def agent_args(instance_id: str) -> list[str]:
         args = ["agent", *common, "--instance-id", instance_id, "--engine", engine,
                 "--threads", str(options["threads"]), "--transport", "tcp"]
-        args += ["--model", model] if engine == "torch" else ["--profile", model,
-                                                              "--time-scale", str(options["time_scale"])]
+        args += ["--model", model] if engine != "sim" else ["--profile", model,
+                                                            "--time-scale", str(options["time_scale"])]
+        if engine == "vllm":
+            args += ["--block-size", str(options["block_size"])]
+            args += [a for k in ("max_model_len", "dtype", "kv_cache_bytes") if options[k] is not None
+                     for a in (f"--{k.replace('_', '-')}", str(options[k]))]
         if options["num_blocks"] is not None:
             args += ["--num-blocks", str(options["num_blocks"])]
         return args
@@ -253,7 +273,7 @@ def _start(
         metrics_port = free_port()
         child = cluster.spawn(instance_id, [*agent_args(instance_id), "--metrics-port", str(metrics_port)])
         click.echo(f"agent           {instance_id} pid {child.pid}  metrics http://127.0.0.1:{metrics_port}/metrics")
-    tokenizer = model if engine == "torch" else f"sim:{model}"
+    tokenizer = model if engine != "sim" else f"sim:{model}"
     serve_args = ["serve", *common, "--model", tokenizer, "--host", options["host"],
                   "--port", str(options["port"]), "--stall-timeout", str(options["stall_timeout"])]
     if options["max_tokens_cap"] is not None:

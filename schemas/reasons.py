@@ -102,6 +102,7 @@ class MigrationAbortReason(enum.StrEnum):
     TOO_MANY_OUTGOING = "too_many_outgoing"
     ALREADY_MIGRATING = "already_migrating"
     NOT_RUNNING = "not_running"
+    NOT_MIGRATABLE = "not_migratable"  # the engine cannot move it faithfully (e.g. seeded sampling on vLLM)
     CANCELLED = "cancelled"  # the agent stopped before the migration ended
 
 

@@ -11,7 +11,8 @@ frontend use it directly:
 * :mod:`agents.engines.tokenizer` — text <-> token ids (no torch; the frontend uses it);
 * :mod:`agents.engines.profile` — step-time profiles of the ``sim`` engine;
 * ``sim`` (:mod:`agents.engines.sim`) — timing model and exact block accounting, no tensors;
-* ``torch`` (:mod:`agents.engines.torch_engine`) — the built-in paged-KV transformer.
+* ``torch`` (:mod:`agents.engines.torch_engine`) — the built-in paged-KV transformer;
+* ``vllm`` (:mod:`agents.engines.vllm_engine`) — one in-process vLLM V1 engine (``./install.sh --vllm``).
 
 Engine modules are imported lazily by :func:`engine_class`, so choosing ``sim``
 never imports torch. Profiles (step-time tables) live in
@@ -28,6 +29,7 @@ __all__ = ["ENGINES", "engine_class"]
 ENGINES: dict[str, str] = {
     "sim": "agents.engines.sim:SimEngine",
     "torch": "agents.engines.torch_engine:TorchEngine",
+    "vllm": "agents.engines.vllm_engine.engine:VllmEngine",
 }
 
 

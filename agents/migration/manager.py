@@ -60,6 +60,23 @@ DESTINATION_FULL = frozenset({
 })
 
 
+
+def migration_blocker(engine: object, request_id: str) -> str | None:
+    """Why the engine cannot move this request faithfully, or None.
+
+    Engines that keep per-request state they cannot export (the vllm engine: seeded
+    sampling, repetition penalty) implement ``migration_blocker(request_id)``; the
+    others migrate everything.
+    """
+    check = getattr(engine, "migration_blocker", None)
+    if check is None:
+        return None
+    try:
+        reason: str | None = check(request_id)
+    except KeyError:  # UnknownRequest: gone meanwhile
+        return None
+    return reason
+
 class MigrationManager:
     """Every migration of one agent, both sides; see the module docstring."""
 
@@ -316,6 +333,9 @@ class MigrationManager:
         stats = self.agent.engine.request_stats(request_id)
         if stats is None or not stats.status.holds_blocks or self.agent.request_record(request_id) is None:
             return refused(MigrationAbortReason.NOT_RUNNING, "not running here")
+        blocker = migration_blocker(self.agent.engine, request_id)
+        if blocker is not None:
+            return refused(MigrationAbortReason.NOT_MIGRATABLE, blocker)
         driver = SourceDriver(
             self,
             migration_id=migration_id,
@@ -370,6 +390,8 @@ class MigrationManager:
             return
         stats = self.agent.engine.stats()
         exclude = set(self.sources_by_request) | self._command_failures
+        engine = self.agent.engine
+        exclude |= {r.request_id for r in stats.requests if migration_blocker(engine, r.request_id)}
         chosen = select_requests_to_migrate(
             running_requests(stats),
             num_total_blocks=stats.num_total_blocks,

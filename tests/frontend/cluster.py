@@ -1,4 +1,4 @@
-"""Test helpers: agents (sim or torch engines) and a frontend in one process on the real nats-server.
+"""Test helpers: agents (sim, torch or vllm engines) and a frontend in one process on the real nats-server.
 
 :func:`frontend_cluster` starts ``n`` real :class:`agents.agent.Agent` s under a
 prefix unique to the test, a :class:`~frontend.gateway.Gateway` on its own bus
@@ -39,6 +39,12 @@ def bus_config(url: str, subjects: Subjects, name: str) -> BusConfig:
 
 
 def make_engine(kind: str, **options: Any) -> Any:
+    if kind == "vllm":  # options["model"]: a checkpoint folder (agents.engines.vllm_engine.checkpoint)
+        from agents.engines.vllm_engine.engine import VllmEngine
+
+        return VllmEngine(options["model"], num_blocks=options.get("num_blocks", 128), max_batch_size=32,
+                          kv_cache_bytes=64 * 2**20, max_model_len=options.get("max_model_len", 512),
+                          dtype="float32")
     if kind == "sim":
         from agents.engines.sim import SimEngine
 
@@ -116,17 +122,18 @@ class Cluster:
 
 @contextlib.asynccontextmanager
 async def frontend_cluster(
-    url: str, *, instances: int = 2, engine: str = "sim", **config_changes: Any
+    url: str, *, instances: int = 2, engine: str = "sim", engine_options: dict[str, Any] | None = None,
+    **config_changes: Any,
 ) -> AsyncIterator[Cluster]:
     subjects = Subjects(f"t{uuid.uuid4().hex[:12]}")
-    model = "sim:tiny-test" if engine == "sim" else "tiny"
+    model = {"sim": "sim:tiny-test", "vllm": (engine_options or {}).get("model", "")}.get(engine, "tiny")
     config = FrontendConfig(nats_url=url, prefix=subjects.prefix, model=model, max_model_len=256,
                             instance_stale_after=1.0, gap_grace=0.1)
     config = dataclasses.replace(config, **config_changes)
     cluster = Cluster(url=url, subjects=subjects, config=config, engine=engine)
     try:
         for index in range(instances):
-            await cluster.add_agent(f"i{index}")
+            await cluster.add_agent(f"i{index}", **(engine_options or {}))
         bus = JetStreamBus(bus_config(url, subjects, "frontend"))
         await bus.connect()
         cluster.buses.append(bus)

@@ -1,0 +1,172 @@
+"""The migration half of :class:`~.engine.VllmEngine`: reservations, block export/import, admission.
+
+Reservations are blocks taken from vLLM's own block pool (so vLLM's free
+count, and shoal's stats, see them as used); stages are written into them
+through :class:`~.kv_blocks.KVBlocks` over the KV tensors of the engine's
+in-process worker. Admission hands the request to vLLM's waiting queue and the
+reserved blocks to the request (:meth:`MigrationSupport._hand_over`): no copy,
+and no free blocks beyond the reservation. Suspend/resume live in
+:class:`~.scheduler.ShoalScheduler`. One in-process worker only (the engine
+reads the worker's KV tensors in this process; tensor parallelism would need
+``collective_rpc``).
+
+Buffer format: layer-major, per layer of vLLM's KV tensors (in the worker's
+order) that layer's slices of the blocks, raw bytes (``bytes_per_block`` per
+block in all); see :mod:`.kv_blocks`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from agents.engines.block_manager import OutOfBlocks, Reservation
+from agents.engines.protocol import KVBuffer, MigrationError, UnknownRequest
+from agents.engines.vllm_engine.kv_blocks import KVBlocks
+from schemas import SamplingParams
+
+if TYPE_CHECKING:
+    from agents.engines.vllm_engine.engine import VllmEngine
+
+__all__ = ["MigrationSupport"]
+
+class MigrationSupport:
+    """Reservations and block copies of one vllm engine; see the module docstring."""
+
+    def __init__(self, engine: VllmEngine) -> None:
+        self.engine = engine
+        self.pool = engine.scheduler.kv_cache_manager.block_pool
+        self.reservations: dict[int, list[Any]] = {}  # reservation id -> vLLM KVCacheBlocks
+        self._reserved_ids: set[int] = set()
+        self._ids = itertools.count(1)
+        self._kv: KVBlocks | None = None
+
+    @property
+    def num_reserved_blocks(self) -> int:
+        return len(self._reserved_ids)
+
+    @property
+    def kv(self) -> KVBlocks:
+        if self._kv is None:
+            runner = self.engine.core.model_executor.driver_worker.worker.model_runner
+            self._kv = KVBlocks(runner.kv_caches, self.pool.num_gpu_blocks)
+            if self._kv.bytes_per_block != self.engine.info.bytes_per_block:
+                raise MigrationError(
+                    f"vLLM's KV tensors hold {self._kv.bytes_per_block} bytes per block, "
+                    f"expected {self.engine.info.bytes_per_block}"
+                )
+        return self._kv
+
+    # --------------------------------------------------------- source side
+
+    def export_blocks(self, request_id: str, block_indices: Sequence[int]) -> KVBuffer:
+        if request_id not in self.engine._requests:
+            raise UnknownRequest(request_id)
+        table = self.engine._block_ids(request_id)
+        bad = [i for i in block_indices if not 0 <= i < len(table)]
+        if bad:
+            raise MigrationError(f"request {request_id!r} holds {len(table)} blocks; cannot export {bad[:5]}")
+        data = self.kv.gather([table[i] for i in block_indices])
+        payload = data.numpy().data.cast("B")  # zero-copy: gather's result is flat and contiguous
+        return KVBuffer(len(block_indices), payload.nbytes, payload)
+
+    # ---------------------------------------------------- destination side
+
+    def reserve(self, num_blocks: int) -> Reservation:
+        free = self.pool.get_num_free_blocks()
+        if num_blocks > free:
+            raise OutOfBlocks(num_blocks, free)
+        blocks = self.pool.get_new_blocks(num_blocks)
+        reservation = Reservation(next(self._ids), tuple(b.block_id for b in blocks))
+        self.reservations[reservation.reservation_id] = blocks
+        self._reserved_ids.update(reservation.block_ids)
+        return reservation
+
+    def release_reservation(self, reservation: Reservation) -> int:
+        blocks = self.reservations.pop(reservation.reservation_id, None)
+        if blocks is None:
+            return 0
+        self.pool.free_blocks(blocks)
+        self._reserved_ids.difference_update(reservation.block_ids)
+        return len(blocks)
+
+    def import_blocks(self, block_ids: Sequence[int], buffer: KVBuffer) -> None:
+        import torch
+
+        bytes_per_block = self.engine.info.bytes_per_block
+        if buffer.num_blocks != len(block_ids):
+            raise MigrationError(f"buffer holds {buffer.num_blocks} blocks, {len(block_ids)} block ids given")
+        if (
+            buffer.nbytes != buffer.num_blocks * bytes_per_block
+            or memoryview(buffer.payload).nbytes != buffer.nbytes
+        ):
+            raise MigrationError(
+                f"buffer of {buffer.nbytes} bytes for {buffer.num_blocks} blocks of {bytes_per_block} bytes: "
+                "KV layouts differ or it carries no KV data"
+            )
+        not_reserved = [b for b in block_ids if b not in self._reserved_ids]
+        if not_reserved:
+            raise MigrationError(f"blocks {not_reserved[:5]} are not reserved; reserve before importing")
+        if not block_ids:
+            return
+        with warnings.catch_warnings():
+            # frombuffer warns about read-only memory (bytes); the tensor is only read by the scatter
+            warnings.simplefilter("ignore", UserWarning)
+            raw = torch.frombuffer(memoryview(buffer.payload).cast("B"), dtype=torch.uint8)
+        self.kv.scatter(list(block_ids), raw)
+
+    def admit_migrated(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        output_token_ids: Sequence[int],
+        sampling: SamplingParams,
+        priority: int,
+        reservations: Sequence[Reservation],
+        *,
+        num_computed_tokens: int | None = None,
+    ) -> None:
+        engine = self.engine
+        tokens = (*prompt_token_ids, *output_token_ids)
+        computed = len(tokens) - 1 if num_computed_tokens is None else num_computed_tokens
+        blocks = tuple(b for r in reservations for b in r.block_ids)
+        missing = [r.reservation_id for r in reservations if r.reservation_id not in self.reservations]
+        if missing:
+            raise MigrationError(f"reservations {missing} are not held here")
+        if -(-computed // engine.info.block_size) > len(blocks):
+            raise MigrationError(f"{computed} computed tokens need more than the {len(blocks)} blocks given")
+        if not 0 < computed < len(tokens):
+            raise MigrationError(
+                f"{computed} computed tokens of {len(tokens)}: one token must be left to compute"
+            )
+        groups = len(engine.scheduler.kv_cache_manager.coordinator.single_type_managers)
+        if groups != 1:  # hybrid / sliding-window models keep several block tables per request
+            raise MigrationError(f"this model has {groups} KV cache groups; migration handles one")
+        if not engine.add_request(
+            request_id, prompt_token_ids, sampling, priority, output_token_ids=output_token_ids
+        ):
+            raise MigrationError(f"request {request_id!r} already lives here")
+        self._hand_over(request_id, computed, reservations)
+
+    def _hand_over(self, request_id: str, computed: int, reservations: Sequence[Reservation]) -> None:
+        """Make the reserved blocks the waiting request's own, its first ``computed`` tokens computed.
+
+        This is the state vLLM itself leaves a request in once an asynchronous
+        KV load finished (``WAITING`` with blocks and ``num_computed_tokens``):
+        its scheduler then skips the cache lookup and allocates only the
+        blocks still missing. No copy, and admission needs no second set of
+        free blocks. Reserved blocks beyond the computed tokens go back to the pool.
+        """
+        engine = self.engine
+        request = engine.scheduler.requests[request_id]
+        manager = engine.scheduler.kv_cache_manager.coordinator.single_type_managers[0]
+        held = [block for r in reservations for block in self.reservations.pop(r.reservation_id)]
+        for reservation in reservations:
+            self._reserved_ids.difference_update(reservation.block_ids)
+        needed = -(-computed // engine.info.block_size)
+        manager.req_to_blocks[request_id].extend(held[:needed])
+        if held[needed:]:
+            self.pool.free_blocks(held[needed:])
+        request.num_computed_tokens = computed

@@ -1,0 +1,269 @@
+"""The vllm engine through the ``Engine`` protocol, on a tiny random Llama built locally.
+
+Serving must give vLLM's own ``LLM.generate`` greedy tokens; aborts free
+blocks; stats follow vLLM's block pool. Migration between two vLLM engines
+in this process, in two stages while other requests decode, must give the
+tokens of an unmigrated run, and every abort path must leave the free block
+counts where they started. Skipped (with the reason) where vLLM is not
+installed (``./install.sh --vllm``). The checkpoint builder is tested with
+the torch engine too: both engines load it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agents.engines.protocol import Engine, MigrationError, RequestStatus
+from agents.engines.vllm_engine import vllm_unavailable_reason
+from agents.engines.vllm_engine.checkpoint import build_checkpoint
+from schemas import SamplingParams
+
+# vLLM's import and start-up warn about its own dependencies (torch.jit, torch.distributed, ...)
+pytestmark = pytest.mark.filterwarnings(
+    "ignore::DeprecationWarning", "ignore::FutureWarning", "ignore::UserWarning", "ignore::RuntimeWarning"
+)
+
+_REASON = vllm_unavailable_reason()
+needs_vllm = pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
+
+PROMPT = tuple((i * 37) % 500 + 3 for i in range(70))
+GREEDY = SamplingParams(max_tokens=100, ignore_eos=True)
+NUM_BLOCKS = 48
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_checkpoint(tmp_path_factory.mktemp("llama"))
+
+
+def _vllm(checkpoint: Path) -> Any:
+    from agents.engines.vllm_engine.engine import VllmEngine
+
+    return VllmEngine(
+        str(checkpoint), num_blocks=NUM_BLOCKS, kv_cache_bytes=64 * 2**20, max_model_len=512, dtype="float32"
+    )
+
+
+@pytest.fixture(scope="module")
+def vllm_reference(checkpoint: Path) -> list[int]:
+    """vLLM's own ``LLM.generate`` greedy tokens for PROMPT (built, and shut down, before the engines)."""
+    if _REASON is not None:
+        pytest.skip(_REASON)
+    from vllm import LLM
+    from vllm import SamplingParams as VllmSamplingParams
+
+    llm = LLM(
+        model=str(checkpoint),
+        block_size=32,
+        max_model_len=512,
+        dtype="float32",
+        enforce_eager=True,
+        kv_cache_memory_bytes=64 * 2**20,
+        num_gpu_blocks_override=NUM_BLOCKS + 1,
+    )
+    params = VllmSamplingParams(max_tokens=GREEDY.max_tokens, temperature=0.0, ignore_eos=True)
+    outputs = llm.generate({"prompt_token_ids": list(PROMPT)}, params, use_tqdm=False)
+    llm.llm_engine.engine_core.shutdown()
+    return list(outputs[0].outputs[0].token_ids)
+
+
+@pytest.fixture(scope="module")
+def engines(checkpoint: Path, vllm_reference: list[int]) -> Any:
+    first, second = _vllm(checkpoint), _vllm(checkpoint)
+    yield first, second
+    first.shutdown()
+    second.shutdown()
+
+
+def _run(engine: Any, request_id: str, prompt: tuple[int, ...], sampling: SamplingParams) -> list[int]:
+    engine.add_request(request_id, prompt, sampling)
+    tokens: list[int] = []
+    while engine.has_unfinished():
+        for output in engine.step().outputs:
+            if output.request_id == request_id:
+                tokens.extend(output.token_ids)
+    return tokens
+
+
+def _step_collect(engine: Any, tokens: dict[str, list[int]], steps: int = 1) -> None:
+    for _ in range(steps):
+        for output in engine.step().outputs:
+            tokens.setdefault(output.request_id, []).extend(output.token_ids)
+
+
+def test_checkpoint_loads_in_the_torch_engine(checkpoint: Path) -> None:
+    from agents.engines.torch_engine import TorchEngine
+
+    engine = TorchEngine(str(checkpoint), num_blocks=32, block_size=32)
+    assert isinstance(engine, Engine)
+    assert engine.info.kv_layout.head_dim == 64
+    tokens = _run(engine, "r", PROMPT, SamplingParams(max_tokens=40, ignore_eos=True))
+    assert len(tokens) == 40 and len(set(tokens)) > 10  # greedy text does not collapse to one token
+
+
+@needs_vllm
+def test_greedy_tokens_match_vllms_own_generate(engines: Any, vllm_reference: list[int]) -> None:
+    engine, _ = engines
+    assert isinstance(engine, Engine)
+    assert _run(engine, "r1", PROMPT, GREEDY) == vllm_reference
+    assert engine.stats().num_free_blocks == NUM_BLOCKS
+
+
+@needs_vllm
+def test_abort_frees_blocks_and_stats_follow_vllm(engines: Any) -> None:
+    engine, _ = engines
+    info = engine.info
+    assert (info.engine, info.num_blocks, info.block_size) == ("vllm", NUM_BLOCKS, 32)
+    assert info.bytes_per_block == 2 * 2 * 1 * 64 * 32 * 4  # K+V, layers, kv heads, head dim, tokens, fp32
+    engine.add_request("a", PROMPT, GREEDY)
+    engine.add_request("b", PROMPT[:10], GREEDY)
+    assert engine.stats().head_of_line_demand == 3  # 70 tokens, blocks of 32
+    engine.step()
+    stats = engine.stats()
+    assert stats.num_running == 2 and stats.num_waiting == 0
+    held = {r.request_id: r.num_blocks for r in stats.requests}
+    assert held == {"a": 3, "b": 1}
+    assert stats.num_free_blocks == NUM_BLOCKS - 4
+    assert engine.abort("a") and not engine.abort("a")
+    assert engine.stats().num_free_blocks == NUM_BLOCKS - 1
+    assert engine.request_stats("a") is None
+    assert engine.abort("b")
+    assert engine.stats().num_free_blocks == NUM_BLOCKS and not engine.has_unfinished()
+
+
+@needs_vllm
+def test_request_migrated_in_two_stages_matches_an_unmigrated_run(engines: Any) -> None:
+    source, destination = engines
+    expected = _run(source, "ref", PROMPT, GREEDY)
+    tokens: dict[str, list[int]] = {}
+    source.add_request("moving", PROMPT, GREEDY)
+    source.add_request("bg1", (3, 4, 5), SamplingParams(max_tokens=150))
+    destination.add_request("bg2", (6, 7), SamplingParams(max_tokens=150))
+    _step_collect(source, tokens, 10)
+    stats = source.request_stats("moving")
+    full = stats.num_computed_tokens // 32
+    stage0 = destination.reserve(full)  # stage 0: the full blocks, while the request keeps decoding
+    destination.import_blocks(stage0.block_ids, source.export_blocks("moving", range(full)))
+    _step_collect(source, tokens, 25)
+    _step_collect(destination, tokens, 3)
+    source.suspend("moving")  # last stage
+    _step_collect(source, tokens, 2)
+    stats = source.request_stats("moving")
+    assert stats.status is RequestStatus.SUSPENDED and stats.num_blocks > full
+    stage1 = destination.reserve(stats.num_blocks - full)
+    destination.import_blocks(stage1.block_ids, source.export_blocks("moving", range(full, stats.num_blocks)))
+    generated = source.output_token_ids("moving")
+    assert list(generated) == tokens["moving"]
+    destination.admit_migrated("moving", PROMPT, generated, GREEDY, 0, [stage0, stage1])
+    assert source.release_request("moving") == stats.num_blocks
+    while destination.has_unfinished() or source.has_unfinished():
+        _step_collect(destination, tokens)
+        _step_collect(source, tokens)
+    assert tokens["moving"] == expected
+    assert source.stats().num_free_blocks == NUM_BLOCKS == destination.stats().num_free_blocks
+    assert destination.stats().num_reserved_blocks == 0
+
+
+@needs_vllm
+def test_kv_really_moves_a_request_admitted_without_it_diverges(engines: Any) -> None:
+    source, destination = engines
+    expected = _run(source, "ref", PROMPT, GREEDY)
+    source.add_request("c", PROMPT, GREEDY)
+    for _ in range(20):
+        source.step()
+    generated = source.output_token_ids("c")
+    reservation = destination.reserve(source.request_stats("c").num_blocks)  # reserved, never written
+    destination.admit_migrated("c", PROMPT, generated, GREEDY, 0, [reservation])
+    source.abort("c")
+    tokens = list(generated) + _run(destination, "none", (1,), SamplingParams(max_tokens=1))[:0]
+    while destination.has_unfinished():
+        for output in destination.step().outputs:
+            tokens.extend(output.token_ids)
+    assert tokens != expected
+    assert destination.stats().num_free_blocks == NUM_BLOCKS
+
+
+@needs_vllm
+def test_migration_aborts_leave_free_blocks_where_they_started(engines: Any) -> None:
+    source, destination = engines
+    source.add_request("m", PROMPT, GREEDY)
+    source.step()
+    before = destination.stats().num_free_blocks
+    reservation = destination.reserve(2)
+    assert destination.stats().num_free_blocks == before - 2 == NUM_BLOCKS - 2
+    assert destination.stats().num_reserved_blocks == 2
+    destination.import_blocks(reservation.block_ids, source.export_blocks("m", [0, 1]))
+    with pytest.raises(MigrationError):
+        destination.import_blocks((0, 1), source.export_blocks("m", [0, 1]))  # not reserved
+    assert destination.release_reservation(reservation) == 2  # abort before commit
+    assert destination.stats().num_free_blocks == NUM_BLOCKS
+    source.suspend("m")
+    source.resume("m")  # abort after suspension: the request runs on
+    source.step()
+    assert source.request_stats("m").status is RequestStatus.RUNNING
+    source.suspend("m")
+    assert source.abort("m")  # a suspended request can still be aborted
+    assert source.stats().num_free_blocks == NUM_BLOCKS and not source.has_unfinished()
+
+
+@needs_vllm
+def test_requests_vllm_cannot_move_faithfully_are_marked(engines: Any) -> None:
+    engine, _ = engines
+    engine.add_request("seeded", PROMPT, SamplingParams(max_tokens=5, temperature=1.0, seed=3))
+    engine.add_request("penalty", PROMPT, SamplingParams(max_tokens=5, repetition_penalty=1.2))
+    engine.add_request("plain", PROMPT, SamplingParams(max_tokens=5, temperature=1.0))
+    assert engine.migration_blocker("seeded") is not None
+    assert engine.migration_blocker("penalty") is not None
+    assert engine.migration_blocker("plain") is None
+    for request_id in ("seeded", "penalty", "plain"):
+        engine.abort(request_id)
+    assert engine.stats().num_free_blocks == NUM_BLOCKS
+
+
+@needs_vllm
+def test_admission_needs_no_blocks_beyond_the_reservation(engines: Any) -> None:
+    """The reserved blocks become the migrated request's own: it runs on a destination left with none free."""
+    source, destination = engines
+    for index in range(3):  # 450 tokens each: 15 blocks each, 45 of 48
+        destination.add_request(f"fill{index}", tuple(3 + (i * 7 + index) % 400 for i in range(450)), GREEDY)
+    destination.step()
+    assert destination.stats().num_free_blocks == 3
+    source.add_request("tight", PROMPT, GREEDY)
+    tokens: dict[str, list[int]] = {}
+    _step_collect(source, tokens, 20)  # 70 + 20 tokens: 3 blocks
+    source.suspend("tight")
+    stats = source.request_stats("tight")
+    assert stats.num_blocks == 3
+    reservation = destination.reserve(3)
+    assert destination.stats().num_free_blocks == 0
+    destination.import_blocks(reservation.block_ids, source.export_blocks("tight", range(3)))
+    generated = source.output_token_ids("tight")
+    destination.admit_migrated("tight", PROMPT, generated, GREEDY, 0, [reservation])
+    source.release_request("tight")
+    assert destination.stats().num_reserved_blocks == 0
+    _step_collect(destination, tokens)
+    assert len(tokens["tight"]) == len(generated) + 1  # scheduled at once, not waiting for free blocks
+    assert destination.request_stats("tight").num_blocks == 3
+    for request_id in ("tight", "fill0", "fill1", "fill2"):
+        assert destination.abort(request_id)
+    assert destination.stats().num_free_blocks == NUM_BLOCKS == source.stats().num_free_blocks
+
+
+@needs_vllm
+def test_a_migrated_request_aborted_before_its_first_step_frees_its_blocks(engines: Any) -> None:
+    source, destination = engines
+    source.add_request("early", PROMPT, GREEDY)
+    _step_collect(source, {}, 5)
+    source.suspend("early")
+    held = source.request_stats("early").num_blocks
+    reservation = destination.reserve(held + 2)  # more than it needs: the rest goes back at admission
+    destination.import_blocks(reservation.block_ids[:held], source.export_blocks("early", range(held)))
+    destination.admit_migrated("early", PROMPT, source.output_token_ids("early"), GREEDY, 0, [reservation])
+    assert source.abort("early")
+    assert destination.stats().num_free_blocks == NUM_BLOCKS - held
+    assert destination.stats().num_reserved_blocks == 0
+    assert destination.abort("early")  # still waiting in vLLM's queue
+    assert destination.stats().num_free_blocks == NUM_BLOCKS == source.stats().num_free_blocks

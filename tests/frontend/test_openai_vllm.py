@@ -1,0 +1,111 @@
+"""The official ``openai`` client against shoal with two vllm-engine agents (real NATS, one process).
+
+A migration forced mid-stream is invisible to the client (greedy text equals
+an undisturbed run, usage and finish reason unchanged); a client that
+disconnects frees its blocks on every vLLM engine. The serving checks of
+``test_openai_e2e`` run against ``shoal up --engine vllm`` in
+``test_up_vllm``. Skipped (with the reason) where vLLM is not installed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+
+from agents.engines.vllm_engine import vllm_unavailable_reason
+from agents.engines.vllm_engine.checkpoint import build_checkpoint
+from tests.frontend.cluster import Cluster, frontend_cluster
+
+_REASON = vllm_unavailable_reason()
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(_REASON is not None, reason=_REASON or ""),
+    pytest.mark.filterwarnings(
+        "ignore::DeprecationWarning", "ignore::FutureWarning", "ignore::UserWarning", "ignore::RuntimeWarning"
+    ),
+]
+
+PROMPT = "Once upon a time"
+
+
+@pytest.fixture(scope="module")
+async def cluster(nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Cluster]:
+    model = str(build_checkpoint(tmp_path_factory.mktemp("llama")))
+    async with frontend_cluster(nats_url, instances=2, engine="vllm", engine_options={"model": model},
+                                max_model_len=512) as running:
+        running.base_url = await running.serve()  # type: ignore[attr-defined]
+        yield running
+        for agent in running.agents.values():
+            agent.engine.shutdown()
+
+
+@pytest.fixture
+async def client(cluster: Cluster) -> AsyncIterator[Any]:
+    openai_client = cluster.openai(cluster.base_url)  # type: ignore[attr-defined]
+    yield openai_client
+    await openai_client.close()
+
+
+async def _stream_text(client: Any, model: str, **kwargs: Any) -> tuple[str, list[str], Any]:
+    parts: list[str] = []
+    finish: list[str] = []
+    usage = None
+    stream = await client.completions.create(model=model, prompt=PROMPT, stream=True,
+                                             stream_options={"include_usage": True},
+                                             extra_body={"ignore_eos": True}, **kwargs)
+    async for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            parts.append(choice.text)
+            if choice.finish_reason:
+                finish.append(choice.finish_reason)
+    return "".join(parts), finish, usage
+
+
+async def _owner_after_first_token(cluster: Cluster, before: set[str]) -> tuple[str, str]:
+    gateway = cluster.gateway
+    assert gateway is not None
+    for _ in range(2000):
+        for request_id, stream in list(gateway.streams.items()):
+            if request_id not in before and len(stream.generated) >= 20 and stream.owner_id:
+                return request_id, stream.owner_id
+        await asyncio.sleep(0.005)
+    raise AssertionError("no request produced 20 tokens")
+
+
+async def test_migration_mid_stream_is_invisible(cluster: Cluster, client: Any) -> None:
+    model = cluster.config.model
+    reference, _, _ = await _stream_text(client, model, max_tokens=200, temperature=0)
+    before = set(cluster.gateway.streams)  # type: ignore[union-attr]
+    task = asyncio.ensure_future(_stream_text(client, model, max_tokens=200, temperature=0))
+    request_id, owner = await _owner_after_first_token(cluster, before)
+    other = next(i for i in cluster.agents if i != owner)
+    outcome = await cluster.agents[owner].migrate(request_id, other)
+    text, finish, usage = await task
+    assert outcome.migrated, outcome
+    assert text == reference
+    assert usage.completion_tokens == 200 and finish == ["length"]
+
+
+async def test_client_disconnect_aborts_and_frees_blocks(cluster: Cluster) -> None:
+    url = cluster.base_url  # type: ignore[attr-defined]
+    body = {"model": cluster.config.model, "prompt": PROMPT, "max_tokens": 400, "stream": True,
+            "temperature": 0, "ignore_eos": True}
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+        async with http.stream("POST", "/v1/completions", json=body) as response:
+            async for line in response.aiter_lines():
+                if line.startswith("data: ") and '"text":"' in line:
+                    break
+    for _ in range(500):
+        if not any(agent.engine.has_unfinished() for agent in cluster.agents.values()):
+            break
+        await asyncio.sleep(0.02)
+    assert not any(agent.engine.has_unfinished() for agent in cluster.agents.values())
+    free = [agent.engine.stats().num_free_blocks for agent in cluster.agents.values()]
+    total = [agent.engine.stats().num_total_blocks for agent in cluster.agents.values()]
+    assert free == total
