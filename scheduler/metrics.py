@@ -5,7 +5,8 @@ decisions by kind (each event the scheduler appends: ``dispatched``,
 ``paired``, ``unpaired``, ``scale_up``, ``scale_down``, ``instance_failed``,
 ``tick``), dispatches refused by :class:`~schemas.reasons.DispatchFailReason`,
 event-log append latency (handing a decision to the pipelined appender until
-the log acknowledged it), and, read at scrape time, the lease epoch and the
+the log acknowledged it), the event-log read lag by stream (a message stored
+until the scheduler read it, once it caught up), and, read at scrape time, the lease epoch and the
 role (``shoal_scheduler_role{role=...}`` is 1 for the current one: active,
 standby, ...). Names follow Prometheus and vLLM conventions (``shoal_``
 prefix, ``_seconds``, ``_total``). Nothing here serves HTTP; the entry point
@@ -83,11 +84,19 @@ class SchedulerMetrics:
             "shoal_scheduler_event_log_append_seconds", "A decision handed to the appender until stored",
             buckets=_APPEND_BUCKETS, registry=r,
         )
+        self.read_lag = Histogram(
+            "shoal_scheduler_event_log_read_lag_seconds",
+            "A message stored in the log until the scheduler read it (after catching up), by stream",
+            ["stream"], buckets=_APPEND_BUCKETS, registry=r,
+        )
         for kind in sorted(set(_KINDS.values())):
             self.decisions.labels(kind=kind)
         for reason in DispatchFailReason:
             self.dispatch_failures.labels(reason=reason.value)
         r.register(_LeaseCollector(lease))
+
+    def observe_read(self, stream: str, stored_at: float, now: float) -> None:
+        self.read_lag.labels(stream=stream).observe(max(0.0, now - stored_at))
 
     def observe_decision(self, body: Body) -> None:
         self.decisions.labels(kind=decision_kind(body)).inc()

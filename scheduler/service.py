@@ -321,6 +321,8 @@ class SchedulerService:
     async def _read_events(self, from_seq: int) -> None:
         async with self.bus.tail(self.subjects.events_stream, from_seq=from_seq) as feed:
             async for message in feed:
+                if self.role is not Role.STARTING:
+                    self.metrics.observe_read("events", message.time, time.time())
                 self._on_event(
                     message.position.seq, self._body(message), message.headers.get("Nats-Msg-Id", "")
                 )
@@ -343,6 +345,8 @@ class SchedulerService:
     async def _read_loads(self, from_seq: int) -> None:
         async with self.bus.tail(self.subjects.loads_stream, from_seq=from_seq) as feed:
             async for message in feed:
+                if self.role is not Role.STARTING:
+                    self.metrics.observe_read("loads", message.time, time.time())
                 body = self._body(message)
                 if not isinstance(body, LoadReport):
                     continue

@@ -42,6 +42,9 @@ async def test_scheduler_metrics_move_with_dispatches(nats_url: str) -> None:
                 assert value(after, "shoal_scheduler_dispatch_decision_seconds_count") == 5
                 assert 0 < value(after, "shoal_scheduler_dispatch_decision_seconds_sum") < 5
                 assert value(after, "shoal_scheduler_event_log_append_seconds_count") >= 6
+                # its own dispatch decisions come back through the events stream it follows
+                assert value(after, "shoal_scheduler_event_log_read_lag_seconds_count", stream="events") >= 5
+                assert value(after, "shoal_scheduler_event_log_read_lag_seconds_count", stream="loads") >= 1
                 assert value(after, "shoal_scheduler_dispatch_failures_total", reason="no_instance") == 0
             for agent in agents:
                 await agent.stop()
