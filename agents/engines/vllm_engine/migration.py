@@ -19,23 +19,48 @@ from __future__ import annotations
 
 import itertools
 import warnings
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Container, Sequence
+from typing import Any, Protocol
 
 from agents.engines.block_manager import OutOfBlocks, Reservation
-from agents.engines.protocol import KVBuffer, MigrationError, UnknownRequest
+from agents.engines.protocol import EngineInfo, KVBuffer, MigrationError, UnknownRequest
 from agents.engines.vllm_engine.kv_blocks import KVBlocks
 from schemas import SamplingParams
 
-if TYPE_CHECKING:
-    from agents.engines.vllm_engine.engine import VllmEngine
+
+class EngineInternals(Protocol):
+    """What migration uses of :class:`~.engine.VllmEngine` (its vLLM scheduler and core, its bookkeeping)."""
+
+    @property
+    def info(self) -> EngineInfo: ...
+
+    @property
+    def scheduler(self) -> Any: ...
+
+    @property
+    def core(self) -> Any: ...
+
+    @property
+    def _requests(self) -> Container[str]: ...
+
+    def _block_ids(self, request_id: str) -> tuple[int, ...]: ...
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        sampling: SamplingParams,
+        priority: int = 0,
+        *,
+        output_token_ids: Sequence[int] = (),
+    ) -> bool: ...
 
 __all__ = ["MigrationSupport"]
 
 class MigrationSupport:
     """Reservations and block copies of one vllm engine; see the module docstring."""
 
-    def __init__(self, engine: VllmEngine) -> None:
+    def __init__(self, engine: EngineInternals) -> None:
         self.engine = engine
         self.pool = engine.scheduler.kv_cache_manager.block_pool
         self.reservations: dict[int, list[Any]] = {}  # reservation id -> vLLM KVCacheBlocks
