@@ -30,17 +30,23 @@ import platform
 import statistics
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import click
 
 from bus import event_loop
+from frontend.up import ClusterProcesses, _health
 
-__all__ = ["bench_serve", "run_direct", "run_through_shoal"]
+__all__ = [
+    "bench_serve", "cpu_seconds", "drive_streams", "engine_options", "median_run", "percentile",
+    "process_ids", "run_direct", "run_through_shoal", "spawn_shoal", "start_shoal", "torch_agent_args",
+    "wait_ready",
+]
 
 
-def _percentile(values: list[float], q: float) -> float:
+def percentile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
     ordered = sorted(values)
@@ -48,7 +54,7 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[index]
 
 
-def _cpu_seconds(pid: int) -> float:
+def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds a process has used (all its threads), from /proc; 0.0 if unknown."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -61,7 +67,7 @@ def _prompt(index: int, length: int) -> list[int]:
     return [(index * 37 + t * 11) % 200 + 32 for t in range(length)]
 
 
-def _engine_options(preset: str, concurrency: int, prompt_tokens: int, max_tokens: int) -> dict[str, Any]:
+def engine_options(preset: str, concurrency: int, prompt_tokens: int, max_tokens: int) -> dict[str, Any]:
     per_request = -(-(prompt_tokens + max_tokens + 1) // 16) + 1
     return {"model": preset, "num_blocks": per_request * concurrency + 8, "max_batch_size": concurrency,
             "max_model_len": prompt_tokens + max_tokens + 32}
@@ -72,7 +78,7 @@ def run_direct(preset: str, concurrency: int, prompt_tokens: int, max_tokens: in
     from agents.engines.torch_engine import TorchEngine, TorchEngineConfig
     from schemas import SamplingParams
 
-    engine = TorchEngine(TorchEngineConfig(**_engine_options(preset, concurrency, prompt_tokens, max_tokens)))
+    engine = TorchEngine(TorchEngineConfig(**engine_options(preset, concurrency, prompt_tokens, max_tokens)))
     sampling = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0)
     engine.add_request("warmup", _prompt(999, prompt_tokens), SamplingParams(max_tokens=4, ignore_eos=True))
     while engine.has_unfinished():
@@ -94,7 +100,7 @@ def run_direct(preset: str, concurrency: int, prompt_tokens: int, max_tokens: in
     cpu = time.process_time() - cpu_before
     ttfts = list(first.values())
     return {"tps": total / wall, "tokens": float(total), "wall_s": wall, "cpu_ms_per_ktok": 1e6 * cpu / total,
-            "ttft_p50_ms": 1000 * _percentile(ttfts, 0.5), "ttft_p99_ms": 1000 * _percentile(ttfts, 0.99)}
+            "ttft_p50_ms": 1000 * percentile(ttfts, 0.5), "ttft_p99_ms": 1000 * percentile(ttfts, 0.99)}
 
 
 async def _one_stream(client: Any, url: str, model: str, prompt: list[int], max_tokens: int,
@@ -116,8 +122,9 @@ async def _one_stream(client: Any, url: str, model: str, prompt: list[int], max_
     return ttft, tokens
 
 
-async def _drive(url: str, model: str, concurrency: int, prompt_tokens: int, max_tokens: int,
-                 offset: int) -> dict[str, float]:
+async def drive_streams(url: str, model: str, concurrency: int, prompt_tokens: int, max_tokens: int,
+                        offset: int) -> dict[str, float]:
+    """One warm-up request, then ``concurrency`` streams at once: tokens/s and TTFT over them."""
     import httpx
 
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
@@ -132,12 +139,80 @@ async def _drive(url: str, model: str, concurrency: int, prompt_tokens: int, max
     ttfts = [t for t, _ in results if t is not None]
     total = sum(n for _, n in results)
     return {"tps": total / wall, "tokens": float(total), "wall_s": wall,
-            "ttft_p50_ms": 1000 * _percentile(ttfts, 0.5), "ttft_p99_ms": 1000 * _percentile(ttfts, 0.99)}
+            "ttft_p50_ms": 1000 * percentile(ttfts, 0.5), "ttft_p99_ms": 1000 * percentile(ttfts, 0.99)}
 
 
-def _median_run(runs: list[dict[str, float]]) -> dict[str, float]:
+def median_run(runs: list[dict[str, float]]) -> dict[str, float]:
     """The run with the median throughput (its TTFTs and CPU figures come with it)."""
     return sorted(runs, key=lambda run: run["tps"])[len(runs) // 2]
+
+
+def torch_agent_args(preset: str, options: dict[str, Any], threads: int) -> list[str]:
+    """``shoal agent``'s engine options for a torch preset sized by :func:`engine_options`."""
+    return ["--engine", "torch", "--model", preset, "--threads", str(threads),
+            "--num-blocks", str(options["num_blocks"]), "--max-batch-size", str(options["max_batch_size"]),
+            "--max-model-len", str(options["max_model_len"])]
+
+
+def start_shoal(
+    processes: ClusterProcesses, *, agent_args: Sequence[str], model: str, max_model_len: int,
+    scheduler: bool = False, ready_timeout: float = 180.0,
+) -> str:
+    """:func:`spawn_shoal`, then :func:`wait_ready`: the frontend's URL once it sees the agent ready."""
+    url = spawn_shoal(processes, agent_args=agent_args, model=model, max_model_len=max_model_len,
+                      scheduler=scheduler)
+    wait_ready(processes, url, ready_timeout)
+    return url
+
+
+def spawn_shoal(
+    processes: ClusterProcesses, *, agent_args: Sequence[str], model: str, max_model_len: int,
+    scheduler: bool = False,
+) -> str:
+    """Shoal as children of ``processes``: an embedded NATS, ``shoal scheduler`` if asked, one
+    ``shoal agent`` (``agent_args``: its engine options) and ``shoal serve``, in ``processes.env``.
+
+    Returns the frontend's URL at once. Call it from the main thread: each child is told to
+    exit when the thread that started it ends (``PR_SET_PDEATHSIG``).
+    """
+    from bus.server import EmbeddedNats, free_port
+
+    processes.nats = EmbeddedNats(store_dir=processes.log_dir / "nats-store").start()
+    url = processes.nats.url
+    port = free_port()
+    if scheduler:
+        processes.spawn("scheduler", ["scheduler", "--nats", url, "--log-level", "WARNING"])
+    processes.spawn("agent", [
+        "agent", "--nats", url, "--instance-id", "bench-0", *agent_args, "--transport", "tcp",
+        "--log-level", "WARNING",
+    ])
+    # without a scheduler a dispatch has no responders at once; with one, the frontend's default wait
+    dispatch_timeout = [] if scheduler else ["--dispatch-timeout", "0.2"]
+    processes.spawn("frontend", [
+        "serve", "--nats", url, "--model", model, "--port", str(port), "--max-model-len", str(max_model_len),
+        *dispatch_timeout,
+    ])
+    return f"http://127.0.0.1:{port}"
+
+
+def wait_ready(processes: ClusterProcesses, url: str, ready_timeout: float = 180.0) -> None:
+    """Until the frontend at ``url`` lists an instance as ready; fails if a child died or time ran out."""
+    deadline = time.monotonic() + ready_timeout
+    while True:
+        health = _health(url)
+        if health is not None and health.get("instances"):
+            return
+        if time.monotonic() > deadline or processes.newly_dead():
+            raise click.ClickException(f"shoal did not start; logs in {processes.log_dir}")
+        time.sleep(0.2)
+
+
+def process_ids(processes: ClusterProcesses) -> dict[str, int]:
+    """Each child's pid by name, and the embedded NATS server's as ``nats``."""
+    pids = {c.name: c.pid for c in processes.children}
+    if processes.nats is not None:
+        pids["nats"] = processes.nats.pid
+    return pids
 
 
 def run_through_shoal(
@@ -151,56 +226,31 @@ def run_through_shoal(
     shared machine); the run of median throughput of each side is reported.
     Returns ``(shoal, direct)`` results by concurrency.
     """
-    from bus.server import EmbeddedNats, free_port
-    from frontend.up import ClusterProcesses, _health
-
-    largest = max(concurrencies)
-    options = _engine_options(preset, largest, prompt_tokens, max_tokens)
+    options = engine_options(preset, max(concurrencies), prompt_tokens, max_tokens)
     processes = ClusterProcesses(log_dir)
-    processes.nats = EmbeddedNats(store_dir=log_dir / "nats-store").start()
-    url = processes.nats.url
-    port = free_port()
     try:
-        processes.spawn("agent", [
-            "agent", "--nats", url, "--instance-id", "bench-0", "--engine", "torch", "--model", preset,
-            "--threads", str(threads), "--num-blocks", str(options["num_blocks"]),
-            "--max-batch-size", str(largest), "--max-model-len", str(options["max_model_len"]),
-            "--transport", "tcp", "--log-level", "WARNING",
-        ])
-        processes.spawn("frontend", [
-            "serve", "--nats", url, "--model", preset, "--port", str(port),
-            "--max-model-len", str(options["max_model_len"]), "--dispatch-timeout", "0.2",
-        ])
-        http_url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 180
-        while True:
-            health = _health(http_url)
-            if health is not None and health.get("instances"):
-                break
-            if time.monotonic() > deadline or processes.newly_dead():
-                raise click.ClickException(f"shoal did not start; logs in {log_dir}")
-            time.sleep(0.2)
+        http_url = start_shoal(processes, agent_args=torch_agent_args(preset, options, threads), model=preset,
+                               max_model_len=options["max_model_len"])
         shoal: dict[int, dict[str, float]] = {}
         direct: dict[int, dict[str, float]] = {}
-        pids = {c.name: c.pid for c in processes.children}
-        pids["nats"] = processes.nats.pid
+        pids = process_ids(processes)
         pids["clients"] = os.getpid()
         for n, concurrency in enumerate(concurrencies):
             shoal_runs, direct_runs = [], []
             for round_index in range(rounds):
-                before = {name: _cpu_seconds(pid) for name, pid in pids.items()}
+                before = {name: cpu_seconds(pid) for name, pid in pids.items()}
                 offset = 1000 * (n + 1) + 100 * round_index
                 result = event_loop.run(
-                    _drive(http_url, preset, concurrency, prompt_tokens, max_tokens, offset)
+                    drive_streams(http_url, preset, concurrency, prompt_tokens, max_tokens, offset)
                 )
                 for name, pid in pids.items():  # CPU ms per 1000 output tokens, warm-up request included
                     result[f"{name}_cpu_ms_per_ktok"] = (
-                        1e6 * (_cpu_seconds(pid) - before[name]) / max(result["tokens"], 1.0)
+                        1e6 * (cpu_seconds(pid) - before[name]) / max(result["tokens"], 1.0)
                     )
                 shoal_runs.append(result)
                 direct_runs.append(run_direct(preset, concurrency, prompt_tokens, max_tokens))
-            shoal[concurrency] = _median_run(shoal_runs)
-            direct[concurrency] = _median_run(direct_runs)
+            shoal[concurrency] = median_run(shoal_runs)
+            direct[concurrency] = median_run(direct_runs)
         return shoal, direct
     finally:
         processes.stop_all()

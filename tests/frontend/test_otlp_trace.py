@@ -2,9 +2,10 @@
 
 A real cluster on the real nats-server — the frontend app, the scheduler
 service and two sim agents, each with its own tracer provider built by
-:mod:`bus.telemetry` from ``OTEL_*`` variables pointing at an HTTP server in
-this test — exports over OTLP http/protobuf; the receiver decodes each
-``ExportTraceServiceRequest`` with OTLP's own protobuf messages. A request
+:mod:`bus.telemetry` from ``OTEL_*`` variables pointing at a receiver
+(:class:`bus.otlp_receiver.OtlpReceiver`) on a thread of this test — exports
+over OTLP http/protobuf; the receiver decodes each ``ExportTraceServiceRequest``
+with OTLP's own protobuf messages. A request
 that is live-migrated mid-decode arrives as one trace holding the frontend's,
 the scheduler's and both agents' spans with the right parents; a request
 without migration is one trace from the HTTP span to the last token. Last,
@@ -21,24 +22,19 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
-)
 from opentelemetry.sdk.trace import TracerProvider
 
 from agents.agent import Agent
 from bus import JetStreamBus
+from bus.otlp_receiver import OtlpReceiver, ReceivedSpan
 from bus.server import free_port
 from bus.telemetry import TelemetryConfig, tracer_provider
 from frontend.app import create_app
@@ -51,67 +47,10 @@ from tests.frontend.cluster import agent_config, bus_config, make_engine
 pytestmark = pytest.mark.slow
 
 
-@dataclass(frozen=True)
-class ReceivedSpan:
-    service: str
-    name: str
-    trace_id: str
-    span_id: str
-    parent_id: str
-    start_ns: int
-    end_ns: int
-    attributes: dict[str, Any]
-    events: tuple[str, ...]
-
-
-class _Receiver(BaseHTTPRequestHandler):
-    spans: list[ReceivedSpan]
-
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-        ok = self.path == "/v1/traces" and self.headers.get("Content-Type") == "application/x-protobuf"
-        if ok:
-            request = ExportTraceServiceRequest()
-            request.ParseFromString(body)
-            for resource_spans in request.resource_spans:
-                resource = {a.key: a.value.string_value for a in resource_spans.resource.attributes}
-                service = resource["service.name"]
-                if resource.get("service.instance.id"):
-                    service += "/" + resource["service.instance.id"]
-                for scope_spans in resource_spans.scope_spans:
-                    for span in scope_spans.spans:
-                        self.server.spans.append(ReceivedSpan(  # type: ignore[attr-defined]
-                            service=service, name=span.name,
-                            trace_id=span.trace_id.hex(), span_id=span.span_id.hex(),
-                            parent_id=span.parent_span_id.hex(),
-                            start_ns=span.start_time_unix_nano, end_ns=span.end_time_unix_nano,
-                            attributes={a.key: _value(a.value) for a in span.attributes},
-                            events=tuple(e.name for e in span.events),
-                        ))
-        reply = ExportTraceServiceResponse().SerializeToString() if ok else b""
-        self.send_response(200 if ok else 400)
-        self.send_header("Content-Type", "application/x-protobuf")
-        self.send_header("Content-Length", str(len(reply)))
-        self.end_headers()
-        self.wfile.write(reply)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
-def _value(value: Any) -> Any:
-    return getattr(value, value.WhichOneof("value")) if value.WhichOneof("value") else None
-
-
 @pytest.fixture
 def otlp_receiver() -> Iterator[tuple[str, list[ReceivedSpan]]]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
-    server.spans = []  # type: ignore[attr-defined]
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", server.spans  # type: ignore[attr-defined]
-    server.shutdown()
-    server.server_close()
+    with OtlpReceiver(keep_spans=True) as receiver:
+        yield receiver.url, receiver.spans
 
 
 @dataclass
