@@ -301,9 +301,16 @@ def _describe(body: Body | None) -> str:
 
 
 def _migrations(events: list[tuple[int, float, Body]]) -> list[MigrationSummary]:
+    """Each migration's summary. The source records its ``Commit`` without waiting, so the
+    destination's ``CommitAck`` (its claim) may be stored first: downtime needs both, in any order."""
     found: dict[str, MigrationSummary] = {}
     suspended: dict[str, float] = {}
+    resumed: dict[str, float] = {}
     for _, time, body in events:
+        if isinstance(body, Commit):
+            suspended.setdefault(body.migration_id, body.suspended_at)
+        elif isinstance(body, CommitAck):
+            resumed.setdefault(body.migration_id, body.resumed_at)
         if isinstance(body, PreAllocate) and body.stage == 0 and body.migration_id not in found:
             found[body.migration_id] = MigrationSummary(
                 body.migration_id,
@@ -317,15 +324,15 @@ def _migrations(events: list[tuple[int, float, Body]]) -> list[MigrationSummary]
             continue
         if isinstance(body, StageDone):
             summary.stages.append(StageTiming(body.stage, body.num_blocks, body.duration_s))
-        elif isinstance(body, Commit):
-            suspended[body.migration_id] = body.suspended_at
         elif isinstance(body, CommitAck):
             summary.outcome, summary.ended_at = "committed", time
-            if body.migration_id in suspended:
-                summary.downtime_s = body.resumed_at - suspended[body.migration_id]
         elif isinstance(body, Abort):
             summary.outcome, summary.ended_at = f"aborted: {body.reason}", time
             summary.abort_reason = body.reason
+    for summary in found.values():
+        at, until = suspended.get(summary.migration_id), resumed.get(summary.migration_id)
+        if summary.outcome == "committed" and at is not None and until is not None:
+            summary.downtime_s = until - at
     return list(found.values())
 
 

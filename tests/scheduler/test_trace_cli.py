@@ -151,3 +151,18 @@ def test_a_dispatch_decision_becomes_the_schedulers_span_under_the_request() -> 
     assert root["duration"] == 500_000 and generate["duration"] == 498_000
     assert [log["fields"][0]["value"] for log in generate["logs"]] == ["first_token"]
     assert jaeger_trace("r1", steps) == jaeger_trace("r1", steps)  # same ids every time
+
+
+def test_downtime_is_known_whichever_of_commit_and_commit_ack_the_log_stored_first() -> None:
+    from scheduler.replay import _migrations
+    from schemas.migration import Commit, CommitAck, PreAllocate
+
+    start = PreAllocate(migration_id="m", request_id="r", source_id="a", destination_id="b", stage=0,
+                        num_blocks=4)
+    commit = Commit(migration_id="m", request_id="r", source_id="a", destination_id="b", token_ids=(1, 2),
+                    num_prompt_tokens=1, owner_epoch=0, suspended_at=100.0)
+    ack = CommitAck(migration_id="m", request_id="r", destination_id="b", owner_epoch=1, resumed_at=100.025)
+    for order in ((start, commit, ack), (start, ack, commit)):
+        (summary,) = _migrations([(seq, 100.0 + seq, body) for seq, body in enumerate(order, 1)])
+        assert summary.outcome == "committed"
+        assert summary.downtime_s is not None and abs(summary.downtime_s - 0.025) < 1e-9
