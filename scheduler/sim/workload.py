@@ -205,7 +205,8 @@ def power_law_lengths(
     else:
         one_minus = 1.0 - a
         x = np.power(1.0 + u * (cap**one_minus - 1.0), 1.0 / one_minus)
-    return np.clip(np.rint(x), 1, cap).astype(np.int64)
+    lengths: np.ndarray = np.clip(np.rint(x), 1, cap).astype(np.int64)
+    return lengths
 
 
 def _mix_means(mix: str) -> tuple[float, float]:
