@@ -23,22 +23,12 @@ import openai
 import pytest
 
 from bus.server import free_port
+from tests.processes import alive
 from tests.scrape import scrape, value
 
 pytestmark = pytest.mark.slow
 
 PROMPT = "In a hole in the ground"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is not alive
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
 
 
 async def _stream(
@@ -143,7 +133,7 @@ async def test_shoal_up_serves_survives_faults_and_stops_cleanly(tmp_path: Path)
             if process.stdout is not None:
                 process.stdout.close()
     time.sleep(0.5)
-    assert not [name for name, pid in pids.items() if _alive(pid)]
+    assert not [name for name, pid in pids.items() if alive(pid)]
 
 
 async def _instances(http: httpx.AsyncClient, port: int) -> list[str]:

@@ -28,22 +28,12 @@ import pytest
 from agents.engines.vllm_engine import vllm_unavailable_reason
 from agents.engines.vllm_engine.checkpoint import build_checkpoint
 from bus.server import free_port
+from tests.processes import alive
 
 _REASON = vllm_unavailable_reason()
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(_REASON is not None, reason=_REASON or "")]
 
 PROMPT = "Once upon a time"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is not alive
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +85,7 @@ def shoal_up(checkpoint: Path, tmp_path: Path, request: pytest.FixtureRequest) -
         finally:
             process.stdout.close()
     time.sleep(0.5)
-    assert not [name for name, pid in pids.items() if _alive(pid)], "a child outlived shoal up"
+    assert not [name for name, pid in pids.items() if alive(pid)], "a child outlived shoal up"
 
 
 async def _stream_text(client: Any, model: str, **kwargs: Any) -> tuple[str, list[str], Any]:
