@@ -5,9 +5,17 @@ The source and destination exchange the wire messages of
 ``Commit``, ``CommitAck``); each side also takes local events from its shell
 (clock ticks, the engine, the transport, the block manager, failure detection,
 the event log). Each machine is an enum of phases, a transition table and a
-pure :func:`step` returning ``(state, actions)``; actions are plain data the
-agent shell executes (see :mod:`agents.migration.fsm.actions`). Rollback lives in
-one function per side.
+pure :func:`step` returning ``(state, actions)``; actions are plain data a
+shell executes (see :mod:`agents.migration.fsm.actions`). Rollback lives in
+one function per side. Two shells drive these machines and nothing else
+implements the protocol: the agents' (:mod:`agents.migration.driver`) and the
+simulator's (:mod:`scheduler.sim.migration_shell`); both keep a
+:class:`~agents.migration.fsm.record.MachineRecord` that
+:func:`~agents.migration.fsm.record.replay` re-feeds to prove it.
+
+Modules: ``actions`` (local inputs and actions), ``source``, ``destination``
+(the two machines: ``start_source`` / ``start_destination`` and their steps),
+``config`` (:class:`~agents.migration.fsm.config.MigrationConfig`), ``record``.
 
 Ownership rule: the source frees its blocks only after a ``CommitAck``; a
 destination sends one only after the log accepted its committed event as the
@@ -15,7 +23,7 @@ migration's first outcome. If the ack is lost, the source claims "aborted" in
 the log after ``commit_timeout_s``; whichever outcome the log holds first
 decides who owns the request, so exactly one side runs it.
 
-Usage by an agent shell::
+Usage by a shell::
 
     state, actions = start_source(migration_id=..., request_id=..., source_id=..., destination_id=...,
                                   num_full_blocks=..., now=clock(), config=config)
