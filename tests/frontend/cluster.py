@@ -27,7 +27,7 @@ from frontend.gateway import Gateway
 from schemas import Subjects
 from transport import TransportConfig
 
-__all__ = ["Cluster", "bus_config", "frontend_cluster", "make_engine"]
+__all__ = ["Cluster", "bus_config", "disconnect_after_first_text", "frontend_cluster", "make_engine"]
 
 
 def bus_config(url: str, subjects: Subjects, name: str) -> BusConfig:
@@ -162,3 +162,18 @@ async def frontend_cluster(
             with contextlib.suppress(Exception):
                 await jsm.delete_stream(stream)
         await cleaner.close()
+
+
+async def disconnect_after_first_text(
+    cluster: Cluster, url: str, body: dict[str, Any], *, polls: int
+) -> None:
+    """Stream ``body``, hang up at the first text chunk, then wait (``polls`` x 20 ms) for idle engines."""
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+        async with http.stream("POST", "/v1/completions", json=body) as response:
+            async for line in response.aiter_lines():
+                if line.startswith("data: ") and '"text":"' in line:
+                    break
+    for _ in range(polls):
+        if not any(agent.engine.has_unfinished() for agent in cluster.agents.values()):
+            break
+        await asyncio.sleep(0.02)

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.frontend.cluster import Cluster, frontend_cluster
+from tests.frontend.cluster import Cluster, disconnect_after_first_text, frontend_cluster
 
 pytestmark = pytest.mark.slow
 
@@ -156,15 +156,7 @@ async def test_lost_delta_is_repaired_by_resend(cluster: Cluster, client: Any) -
 async def test_client_disconnect_aborts_and_frees_blocks(cluster: Cluster, client: Any) -> None:
     url = cluster.base_url  # type: ignore[attr-defined]
     body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 400, "stream": True, "temperature": 0}
-    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
-        async with http.stream("POST", "/v1/completions", json=body) as response:
-            async for line in response.aiter_lines():
-                if line.startswith("data: ") and '"text":"' in line:
-                    break
-    for _ in range(200):
-        if not any(agent.engine.has_unfinished() for agent in cluster.agents.values()):
-            break
-        await asyncio.sleep(0.02)
+    await disconnect_after_first_text(cluster, url, body, polls=200)
     assert not any(agent.engine.has_unfinished() for agent in cluster.agents.values())
     free = [agent.engine.stats().num_free_blocks for agent in cluster.agents.values()]
     total = [agent.engine.stats().num_total_blocks for agent in cluster.agents.values()]

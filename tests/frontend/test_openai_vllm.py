@@ -13,12 +13,11 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 import pytest
 
 from agents.engines.vllm_engine import vllm_unavailable_reason
 from agents.engines.vllm_engine.checkpoint import build_checkpoint
-from tests.frontend.cluster import Cluster, frontend_cluster
+from tests.frontend.cluster import Cluster, disconnect_after_first_text, frontend_cluster
 
 _REASON = vllm_unavailable_reason()
 pytestmark = [
@@ -96,15 +95,7 @@ async def test_client_disconnect_aborts_and_frees_blocks(cluster: Cluster) -> No
     url = cluster.base_url  # type: ignore[attr-defined]
     body = {"model": cluster.config.model, "prompt": PROMPT, "max_tokens": 400, "stream": True,
             "temperature": 0, "ignore_eos": True}
-    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
-        async with http.stream("POST", "/v1/completions", json=body) as response:
-            async for line in response.aiter_lines():
-                if line.startswith("data: ") and '"text":"' in line:
-                    break
-    for _ in range(500):
-        if not any(agent.engine.has_unfinished() for agent in cluster.agents.values()):
-            break
-        await asyncio.sleep(0.02)
+    await disconnect_after_first_text(cluster, url, body, polls=500)
     assert not any(agent.engine.has_unfinished() for agent in cluster.agents.values())
     free = [agent.engine.stats().num_free_blocks for agent in cluster.agents.values()]
     total = [agent.engine.stats().num_total_blocks for agent in cluster.agents.values()]
