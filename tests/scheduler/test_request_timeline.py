@@ -10,6 +10,7 @@ from typing import Any
 from click.testing import CliRunner
 
 from frontend.cli import cli
+from scheduler.cluster_state import live_loads
 from scheduler.service import SchedulerConfig, SchedulerService
 from tests.frontend.cluster import frontend_cluster
 from tests.scheduler.log_helpers import write_history
@@ -31,6 +32,17 @@ async def _running_request(gateway: Any) -> tuple[str, str]:
     raise AssertionError("no request produced a token")
 
 
+async def _every_instance_reported(service: SchedulerService, count: int) -> None:
+    """Wait (bounded) until what the scheduler received holds a load report of each instance."""
+    for _ in range(500):
+        received, _cursor = service.follower.preview()  # folded lazily, at its next decision
+        reported = [load for load in live_loads(received) if load.reported]
+        if len(reported) >= count:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"the scheduler saw {len(reported)} of {count} instances report")
+
+
 async def test_timeline_of_a_request_migrated_twice(nats_url: str, tmp_path: Path) -> None:
     async with frontend_cluster(nats_url, instances=3) as cluster:
         prefix = cluster.subjects.prefix
@@ -39,7 +51,7 @@ async def test_timeline_of_a_request_migrated_twice(nats_url: str, tmp_path: Pat
             task = asyncio.create_task(service.run())
             try:
                 await service.wait_active(10)
-                await asyncio.sleep(0.3)  # the scheduler has seen every instance's load
+                await _every_instance_reported(service, len(cluster.agents))
                 async with cluster.client() as client:
                     body = {
                         "model": "sim:tiny-test",
