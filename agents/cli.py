@@ -24,7 +24,7 @@ from typing import Any
 import click
 
 from bus import event_loop
-from bus.options import metrics_options, nats_option
+from bus.options import metrics_options, nats_auth_options, nats_option, nats_replicas_option
 
 __all__ = ["agent", "build_engine"]
 
@@ -88,6 +88,8 @@ def build_engine(
 
 @click.command("agent")
 @nats_option()
+@nats_auth_options
+@nats_replicas_option
 @click.option("--prefix", default="shoal", show_default=True, help="Subject prefix of the cluster.")
 @click.option("--instance-id", default=None, help="Instance id (default: agent-<random>).")
 @click.option("--engine", type=click.Choice(["torch", "sim", "vllm"]), default="torch", show_default=True)
@@ -146,7 +148,7 @@ def agent(**options: Any) -> None:
 async def _run(options: dict[str, Any]) -> None:
     from agents.agent import Agent, AgentConfig
     from agents.migration.fsm.config import MigrationConfig
-    from bus import BusConfig, JetStreamBus
+    from bus import BusConfig, JetStreamBus, StreamConfig
     from bus.telemetry import TelemetryConfig, tracer_provider
     from schemas import Subjects
     from transport import TransportConfig
@@ -192,7 +194,8 @@ async def _run(options: dict[str, Any]) -> None:
         environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = options["otlp_endpoint"]
     provider = tracer_provider(TelemetryConfig.from_env(environ), "shoal-agent", instance_id=instance_id)
     bus = JetStreamBus(
-        BusConfig(url=options["nats_url"], subjects=Subjects(options["prefix"]), name=instance_id)
+        BusConfig(url=options["nats_url"], auth=options["nats_auth"], subjects=Subjects(options["prefix"]),
+                  streams=StreamConfig(replicas=options["nats_replicas"]), name=instance_id)
     )
     await bus.connect()
     runner = Agent(engine, bus, config, tracer_provider=provider)

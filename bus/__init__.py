@@ -7,6 +7,7 @@ W3C trace context into headers. The bus moves bytes and knows nothing of what
 the payloads mean.
 """
 
+from bus.auth import NatsAuth
 from bus.errors import (
     AppendFailed,
     AppendTimeout,
@@ -66,6 +67,7 @@ __all__ = [
     "MemoryBroker",
     "MemoryBus",
     "MessageFeed",
+    "NatsAuth",
     "NoResponders",
     "NotConnected",
     "Position",

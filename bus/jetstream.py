@@ -28,6 +28,7 @@ from nats.js.kv import KV_DEL, KV_OP, KV_PURGE, KeyValue
 from nats.js.manager import JetStreamManager
 
 from bus.acks import AckTracker
+from bus.auth import redact_url
 from bus.errors import (
     BusError,
     HandlerFailed,
@@ -53,7 +54,7 @@ from bus.protocol import (
 from bus.seam import translate, translated
 from bus.wildcards import validate_key, validate_key_pattern, validate_subject
 
-__all__ = ["JetStreamBus"]
+__all__ = ["JetStreamBus", "permission_violation"]
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
@@ -94,6 +95,8 @@ class JetStreamBus:
         self._services: set[RequestService] = set()
         self.num_disconnects = 0
         self.num_reconnects = 0
+        #: permission violations the server reported, by operation ("publish" / "subscribe")
+        self.permission_violations: dict[str, int] = {}
 
     @property
     def config(self) -> BusConfig:
@@ -134,9 +137,10 @@ class JetStreamBus:
                 error_cb=self._on_error,
                 disconnected_cb=self._on_disconnected,
                 reconnected_cb=self._on_reconnected,
+                **cfg.auth.connect_options(),
             )
         except (TimeoutError, nats.errors.Error, OSError) as exc:
-            raise NotConnected(f"cannot connect to {cfg.url}: {exc!r}") from exc
+            raise NotConnected(f"cannot connect to {redact_url(cfg.url)}: {exc!r}") from exc
         # nats-py uses one limit for the first connect and for reconnects; once in, never give up.
         self._nc.options["max_reconnect_attempts"] = cfg.max_reconnect_attempts
         self._jsm = self._nc.jsm(timeout=cfg.api_timeout)
@@ -150,7 +154,7 @@ class JetStreamBus:
             await self._acks.start()
         except (TimeoutError, nats.errors.Error, OSError) as exc:
             await self._nc.close()
-            raise translate(exc, f"provision streams on {cfg.url}") from exc
+            raise translate(exc, f"provision streams on {redact_url(cfg.url)}") from exc
         except BaseException:
             await self._nc.close()
             raise
@@ -184,6 +188,11 @@ class JetStreamBus:
         )
         js = self._parts()[0].jetstream(timeout=cfg.api_timeout)
         try:
+            await js.key_value(names.kv_bucket)
+            return  # exists: used as it is (a user without stream-admin rights may not create one)
+        except nats.js.errors.BucketNotFoundError:
+            pass
+        try:
             await js.create_key_value(
                 bucket=names.kv_bucket,
                 history=streams.kv_history,
@@ -195,8 +204,18 @@ class JetStreamBus:
                 raise BusError(f"cannot create KV bucket {names.kv_bucket!r}: {exc}") from exc
 
     async def _ensure_stream(self, config: api.StreamConfig) -> None:
-        """Create the stream, or update it to ``config`` if it exists with another one."""
+        """Create the stream, or update it to ``config`` if it exists with another one.
+
+        A stream that already has ``config`` is left alone without a create or update call, so
+        components whose NATS user may only read stream information (``shoal up --secure``) connect.
+        """
         jsm = self._parts()[1]
+        try:
+            existing = await jsm.stream_info(config.name or "")
+        except nats.js.errors.NotFoundError:
+            existing = None
+        if existing is not None and _same_stream(existing.config, config):
+            return
         try:
             await translated(jsm.add_stream(config), f"create stream {config.name}")
         except BusError as exc:
@@ -233,15 +252,21 @@ class JetStreamBus:
         await self.close()
 
     async def _on_error(self, exc: Exception) -> None:
-        log.debug("nats: %r", exc)
+        operation = permission_violation(exc)
+        if operation is None:
+            log.debug("nats: %r", exc)
+            return
+        # a refused publish is dropped by the server; a refused JetStream API call then times out
+        self.permission_violations[operation] = self.permission_violations.get(operation, 0) + 1
+        log.warning("bus %s refused by the NATS server: %s", self._config.name, exc)
 
     async def _on_disconnected(self) -> None:
         self.num_disconnects += 1
-        log.info("bus disconnected from %s", self._config.url)
+        log.info("bus disconnected from %s", redact_url(self._config.url))
 
     async def _on_reconnected(self) -> None:
         self.num_reconnects += 1
-        log.info("bus reconnected to %s", self._config.url)
+        log.info("bus reconnected to %s", redact_url(self._config.url))
         if self._acks is not None:
             self._acks.reconnected()
         for reader in list(self._readers):
@@ -456,6 +481,36 @@ class JetStreamBus:
         return self._reader(
             f"KV_{bucket}", _kv_change(prefix), filters=[prefix + pattern], last_per_subject=True
         )
+
+
+def _same_stream(existing: api.StreamConfig, wanted: api.StreamConfig) -> bool:
+    """Whether a stream's configuration already has everything shoal sets."""
+
+    def close(a: float | None, b: float | None) -> bool:
+        return abs((a or 0.0) - (b or 0.0)) < 1e-3
+
+    return (
+        sorted(existing.subjects or []) == sorted(wanted.subjects or [])
+        and existing.num_replicas == wanted.num_replicas
+        and existing.storage == wanted.storage
+        and existing.discard == wanted.discard
+        and bool(existing.allow_direct) == bool(wanted.allow_direct)
+        and (existing.max_msgs_per_subject or -1) == (wanted.max_msgs_per_subject or -1)
+        and close(existing.max_age, wanted.max_age)
+        and close(existing.duplicate_window, wanted.duplicate_window)
+    )
+
+
+def permission_violation(exc: BaseException) -> str | None:
+    """"publish" or "subscribe" if ``exc`` is the server's permissions-violation error, else None.
+
+    nats-py has no class for it: the server's ``-ERR 'Permissions Violation for Publish to "x"'``
+    reaches the error callback as a plain ``nats.errors.Error`` carrying that text.
+    """
+    text = str(exc)
+    if "Permissions Violation" not in text:
+        return None
+    return "subscribe" if "for Subscription" in text else "publish"
 
 
 def _filters(subjects: Sequence[str] | None) -> list[str]:

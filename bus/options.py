@@ -5,17 +5,37 @@
 below it. ``--nats-url``, the older spelling of some commands, still parses
 but is no longer shown in ``--help``. ``--metrics-port`` / ``--metrics-host``
 (:func:`metrics_options`) are where a long-running process serves Prometheus
-``/metrics``. Nothing here connects to or serves anything.
+``/metrics``. :func:`nats_auth_options` adds how to authenticate to NATS and
+check its TLS certificate (``--nats-user`` / ``--nats-password``,
+``--nats-token``, ``--nats-nkey-seed``, ``--nats-creds``, ``--nats-tls-ca``,
+``--nats-tls-cert`` / ``--nats-tls-key``, each also read from its
+``SHOAL_NATS_*`` variable) and hands the command one
+:class:`bus.auth.NatsAuth` as ``nats_auth``; secrets are never echoed or
+shown as defaults. :func:`nats_replicas_option` is the replication factor of
+the streams and the KV bucket a component provisions. Nothing here connects
+to or serves anything.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
-from typing import Any, TypeVar
+from pathlib import Path
+from typing import Any, TypeVar, cast
 
 import click
 
-__all__ = ["DEFAULT_NATS_URL", "NATS_ENVVAR", "metrics_options", "nats_option"]
+from bus.auth import NatsAuth
+
+__all__ = [
+    "AUTH_ENVVARS",
+    "DEFAULT_NATS_URL",
+    "NATS_ENVVAR",
+    "metrics_options",
+    "nats_auth_options",
+    "nats_option",
+    "nats_replicas_option",
+]
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 NATS_ENVVAR = "SHOAL_NATS_URL"
@@ -57,4 +77,52 @@ def metrics_options(function: _F) -> _F:
     return click.option(
         "--metrics-port", type=click.IntRange(0, 65535), default=None, metavar="PORT",
         help="Serve Prometheus /metrics on this port (0: any free port; unset: off).",
+    )(function)
+
+
+#: parameter → (flag, environment variable, is a file, help)
+_AUTH_OPTIONS: dict[str, tuple[str, str, bool, str]] = {
+    "user": ("--nats-user", "SHOAL_NATS_USER", False, "NATS user name (with --nats-password)."),
+    "password": ("--nats-password", "SHOAL_NATS_PASSWORD", False, "NATS password (prefer the variable)."),
+    "token": ("--nats-token", "SHOAL_NATS_TOKEN", False, "NATS authentication token (prefer the variable)."),
+    "nkey_seed": ("--nats-nkey-seed", "SHOAL_NATS_NKEY_SEED", True, "File holding this process's nkey seed."),
+    "creds": ("--nats-creds", "SHOAL_NATS_CREDS", True, "NATS credentials file (user JWT and seed)."),
+    "tls_ca": ("--nats-tls-ca", "SHOAL_NATS_TLS_CA", True, "CA of the NATS server's certificate."),
+    "tls_cert": ("--nats-tls-cert", "SHOAL_NATS_TLS_CERT", True, "Client certificate for mutual TLS."),
+    "tls_key": ("--nats-tls-key", "SHOAL_NATS_TLS_KEY", True, "Key of the client certificate."),
+}
+#: the environment variables :func:`nats_auth_options` reads, by :class:`NatsAuth` field
+AUTH_ENVVARS: dict[str, str] = {name: spec[1] for name, spec in _AUTH_OPTIONS.items()}
+
+
+def nats_auth_options(function: _F) -> _F:
+    """The NATS authentication and TLS options, handed to the command as one ``nats_auth: NatsAuth``."""
+
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        values = {name: kwargs.pop(f"nats_{name}") for name in _AUTH_OPTIONS}
+        try:
+            auth = NatsAuth(**{name: value for name, value in values.items() if value not in (None, "")})
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from None
+        return function(*args, nats_auth=auth, **kwargs)
+
+    decorated: Callable[..., Any] = wrapper
+    for name, (flag, envvar, is_file, help_text) in reversed(_AUTH_OPTIONS.items()):
+        kind: click.ParamType[Any] = (
+            click.Path(exists=True, dir_okay=False, path_type=Path) if is_file else click.STRING
+        )
+        decorated = click.option(
+            flag, f"nats_{name}", type=kind, default=None, envvar=envvar, show_envvar=True,
+            show_default=False, metavar="FILE" if is_file else "TEXT", help=help_text,
+        )(decorated)
+    return cast(_F, decorated)
+
+
+def nats_replicas_option(function: _F) -> _F:
+    """``--nats-replicas N`` (env ``SHOAL_NATS_REPLICAS``) into ``nats_replicas``: copies of each stream."""
+    return click.option(
+        "--nats-replicas", "nats_replicas", type=click.IntRange(1, 5), default=1, show_default=True,
+        envvar="SHOAL_NATS_REPLICAS", show_envvar=True,
+        help="Replicas of the event and load streams and the KV bucket (needs a NATS cluster of that size).",
     )(function)

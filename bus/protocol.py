@@ -19,6 +19,7 @@ from typing import NamedTuple, Protocol, Self, TypeVar
 
 import msgspec
 
+from bus.auth import NatsAuth
 from schemas.position import Position
 from schemas.subjects import Subjects
 
@@ -142,6 +143,7 @@ class BusConfig:
     """
 
     url: str = "nats://127.0.0.1:4222"
+    auth: NatsAuth = field(default_factory=NatsAuth)
     subjects: Subjects = field(default_factory=Subjects)
     streams: StreamConfig = field(default_factory=StreamConfig)
     name: str = "shoal"

@@ -24,7 +24,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agents.engines.tokenizer import TextTokenizer
-from bus import Bus, BusConfig, JetStreamBus
+from bus import Bus, BusConfig, JetStreamBus, StreamConfig
 from frontend.config import FrontendConfig
 from frontend.dependencies import PRIORITY_HEADER, FrontendState, install_state, state_of
 from frontend.errors import APIError, error_body
@@ -91,7 +91,10 @@ class FrontendLifespan:
             return
         config = self.config
         subjects = Subjects(config.prefix)
-        bus = self.bus_factory(BusConfig(url=config.nats_url, subjects=subjects, name="frontend"))
+        bus = self.bus_factory(BusConfig(
+            url=config.nats_url, auth=config.nats_auth, subjects=subjects,
+            streams=StreamConfig(replicas=config.nats_replicas), name="frontend",
+        ))
         await bus.connect()
         gateway = Gateway(bus, config)
         await gateway.start()

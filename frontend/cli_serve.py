@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from bus.options import nats_option
+from bus.options import nats_auth_options, nats_option, nats_replicas_option
 from bus.telemetry import TelemetryConfig, tracer_provider
 from frontend.config import FrontendConfig
 
@@ -24,6 +24,8 @@ __all__ = ["config_from_options", "serve"]
 def config_from_options(options: dict[str, Any]) -> FrontendConfig:
     return FrontendConfig(
         nats_url=options["nats_url"],
+        nats_auth=options["nats_auth"],
+        nats_replicas=options["nats_replicas"],
         prefix=options["prefix"],
         model=options["model"],
         served_model_name=options["served_model_name"],
@@ -42,6 +44,8 @@ def config_from_options(options: dict[str, Any]) -> FrontendConfig:
 
 @click.command("serve")
 @nats_option()
+@nats_auth_options
+@nats_replicas_option
 @click.option("--prefix", default="shoal", show_default=True, help="Subject prefix of the cluster.")
 @click.option("--model", default="tiny", show_default=True,
               help="Tokenizer: torch preset, checkpoint folder, or sim:<profile>.")

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from bus.auth import NatsAuth
+
 __all__ = ["FrontendConfig"]
 
 
@@ -26,6 +28,8 @@ class FrontendConfig:
     """
 
     nats_url: str = "nats://127.0.0.1:4222"
+    nats_auth: NatsAuth = field(default_factory=NatsAuth)
+    nats_replicas: int = 1
     prefix: str = "shoal"
     model: str = "tiny"
     served_model_name: str | None = None

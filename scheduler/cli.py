@@ -26,7 +26,7 @@ import msgspec
 from opentelemetry.sdk.trace import TracerProvider
 
 from bus import BusConfig, JetStreamBus, StreamConfig, event_loop
-from bus.options import metrics_options, nats_option
+from bus.options import metrics_options, nats_auth_options, nats_option, nats_replicas_option
 from bus.telemetry import TelemetryConfig, tracer_provider
 from scheduler.config import DispatchPolicy, PairingConfig, PolicyConfig, ScalingConfig
 from scheduler.instances import InstanceManager, LocalProcessManager
@@ -123,6 +123,8 @@ def policy_from_options(
 
 @click.command("scheduler")
 @nats_option()
+@nats_auth_options
+@nats_replicas_option
 @click.option("--prefix", default="shoal", show_default=True, help="Subject prefix of the cluster.")
 @click.option("--id", "scheduler_id", default=None, help="Lease holder id (default: host-pid-random).")
 @click.option(
@@ -199,9 +201,12 @@ def scheduler(**options: Any) -> None:
         manager = LocalProcessManager(shlex.split(options["autoscale_command"]))
     bus_config = BusConfig(
         url=options["nats_url"],
+        auth=options["nats_auth"],
         subjects=Subjects(options["prefix"]),
         name="shoal-scheduler",
-        streams=StreamConfig(loads_max_msgs_per_subject=options["loads_per_instance"]),
+        streams=StreamConfig(
+            loads_max_msgs_per_subject=options["loads_per_instance"], replicas=options["nats_replicas"]
+        ),
     )
     metrics = None if options["metrics_port"] is None else (options["metrics_host"], options["metrics_port"])
     provider = tracer_provider(
