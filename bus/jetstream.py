@@ -13,6 +13,7 @@ and KV on nats-py's ``KeyValue``. Every nats-py exception is translated into
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Mapping, Sequence
 from types import TracebackType
@@ -123,24 +124,43 @@ class JetStreamBus:
         if self._nc is not None and not self._nc.is_closed:
             return
         cfg = self._config
+        options: dict[str, Any] = {
+            "servers": cfg.servers,
+            "name": cfg.name,
+            "connect_timeout": cfg.connect_timeout,
+            "reconnect_time_wait": cfg.reconnect_time_wait,
+            "max_reconnect_attempts": cfg.connect_attempts,
+            "allow_reconnect": True,
+            "pending_size": cfg.reconnect_buffer_bytes,
+            "ping_interval": cfg.ping_interval,
+            "max_outstanding_pings": cfg.max_outstanding_pings,
+            "error_cb": self._on_error,
+            "disconnected_cb": self._on_disconnected,
+            "reconnected_cb": self._on_reconnected,
+            **cfg.auth.connect_options(),
+        }
+        client = NatsClient()
+        # nats-py never returns when the server's certificate fails verification: bound the wait
+        limit = None
+        if cfg.connect_attempts > 0:
+            per_server = cfg.connect_timeout + cfg.reconnect_time_wait
+            limit = cfg.connect_attempts * len(cfg.servers) * per_server + 1.0
         try:
-            self._nc = await nats.connect(
-                servers=cfg.servers,
-                name=cfg.name,
-                connect_timeout=cfg.connect_timeout,
-                reconnect_time_wait=cfg.reconnect_time_wait,
-                max_reconnect_attempts=cfg.connect_attempts,
-                allow_reconnect=True,
-                pending_size=cfg.reconnect_buffer_bytes,
-                ping_interval=cfg.ping_interval,
-                max_outstanding_pings=cfg.max_outstanding_pings,
-                error_cb=self._on_error,
-                disconnected_cb=self._on_disconnected,
-                reconnected_cb=self._on_reconnected,
-                **cfg.auth.connect_options(),
-            )
+            async with asyncio.timeout(limit):
+                await client.connect(**options)
         except (TimeoutError, nats.errors.Error, OSError) as exc:
-            raise NotConnected(f"cannot connect to {redact_url(cfg.url)}: {exc!r}") from exc
+            if not client.is_closed:
+                with contextlib.suppress(Exception):
+                    await client.close()
+            why = (
+                "timed out (unreachable, or a failed TLS handshake)"
+                if isinstance(exc, TimeoutError)
+                else repr(exc)
+            )
+            raise NotConnected(
+                f"cannot connect to {redact_url(cfg.url)} as {cfg.auth.method}: {why}"
+            ) from exc
+        self._nc = client
         # nats-py uses one limit for the first connect and for reconnects; once in, never give up.
         self._nc.options["max_reconnect_attempts"] = cfg.max_reconnect_attempts
         self._jsm = self._nc.jsm(timeout=cfg.api_timeout)
@@ -502,15 +522,15 @@ def _same_stream(existing: api.StreamConfig, wanted: api.StreamConfig) -> bool:
 
 
 def permission_violation(exc: BaseException) -> str | None:
-    """"publish" or "subscribe" if ``exc`` is the server's permissions-violation error, else None.
+    """Return "publish" or "subscribe" if ``exc`` is the server's permissions-violation error, else None.
 
     nats-py has no class for it: the server's ``-ERR 'Permissions Violation for Publish to "x"'``
     reaches the error callback as a plain ``nats.errors.Error`` carrying that text.
     """
-    text = str(exc)
-    if "Permissions Violation" not in text:
+    text = str(exc).lower()  # nats-py lowercases the server's text
+    if "permissions violation" not in text:
         return None
-    return "subscribe" if "for Subscription" in text else "publish"
+    return "subscribe" if "for subscription" in text else "publish"
 
 
 def _filters(subjects: Sequence[str] | None) -> list[str]:

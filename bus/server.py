@@ -69,6 +69,16 @@ class EmbeddedNats:
     log_file: Path | None = None
     #: Have the kernel stop the server when the process that started it dies (Linux).
     die_with_parent: bool = False
+    #: more nats-server configuration (``tls`` and ``authorization`` blocks: :mod:`bus.security`)
+    extra_config: str = ""
+    #: cluster membership (:class:`bus.cluster.EmbeddedCluster`): this node's name, the cluster's,
+    #: the route port and the route ports of the other nodes
+    server_name: str = ""
+    cluster_name: str = ""
+    cluster_port: int = 0
+    routes: tuple[int, ...] = ()
+    #: HTTP monitoring port (``/healthz``); 0: none
+    monitor_port: int = 0
     _process: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
     _own_store: bool = field(default=False, init=False, repr=False)
 
@@ -101,6 +111,12 @@ class EmbeddedNats:
             "-js",
             "-sd", str(self.store_dir),
         ]
+        config = self._config_text()
+        if config:
+            config_file = self.store_dir / "server.conf"
+            config_file.write_text(config)
+            os.chmod(config_file, 0o600)
+            args += ["-c", str(config_file)]
         self._process = subprocess.Popen(
             args,
             stdout=log,
@@ -113,6 +129,22 @@ class EmbeddedNats:
             log.close()
         self._wait_ready(timeout)
         return self
+
+    def _config_text(self) -> str:
+        lines = []
+        if self.server_name:
+            lines.append(f"server_name: {self.server_name}")
+        if self.monitor_port:
+            lines.append(f"http: {self.host}:{self.monitor_port}")
+        if self.cluster_name:
+            routes = ", ".join(f"nats-route://{self.host}:{port}" for port in self.routes)
+            lines.append(
+                f"cluster {{ name: {self.cluster_name}, listen: {self.host}:{self.cluster_port}, "
+                f"routes: [{routes}] }}"
+            )
+        if self.extra_config:
+            lines.append(self.extra_config)
+        return "\n".join(lines) + "\n" if lines else ""
 
     def _wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout

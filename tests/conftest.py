@@ -7,10 +7,14 @@ that kills or restarts the server starts its own with ``EmbeddedNats``.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import pytest
 
+from bus.auth import NatsAuth
+from bus.security import SecureDeployment
 from bus.server import EmbeddedNats
+from schemas import Subjects
 
 
 @pytest.fixture(scope="session")
@@ -26,3 +30,52 @@ def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNa
 @pytest.fixture(scope="session")
 def nats_url(nats_server: EmbeddedNats) -> str:
     return nats_server.url
+
+
+@dataclass
+class SecureNats:
+    """A nats-server with ``shoal up --secure``'s users, permissions and mutual TLS, streams provisioned."""
+
+    server: EmbeddedNats
+    deployment: SecureDeployment
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    @property
+    def subjects(self) -> Subjects:
+        return self.deployment.subjects
+
+    def auth(self, name: str) -> NatsAuth:
+        return self.deployment.auth(name)
+
+
+#: agent users of the secure server (the ids the secure-mode tests give their agents)
+SECURE_AGENTS = ("a1", "a2", "a3", "t1", "t2", "agent-0", "agent-1")
+
+
+@pytest.fixture(scope="session")
+def secure_nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureNats]:
+    from bus import BusConfig, JetStreamBus, StreamConfig
+    from bus.event_loop import run
+    from bus.security import create_deployment
+
+    deployment = create_deployment(
+        tmp_path_factory.mktemp("nats-secure"), Subjects("sec"), agents=SECURE_AGENTS
+    )
+    server = EmbeddedNats(store_dir=tmp_path_factory.mktemp("nats-secure-store"),
+                          extra_config=deployment.server_config())
+    server.start()
+    try:
+        async def provision() -> None:
+            streams = StreamConfig(events_max_age=3600.0, loads_max_age=3600.0)
+            config = BusConfig(url=server.url, auth=deployment.auth("admin"), subjects=deployment.subjects,
+                               streams=streams, name="admin")
+            async with JetStreamBus(config):
+                pass
+
+        run(provision())
+        yield SecureNats(server, deployment)
+    finally:
+        server.stop()
