@@ -149,6 +149,7 @@ async def _run(options: dict[str, Any]) -> None:
     from agents.agent import Agent, AgentConfig
     from agents.migration.fsm.config import MigrationConfig
     from bus import BusConfig, JetStreamBus, StreamConfig
+    from bus.metrics import BusCollector
     from bus.telemetry import TelemetryConfig, tracer_provider
     from schemas import Subjects
     from transport import TransportConfig
@@ -199,6 +200,7 @@ async def _run(options: dict[str, Any]) -> None:
     )
     await bus.connect()
     runner = Agent(engine, bus, config, tracer_provider=provider)
+    runner.metrics.registry.register(BusCollector(lambda: bus))
     await runner.start()
     log.info(
         "agent %s serving (%s engine, transport %s)",

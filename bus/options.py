@@ -31,6 +31,7 @@ __all__ = [
     "AUTH_ENVVARS",
     "DEFAULT_NATS_URL",
     "NATS_ENVVAR",
+    "auth_file_flags",
     "metrics_options",
     "nats_auth_options",
     "nats_option",
@@ -126,3 +127,18 @@ def nats_replicas_option(function: _F) -> _F:
         envvar="SHOAL_NATS_REPLICAS", show_envvar=True,
         help="Replicas of the event and load streams and the KV bucket (needs a NATS cluster of that size).",
     )(function)
+
+
+def auth_file_flags(auth: NatsAuth) -> list[str]:
+    """The command-line flags that hand ``auth``'s files (seed, creds, TLS) to a child ``shoal`` process.
+
+    Only paths travel on the command line; a password or token must go through the environment.
+    """
+    if auth.password is not None or auth.token:
+        raise ValueError("a password or token goes to a child through SHOAL_NATS_* variables, not flags")
+    flags = ["--nats-user", auth.user] if auth.user else []
+    for name, (flag, _envvar, is_file, _help) in _AUTH_OPTIONS.items():
+        value = getattr(auth, name)
+        if is_file and value is not None:
+            flags += [flag, str(value)]
+    return flags

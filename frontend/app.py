@@ -25,6 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agents.engines.tokenizer import TextTokenizer
 from bus import Bus, BusConfig, JetStreamBus, StreamConfig
+from bus.metrics import BusCollector
 from frontend.config import FrontendConfig
 from frontend.dependencies import PRIORITY_HEADER, FrontendState, install_state, state_of
 from frontend.errors import APIError, error_body
@@ -97,6 +98,8 @@ class FrontendLifespan:
         ))
         await bus.connect()
         gateway = Gateway(bus, config)
+        counted = bus if isinstance(bus, JetStreamBus) else None
+        gateway.metrics.registry.register(BusCollector(lambda: counted))
         await gateway.start()
         install_state(app, FrontendState.build(config, self.tokenizer, gateway))
         try:

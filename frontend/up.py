@@ -42,7 +42,8 @@ from typing import IO, Any
 
 import click
 
-from bus.options import nats_option
+from bus.auth import redact_url
+from bus.options import auth_file_flags, nats_option
 from bus.server import die_with_parent, free_port
 from scheduler.cli import scale_band_options
 
@@ -176,6 +177,13 @@ def _tail(path: Path, lines: int = 15) -> str:
 @click.option("--log-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where each process logs (default: a temporary folder).")
 @click.option("--ready-timeout", type=float, default=180.0, show_default=True)
+@click.option("--secure", is_flag=True,
+              help="Embedded NATS with a user per component (nkeys), permissions by role and mutual TLS "
+                   "(a dev CA); see README 'Security'.")
+@click.option("--nats-cluster", type=click.IntRange(1, 5), default=1, show_default=True,
+              help="Embedded NATS nodes (a cluster on loopback ports when > 1).")
+@click.option("--nats-replicas", type=click.IntRange(1, 5), default=None,
+              help="Replicas of the streams and the KV bucket (default: min(3, --nats-cluster)).")
 @click.option("--otlp-endpoint", default=None, metavar="URL",
               help="Send every component's spans here (sets OTEL_EXPORTER_OTLP_ENDPOINT for the children; "
                    "other OTEL_* variables pass through).")
@@ -211,17 +219,36 @@ def _start(
     if options["autoscale"] and options["no_scheduler"]:
         raise click.UsageError("--autoscale needs the scheduler (drop --no-scheduler)")
     nats_url = options["nats_url"]
-    if nats_url is None:
-        from bus.server import EmbeddedNats
+    replicas = options["nats_replicas"] or min(3, options["nats_cluster"])
+    if nats_url is not None and (options["secure"] or options["nats_cluster"] > 1):
+        raise click.UsageError("--secure and --nats-cluster configure the embedded NATS; with --nats URL "
+                               "pass that deployment's credentials (--nats-creds, SHOAL_NATS_* variables)")
+    if options["secure"] and options["autoscale"]:
+        raise click.UsageError("--secure has no users for agents the auto-scaler starts: drop --autoscale")
+    if replicas > options["nats_cluster"] and nats_url is None:
+        raise click.UsageError(f"--nats-replicas {replicas} needs --nats-cluster {replicas} or more")
+    from bus.launch import SecureSetup, start_embedded
 
-        cluster.nats = EmbeddedNats(
-            store_dir=log_dir / "nats-store", log_file=log_dir / "nats.log", die_with_parent=True
-        ).start()
-        nats_url = cluster.nats.url
-        click.echo(f"nats-server     {nats_url} (embedded, pid {cluster.nats.pid})")
+    secure = None
+    if options["secure"]:
+        secure = SecureSetup.create(log_dir, options["prefix"], options["instances"])
+    if nats_url is None:
+        cluster.nats, nats_url = start_embedded(log_dir, options["nats_cluster"], replicas, options["prefix"],
+                                                secure)
+        nodes = getattr(cluster.nats, "nodes", [cluster.nats])
+        pids = ",".join(str(node.pid) for node in nodes)
+        click.echo(f"nats-server     {redact_url(nats_url)} (embedded, pid {pids}, {len(nodes)} node(s), "
+                   f"{replicas} replica(s))")
     else:
-        click.echo(f"nats            {nats_url}")
-    common = ["--nats", nats_url, "--prefix", options["prefix"]]
+        click.echo(f"nats            {redact_url(nats_url)}")
+    if secure is not None:
+        click.echo(f"security        nkey user per component, permissions by role, mutual TLS; "
+                   f"credentials in {secure.deployment.directory}")
+
+    def auth_args(user: str) -> list[str]:
+        return auth_file_flags(secure.deployment.auth(user)) if secure is not None else []
+
+    common = ["--nats", nats_url, "--prefix", options["prefix"], "--nats-replicas", str(replicas)]
     engine = options["engine"]
     vllm_kv_unset = options["kv_cache_bytes"] is None and not os.environ.get("VLLM_CPU_KVCACHE_SPACE")
     if engine == "vllm" and vllm_kv_unset:
@@ -234,7 +261,7 @@ def _start(
     model = options["model"] or ("small" if engine == "torch" else "tiny-test")
 
     def agent_args(instance_id: str) -> list[str]:
-        args = ["agent", *common, "--instance-id", instance_id, "--engine", engine,
+        args = ["agent", *common, *auth_args(instance_id), "--instance-id", instance_id, "--engine", engine,
                 "--threads", str(options["threads"]), "--transport", "tcp"]
         args += ["--model", model] if engine != "sim" else ["--profile", model,
                                                             "--time-scale", str(options["time_scale"])]
@@ -251,7 +278,7 @@ def _start(
     elif importlib.util.find_spec("scheduler.cli") is None:
         click.echo("scheduler       (not built yet: the frontend places requests itself)")
     else:
-        scheduler_args = ["scheduler", "--nats", nats_url, "--prefix", options["prefix"]]
+        scheduler_args = ["scheduler", *common, *auth_args("scheduler")]
         if options["autoscale"]:
             # the scheduler's instance manager runs more agents like ours, as its own children
             low, high = options["scale_band"]
@@ -274,7 +301,7 @@ def _start(
         child = cluster.spawn(instance_id, [*agent_args(instance_id), "--metrics-port", str(metrics_port)])
         click.echo(f"agent           {instance_id} pid {child.pid}  metrics http://127.0.0.1:{metrics_port}/metrics")
     tokenizer = model if engine != "sim" else f"sim:{model}"
-    serve_args = ["serve", *common, "--model", tokenizer, "--host", options["host"],
+    serve_args = ["serve", *common, *auth_args("frontend"), "--model", tokenizer, "--host", options["host"],
                   "--port", str(options["port"]), "--stall-timeout", str(options["stall_timeout"])]
     if options["max_tokens_cap"] is not None:
         serve_args += ["--max-tokens-cap", str(options["max_tokens_cap"])]

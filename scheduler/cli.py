@@ -26,6 +26,7 @@ import msgspec
 from opentelemetry.sdk.trace import TracerProvider
 
 from bus import BusConfig, JetStreamBus, StreamConfig, event_loop
+from bus.metrics import BusCollector
 from bus.options import metrics_options, nats_auth_options, nats_option, nats_replicas_option
 from bus.telemetry import TelemetryConfig, tracer_provider
 from scheduler.config import DispatchPolicy, PairingConfig, PolicyConfig, ScalingConfig
@@ -234,6 +235,7 @@ async def run_scheduler(
     """Connect, run the service until a signal, clean up; ``metrics``: (host, port) to serve /metrics on."""
     async with JetStreamBus(bus_config) as bus:
         service = SchedulerService(bus, config, instance_manager=manager, tracer_provider=tracer_provider)
+        service.metrics.registry.register(BusCollector(lambda: bus))
         if metrics is not None:
             from prometheus_client import start_http_server
 
