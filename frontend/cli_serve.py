@@ -10,15 +10,27 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 from typing import Any
 
 import click
 
 from bus.options import nats_auth_options, nats_option, nats_replicas_option
 from bus.telemetry import TelemetryConfig, tracer_provider
+from frontend.api_keys import read_key_file
 from frontend.config import FrontendConfig
 
 __all__ = ["config_from_options", "serve"]
+
+
+def _api_keys(options: dict[str, Any]) -> tuple[str, ...]:
+    keys = tuple(options["api_key"])
+    if options.get("api_key_file") is not None:
+        try:
+            keys += read_key_file(options["api_key_file"])
+        except (OSError, ValueError) as exc:
+            raise click.BadParameter(str(exc), param_hint="--api-key-file") from None
+    return keys
 
 
 def config_from_options(options: dict[str, Any]) -> FrontendConfig:
@@ -29,7 +41,7 @@ def config_from_options(options: dict[str, Any]) -> FrontendConfig:
         prefix=options["prefix"],
         model=options["model"],
         served_model_name=options["served_model_name"],
-        api_keys=tuple(options["api_key"]),
+        api_keys=_api_keys(options),
         max_model_len=options["max_model_len"],
         max_tokens_cap=options["max_tokens_cap"],
         max_concurrent_requests=options["max_concurrent_requests"],
@@ -52,7 +64,10 @@ def config_from_options(options: dict[str, Any]) -> FrontendConfig:
 @click.option("--served-model-name", default=None, help="Name clients use (default: --model).")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=int, default=8000, show_default=True)
-@click.option("--api-key", multiple=True, help="Require this Bearer key (repeatable).")
+@click.option("--api-key", multiple=True, envvar="SHOAL_API_KEY", show_envvar=True,
+              help="Require this Bearer key (repeatable; prefer the variable or --api-key-file).")
+@click.option("--api-key-file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              envvar="SHOAL_API_KEY_FILE", show_envvar=True, help="Bearer keys, one per line.")
 @click.option("--max-model-len", type=int, default=2048, show_default=True,
               help="Context length until an instance announces its own.")
 @click.option("--max-tokens-cap", type=int, default=None, help="Clamp every request's max_tokens.")

@@ -33,7 +33,7 @@ class FrontendConfig:
     prefix: str = "shoal"
     model: str = "tiny"
     served_model_name: str | None = None
-    api_keys: tuple[str, ...] = ()
+    api_keys: tuple[str, ...] = field(default=(), repr=False)
     max_model_len: int = 2048
     max_tokens_cap: int | None = None
     default_max_tokens: int | None = None

@@ -26,6 +26,7 @@ from starlette.applications import Starlette
 
 from agents.engines.tokenizer import TextTokenizer
 from frontend.admission import Admission
+from frontend.api_keys import key_matches
 from frontend.config import FrontendConfig
 from frontend.errors import invalid_api_key, invalid_parameter
 from frontend.gateway import Gateway
@@ -114,7 +115,7 @@ def check_api_key(request: Request, config: FrontendConfig) -> None:
         return
     header = request.headers.get("authorization", "")
     scheme, _, key = header.partition(" ")
-    if scheme.lower() != "bearer" or key.strip() not in config.api_keys:
+    if scheme.lower() != "bearer" or not key_matches(key.strip(), config.api_keys):
         raise invalid_api_key()
 
 
