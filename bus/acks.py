@@ -17,7 +17,7 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import msgspec
 import nats.errors
@@ -77,8 +77,18 @@ class _PendingAppend:
 class AckTracker:
     """Tracks unacknowledged appends on ``nc``; ``start()`` before use, ``stop()`` to fail the rest."""
 
-    def __init__(self, nc: NatsClient, *, ack_timeout: float, tick: float = 0.05) -> None:
+    def __init__(
+        self,
+        nc: NatsClient,
+        *,
+        ack_timeout: float,
+        tick: float = 0.05,
+        provisioned: Callable[[str], bool] = lambda subject: False,
+    ) -> None:
+        """``provisioned(subject)``: a stream is known to capture ``subject``, so "no responders" on it
+        means the stream has no leader for the moment (a NATS cluster electing one): resend, as for 503."""
         self._nc = nc
+        self._provisioned = provisioned
         self._ack_timeout = ack_timeout
         self._tick = min(tick, ack_timeout / 4)
         # Insertion order is resend order: an entry is re-inserted whenever its resend time moves.
@@ -170,6 +180,10 @@ class AckTracker:
         if entry is None or entry.future.done():
             return
         if msg.headers and msg.headers.get("Status") == _NO_RESPONDERS:
+            if self._provisioned(entry.subject):  # leaderless for now: resend until the deadline
+                entry.resend_at = time.monotonic() + self._ack_timeout
+                self._pending[token] = entry
+                return
             entry.future.set_exception(StreamNotFound(f"no stream captures subject {entry.subject!r}"))
             return
         try:

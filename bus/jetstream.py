@@ -170,7 +170,11 @@ class JetStreamBus:
             self._kv = await translated(
                 self._nc.jetstream(timeout=cfg.api_timeout).key_value(cfg.subjects.kv_bucket), "kv bucket"
             )
-            self._acks = AckTracker(self._nc, ack_timeout=cfg.ack_timeout)
+            names = cfg.subjects
+            captured = (f"{names.prefix}.ev.", f"{names.prefix}.load.")
+            self._acks = AckTracker(
+                self._nc, ack_timeout=cfg.ack_timeout, provisioned=lambda name: name.startswith(captured)
+            )
             await self._acks.start()
         except (TimeoutError, nats.errors.Error, OSError) as exc:
             await self._nc.close()

@@ -40,7 +40,7 @@ from typing import Any
 from opentelemetry import trace
 
 from bus import tracing as bus_tracing
-from bus.errors import BusError
+from bus.errors import BusError, NotConnected
 from bus.protocol import Bus, StoredMessage
 from scheduler.cluster_state import ClusterState, InstanceStatus, initial_state, live_loads
 from scheduler.config import encode_policy
@@ -170,6 +170,13 @@ class SchedulerService:
             except _Deposed:
                 self.stats.step_downs += 1
                 log.warning("scheduler %s stepped down from epoch %d", self.config.scheduler_id, self.epoch)
+            except NotConnected:
+                raise  # the bus was closed under us: nothing to start over on
+            except BusError as exc:
+                # NATS unavailable for a while (a cluster electing a stream leader): start over shortly
+                self.stats.bus_restarts += 1
+                log.warning("scheduler %s starting over: %s", self.config.scheduler_id, exc)
+                await self._wait_changed(self.config.lease_ttl_s / 3)
             finally:
                 await self._teardown()
         self.role = Role.STOPPED

@@ -71,5 +71,7 @@ class SchedulerStats(msgspec.Struct):
     snapshots: int = 0
     takeovers: int = 0
     step_downs: int = 0
+    #: times recovery or the service loop failed on the bus and started over
+    bus_restarts: int = 0
     recovered_at: float = 0.0
     first_dispatch_at: float = 0.0
