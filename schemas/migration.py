@@ -37,9 +37,14 @@ class PreAllocate(Message, frozen=True, kw_only=True, tag="mig_pre_allocate"):
 
 
 class Ack(Message, frozen=True, kw_only=True, tag="mig_ack"):
+    """The destination reserved the stage's blocks. ``transfer_token`` is the unguessable,
+    single-use token the KV buffer of this stage must carry (the destination's transport
+    refuses any other); it travels only to the source and is blanked in the event log."""
+
     migration_id: str
     stage: int
     block_ids: tuple[int, ...]
+    transfer_token: str = ""
 
 
 class Abort(Message, frozen=True, kw_only=True, tag="mig_abort"):

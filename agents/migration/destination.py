@@ -14,8 +14,10 @@ the transport slots too, so late data never lands in released blocks.
 from __future__ import annotations
 
 import asyncio
+import secrets
 from collections.abc import Callable, Mapping
 
+import msgspec
 from opentelemetry import trace
 
 from agents.engines.protocol import KVBuffer, MigrationError, OutOfBlocks, Reservation
@@ -39,9 +41,8 @@ from agents.migration.fsm.actions import (
 from agents.migration.fsm.destination import DestinationState
 from agents.migration.fsm.record import DestinationStart
 from agents.migration.host import DriverContext
-from agents.migration.source import reservation_tag
 from agents.tracing import parent_context
-from schemas.migration import Commit, StageWritten
+from schemas.migration import Ack, Commit, StageWritten
 from schemas.reasons import MigrationAbortReason
 from transport import PendingTransfer, TransportError
 
@@ -73,6 +74,8 @@ class DestinationDriver(MachineDriver):
         super().__init__(manager, state, start)
         self._on_finished = on_finished
         self.reservations: dict[int, Reservation] = {}
+        #: the KV transfer token of each stage, sent to the source in our Ack
+        self.transfer_tokens: dict[int, str] = {}
         self.pending: dict[int, PendingTransfer] = {}
         self.received: dict[int, object] = {}
         self.delivered: set[int] = set()
@@ -95,7 +98,11 @@ class DestinationDriver(MachineDriver):
         if isinstance(action, Reserve):
             return self._reserve(action)
         if isinstance(action, SendToPeer):
-            await self.manager.send(self.state.source_id, action.message, self.span)
+            message = action.message
+            if isinstance(message, Ack):
+                token = self.transfer_tokens.get(message.stage, "")
+                message = msgspec.structs.replace(message, transfer_token=token)
+            await self.manager.send(self.state.source_id, message, self.span)
         elif isinstance(action, WriteBlocks):
             await self._write(action)
         elif isinstance(action, RejectBlocks):
@@ -136,12 +143,10 @@ class DestinationDriver(MachineDriver):
         self.reservations[action.stage] = reservation
         info = engine.info
         nbytes = action.num_blocks * payload_bytes_per_block(info.engine, info.bytes_per_block)
-        pending = self.agent.transport.expect(
-            self.migration_id,
-            action.stage,
-            nbytes,
-            reservation_id=reservation_tag(reservation.block_ids),
-        )
+        # only the source learns the token (in our Ack): a buffer without it is refused, and a
+        # replay of the real one finds the slot used (single use)
+        token = self.transfer_tokens[action.stage] = secrets.token_urlsafe(24)
+        pending = self.agent.transport.expect(self.migration_id, action.stage, nbytes, reservation_id=token)
         self.pending[action.stage] = pending
         self.helper(self._await_transfer(action.stage, pending))
         return Reserved(stage=action.stage, block_ids=reservation.block_ids)

@@ -25,6 +25,7 @@ import uuid
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping
 
+import msgspec
 from opentelemetry import trace
 from opentelemetry.trace import Span
 
@@ -42,7 +43,7 @@ from agents.tracing import headers_for, tracer_from
 from bus import BusError, Subscription
 from scheduler.policy import select_requests_to_migrate
 from schemas import CommandRejectReason, CommandReply, MigrateOut
-from schemas.migration import CommitAck, MigrationMessage, StageWritten
+from schemas.migration import Ack, CommitAck, MigrationMessage, StageWritten
 from schemas.reasons import MigrationAbortReason
 
 __all__ = ["DESTINATION_FULL", "MigrationManager", "MigrationOutcome"]
@@ -161,7 +162,8 @@ class MigrationManager:
         agent = self.agent
         headers = headers_for(span)
         data = agent.codec.encode(message, time=time.time(), trace=headers.get("traceparent"))
-        self.log.record(message, trace=headers.get("traceparent"))
+        logged = msgspec.structs.replace(message, transfer_token="") if isinstance(message, Ack) else message
+        self.log.record(logged, trace=headers.get("traceparent"))
         for _ in range(self._fault("out", message)):
             try:
                 await agent.bus.publish(agent.subjects.rpc_mig(peer_id), data, headers=headers)
@@ -191,6 +193,8 @@ class MigrationManager:
         if source is not None:
             if isinstance(message, CommitAck):
                 source.on_commit_ack(message)
+            if isinstance(message, Ack):
+                source.on_ack(message)
             source.feed(message)
             return
         destination = self.destinations.get(migration_id) or self.finished_destinations.get(migration_id)

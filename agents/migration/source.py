@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -44,19 +43,14 @@ from agents.migration.fsm.config import MigrationConfig
 from agents.migration.fsm.record import SourceStart
 from agents.migration.fsm.source import SourceState, start_source
 from agents.migration.host import DriverContext
-from schemas.migration import Commit, CommitAck
+from schemas.migration import Ack, Commit, CommitAck
 from schemas.reasons import MigrationAbortReason
 from transport import TransferHeader
 
-__all__ = ["MigrationOutcome", "SourceDriver", "StageRecord", "reservation_tag"]
+__all__ = ["MigrationOutcome", "SourceDriver", "StageRecord"]
 
 #: Stages bigger than this are exported in a worker thread (the event loop stays responsive).
 _THREAD_EXPORT_BYTES = 1 << 20
-
-
-def reservation_tag(block_ids: tuple[int, ...]) -> str:
-    """The transport's reservation id for a stage: both sides derive it from the block ids."""
-    return f"{len(block_ids)}-{zlib.crc32(repr(block_ids).encode()) & 0xFFFFFFFF:08x}"
 
 
 @dataclass(frozen=True)
@@ -113,6 +107,8 @@ class SourceDriver(MachineDriver):
     ) -> None:
         agent = manager.agent
         config = manager.config if config is None else config
+        #: each stage's KV transfer token, from the destination's Ack
+        self.transfer_tokens: dict[int, str] = {}
         stats = agent.engine.request_stats(request_id)
         if stats is None:
             raise UnknownRequest(request_id)
@@ -267,7 +263,7 @@ class SourceDriver(MachineDriver):
                 migration_id=self.migration_id,
                 stage=action.stage,
                 nbytes=memoryview(payload).nbytes,
-                reservation_id=reservation_tag(action.destination_block_ids),
+                reservation_id=self.transfer_tokens.get(action.stage, ""),
             )
             written = self._written_future(action.stage)
             await self.agent.transport.send(
@@ -307,6 +303,10 @@ class SourceDriver(MachineDriver):
         if future is None:
             future = self.written[stage] = asyncio.get_running_loop().create_future()
         return future
+
+    def on_ack(self, ack: Ack) -> None:
+        """Keep the stage's transfer token from the destination's ``Ack`` for the buffer's header."""
+        self.transfer_tokens[ack.stage] = ack.transfer_token
 
     def on_written(self, stage: int) -> None:
         """The destination wrote the stage into its blocks (``StageWritten``)."""
