@@ -6,6 +6,7 @@ that kills or restarts the server starts its own with ``EmbeddedNats``.
 
 from __future__ import annotations
 
+import concurrent.futures
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -75,7 +76,9 @@ def secure_nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureNats
             async with JetStreamBus(config):
                 pass
 
-        run(provision())
+        # in a thread of its own: the fixture may be first requested from inside a running event loop
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pool.submit(lambda: run(provision())).result()
         yield SecureNats(server, deployment)
     finally:
         server.stop()

@@ -17,7 +17,7 @@ from typing import Any
 
 from agents.agent import Agent, AgentConfig
 from agents.engines.sim import SimEngine
-from bus import BusConfig, JetStreamBus, StreamConfig
+from bus import BusConfig, JetStreamBus, NatsAuth, StreamConfig
 from bus.protocol import Subscription
 from schemas import Codec, GenerateReply, GenerateRequest, SamplingParams, Subjects, TokenDelta
 from transport import TransportConfig
@@ -25,9 +25,10 @@ from transport import TransportConfig
 __all__ = ["AgentCluster", "TokenWatcher", "bus_config", "fast_agent_config", "sim_engine"]
 
 
-def bus_config(url: str, subjects: Subjects, name: str = "test") -> BusConfig:
+def bus_config(url: str, subjects: Subjects, name: str = "test", auth: NatsAuth | None = None) -> BusConfig:
     return BusConfig(
         url=url,
+        auth=auth or NatsAuth(),
         subjects=subjects,
         name=name,
         streams=StreamConfig(events_max_age=3600.0, loads_max_age=3600.0, loads_max_msgs_per_subject=100),
@@ -74,10 +75,13 @@ class AgentCluster:
     subjects: Subjects
     agents: dict[str, Agent] = field(default_factory=dict)
     client: JetStreamBus | None = None
+    #: on a secured server (tests/conftest.py ``secure_nats``): each agent connects as its own user
+    secure: Any = None
     codec: Codec = field(default_factory=lambda: Codec(producer="test-client"))
 
     async def add(self, engine: Any, config: AgentConfig, **kwargs: Any) -> Agent:
-        bus = JetStreamBus(bus_config(self.url, self.subjects, config.instance_id))
+        auth = self.secure.auth(config.instance_id) if self.secure is not None else None
+        bus = JetStreamBus(bus_config(self.url, self.subjects, config.instance_id, auth))
         await bus.connect()
         agent = Agent(engine, bus, config, **kwargs)
         await agent.start()
@@ -121,10 +125,14 @@ class AgentCluster:
 
 
 @contextlib.asynccontextmanager
-async def agent_cluster(url: str) -> AsyncIterator[AgentCluster]:
-    subjects = Subjects(f"t{uuid.uuid4().hex[:12]}")
-    cluster = AgentCluster(url=url, subjects=subjects)
-    cluster.client = JetStreamBus(bus_config(url, subjects, "client"))
+async def agent_cluster(url: str, secure: Any = None) -> AsyncIterator[AgentCluster]:
+    """Agents under a fresh prefix; with ``secure`` (a ``SecureNats``), on its server, prefix and users
+    (the test client is its admin; the streams are purged afterwards, since only the admin may create them)."""
+    subjects = Subjects(f"t{uuid.uuid4().hex[:12]}") if secure is None else secure.subjects
+    url = url if secure is None else secure.url
+    cluster = AgentCluster(url=url, subjects=subjects, secure=secure)
+    admin = secure.auth("admin") if secure is not None else None
+    cluster.client = JetStreamBus(bus_config(url, subjects, "client", admin))
     await cluster.client.connect()
     try:
         yield cluster
@@ -137,7 +145,7 @@ async def agent_cluster(url: str) -> AsyncIterator[AgentCluster]:
         jsm = cluster.client.client.jsm()
         for stream in (subjects.events_stream, subjects.loads_stream, f"KV_{subjects.kv_bucket}"):
             with contextlib.suppress(Exception):
-                await jsm.delete_stream(stream)
+                await (jsm.delete_stream(stream) if secure is None else jsm.purge_stream(stream))
         await cluster.client.close()
 
 

@@ -73,8 +73,9 @@ def _config(name: str, faults: FaultPlan = NO_FAULTS, **migration: float) -> Age
     return replace(config, migration=replace(config.migration, **migration)) if migration else config
 
 
-async def test_destination_out_of_blocks_aborts_at_pre_allocate(nats_url: str) -> None:
-    async with agent_cluster(nats_url) as cluster:
+@pytest.mark.parametrize("secure", [False, True], ids=["plain", "secure"])
+async def test_destination_out_of_blocks_aborts_at_pre_allocate(request: pytest.FixtureRequest, nats_url: str, secure: bool) -> None:
+    async with agent_cluster(nats_url, request.getfixturevalue("secure_nats") if secure else None) as cluster:
         a1 = await cluster.add(sim_engine(time_scale=3.0), fast_agent_config("a1"))
         a2 = await cluster.add(sim_engine(num_blocks=6, time_scale=3.0), fast_agent_config("a2"))
         watcher = await _start(cluster)
@@ -102,8 +103,9 @@ async def test_lost_abort_at_pre_allocate_times_out_on_the_source(nats_url: str)
         assert a1.engine.stats().num_free_blocks == 64 and a2.engine.stats().num_free_blocks == 6
 
 
-async def test_request_finishing_mid_migration_rolls_back(nats_url: str) -> None:
-    async with agent_cluster(nats_url) as cluster:
+@pytest.mark.parametrize("secure", [False, True], ids=["plain", "secure"])
+async def test_request_finishing_mid_migration_rolls_back(request: pytest.FixtureRequest, nats_url: str, secure: bool) -> None:
+    async with agent_cluster(nats_url, request.getfixturevalue("secure_nats") if secure else None) as cluster:
         a1 = await cluster.add(sim_engine(time_scale=1.0), _config("a1", FaultPlan(copy_delay_s=1.5)))
         a2 = await cluster.add(sim_engine(), fast_agent_config("a2"))
         watcher = await _start(cluster)
@@ -145,8 +147,9 @@ async def test_request_preempted_mid_migration_rolls_back(nats_url: str) -> None
         assert a1.engine.stats().num_free_blocks == 40 and a2.engine.stats().num_free_blocks == 64
 
 
-async def test_destination_killed_mid_transfer(nats_url: str) -> None:
-    async with agent_cluster(nats_url) as cluster:
+@pytest.mark.parametrize("secure", [False, True], ids=["plain", "secure"])
+async def test_destination_killed_mid_transfer(request: pytest.FixtureRequest, nats_url: str, secure: bool) -> None:
+    async with agent_cluster(nats_url, request.getfixturevalue("secure_nats") if secure else None) as cluster:
         a1 = await cluster.add(sim_engine(time_scale=3.0), _config("a1", FaultPlan(copy_delay_s=0.3)))
         a2 = await cluster.add(sim_engine(), fast_agent_config("a2"))
         watcher = await _start(cluster)

@@ -37,13 +37,17 @@ def _reference_tokens() -> list[int]:
     return tokens
 
 
-@pytest.mark.parametrize("kind", ["tcp", "ucx"])
-async def test_migrated_request_matches_an_unmigrated_run(nats_url: str, kind: str) -> None:
+@pytest.mark.parametrize(("kind", "secure"), [("tcp", False), ("ucx", False), ("tcp", True)])
+async def test_migrated_request_matches_an_unmigrated_run(
+    request: pytest.FixtureRequest, nats_url: str, kind: str, secure: bool
+) -> None:
+    """``secure``: on ``shoal up --secure``'s server, each agent its own NATS user, mutual TLS."""
     if kind == "ucx" and (reason := ucx_available()) is not None:
         pytest.fail(f"UCX must be exercised here but is unavailable: {reason}")
     transport = TransportConfig(kind=kind, ucx_tls="tcp" if kind == "ucx" else "", send_timeout_s=5.0)
     expected = _reference_tokens()
-    async with agent_cluster(nats_url) as cluster:
+    secure_nats = request.getfixturevalue("secure_nats") if secure else None
+    async with agent_cluster(nats_url, secure_nats) as cluster:
         a1 = await cluster.add(_engine(), replace(fast_agent_config("t1"), transport=transport))
         a2 = await cluster.add(_engine(), replace(fast_agent_config("t2"), transport=transport))
         assert a1.transport.kind == kind
