@@ -53,7 +53,7 @@ class SecureNats:
 
 
 #: agent users of the secure server (the ids the secure-mode tests give their agents)
-SECURE_AGENTS = ("a1", "a2", "a3", "t1", "t2", "agent-0", "agent-1")
+SECURE_AGENTS = ("a1", "a2", "a3", "t1", "t2", "i0", "i1", "i2", "agent-0", "agent-1")
 
 
 @pytest.fixture(scope="session")

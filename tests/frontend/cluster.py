@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 
 from agents.agent import Agent, AgentConfig
-from bus import BusConfig, JetStreamBus, StreamConfig
+from bus import BusConfig, JetStreamBus, NatsAuth, StreamConfig
 from frontend.app import create_app
 from frontend.config import FrontendConfig
 from frontend.gateway import Gateway
@@ -30,9 +30,9 @@ from transport import TransportConfig
 __all__ = ["Cluster", "bus_config", "disconnect_after_first_text", "frontend_cluster", "make_engine"]
 
 
-def bus_config(url: str, subjects: Subjects, name: str) -> BusConfig:
+def bus_config(url: str, subjects: Subjects, name: str, auth: NatsAuth | None = None) -> BusConfig:
     return BusConfig(
-        url=url, subjects=subjects, name=name,
+        url=url, subjects=subjects, name=name, auth=auth or NatsAuth(),
         streams=StreamConfig(events_max_age=3600.0, loads_max_age=3600.0, loads_max_msgs_per_subject=100),
         ack_timeout=0.5, append_timeout=10.0, heartbeat=0.5, reconnect_time_wait=0.05, api_timeout=3.0,
     )
@@ -75,9 +75,14 @@ class Cluster:
     buses: list[JetStreamBus] = field(default_factory=list)
     server: Any = None
     server_task: Any = None
+    #: a ``SecureNats`` (tests/conftest.py): every component on its own NATS user, mutual TLS
+    secure: Any = None
+
+    def auth(self, user: str) -> NatsAuth | None:
+        return self.secure.auth(user) if self.secure is not None else None
 
     async def add_agent(self, instance_id: str, **engine_options: Any) -> Agent:
-        bus = JetStreamBus(bus_config(self.url, self.subjects, instance_id))
+        bus = JetStreamBus(bus_config(self.url, self.subjects, instance_id, self.auth(instance_id)))
         await bus.connect()
         self.buses.append(bus)
         agent = Agent(make_engine(self.engine, **engine_options), bus, agent_config(instance_id))
@@ -123,18 +128,20 @@ class Cluster:
 @contextlib.asynccontextmanager
 async def frontend_cluster(
     url: str, *, instances: int = 2, engine: str = "sim", engine_options: dict[str, Any] | None = None,
-    **config_changes: Any,
+    secure: Any = None, **config_changes: Any,
 ) -> AsyncIterator[Cluster]:
-    subjects = Subjects(f"t{uuid.uuid4().hex[:12]}")
+    """``secure``: a ``SecureNats`` to run on (its prefix and users; streams purged, not deleted, after)."""
+    subjects = Subjects(f"t{uuid.uuid4().hex[:12]}") if secure is None else secure.subjects
+    url = url if secure is None else secure.url
     model = {"sim": "sim:tiny-test", "vllm": (engine_options or {}).get("model", "")}.get(engine, "tiny")
     config = FrontendConfig(nats_url=url, prefix=subjects.prefix, model=model, max_model_len=256,
                             instance_stale_after=1.0, gap_grace=0.1)
     config = dataclasses.replace(config, **config_changes)
-    cluster = Cluster(url=url, subjects=subjects, config=config, engine=engine)
+    cluster = Cluster(url=url, subjects=subjects, config=config, engine=engine, secure=secure)
     try:
         for index in range(instances):
             await cluster.add_agent(f"i{index}", **(engine_options or {}))
-        bus = JetStreamBus(bus_config(url, subjects, "frontend"))
+        bus = JetStreamBus(bus_config(url, subjects, "frontend", cluster.auth("frontend")))
         await bus.connect()
         cluster.buses.append(bus)
         cluster.gateway = Gateway(bus, config)
@@ -155,12 +162,13 @@ async def frontend_cluster(
         for bus in cluster.buses:
             with contextlib.suppress(Exception):
                 await bus.close()
-        cleaner = JetStreamBus(dataclasses.replace(bus_config(url, subjects, "cleaner"), provision=False))
+        cleaner = JetStreamBus(dataclasses.replace(bus_config(url, subjects, "cleaner", cluster.auth("admin")),
+                                                   provision=False))
         await cleaner.connect()
         jsm = cleaner.client.jsm()
         for stream in (subjects.events_stream, subjects.loads_stream, f"KV_{subjects.kv_bucket}"):
             with contextlib.suppress(Exception):
-                await jsm.delete_stream(stream)
+                await (jsm.delete_stream(stream) if secure is None else jsm.purge_stream(stream))
         await cleaner.close()
 
 

@@ -23,11 +23,15 @@ pytestmark = pytest.mark.slow
 PROMPT = "Once upon a time"
 
 
-@pytest.fixture(scope="module")
-async def cluster(nats_url: str) -> AsyncIterator[Cluster]:
-    async with frontend_cluster(nats_url, instances=2, engine="torch", max_model_len=512) as running:
+@pytest.fixture(scope="module", params=["plain", "secure"])
+async def cluster(request: pytest.FixtureRequest, nats_url: str) -> AsyncIterator[Cluster]:
+    """``secure``: agents and the frontend each on their own NATS user (role permissions, mutual TLS)."""
+    secure = request.getfixturevalue("secure_nats") if request.param == "secure" else None
+    async with frontend_cluster(nats_url, instances=2, engine="torch", max_model_len=512, secure=secure) as running:
         running.base_url = await running.serve()  # type: ignore[attr-defined]
         yield running
+        # every component stayed inside its role's permissions through every test
+        assert all(bus.permission_violations == {} for bus in running.buses)
 
 
 @pytest.fixture
