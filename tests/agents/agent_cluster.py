@@ -126,8 +126,10 @@ class AgentCluster:
 
 @contextlib.asynccontextmanager
 async def agent_cluster(url: str, secure: Any = None) -> AsyncIterator[AgentCluster]:
-    """Agents under a fresh prefix; with ``secure`` (a ``SecureNats``), on its server, prefix and users
-    (the test client is its admin; the streams are purged afterwards, since only the admin may create them)."""
+    """Agents under a fresh prefix; with ``secure`` (a ``SecureNats``), on its server, prefix and users.
+
+    There the test client is the admin, and streams are purged afterwards (only the admin creates them).
+    """
     subjects = Subjects(f"t{uuid.uuid4().hex[:12]}") if secure is None else secure.subjects
     url = url if secure is None else secure.url
     cluster = AgentCluster(url=url, subjects=subjects, secure=secure)

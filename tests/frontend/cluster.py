@@ -162,8 +162,8 @@ async def frontend_cluster(
         for bus in cluster.buses:
             with contextlib.suppress(Exception):
                 await bus.close()
-        cleaner = JetStreamBus(dataclasses.replace(bus_config(url, subjects, "cleaner", cluster.auth("admin")),
-                                                   provision=False))
+        cleaning = bus_config(url, subjects, "cleaner", cluster.auth("admin"))
+        cleaner = JetStreamBus(dataclasses.replace(cleaning, provision=False))
         await cleaner.connect()
         jsm = cleaner.client.jsm()
         for stream in (subjects.events_stream, subjects.loads_stream, f"KV_{subjects.kv_bucket}"):

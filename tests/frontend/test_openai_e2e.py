@@ -27,7 +27,8 @@ PROMPT = "Once upon a time"
 async def cluster(request: pytest.FixtureRequest, nats_url: str) -> AsyncIterator[Cluster]:
     """``secure``: agents and the frontend each on their own NATS user (role permissions, mutual TLS)."""
     secure = request.getfixturevalue("secure_nats") if request.param == "secure" else None
-    async with frontend_cluster(nats_url, instances=2, engine="torch", max_model_len=512, secure=secure) as running:
+    options: dict[str, Any] = {"engine": "torch", "max_model_len": 512, "secure": secure}
+    async with frontend_cluster(nats_url, instances=2, **options) as running:
         running.base_url = await running.serve()  # type: ignore[attr-defined]
         yield running
         # every component stayed inside its role's permissions through every test

@@ -74,8 +74,11 @@ def _config(name: str, faults: FaultPlan = NO_FAULTS, **migration: float) -> Age
 
 
 @pytest.mark.parametrize("secure", [False, True], ids=["plain", "secure"])
-async def test_destination_out_of_blocks_aborts_at_pre_allocate(request: pytest.FixtureRequest, nats_url: str, secure: bool) -> None:
-    async with agent_cluster(nats_url, request.getfixturevalue("secure_nats") if secure else None) as cluster:
+async def test_destination_out_of_blocks_aborts_at_pre_allocate(
+    request: pytest.FixtureRequest, nats_url: str, secure: bool
+) -> None:
+    secure_nats = request.getfixturevalue("secure_nats") if secure else None
+    async with agent_cluster(nats_url, secure_nats) as cluster:
         a1 = await cluster.add(sim_engine(time_scale=3.0), fast_agent_config("a1"))
         a2 = await cluster.add(sim_engine(num_blocks=6, time_scale=3.0), fast_agent_config("a2"))
         watcher = await _start(cluster)
@@ -104,8 +107,11 @@ async def test_lost_abort_at_pre_allocate_times_out_on_the_source(nats_url: str)
 
 
 @pytest.mark.parametrize("secure", [False, True], ids=["plain", "secure"])
-async def test_request_finishing_mid_migration_rolls_back(request: pytest.FixtureRequest, nats_url: str, secure: bool) -> None:
-    async with agent_cluster(nats_url, request.getfixturevalue("secure_nats") if secure else None) as cluster:
+async def test_request_finishing_mid_migration_rolls_back(
+    request: pytest.FixtureRequest, nats_url: str, secure: bool
+) -> None:
+    secure_nats = request.getfixturevalue("secure_nats") if secure else None
+    async with agent_cluster(nats_url, secure_nats) as cluster:
         a1 = await cluster.add(sim_engine(time_scale=1.0), _config("a1", FaultPlan(copy_delay_s=1.5)))
         a2 = await cluster.add(sim_engine(), fast_agent_config("a2"))
         watcher = await _start(cluster)
@@ -148,8 +154,11 @@ async def test_request_preempted_mid_migration_rolls_back(nats_url: str) -> None
 
 
 @pytest.mark.parametrize("secure", [False, True], ids=["plain", "secure"])
-async def test_destination_killed_mid_transfer(request: pytest.FixtureRequest, nats_url: str, secure: bool) -> None:
-    async with agent_cluster(nats_url, request.getfixturevalue("secure_nats") if secure else None) as cluster:
+async def test_destination_killed_mid_transfer(
+    request: pytest.FixtureRequest, nats_url: str, secure: bool
+) -> None:
+    secure_nats = request.getfixturevalue("secure_nats") if secure else None
+    async with agent_cluster(nats_url, secure_nats) as cluster:
         a1 = await cluster.add(sim_engine(time_scale=3.0), _config("a1", FaultPlan(copy_delay_s=0.3)))
         a2 = await cluster.add(sim_engine(), fast_agent_config("a2"))
         watcher = await _start(cluster)
