@@ -151,6 +151,7 @@ class Agent:
             model=info.model,
             kv_layout=info.kv_layout,
             transport_address=self.transport.address,
+            transport_kind=self.transport.kind,
             engine=info.engine,
             max_batch_size=info.max_batch_size,
             max_model_len=info.max_model_len,

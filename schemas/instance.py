@@ -41,6 +41,10 @@ class KVLayout(Message, frozen=True, kw_only=True, tag="kv_layout"):
 
 
 class InstanceJoined(Message, frozen=True, kw_only=True, tag="instance_joined"):
+    """An instance is up. ``transport_address`` is where peers send it KV buffers (its advertised
+    host); ``transport_kind`` the KV transport it speaks (``tcp``, ``ucx``, ``inproc``; empty from
+    agents before it existed: read from the address's scheme)."""
+
     instance_id: str
     num_blocks: int
     block_size: int
@@ -50,6 +54,7 @@ class InstanceJoined(Message, frozen=True, kw_only=True, tag="instance_joined"):
     engine: str = "torch"
     max_batch_size: int = 256
     max_model_len: int = 4096
+    transport_kind: str = ""
 
 
 class InstanceHeartbeat(Message, frozen=True, kw_only=True, tag="instance_heartbeat"):

@@ -40,12 +40,14 @@ UNLIMITED_MODEL_LEN = 1 << 62
 
 
 def compatibility_key(joined: InstanceJoined) -> str:
-    """What must match for two instances to exchange KV cache: model identity and KV layout."""
+    """What must match for two instances to exchange KV cache: model identity, KV layout, the engine
+    (its buffer format) and the KV transport (a UCX agent and a TCP one cannot reach each other)."""
     model, layout = joined.model, joined.kv_layout
+    transport = joined.transport_kind or joined.transport_address.partition("://")[0]
     return (
         f"{model.model_id}@{model.revision}/{model.dtype}/tp{model.tensor_parallel}"
         f"|L{layout.num_layers}/H{layout.num_kv_heads}/D{layout.head_dim}"
-        f"/B{layout.block_size}/{layout.dtype}"
+        f"/B{layout.block_size}/{layout.dtype}|{joined.engine}|{transport}"
     )
 
 
