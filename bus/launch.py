@@ -10,6 +10,7 @@ component connects. Nothing here starts a shoal component.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,5 +71,12 @@ def start_embedded(
 
 
 async def _provision(config: BusConfig) -> None:
-    async with JetStreamBus(config):
-        pass
+    # asyncio warns about every TLS connection the server closes first; nothing to act on here
+    quiet = logging.getLogger("asyncio")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        async with JetStreamBus(config):
+            pass
+    finally:
+        quiet.setLevel(level)

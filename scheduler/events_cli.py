@@ -28,7 +28,8 @@ from rich.console import Console
 from rich.table import Table
 
 from bus import BusConfig, BusError, JetStreamBus, StreamNotFound, event_loop
-from bus.options import nats_option
+from bus.auth import NatsAuth, redact_url
+from bus.options import nats_auth_options, nats_option
 from bus.protocol import StoredMessage
 from scheduler.event_query import EventMatcher, EventQuery, StreamFilter, parse_time
 from scheduler.logfile import LogEntry, LogFileError, RecordedLog, load_log, read_bus_log, write_log
@@ -80,18 +81,22 @@ def run_live(main: Coroutine[Any, Any, T], nats_url: str, prefix: str) -> T:
     try:
         return event_loop.run(main)
     except StreamNotFound as exc:
-        raise click.ClickException(f"no log for prefix {prefix!r} at {nats_url}: {exc}") from None
+        raise click.ClickException(f"no log for prefix {prefix!r} at {redact_url(nats_url)}: {exc}") from None
     except BusError as exc:
-        raise click.ClickException(f"cannot read the log at {nats_url}: {exc}") from None
+        raise click.ClickException(f"cannot read the log at {redact_url(nats_url)}: {exc}") from None
 
 
-def _bus_config(nats_url: str, prefix: str) -> BusConfig:
-    return BusConfig(url=nats_url, subjects=Subjects(prefix), name="shoal-events", provision=False)
+def _bus_config(nats_url: str, prefix: str, auth: NatsAuth | None = None) -> BusConfig:
+    return BusConfig(
+        url=nats_url, auth=auth or NatsAuth(), subjects=Subjects(prefix), name="shoal-events", provision=False
+    )
 
 
-async def read_live(nats_url: str, prefix: str, since: float | None, until: float | None) -> RecordedLog:
+async def read_live(
+    nats_url: str, prefix: str, since: float | None, until: float | None, auth: NatsAuth | None = None
+) -> RecordedLog:
     """Both streams of the cluster at ``nats_url`` (entries stored within [since, until])."""
-    async with JetStreamBus(_bus_config(nats_url, prefix)) as bus:
+    async with JetStreamBus(_bus_config(nats_url, prefix, auth)) as bus:
         return await read_bus_log(bus, since=since, until=until)
 
 
@@ -205,13 +210,14 @@ async def _list_live(
     follow: bool,
     limit: int | None,
     flush: Callable[[], None],
+    auth: NatsAuth | None = None,
 ) -> None:
     subjects = Subjects(prefix)
     filters = query.server_filters(subjects)
     if not query.wants_loads():
         filters = [f for f in filters if f.stream != subjects.loads_stream]
     matcher = EventMatcher(query)
-    async with JetStreamBus(_bus_config(nats_url, prefix)) as bus:
+    async with JetStreamBus(_bus_config(nats_url, prefix, auth)) as bus:
         last: dict[str, int] = {}
         batches: list[tuple[str, list[LogEntry]]] = []
         for stream_filter in filters:
@@ -278,6 +284,7 @@ async def _follow(
 def _source_options(command: Callable[..., Any]) -> Callable[..., Any]:
     options = [
         nats_option(),
+        nats_auth_options,
         click.option(
             "--prefix",
             default=None,
@@ -355,7 +362,8 @@ def _run_list(o: dict[str, Any], follow: bool) -> None:
     try:
         run_live(
             _list_live(
-                o["nats_url"], prefix, query, printer, follow=follow, limit=o["limit"], flush=printer.close
+                o["nats_url"], prefix, query, printer, follow=follow, limit=o["limit"], flush=printer.close,
+                auth=o["nats_auth"],
             ),
             o["nats_url"],
             prefix,
@@ -388,14 +396,18 @@ def follow_events(**o: Any) -> None:
 
 @events.command("export")
 @nats_option()
+@nats_auth_options
 @click.option("--prefix", default=DEFAULT_PREFIX, show_default=True)
 @click.option("--out", "path", type=click.Path(dir_okay=False, path_type=Path), required=True)
 @click.option(
     "--since", default=None, help="Only entries stored at or after (ISO 8601, epoch seconds or 10m)."
 )
 @click.option("--until", default=None, help="Only entries stored at or before.")
-def export(nats_url: str, prefix: str, path: Path, since: str | None, until: str | None) -> None:
+def export(
+    nats_url: str, nats_auth: NatsAuth, prefix: str, path: Path, since: str | None, until: str | None
+) -> None:
     """Write the events and loads streams (or a time window of them) to a file for ``shoal replay --file``."""
-    log = run_live(read_live(nats_url, prefix, time_option(since), time_option(until)), nats_url, prefix)
+    reading = read_live(nats_url, prefix, time_option(since), time_option(until), nats_auth)
+    log = run_live(reading, nats_url, prefix)
     count = write_log(path, log)
     click.echo(f"wrote {count} entries ({len(log.events)} events, {len(log.loads)} load reports) to {path}")

@@ -27,7 +27,7 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
-from bus.options import nats_option
+from bus.options import nats_auth_options, nats_option
 from scheduler.cli import policy_from_options, policy_options
 from scheduler.cluster_state import live_loads
 from scheduler.config import DispatchPolicy
@@ -292,6 +292,7 @@ def _print_timeline(console: Console, timeline: RequestTimeline, as_json: bool) 
 
 @click.command("replay")
 @nats_option()
+@nats_auth_options
 @click.option(
     "--prefix",
     default=None,
@@ -349,7 +350,7 @@ def replay(**o: Any) -> None:
         log = (
             read_log_file(o["path"], o["prefix"], skip_corrupt=o["skip_corrupt"])
             if o["path"]
-            else run_live(read_live(o["nats_url"], prefix, None, None), o["nats_url"], prefix)
+            else run_live(read_live(o["nats_url"], prefix, None, None, o["nats_auth"]), o["nats_url"], prefix)
         )
         if o["request_id"] is not None:
             _print_timeline(console, request_timeline(log, o["request_id"], policy=policy), o["as_json"])

@@ -18,7 +18,8 @@ from rich.console import Console
 from rich.table import Table
 
 from bus import BusConfig, JetStreamBus, event_loop
-from bus.options import nats_option
+from bus.auth import NatsAuth
+from bus.options import nats_auth_options, nats_option
 from scheduler.logfile import RecordedLog, load_log, read_bus_log
 from scheduler.timeline import request_timeline
 from scheduler.trace_export import (
@@ -34,8 +35,9 @@ __all__ = ["trace", "waterfall"]
 _BAR = 40
 
 
-async def _read_live(nats_url: str, prefix: str) -> RecordedLog:
-    config = BusConfig(url=nats_url, subjects=Subjects(prefix), name="shoal-trace", provision=False)
+async def _read_live(nats_url: str, prefix: str, auth: NatsAuth) -> RecordedLog:
+    subjects = Subjects(prefix)
+    config = BusConfig(url=nats_url, auth=auth, subjects=subjects, name="shoal-trace", provision=False)
     async with JetStreamBus(config) as bus:
         return await read_bus_log(bus)
 
@@ -82,18 +84,19 @@ def waterfall(data: dict[str, Any]) -> Table:
 @click.argument("request_id", required=False)
 @click.option("--migration", "migration_id", default=None, help="Trace this migration instead of a request.")
 @nats_option()
+@nats_auth_options
 @click.option("--prefix", default="shoal", show_default=True, help="Subject prefix of the cluster.")
 @click.option("--file", "path", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="Read a log written by `shoal events export` instead of NATS.")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the trace as Jaeger UI's upload JSON here.")
 @click.option("--quiet", is_flag=True, help="Do not print the waterfall.")
-def trace(request_id: str | None, migration_id: str | None, nats_url: str, prefix: str, path: Path | None,
-          out: Path | None, quiet: bool) -> None:
+def trace(request_id: str | None, migration_id: str | None, nats_url: str, nats_auth: NatsAuth, prefix: str,
+          path: Path | None, out: Path | None, quiet: bool) -> None:
     """Build a request's (or --migration's) trace from the event log: Jaeger JSON and a waterfall."""
     if (request_id is None) == (migration_id is None):
         raise click.UsageError("give a REQUEST_ID or --migration ID (one of them)")
-    log = load_log(path) if path is not None else event_loop.run(_read_live(nats_url, prefix))
+    log = load_log(path) if path is not None else event_loop.run(_read_live(nats_url, prefix, nats_auth))
     if migration_id is not None:
         found = [m for m in request_migrations(log) if m.migration_id == migration_id]
         if not found:
