@@ -184,3 +184,60 @@ async def test_password_in_the_url_is_redacted_in_the_error() -> None:
     with pytest.raises(NotConnected) as raised:
         await JetStreamBus(config).connect()
     assert "hunter2" not in str(raised.value) and "u:***@" in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("server_auth", "good", "bad"),
+    [
+        ('authorization { token: "s3cret-token" }', NatsAuth(token="s3cret-token"), NatsAuth(token="guess")),
+        (
+            'authorization { user: "svc", password: "s3cret-pw" }',
+            NatsAuth(user="svc", password="s3cret-pw"),
+            NatsAuth(user="svc", password="guess"),
+        ),
+    ],
+    ids=["token", "user-password"],
+)
+async def test_token_and_password_authentication(
+    tmp_path: Path, server_auth: str, good: NatsAuth, bad: NatsAuth
+) -> None:
+    from bus.server import EmbeddedNats
+
+    with EmbeddedNats(store_dir=tmp_path / "store", extra_config=server_auth) as server:
+        subjects = Subjects("tok")
+        async with JetStreamBus(short_config(server.url, subjects, auth=good, connect_attempts=1)) as bus:
+            await bus.append(subjects.load("i0"), b"in")
+        for auth in (bad, NatsAuth()):
+            with pytest.raises(NotConnected) as refused:
+                await JetStreamBus(
+                    short_config(server.url, subjects, auth=auth, connect_attempts=1)
+                ).connect()
+            assert "s3cret" not in str(refused.value) and "guess" not in str(refused.value)
+
+
+def test_auth_options_read_flags_and_variables_into_one_object(tmp_path: Path) -> None:
+    import click
+    from click.testing import CliRunner
+
+    from bus.options import auth_file_flags, nats_auth_options
+
+    seen: list[NatsAuth] = []
+
+    @click.command()
+    @nats_auth_options
+    def command(nats_auth: NatsAuth) -> None:
+        seen.append(nats_auth)
+
+    seed = tmp_path / "me.nk"
+    seed.write_bytes(nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER))
+    runner = CliRunner()
+    assert runner.invoke(command, [], env={"SHOAL_NATS_TOKEN": "t0k"}).exit_code == 0
+    assert seen[-1].token == "t0k" and seen[-1].method == "token"
+    assert runner.invoke(command, ["--nats-nkey-seed", str(seed)]).exit_code == 0
+    assert seen[-1].nkey_seed == seed and auth_file_flags(seen[-1]) == ["--nats-nkey-seed", str(seed)]
+    both = runner.invoke(command, ["--nats-nkey-seed", str(seed)], env={"SHOAL_NATS_TOKEN": "t0k"})
+    assert (
+        both.exit_code == 2 and "one NATS authentication method" in both.output and "t0k" not in both.output
+    )
+    with pytest.raises(ValueError):
+        auth_file_flags(NatsAuth(token="t0k"))  # secrets never go on a command line
