@@ -241,3 +241,23 @@ def test_auth_options_read_flags_and_variables_into_one_object(tmp_path: Path) -
     )
     with pytest.raises(ValueError):
         auth_file_flags(NatsAuth(token="t0k"))  # secrets never go on a command line
+
+
+async def test_creds_file_in_operator_mode(tmp_path: Path) -> None:
+    """``--nats-creds``: a user JWT signed by the account the server trusts; one from elsewhere is refused."""
+    from bus.server import EmbeddedNats
+    from tests.bus.jwt_issuer import Operator
+
+    operator = Operator()
+    with EmbeddedNats(store_dir=tmp_path / "store", extra_config=operator.server_config()) as server:
+        subjects = Subjects("creds")
+        good = NatsAuth(creds=operator.user_creds(tmp_path / "agent.creds", "agent"))
+        async with JetStreamBus(short_config(server.url, subjects, auth=good, connect_attempts=1)) as bus:
+            position = await bus.append(subjects.load("i0"), b"in")
+            assert position.seq == 1
+        forged = NatsAuth(creds=operator.user_creds(tmp_path / "forged.creds", "x", signed_by_stranger=True))
+        for auth in (forged, NatsAuth()):
+            with pytest.raises(NotConnected):
+                await JetStreamBus(
+                    short_config(server.url, subjects, auth=auth, connect_attempts=1)
+                ).connect()
