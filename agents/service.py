@@ -8,7 +8,8 @@ subject (keeping a short buffer for ``resend``; a step's deltas go out just
 before the next step starts),
 appends load reports (which are the liveness heartbeat), serves the RPCs of
 the contract (``generate``, ``abort``, ``resend``, ``migrate_out``,
-``stop_migration``, ``drain``) and hands migration messages to
+``stop_migration``, ``drain``, and ``stats``: a fresh load report, for drills
+and operators checking that no block is left reserved) and hands migration messages to
 :class:`agents.migration.manager.MigrationManager`.
 
 Not here: load-report arithmetic (:mod:`agents.reporting`), the delta buffer
@@ -171,6 +172,7 @@ class Agent:
             "migrate_out": self._serve_migrate_out,
             "stop_migration": self._serve_stop_migration,
             "drain": self._serve_drain,
+            "stats": self._serve_stats,
         }
         for method, handler in sorted(handlers.items(), key=lambda item: item[0]):
             self._services.append(
@@ -610,6 +612,10 @@ class Agent:
             return self._reply(CommandReply(accepted=False, reason=CommandRejectReason.STALE_EPOCH))
         await self.drain()
         return self._reply(CommandReply(accepted=True, detail="terminating"))
+
+    async def _serve_stats(self, data: bytes, headers: dict[str, str]) -> bytes:
+        """The engine's usage now (any request body): a :class:`~schemas.LoadReport` built on the spot."""
+        return self._reply(self.load_report())
 
     async def drain(self, reason: TerminateReason = TerminateReason.SCALE_DOWN) -> None:
         """Terminate: refuse new requests, report terminating, stop once every request has left."""

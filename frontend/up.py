@@ -46,7 +46,7 @@ from bus.options import nats_option
 from bus.server import die_with_parent, free_port
 from scheduler.cli import scale_band_options
 
-__all__ = ["Child", "ClusterProcesses", "child_environment", "up"]
+__all__ = ["Child", "ClusterProcesses", "agent_command", "child_environment", "up"]
 
 _SHOAL = [sys.executable, "-c", "from frontend.cli import main; main()"]
 _VLLM_CPU_KV_BYTES = 2**30  # per agent, unless --kv-cache-bytes or VLLM_CPU_KVCACHE_SPACE says otherwise
@@ -125,6 +125,24 @@ def child_environment(environ: Mapping[str, str], otlp_endpoint: str | None) -> 
     if not otlp_endpoint:
         return None
     return {**environ, "OTEL_EXPORTER_OTLP_ENDPOINT": otlp_endpoint}
+
+
+def agent_command(
+    options: Mapping[str, Any], common: Sequence[str], model: str, instance_id: str
+) -> list[str]:
+    """``shoal agent`` arguments for one agent of the cluster ``options`` describe (also ``shoal drill``)."""
+    engine = options["engine"]
+    args = ["agent", *common, "--instance-id", instance_id, "--engine", engine,
+            "--threads", str(options["threads"]), "--transport", "tcp"]
+    args += ["--model", model] if engine != "sim" else ["--profile", model,
+                                                        "--time-scale", str(options["time_scale"])]
+    if engine == "vllm":
+        args += ["--block-size", str(options["block_size"])]
+        args += [a for k in ("max_model_len", "dtype", "kv_cache_bytes") if options[k] is not None
+                 for a in (f"--{k.replace('_', '-')}", str(options[k]))]
+    if options["num_blocks"] is not None:
+        args += ["--num-blocks", str(options["num_blocks"])]
+    return args
 
 
 def _health(url: str) -> dict[str, Any] | None:
@@ -234,17 +252,7 @@ def _start(
     model = options["model"] or ("small" if engine == "torch" else "tiny-test")
 
     def agent_args(instance_id: str) -> list[str]:
-        args = ["agent", *common, "--instance-id", instance_id, "--engine", engine,
-                "--threads", str(options["threads"]), "--transport", "tcp"]
-        args += ["--model", model] if engine != "sim" else ["--profile", model,
-                                                            "--time-scale", str(options["time_scale"])]
-        if engine == "vllm":
-            args += ["--block-size", str(options["block_size"])]
-            args += [a for k in ("max_model_len", "dtype", "kv_cache_bytes") if options[k] is not None
-                     for a in (f"--{k.replace('_', '-')}", str(options[k]))]
-        if options["num_blocks"] is not None:
-            args += ["--num-blocks", str(options["num_blocks"])]
-        return args
+        return agent_command(options, common, model, instance_id)
 
     if options["no_scheduler"]:
         click.echo("scheduler       (none: the frontend places requests itself)")

@@ -1,0 +1,348 @@
+"""What a drill runs: the scenario models, the built-in scenarios and scenario files.
+
+A :class:`Scenario` names a cluster (:class:`ClusterSpec`), a load
+(:class:`LoadSpec`: rate, prompt and output lengths, streaming and greedy
+shares), the three phases (steady load, fault, recovery) and the fault
+(:class:`FaultSpec`). Built-in scenarios live in :data:`BUILTIN`; a user's
+scenario is a TOML file with the same fields (:func:`load_scenario`), checked
+by pydantic: a bad file is a :class:`ScenarioError` naming the field. Pure
+data; nothing here starts a process.
+"""
+
+from __future__ import annotations
+
+import enum
+import tomllib
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+__all__ = [
+    "BUILTIN",
+    "CI_SUITE",
+    "FULL_SUITE",
+    "ClusterSpec",
+    "FaultKind",
+    "FaultSpec",
+    "LoadSpec",
+    "Phases",
+    "Scenario",
+    "ScenarioError",
+    "Target",
+    "Verdicts",
+    "load_scenario",
+    "resolve",
+]
+
+
+class ScenarioError(ValueError):
+    """A scenario file or name that cannot be run; the message names the field."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ClusterSpec(_Model):
+    """The cluster a drill starts (``--up``): engines, instances, and what the components run with."""
+
+    engine: Literal["sim", "torch"] = "sim"
+    #: torch: a preset (``tiny``) or checkpoint folder; sim: a timing profile
+    model: str | None = None
+    instances: Annotated[int, Field(ge=1, le=16)] = 3
+    num_blocks: Annotated[int | None, Field(ge=4)] = None
+    time_scale: Annotated[float, Field(gt=0)] = 10.0
+    scheduler: bool = True
+    #: seconds each migration stage's copy is delayed by (so a fault can land mid-stage)
+    copy_delay_s: Annotated[float, Field(ge=0)] = 0.0
+    #: seconds one stage's KV copy may take before the migration aborts
+    copy_timeout_s: Annotated[float, Field(gt=0)] = 30.0
+    #: the scheduler's pairing band (None: its defaults)
+    low_freeness: float | None = None
+    high_freeness: float | None = None
+    #: the scheduler marks an instance failed after this long without a load report
+    failure_timeout_s: Annotated[float, Field(gt=0)] = 3.0
+    stall_timeout_s: Annotated[float, Field(gt=0)] = 10.0
+    #: put the chaos proxy in front of NATS and of each agent's KV transport
+    proxy_nats: bool = True
+    proxy_kv: bool = True
+
+    @property
+    def resolved_model(self) -> str:
+        return self.model or ("tiny" if self.engine == "torch" else "tiny-test")
+
+
+class LoadSpec(_Model):
+    """An open-loop load: ``rate`` requests per second, sent through the OpenAI API."""
+
+    rate: Annotated[float, Field(gt=0, le=1000)] = 4.0
+    prompt_words: Annotated[int, Field(ge=1, le=4000)] = 24
+    output_tokens: Annotated[int, Field(ge=1, le=8192)] = 32
+    stream_share: Annotated[float, Field(ge=0, le=1)] = 0.5
+    greedy_share: Annotated[float, Field(ge=0, le=1)] = 0.5
+    #: a request not ended this long after it was sent is lost
+    request_timeout_s: Annotated[float, Field(gt=0)] = 60.0
+    seed: int = 0
+
+
+class Phases(_Model):
+    steady_s: Annotated[float, Field(ge=0)] = 4.0
+    #: how long the fault phase lasts (a timed fault is undone at its end)
+    fault_s: Annotated[float, Field(ge=0)] = 3.0
+    recovery_s: Annotated[float, Field(ge=0)] = 6.0
+
+
+class FaultKind(enum.StrEnum):
+    NONE = "none"
+    KILL = "kill"  # SIGKILL
+    STOP = "stop"  # SIGSTOP for the fault phase, then SIGCONT
+    TERM = "term"  # SIGTERM (an agent drains; others stop)
+    RESTART = "restart"  # SIGTERM, then start again (nats-server: on the same file store)
+    LATENCY = "latency"  # the chaos proxy delays every chunk
+    BLACKHOLE = "blackhole"  # the chaos proxy forwards nothing (new connections hang)
+    RESET = "reset"  # the chaos proxy resets every connection
+    ROLLING_RESTART = "rolling_restart"  # SIGTERM each agent in turn, start a new one after it left
+
+
+class Target(enum.StrEnum):
+    SCHEDULER = "scheduler"
+    FRONTEND = "frontend"
+    NATS = "nats"
+    AGENT = "agent"  # the busiest agent
+    AGENT_IDLE = "agent_idle"  # an agent running nothing
+    MIGRATION_SOURCE = "migration_source"  # the source of a migration in flight
+    MIGRATION_DESTINATION = "migration_destination"
+    BUS = "bus"  # the chaos proxy in front of NATS
+    KV = "kv"  # the chaos proxies in front of the agents' KV transports
+
+    @property
+    def is_agent(self) -> bool:
+        return self in (
+            Target.AGENT,
+            Target.AGENT_IDLE,
+            Target.MIGRATION_SOURCE,
+            Target.MIGRATION_DESTINATION,
+        )
+
+    @property
+    def needs_migration(self) -> bool:
+        return self in (Target.MIGRATION_SOURCE, Target.MIGRATION_DESTINATION)
+
+
+_PROCESS_FAULTS = {FaultKind.KILL, FaultKind.STOP, FaultKind.TERM, FaultKind.RESTART}
+_PROXY_FAULTS = {FaultKind.LATENCY, FaultKind.BLACKHOLE, FaultKind.RESET}
+
+
+class FaultSpec(_Model):
+    kind: FaultKind = FaultKind.NONE
+    target: Target | None = None
+    #: latency: added delay per chunk, in milliseconds
+    latency_ms: Annotated[float, Field(ge=0, le=60_000)] = 200.0
+    #: restart a killed scheduler / frontend / nats-server this long after the kill (None: never)
+    restart_after_s: Annotated[float | None, Field(ge=0)] = 1.0
+    #: for migration targets and kv faults: wait for (or start) a migration first; its stage to hit
+    during_migration: bool = False
+    #: seconds to wait for the fault's precondition (an idle agent, a migration in flight)
+    wait_s: Annotated[float, Field(gt=0)] = 15.0
+
+    @model_validator(mode="after")
+    def _consistent(self) -> FaultSpec:
+        if self.kind is FaultKind.NONE or self.kind is FaultKind.ROLLING_RESTART:
+            return self
+        if self.target is None:
+            raise ValueError(f"a {self.kind.value} fault needs a target")
+        proxy_target = self.target in (Target.BUS, Target.KV)
+        if self.kind in _PROXY_FAULTS and not proxy_target:
+            raise ValueError(f"a {self.kind.value} fault targets 'bus' or 'kv', not {self.target.value!r}")
+        if self.kind in _PROCESS_FAULTS and proxy_target:
+            raise ValueError(f"a {self.kind.value} fault targets a process, not {self.target.value!r}")
+        return self
+
+
+class Verdicts(_Model):
+    """What a scenario must show to pass (beyond 0 lost, 0 leaked, a clean log)."""
+
+    #: the fault must have caused at least one clean client-side error (frontend kill)
+    expect_errors: bool = False
+    #: client errors the drill tolerates (clean, retryable ones); None: any number
+    max_errors: int | None = None
+    #: the KV fault must have aborted a migration (the request continued on its source)
+    expect_migration_abort: bool = False
+    #: nothing recomputed: no rescue, no preemption (rolling restart with live migration)
+    expect_no_recompute: bool = False
+    #: at least one migration committed
+    expect_migration_commit: bool = False
+
+
+class Scenario(_Model):
+    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
+    description: str = ""
+    cluster: ClusterSpec = ClusterSpec()
+    load: LoadSpec = LoadSpec()
+    phases: Phases = Phases()
+    fault: FaultSpec = FaultSpec()
+    verdicts: Verdicts = Verdicts()
+
+
+def _scenario(name: str, description: str, fault: FaultSpec, **fields: object) -> Scenario:
+    return Scenario.model_validate(
+        {"name": name, "description": description, "fault": fault.model_dump(), **fields}
+    )
+
+
+_MIGRATING = {"copy_delay_s": 0.6}
+_MIGRATION_FAULT = {"during_migration": True}
+
+#: Built-in scenarios by name.
+BUILTIN: dict[str, Scenario] = {
+    s.name: s
+    for s in [
+        _scenario("baseline", "No fault: the reference run.", FaultSpec()),
+        _scenario(
+            "scheduler-kill",
+            "kill -9 the scheduler; a new one recovers by replay after 1 s.",
+            FaultSpec(kind=FaultKind.KILL, target=Target.SCHEDULER),
+        ),
+        _scenario(
+            "scheduler-stop",
+            "SIGSTOP the scheduler for the fault phase (hung, not dead), then SIGCONT.",
+            FaultSpec(kind=FaultKind.STOP, target=Target.SCHEDULER),
+        ),
+        _scenario(
+            "agent-kill-idle",
+            "kill -9 an agent that runs nothing.",
+            FaultSpec(kind=FaultKind.KILL, target=Target.AGENT_IDLE),
+            load={"rate": 1.0},
+        ),
+        _scenario(
+            "agent-kill-busy",
+            "kill -9 the busiest agent: its requests are rescued elsewhere.",
+            FaultSpec(kind=FaultKind.KILL, target=Target.AGENT),
+        ),
+        _scenario(
+            "agent-kill-source",
+            "kill -9 the source of a migration mid-stage.",
+            FaultSpec(kind=FaultKind.KILL, target=Target.MIGRATION_SOURCE, **_MIGRATION_FAULT),
+            cluster=_MIGRATING,
+        ),
+        _scenario(
+            "agent-kill-destination",
+            "kill -9 the destination of a migration mid-stage.",
+            FaultSpec(kind=FaultKind.KILL, target=Target.MIGRATION_DESTINATION, **_MIGRATION_FAULT),
+            cluster=_MIGRATING,
+        ),
+        _scenario(
+            "agent-stop",
+            "SIGSTOP the busiest agent for the fault phase, then SIGCONT.",
+            FaultSpec(kind=FaultKind.STOP, target=Target.AGENT),
+        ),
+        _scenario(
+            "agent-term-migrating",
+            "SIGTERM the source of a migration: it drains (moves its requests away live), then leaves.",
+            FaultSpec(kind=FaultKind.TERM, target=Target.MIGRATION_SOURCE, **_MIGRATION_FAULT),
+            cluster={"copy_delay_s": 0.2},
+            verdicts={"expect_migration_commit": True},
+        ),
+        _scenario(
+            "frontend-kill",
+            "kill -9 the frontend: its clients' requests fail cleanly, agents keep "
+            "nothing; a new frontend serves after 1 s.",
+            FaultSpec(kind=FaultKind.KILL, target=Target.FRONTEND),
+            load={"output_tokens": 64},
+            verdicts={"expect_errors": True},
+        ),
+        _scenario(
+            "nats-kill",
+            "kill -9 the nats-server, start it again on its file store after 1 s.",
+            FaultSpec(kind=FaultKind.KILL, target=Target.NATS),
+        ),
+        _scenario(
+            "nats-restart",
+            "Stop the nats-server (SIGTERM) and start it again on its file store.",
+            FaultSpec(kind=FaultKind.RESTART, target=Target.NATS),
+        ),
+        _scenario(
+            "bus-latency",
+            "200 ms added to every chunk between the components and NATS.",
+            FaultSpec(kind=FaultKind.LATENCY, target=Target.BUS, latency_ms=200),
+            phases={"fault_s": 5.0},
+        ),
+        _scenario(
+            "bus-blackhole",
+            "Nothing passes between the components and NATS for 2 s.",
+            FaultSpec(kind=FaultKind.BLACKHOLE, target=Target.BUS),
+            phases={"fault_s": 2.0},
+        ),
+        _scenario(
+            "bus-reset",
+            "Every connection to NATS is reset.",
+            FaultSpec(kind=FaultKind.RESET, target=Target.BUS),
+            phases={"fault_s": 1.0},
+        ),
+        _scenario(
+            "kv-blackhole",
+            "The KV transport forwards nothing during a migration: the migration "
+            "aborts, the request continues on its source.",
+            FaultSpec(kind=FaultKind.BLACKHOLE, target=Target.KV, **_MIGRATION_FAULT),
+            cluster={"copy_delay_s": 0.3, "copy_timeout_s": 2.0},
+            phases={"fault_s": 4.0},
+            verdicts={"expect_migration_abort": True},
+        ),
+        _scenario(
+            "rolling-restart",
+            "SIGTERM each agent in turn under load; each drains by live migration "
+            "and a new one takes its place: nothing recomputed, nothing lost.",
+            FaultSpec(kind=FaultKind.ROLLING_RESTART),
+            load={"output_tokens": 96, "rate": 3.0},
+            phases={"fault_s": 0.0},
+            verdicts={"expect_no_recompute": True, "expect_migration_commit": True},
+        ),
+    ]
+}
+
+#: The suite ``shoal drill all`` runs (every built-in scenario).
+FULL_SUITE: tuple[str, ...] = tuple(BUILTIN)
+#: A few scenarios that cover the process, bus and drain paths quickly (the test suite runs these).
+CI_SUITE: tuple[str, ...] = ("scheduler-kill", "agent-kill-busy", "bus-blackhole", "agent-term-migrating")
+
+
+def _field_path(location: tuple[int | str, ...]) -> str:
+    return ".".join(str(part) for part in location) or "(top level)"
+
+
+def validate(data: object, source: str) -> Scenario:
+    """A :class:`Scenario` from plain data; errors name the field (``load.rate: ...``)."""
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(f"{_field_path(e['loc'])}: {e['msg']}" for e in exc.errors())
+        raise ScenarioError(f"{source}: {problems}") from None
+
+
+def load_scenario(path: Path) -> Scenario:
+    """A scenario from a TOML file (the fields of :class:`Scenario`; ``name`` defaults to the file's stem)."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise ScenarioError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ScenarioError(f"{path}: not valid TOML: {exc}") from None
+    data.setdefault("name", path.stem)
+    return validate(data, str(path))
+
+
+def resolve(name_or_path: str) -> list[Scenario]:
+    """Scenarios for a command-line argument: a built-in name, ``all``, ``ci`` or a ``.toml`` file."""
+    if name_or_path == "all":
+        return [BUILTIN[n] for n in FULL_SUITE]
+    if name_or_path == "ci":
+        return [BUILTIN[n] for n in CI_SUITE]
+    if name_or_path in BUILTIN:
+        return [BUILTIN[name_or_path]]
+    path = Path(name_or_path)
+    if path.suffix == ".toml" or path.exists():
+        return [load_scenario(path)]
+    raise ScenarioError(
+        f"unknown scenario {name_or_path!r}: a built-in ({', '.join(BUILTIN)}), 'all', 'ci' or a .toml file"
+    )
