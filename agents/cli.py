@@ -136,6 +136,9 @@ def build_engine(
               help="Seconds one stage's KV copy may take before the migration aborts.")
 @click.option("--migration-idle-timeout", type=float, default=60.0, show_default=True,
               help="Seconds a destination keeps a reservation it hears nothing about (> copy timeout).")
+@click.option("--orphan-check-interval", type=float, default=2.0, show_default=True,
+              help="Seconds between probes for a listener of each request's tokens; a request nobody "
+                   "listens to twice in a row (its frontend died) is aborted. 0: never.")
 @click.option("--drain-on-term/--no-drain-on-term", default=True, show_default=True,
               help="SIGTERM drains (migrate requests away, then leave) instead of stopping at once.")
 @click.option("--drain-timeout", type=float, default=120.0, show_default=True,
@@ -217,6 +220,7 @@ async def _run(options: dict[str, Any]) -> None:
         instance_id=instance_id,
         report_interval_s=options["report_interval"],
         heartbeat_interval_s=options["heartbeat_interval"],
+        orphan_check_interval_s=options["orphan_check_interval"],
         migration=MigrationConfig(
             last_stage_max_blocks=options["last_stage_max_blocks"],
             max_stages=options["max_stages"],

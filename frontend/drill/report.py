@@ -79,7 +79,7 @@ def print_report(results: Sequence[DrillResult], console: Console | None = None)
         for result in results:
             counts = result.counts()
             leaked = sum(a.num_used_blocks + a.num_reserved_blocks for a in result.agents)
-            summary.add_row(
+            suite.add_row(
                 result.scenario.name,
                 "[green]PASS[/]" if result.passed else "[red]FAIL[/]",
                 str(counts["ok"]),

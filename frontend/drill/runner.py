@@ -177,7 +177,7 @@ async def run_scenario(
             if name not in agent_ids or scenario.fault.kind is FaultKind.ROLLING_RESTART
         )
         first = next((f.injected_at for f in result.faults if f.injected_at is not None), None)
-        last = max((f.healed_at or f.injected_at or 0.0 for f in result.faults), default=None)
+        last = result.phases["recovery_start"] if first is not None else None
         by_phase: dict[str, list[RequestRecord]] = {"before": [], "during": [], "after": []}
         for record in result.records:
             by_phase[_phase(record, first, last)].append(record)

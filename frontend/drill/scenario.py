@@ -304,7 +304,7 @@ BUILTIN: dict[str, Scenario] = {
 #: The suite ``shoal drill all`` runs (every built-in scenario).
 FULL_SUITE: tuple[str, ...] = tuple(BUILTIN)
 #: A few scenarios that cover the process, bus and drain paths quickly (the test suite runs these).
-CI_SUITE: tuple[str, ...] = ("scheduler-kill", "agent-kill-busy", "bus-blackhole", "agent-term-migrating")
+CI_SUITE: tuple[str, ...] = ("scheduler-kill", "torch-agent-kill", "bus-blackhole", "agent-term-migrating")
 
 
 def _field_path(location: tuple[int | str, ...]) -> str:
