@@ -173,6 +173,11 @@ class DrillCluster:
         )
         await self.wait_ready(len(self.agent_ids))
 
+    @property
+    def idle_timeout_s(self) -> float:
+        """How long a destination keeps a reservation it hears nothing about (its source died)."""
+        return max(3 * self.spec.copy_timeout_s, 6.0)
+
     def agent_args(self, instance_id: str, transport_port: int) -> list[str]:
         spec = self.spec
         options = {
@@ -236,6 +241,8 @@ class DrillCluster:
                 if ready is not None and len(ready) >= num_instances:
                     return time.monotonic() - started
                 for dead in self.processes.newly_dead():
+                    if self.child(dead.name) is not dead:
+                        continue  # replaced (a drained agent): expected
                     raise ClusterNotReady(
                         f"{dead.name} exited with code {dead.process.returncode}: see {dead.log_path}"
                     )

@@ -47,6 +47,9 @@ class FaultRecord:
     restarted_at: float | None = None
     migration_id: str | None = None
     migration_stage: int | None = None
+    #: frontend faults: requests the agents held when it died, and how long until they held none
+    requests_on_agents: int | None = None
+    agents_empty_after_s: float | None = None
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -199,6 +202,8 @@ class _Injector:
                 record.verified_at, record.verified_by = self.clock(), f"pid {pid} exited"
         if not record.verified:
             raise FaultNotApplied(f"{kind.value} of {name} (pid {pid}) was not seen to take effect")
+        if name == "frontend" and kind is FaultKind.KILL and fault.restart_after_s is None:
+            await self._agents_empty(record)
         await asyncio.sleep(max(0.0, fault_s - (self.clock() - record.injected_at)))
         if kind is FaultKind.STOP:
             os.kill(pid, signal.SIGCONT)
@@ -223,6 +228,20 @@ class _Injector:
             record.restarted_at = self.clock()
             record.healed_at = record.restarted_at
         return record
+
+    async def _agents_empty(self, record: FaultRecord, timeout_s: float = 30.0) -> None:
+        """How long after the frontend died until no agent holds a request (nothing sends new ones)."""
+        assert record.injected_at is not None
+        usage = await self._usage()
+        record.requests_on_agents = sum(usage.values())
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            usage = await self._usage()
+            if usage and not any(usage.values()):
+                record.agents_empty_after_s = self.clock() - record.injected_at
+                return
+            await asyncio.sleep(0.25)
+        record.notes.append(f"agents still held {sum(usage.values())} requests {timeout_s:g}s later")
 
     async def _nats_fault(self, fault: FaultSpec, fault_s: float, record: FaultRecord) -> None:
         nats = self.cluster.nats

@@ -10,7 +10,9 @@ one :class:`Outcome`:
 * ``ok`` — the whole answer (``finish_reason`` ``length`` and the token count asked for);
 * ``error`` — a clear error the client can retry: an HTTP error status with an
   OpenAI error body, an error chunk in the stream, or a refused / reset connection;
-* ``lost`` — never ended within ``request_timeout_s``, or ended short without an error.
+* ``lost`` — never ended within ``request_timeout_s``, or ended short without an error;
+* ``rejected`` — a 4xx other than 429: the request itself was wrong (a scenario whose
+  prompt and output do not fit the model, say), which fails the drill too.
 
 A greedy ``ok`` whose text differs from the reference is a ``mismatch``.
 """
@@ -59,6 +61,7 @@ class Outcome(enum.StrEnum):
     ERROR = "error"
     LOST = "lost"
     MISMATCH = "mismatch"
+    REJECTED = "rejected"
 
 
 @dataclass
@@ -199,7 +202,7 @@ class LoadGenerator:
             response = await self._http.post("/v1/completions", json=body)
             record.status = response.status_code
             if response.status_code != 200:
-                record.outcome = Outcome.ERROR
+                record.outcome = _failed(response.status_code)
                 record.detail = f"HTTP {response.status_code}: {_error_message(response.text)}"
                 return
             data = response.json()
@@ -215,7 +218,7 @@ class LoadGenerator:
             record.status = response.status_code
             if response.status_code != 200:
                 await response.aread()
-                record.outcome = Outcome.ERROR
+                record.outcome = _failed(response.status_code)
                 record.detail = f"HTTP {response.status_code}: {_error_message(response.text)}"
                 return
             parts: list[str] = []
@@ -248,6 +251,11 @@ class LoadGenerator:
                 record.outcome, record.detail = Outcome.ERROR, "the stream broke off (no [DONE])"
                 return
             self._complete(record, finish, usage)
+
+
+def _failed(status: int) -> Outcome:
+    """A client error (4xx but 429) is the request's own fault; the rest a retryable error."""
+    return Outcome.REJECTED if 400 <= status < 500 and status != 429 else Outcome.ERROR
 
 
 def _error_message(text: str) -> str:

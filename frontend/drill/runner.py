@@ -168,7 +168,8 @@ async def run_scenario(
         result.records = load.records
         agent_ids = cluster.live_agents() if isinstance(cluster, DrillCluster) else cluster.agent_ids
         result.agents = await check_agents(watch, agent_ids, settle_s=20.0)
-        result.log = await check_log(cluster.nats_url, cluster.prefix, settle_s=25.0)
+        idle = cluster.idle_timeout_s if isinstance(cluster, DrillCluster) else 60.0
+        result.log = await check_log(cluster.nats_url, cluster.prefix, settle_s=idle + 10.0)
         result.num_rescues = await rescues(cluster.url)
         preempted = {s.split("@")[0]: n for s, n in sorted(snapshots.items())}
         result.num_preemptions = sum(a.num_preemptions for a in result.agents) + sum(

@@ -57,7 +57,7 @@ class ClusterSpec(_Model):
     #: seconds each migration stage's copy is delayed by (so a fault can land mid-stage)
     copy_delay_s: Annotated[float, Field(ge=0)] = 0.0
     #: seconds one stage's KV copy may take before the migration aborts
-    copy_timeout_s: Annotated[float, Field(gt=0)] = 30.0
+    copy_timeout_s: Annotated[float, Field(gt=0)] = 5.0
     #: the scheduler's pairing band (None: its defaults)
     low_freeness: float | None = None
     high_freeness: float | None = None
@@ -77,7 +77,7 @@ class LoadSpec(_Model):
     """An open-loop load: ``rate`` requests per second, sent through the OpenAI API."""
 
     rate: Annotated[float, Field(gt=0, le=1000)] = 4.0
-    prompt_words: Annotated[int, Field(ge=1, le=4000)] = 24
+    prompt_words: Annotated[int, Field(ge=1, le=4000)] = 8
     output_tokens: Annotated[int, Field(ge=1, le=8192)] = 32
     stream_share: Annotated[float, Field(ge=0, le=1)] = 0.5
     greedy_share: Annotated[float, Field(ge=0, le=1)] = 0.5
@@ -173,6 +173,10 @@ class Verdicts(_Model):
     expect_no_recompute: bool = False
     #: at least one migration committed
     expect_migration_commit: bool = False
+    #: a request sent after the fault completes (False: nothing restarts what the fault took)
+    expect_recovery: bool = True
+    #: frontend kill: the agents hold none of its requests at most this long after it died
+    max_orphan_s: float | None = None
 
 
 class Scenario(_Model):
@@ -245,12 +249,21 @@ BUILTIN: dict[str, Scenario] = {
             verdicts={"expect_migration_commit": True},
         ),
         _scenario(
-            "frontend-kill",
-            "kill -9 the frontend: its clients' requests fail cleanly, agents keep "
-            "nothing; a new frontend serves after 1 s.",
+            "frontend-restart",
+            "kill -9 the frontend; a new one serves after 1 s (clients of the dead one got clean errors).",
             FaultSpec(kind=FaultKind.KILL, target=Target.FRONTEND),
             load={"output_tokens": 64},
             verdicts={"expect_errors": True},
+        ),
+        _scenario(
+            "frontend-kill",
+            "kill -9 the frontend mid-stream: its clients' requests fail cleanly and the agents abort "
+            "them (nobody listens any more) long before they would have finished.",
+            FaultSpec(kind=FaultKind.KILL, target=Target.FRONTEND, restart_after_s=None),
+            cluster={"time_scale": 60.0},
+            load={"output_tokens": 150, "rate": 2.0},
+            phases={"steady_s": 3.0, "fault_s": 1.0, "recovery_s": 1.0},
+            verdicts={"expect_errors": True, "expect_recovery": False, "max_orphan_s": 8.0},
         ),
         _scenario(
             "nats-kill",

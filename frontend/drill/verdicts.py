@@ -10,8 +10,9 @@
   with no request, no used and no reserved block;
 * **log**: the events stream folds from its first position without a
   position error (:func:`scheduler.replay.replay_log`), and its sequence has
-  no gap; every migration in it has exactly one outcome on its ``.outcome``
-  subject;
+  no gap; every migration in it has exactly one outcome: one claim on its
+  ``.outcome`` subject (commit or abort, first claim wins), or — for one that
+  ended before any commit was sent, which claims nothing — an ``Abort``;
 * **recompute**: rescues (the frontend's counter) and preemptions (agents' reports).
 """
 
@@ -168,28 +169,33 @@ async def _read_log(nats_url: str, prefix: str) -> LogCheck:
         check.fold_error = f"{type(exc).__name__}: {exc}"
     codec = Codec()
     started: set[str] = set()
-    outcomes: dict[str, list[str]] = {}
+    claims: dict[str, list[str]] = {}  # the first-claim-wins outcomes on ``<mig>.outcome``
+    aborts: dict[str, str] = {}  # an Abort on the migration's own subject (before any commit: no claim)
     for entry in log.events:
         envelope = codec.decode_or_none(entry.data)
         body = None if envelope is None else envelope.body
         if isinstance(body, PreAllocate):
             started.add(body.migration_id)
         elif entry.subject.endswith(".outcome") and isinstance(body, CommitAck | Abort):
-            outcomes.setdefault(body.migration_id, []).append(
+            claims.setdefault(body.migration_id, []).append(
                 "committed" if isinstance(body, CommitAck) else str(body.reason)
             )
+        elif isinstance(body, Abort):
+            aborts.setdefault(body.migration_id, str(body.reason))
     check.num_migrations = len(started)
     for migration_id in sorted(started):
-        claimed = outcomes.get(migration_id, [])
-        if not claimed:
-            check.without_outcome.append(migration_id)
-        elif len(claimed) > 1:
+        claimed = claims.get(migration_id, [])
+        if len(claimed) > 1:
             check.several_outcomes.append(migration_id)
-        elif claimed[0] == "committed":
+            continue
+        outcome = claimed[0] if claimed else aborts.get(migration_id)
+        if outcome is None:
+            check.without_outcome.append(migration_id)
+        elif outcome == "committed":
             check.committed += 1
         else:
             check.aborted += 1
-            check.abort_reasons[claimed[0]] = check.abort_reasons.get(claimed[0], 0) + 1
+            check.abort_reasons[outcome] = check.abort_reasons.get(outcome, 0) + 1
     return check
 
 
@@ -227,6 +233,11 @@ def judge(
             "no request lost",
             counts[Outcome.LOST] == 0 and counts[Outcome.PENDING] == 0,
             f"{counts[Outcome.LOST]} lost, {counts[Outcome.OK]} ok, {counts[Outcome.ERROR]} clean errors",
+        ),
+        Verdict(
+            "no request rejected",
+            counts[Outcome.REJECTED] == 0,
+            f"{counts[Outcome.REJECTED]} rejected with a client error (does the load fit the model?)",
         ),
         Verdict(
             "greedy text as without faults",
@@ -268,14 +279,17 @@ def judge(
             + (f", no outcome: {log.without_outcome[:3]}" if log.without_outcome else "")
             + (f", several: {log.several_outcomes[:3]}" if log.several_outcomes else ""),
         ),
-        Verdict(
-            "recovered",
-            recovered,
-            "a request sent after the fault completed"
-            if recovered
-            else "no request sent after the fault completed",
-        ),
     ]
+    if expect.expect_recovery:
+        verdicts.append(Verdict("recovered", recovered, "a request sent after the fault completed"
+                                if recovered else "no request sent after the fault completed"))
+    if expect.max_orphan_s is not None:
+        held = [(f.requests_on_agents, f.agents_empty_after_s) for f in faults]
+        verdicts.append(Verdict(
+            "agents dropped the dead frontend's requests",
+            bool(held) and all(n and s is not None and s <= expect.max_orphan_s for n, s in held),
+            "; ".join(f"{n} requests on agents at the kill, none after "
+                      + ("never" if s is None else f"{s:.2f}s") for n, s in held)))
     if expect.expect_errors:
         verdicts.append(
             Verdict(
