@@ -47,6 +47,8 @@ class FaultRecord:
     restarted_at: float | None = None
     migration_id: str | None = None
     migration_stage: int | None = None
+    #: agent faults: requests the agent held just before the fault
+    target_requests: int | None = None
     #: frontend faults: requests the agents held when it died, and how long until they held none
     requests_on_agents: int | None = None
     agents_empty_after_s: float | None = None
@@ -166,6 +168,7 @@ class _Injector:
             report = await self.watch.stats(name, 1.0)
             if report is not None:
                 self.stats_sink(name, report)
+                record.target_requests = report.batch_size + report.num_waiting
         if name == "nats":
             await self._nats_fault(fault, fault_s, record)
             return record

@@ -173,6 +173,8 @@ class Verdicts(_Model):
     expect_no_recompute: bool = False
     #: at least one migration committed
     expect_migration_commit: bool = False
+    #: the killed agent's requests were rescued (the frontend's rescue counter moved)
+    expect_rescue: bool = False
     #: a request sent after the fault completes (False: nothing restarts what the fault took)
     expect_recovery: bool = True
     #: frontend kill: the agents hold none of its requests at most this long after it died
@@ -223,6 +225,18 @@ BUILTIN: dict[str, Scenario] = {
             "agent-kill-busy",
             "kill -9 the busiest agent: its requests are rescued elsewhere.",
             FaultSpec(kind=FaultKind.KILL, target=Target.AGENT),
+            load={"output_tokens": 96},
+            verdicts={"expect_rescue": True},
+        ),
+        _scenario(
+            "torch-agent-kill",
+            "kill -9 the busiest of two torch `tiny` agents: its requests are rescued elsewhere and every "
+            "greedy answer equals the no-fault one.",
+            FaultSpec(kind=FaultKind.KILL, target=Target.AGENT),
+            cluster={"engine": "torch", "instances": 2},
+            load={"rate": 3.0, "output_tokens": 128},
+            phases={"steady_s": 3.0, "fault_s": 1.0, "recovery_s": 3.0},
+            verdicts={"expect_rescue": True},
         ),
         _scenario(
             "agent-kill-source",

@@ -308,6 +308,10 @@ def judge(
         verdicts.append(Verdict("a migration aborted", log.aborted > 0, f"aborts: {log.abort_reasons}"))
     if expect.expect_migration_commit:
         verdicts.append(Verdict("a migration committed", log.committed > 0, f"{log.committed} committed"))
+    if expect.expect_rescue:
+        verdicts.append(Verdict("the killed agent's requests were rescued", bool(num_rescues),
+                                f"{num_rescues} rescues; the agent held "
+                                + ", ".join(str(f.target_requests) for f in faults) + " requests"))
     if expect.expect_no_recompute:
         verdicts.append(
             Verdict(
