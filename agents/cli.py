@@ -6,7 +6,8 @@ torch's thread count before the engine is built, connects to NATS, starts the
 ``InstanceLeft``) or until a drain completes. SIGTERM *drains*: the instance
 reports terminating, refuses new requests, the scheduler migrates its requests
 away live (those it cannot move finish here), then it leaves; a second SIGTERM,
-SIGINT or ``--drain-timeout`` seconds end it with a clean stop at once
+SIGINT or ``--drain-timeout`` seconds end it with a clean stop at once, and so
+does a SIGTERM that comes because the process that started the agent died
 (``--no-drain-on-term``: SIGTERM stops at once, as SIGINT). ``--fault-*``
 options set the agent's :class:`~agents.config.FaultPlan` (drills and tests:
 lose or repeat handshake messages, slow each stage copy down). ``--ready-file`` writes
@@ -278,9 +279,11 @@ async def _serve_until_stopped(runner: Any, *, drain_on_term: bool, drain_timeou
 
     stop = asyncio.Event()
     drain = asyncio.Event()
+    parent = os.getppid()
 
     def on_term() -> None:
-        if drain_on_term and not drain.is_set() and not runner.terminating:
+        orphaned = os.getppid() != parent  # the launcher died (PR_SET_PDEATHSIG sends SIGTERM): stop now
+        if drain_on_term and not orphaned and not drain.is_set() and not runner.terminating:
             log.info("agent %s: SIGTERM, draining (a second SIGTERM stops at once)", runner.instance_id)
             drain.set()
         else:

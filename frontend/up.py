@@ -10,13 +10,15 @@ and agent's own Prometheus endpoint on a port ``shoal up`` picks) and a curl
 example, and supervises. Each child runs in a session of its own (so a terminal's Ctrl-C
 reaches only ``shoal up``) and is told by the kernel to exit if
 ``shoal up`` itself dies (``PR_SET_PDEATHSIG``); on Ctrl-C or SIGTERM every
-child's process group gets SIGTERM, then SIGKILL after a grace period, and the
+child's process group gets SIGINT, then SIGKILL after a grace period, and the
 embedded server stops last: no orphans. A child that dies is reported; the
 cluster keeps serving while the frontend lives (rescue and bypass cover
 agents and the scheduler). With ``--autoscale`` the scheduler's
 :class:`~scheduler.instances.LocalProcessManager` starts more agents like
 these (ids ``inst-N``, logging into the scheduler's log) when the average
-freeness stays below the band, and drains one when it stays above. The
+freeness stays below the band, and drains one when it stays above.
+Stopping ``shoal up`` sends the children SIGINT (a stop), not SIGTERM (which
+makes an agent drain its requests to others first: maintenance, not shutdown). The
 children inherit the ``OTEL_*`` variables; ``--otlp-endpoint URL`` sets
 ``OTEL_EXPORTER_OTLP_ENDPOINT`` for them (:mod:`bus.telemetry`).
 """
@@ -93,10 +95,11 @@ class ClusterProcesses:
         return child
 
     def stop_all(self, grace_s: float = 10.0) -> None:
+        """SIGINT to every child's group (a stop, not an agent's SIGTERM drain), SIGKILL after ``grace_s``."""
         for child in reversed(self.children):
             if child.alive():
                 with contextlib.suppress(ProcessLookupError):
-                    os.killpg(child.pid, signal.SIGTERM)
+                    os.killpg(child.pid, signal.SIGINT)
         deadline = time.monotonic() + grace_s
         for child in self.children:
             remaining = max(0.0, deadline - time.monotonic())
