@@ -259,8 +259,9 @@ BUILTIN: dict[str, Scenario] = {
             "agent-term-migrating",
             "SIGTERM the source of a migration: it drains (moves its requests away live), then leaves.",
             FaultSpec(kind=FaultKind.TERM, target=Target.MIGRATION_SOURCE, **_MIGRATION_FAULT),
-            cluster={"copy_delay_s": 0.2},
-            verdicts={"expect_migration_commit": True},
+            cluster={"copy_delay_s": 0.1},
+            load={"output_tokens": 128, "rate": 3.0},
+            verdicts={"expect_migration_commit": True, "expect_no_recompute": True},
         ),
         _scenario(
             "frontend-restart",
