@@ -208,6 +208,11 @@ class DrillCluster:
             args += ["--transport-advertise", _KV_PROXY_HOST]
         if spec.copy_delay_s:
             args += ["--fault-copy-delay", str(spec.copy_delay_s)]
+        for fault in spec.handshake_faults:
+            what, direction, kind = fault.split(":")
+            args += [f"--fault-{what}", f"{direction}:{kind}"]
+        if spec.handshake_faults and spec.handshake_fault_max is not None:
+            args += ["--fault-max", str(spec.handshake_fault_max)]
         return args
 
     async def add_agent(self, instance_id: str) -> Child:

@@ -339,6 +339,34 @@ class _Injector:
             )
         return record
 
+    # ------------------------------------------------------------------ handshake faults
+
+    async def migrations(self, fault: FaultSpec, fault_s: float) -> FaultRecord:
+        """Keep migrations going for the fault phase; verified by one that ended on a handshake timeout."""
+        record = FaultRecord(fault.kind.value, "agents", component="handshake fault plan")
+        record.injected_at = self.clock()
+        before = set(self.watch.migrations)
+        timeouts = ("ack_timeout", "commit_timeout", "suspend_timeout", "idle_timeout")
+
+        def lost_message() -> list[MigrationSeen]:
+            return [m for i, m in self.watch.migrations.items() if i not in before and m.outcome
+                    and any(t in m.outcome for t in timeouts)]
+
+        deadline = time.monotonic() + max(fault_s, fault.wait_s)
+        while time.monotonic() < deadline and not lost_message():
+            if not self.watch.in_flight():
+                await self._migration(FaultSpec(kind=FaultKind.MIGRATIONS, wait_s=3.0), record)
+            await asyncio.sleep(0.1)
+        seen = lost_message()
+        if seen:
+            record.verified_at = self.clock()
+            record.verified_by = f"migration {seen[0].migration_id} {seen[0].outcome}"
+        await asyncio.sleep(max(0.0, fault_s - (self.clock() - record.injected_at)))
+        record.healed_at = self.clock()
+        if not record.verified:
+            raise FaultNotApplied("no migration ended on a handshake timeout: the fault plan never acted")
+        return record
+
     # ------------------------------------------------------------------ rolling restart
 
     async def rolling_restart(self) -> list[FaultRecord]:
@@ -386,6 +414,8 @@ async def inject(
         return []
     if fault.kind is FaultKind.ROLLING_RESTART:
         return await injector.rolling_restart()
+    if fault.kind is FaultKind.MIGRATIONS:
+        return [await injector.migrations(fault, fault_s)]
     if fault.kind in (FaultKind.LATENCY, FaultKind.BLACKHOLE, FaultKind.RESET):
         return [await injector.proxy_fault(fault, fault_s)]
     return [await injector.process_fault(fault, fault_s)]

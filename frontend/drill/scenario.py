@@ -67,6 +67,13 @@ class ClusterSpec(_Model):
     #: put the chaos proxy in front of NATS and of each agent's KV transport
     proxy_nats: bool = True
     proxy_kv: bool = True
+    #: the agents' handshake fault plan: ``drop:out:Ack``, ``duplicate:in:Commit``, ... (``shoal agent
+    #: --fault-drop/--fault-duplicate``), each applied at most ``handshake_fault_max`` times per agent
+    handshake_faults: tuple[
+        Annotated[str, Field(pattern=r"^(drop|duplicate):(in|out):"
+                                     r"(PreAllocate|Ack|Abort|StageDone|Commit|CommitAck)$")], ...
+    ] = ()
+    handshake_fault_max: Annotated[int | None, Field(ge=1)] = 1
 
     @property
     def resolved_model(self) -> str:
@@ -103,6 +110,7 @@ class FaultKind(enum.StrEnum):
     BLACKHOLE = "blackhole"  # the chaos proxy forwards nothing (new connections hang)
     RESET = "reset"  # the chaos proxy resets every connection
     ROLLING_RESTART = "rolling_restart"  # SIGTERM each agent in turn, start a new one after it left
+    MIGRATIONS = "migrations"  # start migrations (the cluster's handshake fault plan acts on them)
 
 
 class Target(enum.StrEnum):
@@ -148,7 +156,7 @@ class FaultSpec(_Model):
 
     @model_validator(mode="after")
     def _consistent(self) -> FaultSpec:
-        if self.kind is FaultKind.NONE or self.kind is FaultKind.ROLLING_RESTART:
+        if self.kind in (FaultKind.NONE, FaultKind.ROLLING_RESTART, FaultKind.MIGRATIONS):
             return self
         if self.target is None:
             raise ValueError(f"a {self.kind.value} fault needs a target")
@@ -316,6 +324,16 @@ BUILTIN: dict[str, Scenario] = {
             cluster={"copy_delay_s": 0.3, "copy_timeout_s": 2.0},
             phases={"fault_s": 4.0},
             verdicts={"expect_migration_abort": True},
+        ),
+        _scenario(
+            "handshake-loss",
+            "Each agent loses its first outgoing Ack and repeats its first Commit (the agents' fault plan) "
+            "while migrations run: the lost Ack times the migration out, the repeated Commit is ignored.",
+            FaultSpec(kind=FaultKind.MIGRATIONS),
+            cluster={"copy_delay_s": 0.1, "handshake_faults": ["drop:out:Ack", "duplicate:out:Commit"]},
+            load={"output_tokens": 128, "rate": 3.0},
+            phases={"fault_s": 6.0},
+            verdicts={"expect_migration_abort": True, "expect_migration_commit": True},
         ),
         _scenario(
             "rolling-restart",
