@@ -288,12 +288,6 @@ class _Injector:
         proxies = self._proxies(fault.target)
         if not proxies:
             raise FaultNotApplied(f"the cluster has no {fault.target.value} proxy")
-        if fault.during_migration:
-            seen = await self._migration(fault, record)
-            record.notes.append(
-                f"during migration {seen.migration_id} ({seen.source_id} -> "
-                f"{seen.destination_id}, stage {seen.stage})"
-            )
 
         def counters() -> tuple[int, int, int, int]:
             return (
@@ -303,20 +297,31 @@ class _Injector:
                 sum(p.stats.connections_reset for p in proxies),
             )
 
+        async def during_migration() -> None:
+            if fault.during_migration:
+                seen = await self._migration(fault, record)
+                record.notes.append(f"during migration {seen.migration_id} ({seen.source_id} -> "
+                                    f"{seen.destination_id}, stage {seen.stage})")
+
         before = counters()
-        record.injected_at = self.clock()
+        if fault.kind is FaultKind.BLACKHOLE:  # engaged first: the migration's copy cannot slip past it
+            for proxy in proxies:
+                proxy.blackhole(True)
+            record.injected_at = self.clock()
+            await during_migration()
+            if await self._until(lambda: counters()[1] + counters()[2] > before[1] + before[2], fault_s):
+                record.verified_at = self.clock()
+                record.verified_by = "traffic held by the blackhole"
+        else:
+            await during_migration()
+            before = counters()
+            record.injected_at = self.clock()
         if fault.kind is FaultKind.LATENCY:
             for proxy in proxies:
                 proxy.set_latency(fault.latency_ms / 1000)
             if await self._until(lambda: counters()[0] > before[0], max(2.0, fault_s)):
                 record.verified_at = self.clock()
                 record.verified_by = f"{counters()[0] - before[0]} chunks delayed by {fault.latency_ms:g} ms"
-        elif fault.kind is FaultKind.BLACKHOLE:
-            for proxy in proxies:
-                proxy.blackhole(True)
-            if await self._until(lambda: counters()[1] + counters()[2] > before[1] + before[2], fault_s):
-                record.verified_at = self.clock()
-                record.verified_by = "traffic held by the blackhole"
         elif fault.kind is FaultKind.RESET:
             reset = sum(p.reset_all() for p in proxies)
             if reset:

@@ -322,8 +322,9 @@ BUILTIN: dict[str, Scenario] = {
             "aborts, the request continues on its source.",
             FaultSpec(kind=FaultKind.BLACKHOLE, target=Target.KV, **_MIGRATION_FAULT),
             cluster={"copy_delay_s": 0.3, "copy_timeout_s": 2.0},
+            load={"output_tokens": 128, "rate": 3.0},
             phases={"fault_s": 4.0},
-            verdicts={"expect_migration_abort": True},
+            verdicts={"expect_migration_abort": True, "expect_no_recompute": True},
         ),
         _scenario(
             "handshake-loss",

@@ -83,6 +83,10 @@ class Verdict:
     detail: str
 
 
+#: Abort reasons that say the request ended, not that the fault stopped the migration.
+_REQUEST_ENDED = frozenset({"request_finished", "request_preempted", "request_aborted"})
+
+
 def _percentile(values: Sequence[float], q: float) -> float | None:
     if not values:
         return None
@@ -305,7 +309,9 @@ def judge(
             )
         )
     if expect.expect_migration_abort:
-        verdicts.append(Verdict("a migration aborted", log.aborted > 0, f"aborts: {log.abort_reasons}"))
+        by_fault = {r: n for r, n in log.abort_reasons.items() if r not in _REQUEST_ENDED}
+        verdicts.append(Verdict("a migration aborted by the fault", bool(by_fault),
+                                f"aborts: {log.abort_reasons} (not counted: the request ended first)"))
     if expect.expect_migration_commit:
         verdicts.append(Verdict("a migration committed", log.committed > 0, f"{log.committed} committed"))
     if expect.expect_rescue:
