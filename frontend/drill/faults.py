@@ -15,6 +15,7 @@ verification and healing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
@@ -22,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from bus import BusError
 from frontend.drill.cluster import DrillCluster, port_refuses, process_state
 from frontend.drill.proxy import ChaosProxy
 from frontend.drill.scenario import FaultKind, FaultSpec, Target
@@ -47,6 +49,8 @@ class FaultRecord:
     restarted_at: float | None = None
     migration_id: str | None = None
     migration_stage: int | None = None
+    #: nats faults: the events stream's last acknowledged sequence just before the fault
+    events_acked: int | None = None
     #: agent faults: requests the agent held just before the fault
     target_requests: int | None = None
     #: frontend faults: requests the agents held when it died, and how long until they held none
@@ -250,6 +254,9 @@ class _Injector:
         nats = self.cluster.nats
         record.pid = nats.pid
         port = nats.port
+        subjects = self.watch.subjects
+        with contextlib.suppress(BusError):  # every event acknowledged so far must survive the fault
+            record.events_acked = await self.watch.bus.last_seq(subjects.events_stream)
         record.injected_at = self.clock()
         if fault.kind is FaultKind.STOP:
             self._signal("nats", signal.SIGSTOP)

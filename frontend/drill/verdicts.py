@@ -284,6 +284,11 @@ def judge(
             + (f", several: {log.several_outcomes[:3]}" if log.several_outcomes else ""),
         ),
     ]
+    acked = [f.events_acked for f in faults if f.events_acked is not None]
+    if acked:
+        verdicts.append(Verdict("no acknowledged event lost", log.last_seq >= max(acked) and log.folds,
+                                f"{max(acked)} events acknowledged before the fault, "
+                                f"{log.last_seq} in the log after it"))
     if expect.expect_recovery:
         verdicts.append(Verdict("recovered", recovered, "a request sent after the fault completed"
                                 if recovered else "no request sent after the fault completed"))
