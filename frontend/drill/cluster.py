@@ -85,6 +85,17 @@ class ExternalCluster:
     async def close(self) -> None:
         return None
 
+    async def instances(self) -> list[str]:
+        """The instances the frontend knows and has not seen fail or leave (its ``/health`` states)."""
+        try:
+            async with httpx.AsyncClient() as http:
+                body = (await http.get(f"{self.url}/health", timeout=3.0)).json()
+        except (httpx.HTTPError, ValueError):
+            return list(self.agent_ids)
+        states: dict[str, str] = body.get("states", {})
+        known = sorted(i for i, state in states.items() if state not in ("failed", "left"))
+        return known or list(self.agent_ids)
+
 
 class DrillCluster:
     """A cluster the drill started; see the module docstring. ``await start()``, then ``await close()``."""

@@ -166,7 +166,7 @@ async def run_scenario(
         echo(f"[{scenario.name}] load stopped ({len(load.records)} requests); waiting for them to end")
         await load.wait_all(scenario.load.request_timeout_s + 5)
         result.records = load.records
-        agent_ids = cluster.live_agents() if isinstance(cluster, DrillCluster) else cluster.agent_ids
+        agent_ids = cluster.live_agents() if isinstance(cluster, DrillCluster) else await cluster.instances()
         result.agents = await check_agents(watch, agent_ids, settle_s=20.0)
         idle = cluster.idle_timeout_s if isinstance(cluster, DrillCluster) else 60.0
         result.log = await check_log(cluster.nats_url, cluster.prefix, settle_s=idle + 10.0)
