@@ -155,3 +155,26 @@ async def test_sigterm_drains_and_a_second_sigterm_stops(nats_url: str, tmp_path
         process.send_signal(signal.SIGTERM)
         output, _ = await asyncio.wait_for(process.communicate(), 10)
         assert process.returncode == 0, output.decode()
+
+
+def test_fault_options_become_the_agents_fault_plan() -> None:
+    import click
+    import pytest
+
+    from agents.cli import fault_plan
+
+    plan = fault_plan(
+        {
+            "fault_drop": ("out:Commit", "in:Ack"),
+            "fault_duplicate": ("out:PreAllocate",),
+            "fault_max": 1,
+            "fault_copy_delay": 0.25,
+        }
+    )
+    assert plan.drop_outgoing == {"Commit"} and plan.drop_incoming == {"Ack"}
+    assert plan.duplicate_outgoing == {"PreAllocate"} and plan.max_faults == 1 and plan.copy_delay_s == 0.25
+    assert fault_plan({}).is_empty
+    with pytest.raises(click.BadParameter, match="in:TYPE or out:TYPE"):
+        fault_plan({"fault_drop": ("sideways:Commit",)})
+    with pytest.raises(click.BadParameter, match="unknown migration message types"):
+        fault_plan({"fault_duplicate": ("out:Bogus",)})
