@@ -4,9 +4,10 @@
 same :class:`~frontend.up.ClusterProcesses` (a session per child, death with
 the parent, process-group cleanup) and the same agent command line
 (:func:`~frontend.up.agent_command`) — and puts a :class:`ChaosProxy` in front
-of NATS (every component connects through it) and one in front of each
-agent's KV transport (the agent listens on ``127.0.0.1:P`` and advertises
-``127.0.0.2:P``, where its proxy listens). It knows each component's pid and
+of NATS for each component (each connects through its own, so a partition can
+isolate one component) and one in front of each agent's KV transport (the
+agent listens on ``127.0.0.1:P`` and advertises ``127.0.0.2:P``, where its
+proxy listens). It knows each component's pid and
 command line, so the drill can signal one and start it again.
 :class:`ExternalCluster` is a cluster the drill did not start: the drill only
 sends load and reads the log there; process faults need ``--up``.
@@ -111,7 +112,8 @@ class DrillCluster:
         self.nats = EmbeddedNats(
             store_dir=log_dir / "nats-store", log_file=log_dir / "nats.log", die_with_parent=True
         )
-        self.bus_proxy: ChaosProxy | None = None
+        #: one chaos proxy per component in front of NATS (a partition isolates one of them)
+        self.bus_proxies: dict[str, ChaosProxy] = {}
         self.kv_proxies: dict[str, ChaosProxy] = {}
         self.commands: dict[str, list[str]] = {}
         self.port = 0
@@ -129,9 +131,15 @@ class DrillCluster:
         """NATS itself (the drill's own reads go around the chaos proxy)."""
         return self.nats.url
 
-    @property
-    def component_nats_url(self) -> str:
-        return self.nats.url if self.bus_proxy is None else f"nats://127.0.0.1:{self.bus_proxy.listen_port}"
+    async def component_nats_url(self, name: str) -> str:
+        """The NATS URL ``name`` connects to: its own chaos proxy's (NATS itself without proxies)."""
+        if not self.spec.proxy_nats:
+            return self.nats.url
+        proxy = self.bus_proxies.get(name)
+        if proxy is None:
+            proxy = await ChaosProxy(("127.0.0.1", self.nats.port), name=f"bus-{name}").start()
+            self.bus_proxies[name] = proxy
+        return f"nats://127.0.0.1:{proxy.listen_port}"
 
     @property
     def model(self) -> str:
@@ -144,14 +152,14 @@ class DrillCluster:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.nats.start()
         self.processes.nats = self.nats
-        if self.spec.proxy_nats:
-            self.bus_proxy = await ChaosProxy(("127.0.0.1", self.nats.port), name="bus").start()
         spec = self.spec
-        common = ["--nats", self.component_nats_url, "--prefix", self.prefix]
         if spec.scheduler:
             args = [
                 "scheduler",
-                *common,
+                "--nats",
+                await self.component_nats_url("scheduler"),
+                "--prefix",
+                self.prefix,
                 "--failure-timeout",
                 str(spec.failure_timeout_s),
                 "--pairing-interval",
@@ -171,7 +179,10 @@ class DrillCluster:
             "frontend",
             [
                 "serve",
-                *common,
+                "--nats",
+                await self.component_nats_url("frontend"),
+                "--prefix",
+                self.prefix,
                 "--model",
                 self.model,
                 "--port",
@@ -189,7 +200,7 @@ class DrillCluster:
         """How long a destination keeps a reservation it hears nothing about (its source died)."""
         return max(3 * self.spec.copy_timeout_s, 6.0)
 
-    def agent_args(self, instance_id: str, transport_port: int) -> list[str]:
+    def agent_args(self, instance_id: str, transport_port: int, nats_url: str) -> list[str]:
         spec = self.spec
         options = {
             "engine": spec.engine,
@@ -201,7 +212,7 @@ class DrillCluster:
         }
         args = agent_command(
             options,
-            ["--nats", self.component_nats_url, "--prefix", self.prefix],
+            ["--nats", nats_url, "--prefix", self.prefix],
             spec.resolved_model,
             instance_id,
         )
@@ -211,7 +222,7 @@ class DrillCluster:
             "--migration-copy-timeout",
             str(spec.copy_timeout_s),
             "--migration-idle-timeout",
-            str(max(4 * spec.copy_timeout_s, 8.0)),
+            str(self.idle_timeout_s),
             "--drain-timeout",
             "60",
         ]
@@ -237,7 +248,8 @@ class DrillCluster:
             self.kv_proxies[instance_id] = proxy
         if instance_id not in self.agent_ids:
             self.agent_ids.append(instance_id)
-        return self._spawn(instance_id, self.agent_args(instance_id, port))
+        nats_url = await self.component_nats_url(instance_id)
+        return self._spawn(instance_id, self.agent_args(instance_id, port, nats_url))
 
     def _spawn(self, name: str, args: list[str]) -> Child:
         self.commands[name] = args
@@ -280,9 +292,8 @@ class DrillCluster:
                 os.kill(self.nats.pid, signal.SIGCONT)
         await asyncio.get_running_loop().run_in_executor(None, self.processes.stop_all, 5.0)
         self.nats.stop()
-        for proxy in [self.bus_proxy, *self.kv_proxies.values()]:
-            if proxy is not None:
-                await proxy.close()
+        for proxy in [*self.bus_proxies.values(), *self.kv_proxies.values()]:
+            await proxy.close()
         if not keep_store:
             shutil.rmtree(self.log_dir / "nats-store", ignore_errors=True)
 

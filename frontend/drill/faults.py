@@ -284,15 +284,22 @@ class _Injector:
 
     # ------------------------------------------------------------------ proxy faults
 
-    def _proxies(self, target: Target) -> list[ChaosProxy]:
+    async def _proxies(self, target: Target, record: FaultRecord) -> list[ChaosProxy]:
         if target is Target.BUS:
-            return [self.cluster.bus_proxy] if self.cluster.bus_proxy is not None else []
+            return list(self.cluster.bus_proxies.values())
+        if target is Target.AGENT_BUS:
+            name = record.component = await self._busiest()
+            report = await self.watch.stats(name, 1.0)
+            if report is not None:
+                record.target_requests = report.batch_size + report.num_waiting
+            proxy = self.cluster.bus_proxies.get(name)
+            return [] if proxy is None else [proxy]
         return list(self.cluster.kv_proxies.values())
 
     async def proxy_fault(self, fault: FaultSpec, fault_s: float) -> FaultRecord:
         assert fault.target is not None
         record = FaultRecord(fault.kind.value, fault.target.value, component=f"{fault.target.value} proxy")
-        proxies = self._proxies(fault.target)
+        proxies = await self._proxies(fault.target, record)
         if not proxies:
             raise FaultNotApplied(f"the cluster has no {fault.target.value} proxy")
 

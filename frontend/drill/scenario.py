@@ -123,6 +123,7 @@ class Target(enum.StrEnum):
     MIGRATION_DESTINATION = "migration_destination"
     BUS = "bus"  # the chaos proxy in front of NATS
     KV = "kv"  # the chaos proxies in front of the agents' KV transports
+    AGENT_BUS = "agent_bus"  # the busiest agent's own link to NATS (a partition of that agent)
 
     @property
     def is_agent(self) -> bool:
@@ -160,7 +161,7 @@ class FaultSpec(_Model):
             return self
         if self.target is None:
             raise ValueError(f"a {self.kind.value} fault needs a target")
-        proxy_target = self.target in (Target.BUS, Target.KV)
+        proxy_target = self.target in (Target.BUS, Target.KV, Target.AGENT_BUS)
         if self.kind in _PROXY_FAULTS and not proxy_target:
             raise ValueError(f"a {self.kind.value} fault targets 'bus' or 'kv', not {self.target.value!r}")
         if self.kind in _PROCESS_FAULTS and proxy_target:
@@ -315,6 +316,15 @@ BUILTIN: dict[str, Scenario] = {
             "Every connection to NATS is reset.",
             FaultSpec(kind=FaultKind.RESET, target=Target.BUS),
             phases={"fault_s": 1.0},
+        ),
+        _scenario(
+            "agent-partition",
+            "The busiest agent is cut off from NATS for 5 s (its own link blackholed): it is declared "
+            "failed, its requests are rescued elsewhere, it comes back when the link heals.",
+            FaultSpec(kind=FaultKind.BLACKHOLE, target=Target.AGENT_BUS),
+            load={"output_tokens": 96},
+            phases={"fault_s": 5.0},
+            verdicts={"expect_rescue": True},
         ),
         _scenario(
             "kv-blackhole",
