@@ -300,6 +300,12 @@ BUILTIN: dict[str, Scenario] = {
             FaultSpec(kind=FaultKind.RESTART, target=Target.NATS),
         ),
         _scenario(
+            "nats-stop",
+            "SIGSTOP the nats-server for 2 s (hung, not dead), then SIGCONT.",
+            FaultSpec(kind=FaultKind.STOP, target=Target.NATS),
+            phases={"fault_s": 2.0},
+        ),
+        _scenario(
             "bus-latency",
             "200 ms added to every chunk between the components and NATS.",
             FaultSpec(kind=FaultKind.LATENCY, target=Target.BUS, latency_ms=200),
