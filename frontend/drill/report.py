@@ -108,18 +108,14 @@ def _result_dict(result: DrillResult) -> dict[str, Any]:
         "rescues": result.num_rescues,
         "preemptions": result.num_preemptions,
         "log_dir": result.log_dir,
-        "timeline": [
-            {
-                "i": r.index,
-                "sent": round(r.sent_at, 4),
-                "ended": None if r.ended_at is None else round(r.ended_at, 4),
-                "outcome": r.outcome.value,
-                "stream": r.stream,
-                "greedy": r.greedy,
-                "detail": r.detail,
-            }
-            for r in result.records
-        ],
+        "timeline": {
+            "columns": ["index", "sent_s", "ended_s", "outcome", "stream", "greedy", "detail"],
+            "rows": [
+                [r.index, round(r.sent_at, 3), None if r.ended_at is None else round(r.ended_at, 3),
+                 r.outcome.value, r.stream, r.greedy, r.detail]
+                for r in result.records
+            ],
+        },
     }
 
 
@@ -137,7 +133,11 @@ def report_dict(results: Sequence[DrillResult]) -> dict[str, Any]:
 
 
 def write_json(results: Sequence[DrillResult], path: Path) -> None:
-    path.write_text(json.dumps(report_dict(results), indent=1, default=str))
+    """The report as JSON: one line per scenario's top-level field, the request timeline as rows."""
+    data = report_dict(results)
+    scenarios = ",\n".join(json.dumps(s, default=str) for s in data.pop("scenarios"))
+    head = json.dumps(data, default=str)[:-1]
+    path.write_text(f'{head}, "scenarios": [\n{scenarios}\n]}}\n')
 
 
 def write_png(results: Sequence[DrillResult], path: Path) -> None:
@@ -195,5 +195,5 @@ def write_png(results: Sequence[DrillResult], path: Path) -> None:
             ax.set_xlabel("drill time s")
         load_ax.legend(fontsize=7, loc="upper right")
     figure.tight_layout()
-    figure.savefig(path, dpi=90)
+    figure.savefig(path, dpi=60)
     plt.close(figure)
