@@ -86,7 +86,7 @@ class ClusterProcesses:
             process = subprocess.Popen(
                 [*_SHOAL, *args], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env=self.env, start_new_session=True,
-                preexec_fn=die_with_parent if sys.platform == "linux" else None,
+                preexec_fn=_child_setup if sys.platform == "linux" else None,
             )
         finally:
             log.close()
@@ -118,6 +118,12 @@ class ClusterProcesses:
         dead = [c for c in self.children if not c.alive() and c.name not in self.reported_dead]
         self.reported_dead.update(c.name for c in dead)
         return dead
+
+
+def _child_setup() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """Die with the parent, and take SIGINT (the stop signal) even if we were started with it ignored."""
+    die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def child_environment(environ: Mapping[str, str], otlp_endpoint: str | None) -> dict[str, str] | None:
