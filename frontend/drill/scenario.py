@@ -4,7 +4,7 @@ A :class:`Scenario` names a cluster (:class:`ClusterSpec`), a load
 (:class:`LoadSpec`: rate, prompt and output lengths, streaming and greedy
 shares), the three phases (steady load, fault, recovery) and the fault
 (:class:`FaultSpec`). Built-in scenarios live in :data:`BUILTIN`; a user's
-scenario is a TOML file with the same fields (:func:`load_scenario`), checked
+scenario is a TOML (or YAML) file with the same fields (:func:`load_scenario`), checked
 by pydantic: a bad file is a :class:`ScenarioError` naming the field. Pure
 data; nothing here starts a process.
 """
@@ -384,19 +384,34 @@ def validate(data: object, source: str) -> Scenario:
 
 
 def load_scenario(path: Path) -> Scenario:
-    """A scenario from a TOML file (the fields of :class:`Scenario`; ``name`` defaults to the file's stem)."""
+    """A scenario from a TOML or YAML file (the fields of :class:`Scenario`; ``name``: the file's stem)."""
     try:
-        data = tomllib.loads(path.read_text())
+        text = path.read_text()
     except OSError as exc:
         raise ScenarioError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ScenarioError(f"{path}: not valid TOML: {exc}") from None
+    data: object
+    if path.suffix in (".yaml", ".yml"):
+        try:
+            import yaml
+        except ImportError:
+            raise ScenarioError(f"{path}: YAML scenarios need the 'pyyaml' package (or write TOML)") from None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ScenarioError(f"{path}: not valid YAML: {exc}") from None
+    else:
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise ScenarioError(f"{path}: not valid TOML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{path}: expected a table of scenario fields at the top level")
     data.setdefault("name", path.stem)
     return validate(data, str(path))
 
 
 def resolve(name_or_path: str) -> list[Scenario]:
-    """Scenarios for a command-line argument: a built-in name, ``all``, ``ci`` or a ``.toml`` file."""
+    """Scenarios for a command-line argument: a built-in name, ``all``, ``ci`` or a TOML / YAML file."""
     if name_or_path == "all":
         return [BUILTIN[n] for n in FULL_SUITE]
     if name_or_path == "ci":
@@ -404,7 +419,7 @@ def resolve(name_or_path: str) -> list[Scenario]:
     if name_or_path in BUILTIN:
         return [BUILTIN[name_or_path]]
     path = Path(name_or_path)
-    if path.suffix == ".toml" or path.exists():
+    if path.suffix in (".toml", ".yaml", ".yml") or path.exists():
         return [load_scenario(path)]
     raise ScenarioError(
         f"unknown scenario {name_or_path!r}: a built-in ({', '.join(BUILTIN)}), 'all', 'ci' or a .toml file"

@@ -108,3 +108,14 @@ def test_the_built_in_suite_covers_the_faults_the_issue_names() -> None:
         (FaultKind.ROLLING_RESTART, None),
     ]:
         assert needed in kinds
+
+
+def test_a_yaml_scenario_loads_and_a_bad_one_names_the_field(tmp_path: Path) -> None:
+    good = _write(tmp_path, "cluster:\n  instances: 2\nfault:\n  kind: stop\n  target: nats\n", "y.yaml")
+    scenario = load_scenario(good)
+    assert scenario.name == "y" and scenario.fault.target is Target.NATS
+    bad = _write(tmp_path, "load:\n  greedy_share: 2\n", "bad.yml")
+    with pytest.raises(ScenarioError, match=r"load\.greedy_share"):
+        load_scenario(bad)
+    with pytest.raises(ScenarioError, match="top level"):
+        load_scenario(_write(tmp_path, "- just\n- a list\n", "list.yaml"))
