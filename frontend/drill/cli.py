@@ -1,7 +1,7 @@
 """``shoal drill SCENARIO``: run fault-injection drills and report computed verdicts.
 
 ``SCENARIO`` is a built-in name (``--list``), ``all`` (every built-in), ``ci``
-(a short subset) or a TOML file. By default each scenario starts its own
+(a short subset) or a TOML or YAML file. By default each scenario starts its own
 cluster (NATS, scheduler, agents, frontend, chaos proxies; ``--engine``,
 ``--instances`` override the scenario's); ``--against URL --nats URL`` sends
 a no-fault load to a running cluster instead. The report is a table in the
@@ -58,7 +58,7 @@ def drill(**options: Any) -> None:
             click.echo(f"{name:24} {scenario.description}")
         return
     if not options["scenario"]:
-        raise click.UsageError("name a SCENARIO (see --list), 'all', 'ci' or a .toml file")
+        raise click.UsageError("name a SCENARIO (see --list), 'all', 'ci' or a .toml or .yaml file")
     if (options["against"] is None) != (options["nats_url"] is None):
         raise click.UsageError("--against URL and --nats URL go together")
     try:

@@ -422,5 +422,6 @@ def resolve(name_or_path: str) -> list[Scenario]:
     if path.suffix in (".toml", ".yaml", ".yml") or path.exists():
         return [load_scenario(path)]
     raise ScenarioError(
-        f"unknown scenario {name_or_path!r}: a built-in ({', '.join(BUILTIN)}), 'all', 'ci' or a .toml file"
+        f"unknown scenario {name_or_path!r}: a built-in ({', '.join(BUILTIN)}), 'all', 'ci' "
+        "or a .toml or .yaml file"
     )
