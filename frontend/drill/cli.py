@@ -61,6 +61,8 @@ def drill(**options: Any) -> None:
         raise click.UsageError("name a SCENARIO (see --list), 'all', 'ci' or a .toml or .yaml file")
     if (options["against"] is None) != (options["nats_url"] is None):
         raise click.UsageError("--against URL and --nats URL go together")
+    if not options["up"] and options["against"] is None:
+        raise click.UsageError("--no-up needs --against URL --nats URL (a running cluster)")
     try:
         scenarios = resolve(options["scenario"])
     except ScenarioError as exc:
