@@ -2,8 +2,15 @@
 
 Parses options into frozen configs (engine, transport, migration, agent), sets
 torch's thread count before the engine is built, connects to NATS, starts the
-:class:`~agents.service.Agent` and runs until SIGINT/SIGTERM (a clean stop
-with ``InstanceLeft``) or until a ``drain`` completes. ``--ready-file`` writes
+:class:`~agents.service.Agent` and runs until SIGINT (a clean stop with
+``InstanceLeft``) or until a drain completes. SIGTERM *drains*: the instance
+reports terminating, refuses new requests, the scheduler migrates its requests
+away live (those it cannot move finish here), then it leaves; a second SIGTERM,
+SIGINT or ``--drain-timeout`` seconds end it with a clean stop at once, and so
+does a SIGTERM that comes because the process that started the agent died
+(``--no-drain-on-term``: SIGTERM stops at once, as SIGINT). ``--fault-*``
+options set the agent's :class:`~agents.config.FaultPlan` (drills and tests:
+lose or repeat handshake messages, slow each stage copy down). ``--ready-file`` writes
 a small JSON (instance id, transport address) once the agent is serving, for
 scripts and benchmarks that start agents as subprocesses. Tracing follows the
 standard ``OTEL_*`` variables (:mod:`bus.telemetry`), read here and nowhere below.
@@ -26,7 +33,7 @@ import click
 from bus import event_loop
 from bus.options import metrics_options, nats_auth_options, nats_option, nats_replicas_option
 
-__all__ = ["agent", "build_engine"]
+__all__ = ["agent", "build_engine", "fault_plan"]
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +135,25 @@ def build_engine(
 @click.option("--last-stage-max-blocks", type=int, default=2, show_default=True)
 @click.option("--max-stages", type=int, default=8, show_default=True)
 @click.option("--max-concurrent-migrations", type=int, default=1, show_default=True)
+@click.option("--migration-copy-timeout", type=float, default=30.0, show_default=True,
+              help="Seconds one stage's KV copy may take before the migration aborts.")
+@click.option("--migration-idle-timeout", type=float, default=60.0, show_default=True,
+              help="Seconds a destination keeps a reservation it hears nothing about (> copy timeout).")
+@click.option("--orphan-check-interval", type=float, default=2.0, show_default=True,
+              help="Seconds between probes for a listener of each request's tokens; a request nobody "
+                   "listens to twice in a row (its frontend died) is aborted. 0: never.")
+@click.option("--drain-on-term/--no-drain-on-term", default=True, show_default=True,
+              help="SIGTERM drains (migrate requests away, then leave) instead of stopping at once.")
+@click.option("--drain-timeout", type=float, default=120.0, show_default=True,
+              help="Seconds a SIGTERM drain may take before the agent stops anyway.")
+@click.option("--fault-copy-delay", type=float, default=0.0, show_default=True,
+              help="Fault injection: sleep this long before each stage's KV copy (source side).")
+@click.option("--fault-drop", "fault_drop", multiple=True, metavar="DIRECTION:TYPE",
+              help="Fault injection: lose handshake messages, e.g. out:Commit or in:Ack (repeatable).")
+@click.option("--fault-duplicate", "fault_duplicate", multiple=True, metavar="DIRECTION:TYPE",
+              help="Fault injection: repeat handshake messages, e.g. out:PreAllocate (repeatable).")
+@click.option("--fault-max", type=int, default=None,
+              help="Fault injection: affect at most this many messages of each kind.")
 @click.option("--otlp-endpoint", default=None,
               help="OTLP endpoint for spans (default: OTEL_EXPORTER_OTLP_ENDPOINT; unset: no tracing).")
 @click.option("--ready-file", type=click.Path(dir_okay=False, path_type=Path), default=None)
@@ -142,7 +168,28 @@ def agent(**options: Any) -> None:
         import torch
 
         torch.set_num_threads(options["threads"])
-    event_loop.run(_run(options))
+    faults = fault_plan(options)
+    event_loop.run(_run({**options, "faults": faults}))
+
+
+def fault_plan(options: dict[str, Any]) -> Any:
+    """The :class:`~agents.config.FaultPlan` the ``--fault-*`` options describe (bad ones: a usage error)."""
+    from agents.config import FaultPlan
+
+    sets: dict[str, set[str]] = {"drop_outgoing": set(), "drop_incoming": set(),
+                                 "duplicate_outgoing": set(), "duplicate_incoming": set()}
+    for what in ("drop", "duplicate"):
+        for value in options.get(f"fault_{what}", ()):
+            direction, _, kind = value.partition(":")
+            if direction not in ("in", "out") or not kind:
+                raise click.BadParameter(f"{value!r}: expected in:TYPE or out:TYPE",
+                                         param_hint=f"--fault-{what}")
+            sets[f"{what}_{'incoming' if direction == 'in' else 'outgoing'}"].add(kind)
+    try:
+        return FaultPlan(**{k: frozenset(v) for k, v in sets.items()}, max_faults=options.get("fault_max"),
+                         copy_delay_s=options.get("fault_copy_delay", 0.0))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--fault-*") from None
 
 
 async def _run(options: dict[str, Any]) -> None:
@@ -177,11 +224,15 @@ async def _run(options: dict[str, Any]) -> None:
         instance_id=instance_id,
         report_interval_s=options["report_interval"],
         heartbeat_interval_s=options["heartbeat_interval"],
+        orphan_check_interval_s=options["orphan_check_interval"],
         migration=MigrationConfig(
             last_stage_max_blocks=options["last_stage_max_blocks"],
             max_stages=options["max_stages"],
             max_concurrent_per_instance=options["max_concurrent_migrations"],
+            copy_timeout_s=options["migration_copy_timeout"],
+            destination_idle_timeout_s=options["migration_idle_timeout"],
         ),
+        faults=options["faults"],
         transport=TransportConfig(
             kind=options["transport_kind"],
             host=options["transport_host"],
@@ -220,18 +271,48 @@ async def _run(options: dict[str, Any]) -> None:
         ready = {"instance_id": instance_id, "transport_address": runner.transport.address,
                  "metrics_url": metrics_url}
         options["ready_file"].write_text(json.dumps(ready))
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
-    stop_wait = asyncio.ensure_future(stop.wait())
-    drained = asyncio.ensure_future(runner.stopped.wait())
-    await asyncio.wait({stop_wait, drained}, return_when=asyncio.FIRST_COMPLETED)
-    stop_wait.cancel()
-    drained.cancel()
-    if not runner.stopped.is_set():
-        await runner.stop()
+    await _serve_until_stopped(runner, drain_on_term=options["drain_on_term"],
+                               drain_timeout_s=options["drain_timeout"])
     await bus.close()
     if provider is not None:
         provider.shutdown()
+
+
+async def _serve_until_stopped(runner: Any, *, drain_on_term: bool, drain_timeout_s: float) -> None:
+    """Run until SIGINT, a drain that completes, or SIGTERM (a drain, bounded; a second one stops)."""
+    from schemas import TerminateReason
+
+    stop = asyncio.Event()
+    drain = asyncio.Event()
+    parent = os.getppid()
+
+    def on_term() -> None:
+        orphaned = os.getppid() != parent  # the launcher died (PR_SET_PDEATHSIG sends SIGTERM): stop now
+        if drain_on_term and not orphaned and not drain.is_set() and not runner.terminating:
+            log.info("agent %s: SIGTERM, draining (a second SIGTERM stops at once)", runner.instance_id)
+            drain.set()
+        else:
+            stop.set()
+
+    loop = asyncio.get_running_loop()
+    with contextlib.suppress(NotImplementedError):
+        loop.add_signal_handler(signal.SIGINT, stop.set)
+        loop.add_signal_handler(signal.SIGTERM, on_term)
+    stop_wait = asyncio.ensure_future(stop.wait())
+    drain_wait = asyncio.ensure_future(drain.wait())
+    drained = asyncio.ensure_future(runner.stopped.wait())
+    try:
+        await asyncio.wait({stop_wait, drained, drain_wait}, return_when=asyncio.FIRST_COMPLETED)
+        if drain.is_set() and not stop.is_set() and not runner.stopped.is_set():
+            await runner.drain(TerminateReason.STOP_SIGNAL)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    asyncio.wait({stop_wait, drained}, return_when=asyncio.FIRST_COMPLETED), drain_timeout_s
+                )
+            if not runner.stopped.is_set():
+                log.warning("agent %s: stopping before the drain completed", runner.instance_id)
+    finally:
+        for task in (stop_wait, drain_wait, drained):
+            task.cancel()
+    if not runner.stopped.is_set():
+        await runner.stop()

@@ -73,6 +73,9 @@ class AgentConfig:
     * ``tick_interval_s``: how often migration machines see the clock.
     * ``idle_sleep_s``: the step loop's pause after a step that scheduled nothing.
     * ``peer_lookup_timeout_s``: how long to wait for a destination's ``InstanceJoined``.
+    * ``orphan_check_interval_s``: how often each live request's token subject is probed for a
+      listener (0: never); a request nobody listens to in two probes in a row — its frontend is
+      gone — is aborted, so it ends within about twice this (plus ``orphan_probe_timeout_s``).
     """
 
     instance_id: str
@@ -83,6 +86,8 @@ class AgentConfig:
     tick_interval_s: float = 0.05
     idle_sleep_s: float = 0.002
     peer_lookup_timeout_s: float = 2.0
+    orphan_check_interval_s: float = 2.0
+    orphan_probe_timeout_s: float = 0.5
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     migration: MigrationConfig = field(default_factory=MigrationConfig)
     transport: TransportConfig = field(default_factory=lambda: TransportConfig(kind="tcp"))
@@ -94,5 +99,7 @@ class AgentConfig:
         for name in ("report_interval_s", "heartbeat_interval_s", "tick_interval_s", "peer_lookup_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
+        if self.orphan_check_interval_s < 0 or self.orphan_probe_timeout_s <= 0:
+            raise ValueError("orphan_check_interval_s must be >= 0 and orphan_probe_timeout_s positive")
         if self.delta_buffer_steps < 1 or self.finished_buffers < 0:
             raise ValueError("delta_buffer_steps must be >= 1 and finished_buffers >= 0")

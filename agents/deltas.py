@@ -76,6 +76,10 @@ class DeltaBuffer:
     def live(self, request_id: str) -> RequestTokens | None:
         return self._live.get(request_id)
 
+    def live_ids(self) -> list[str]:
+        """The requests this agent publishes tokens for now."""
+        return list(self._live)
+
     def record(self, delta: TokenDelta) -> None:
         """Remember a delta that was published."""
         tokens = self.get(delta.request_id)

@@ -8,8 +8,16 @@ subject (keeping a short buffer for ``resend``; a step's deltas go out just
 before the next step starts),
 appends load reports (which are the liveness heartbeat), serves the RPCs of
 the contract (``generate``, ``abort``, ``resend``, ``migrate_out``,
-``stop_migration``, ``drain``) and hands migration messages to
+``stop_migration``, ``drain``, and ``stats``: a fresh load report, for drills
+and operators checking that no block is left reserved) and hands migration messages to
 :class:`agents.migration.manager.MigrationManager`.
+
+Requests whose frontend is gone are aborted: every ``orphan_check_interval_s``
+the agent sends a :class:`~schemas.TokenProbe` request on each live request's
+token subject; the frontend that listens there ignores it, and NATS answers
+*no responders* when nothing subscribes any more. Two such answers in a row
+abort the request (no blocks held, no tokens generated into the void); a
+probe that times out (the listener exists, or the bus is slow) never does.
 
 Not here: load-report arithmetic (:mod:`agents.reporting`), the delta buffer
 (:mod:`agents.deltas`), the migration shells (:mod:`agents.migration`).
@@ -37,7 +45,7 @@ from agents.migration.fsm.config import MigrationConfig
 from agents.migration.manager import MigrationManager, MigrationOutcome
 from agents.reporting import build_load_report, load_signature
 from agents.tracing import RequestSpans, parent_context, tracer_from
-from bus import Bus, BusError, Service
+from bus import Bus, BusError, NoResponders, Service
 from bus import tracing as bus_tracing
 from schemas import (
     AbortReply,
@@ -64,6 +72,7 @@ from schemas import (
     StopMigration,
     TerminateReason,
     TokenDelta,
+    TokenProbe,
 )
 from transport import KVTransport, open_transport
 
@@ -98,6 +107,8 @@ class Agent:
         )
         self.num_accepted = 0
         self.num_steps = 0
+        #: requests aborted because nobody listened to their tokens any more (their frontend died)
+        self.num_orphans_aborted = 0
         self.terminating = False
         self._replies: OrderedDict[tuple[str, int], GenerateReply] = OrderedDict()
         self._transport: KVTransport | None = None
@@ -172,6 +183,7 @@ class Agent:
             "migrate_out": self._serve_migrate_out,
             "stop_migration": self._serve_stop_migration,
             "drain": self._serve_drain,
+            "stats": self._serve_stats,
         }
         for method, handler in sorted(handlers.items(), key=lambda item: item[0]):
             self._services.append(
@@ -179,6 +191,8 @@ class Agent:
             )
         self.spawn(self._step_loop())
         self.spawn(self._report_loop())
+        if self.config.orphan_check_interval_s > 0:
+            self.spawn(self._orphan_loop())
 
     async def stop(self) -> None:
         """Stop cleanly: stop serving, end migrations, announce ``InstanceLeft``, close the transport."""
@@ -448,6 +462,36 @@ class Agent:
                     self._last_report_at = now
             await asyncio.sleep(interval)
 
+    # ------------------------------------------------------------------ orphans
+
+    async def _orphan_loop(self) -> None:
+        """Abort the requests nobody has listened to in two probes in a row (see the module docstring)."""
+        suspects: set[str] = set()
+        while True:
+            await asyncio.sleep(self.config.orphan_check_interval_s)
+            request_ids = self.deltas.live_ids()
+            unheard = await asyncio.gather(*(self._nobody_listens(r) for r in request_ids))
+            gone = {r for r, nobody in zip(request_ids, unheard, strict=True) if nobody}
+            for request_id in sorted(gone & suspects):
+                if self.deltas.live(request_id) is None:
+                    continue
+                log.warning("agent %s: nobody listens to %s any more (its frontend is gone): aborting",
+                            self.instance_id, request_id)
+                self.num_orphans_aborted += 1
+                await self.abort(request_id)
+            suspects = gone - suspects
+
+    async def _nobody_listens(self, request_id: str) -> bool:
+        probe = TokenProbe(request_id=request_id, instance_id=self.instance_id)
+        try:
+            await self.bus.request(self.subjects.tok(request_id), self.codec.encode(probe, time=time.time()),
+                                   timeout=self.config.orphan_probe_timeout_s)
+        except NoResponders:
+            return True
+        except BusError:
+            return False
+        return False
+
     # ------------------------------------------------------------------ RPCs
 
     def _reply(self, body: Body) -> bytes:
@@ -611,6 +655,10 @@ class Agent:
             return self._reply(CommandReply(accepted=False, reason=CommandRejectReason.STALE_EPOCH))
         await self.drain()
         return self._reply(CommandReply(accepted=True, detail="terminating"))
+
+    async def _serve_stats(self, data: bytes, headers: dict[str, str]) -> bytes:
+        """The engine's usage now (any request body): a :class:`~schemas.LoadReport` built on the spot."""
+        return self._reply(self.load_report())
 
     async def drain(self, reason: TerminateReason = TerminateReason.SCALE_DOWN) -> None:
         """Terminate: refuse new requests, report terminating, stop once every request has left."""

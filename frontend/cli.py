@@ -92,6 +92,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "trace": ("scheduler.trace_cli:trace", "A request's or migration's trace from the log (Jaeger JSON)."),
     "simulate": ("scheduler.sim.cli:simulate", "Discrete-event cluster simulation."),
     "bench": ("frontend.bench_cli:bench", "Benchmarks: bus, engine, migration, cluster, ..."),
+    "drill": (
+        "frontend.drill.cli:drill",
+        "Fault-injection drills with verified faults and computed verdicts.",
+    ),
 }
 
 

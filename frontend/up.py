@@ -10,13 +10,15 @@ and agent's own Prometheus endpoint on a port ``shoal up`` picks) and a curl
 example, and supervises. Each child runs in a session of its own (so a terminal's Ctrl-C
 reaches only ``shoal up``) and is told by the kernel to exit if
 ``shoal up`` itself dies (``PR_SET_PDEATHSIG``); on Ctrl-C or SIGTERM every
-child's process group gets SIGTERM, then SIGKILL after a grace period, and the
+child's process group gets SIGINT, then SIGKILL after a grace period, and the
 embedded server stops last: no orphans. A child that dies is reported; the
 cluster keeps serving while the frontend lives (rescue and bypass cover
 agents and the scheduler). With ``--autoscale`` the scheduler's
 :class:`~scheduler.instances.LocalProcessManager` starts more agents like
 these (ids ``inst-N``, logging into the scheduler's log) when the average
-freeness stays below the band, and drains one when it stays above. The
+freeness stays below the band, and drains one when it stays above.
+Stopping ``shoal up`` sends the children SIGINT (a stop), not SIGTERM (which
+makes an agent drain its requests to others first: maintenance, not shutdown). The
 children inherit the ``OTEL_*`` variables; ``--otlp-endpoint URL`` sets
 ``OTEL_EXPORTER_OTLP_ENDPOINT`` for them (:mod:`bus.telemetry`).
 """
@@ -47,7 +49,7 @@ from bus.options import auth_file_flags, nats_option
 from bus.server import die_with_parent, free_port
 from scheduler.cli import scale_band_options
 
-__all__ = ["Child", "ClusterProcesses", "child_environment", "up"]
+__all__ = ["Child", "ClusterProcesses", "agent_command", "child_environment", "up"]
 
 _SHOAL = [sys.executable, "-c", "from frontend.cli import main; main()"]
 _VLLM_CPU_KV_BYTES = 2**30  # per agent, unless --kv-cache-bytes or VLLM_CPU_KVCACHE_SPACE says otherwise
@@ -85,7 +87,7 @@ class ClusterProcesses:
             process = subprocess.Popen(
                 [*_SHOAL, *args], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env=self.env, start_new_session=True,
-                preexec_fn=die_with_parent if sys.platform == "linux" else None,
+                preexec_fn=_child_setup if sys.platform == "linux" else None,
             )
         finally:
             log.close()
@@ -94,10 +96,11 @@ class ClusterProcesses:
         return child
 
     def stop_all(self, grace_s: float = 10.0) -> None:
+        """SIGINT to every child's group (a stop, not an agent's SIGTERM drain), SIGKILL after ``grace_s``."""
         for child in reversed(self.children):
             if child.alive():
                 with contextlib.suppress(ProcessLookupError):
-                    os.killpg(child.pid, signal.SIGTERM)
+                    os.killpg(child.pid, signal.SIGINT)
         deadline = time.monotonic() + grace_s
         for child in self.children:
             remaining = max(0.0, deadline - time.monotonic())
@@ -118,6 +121,12 @@ class ClusterProcesses:
         return dead
 
 
+def _child_setup() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """Die with the parent, and take SIGINT (the stop signal) even if we were started with it ignored."""
+    die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def child_environment(environ: Mapping[str, str], otlp_endpoint: str | None) -> dict[str, str] | None:
     """The children's environment: ours (``OTEL_*`` pass through) plus ``--otlp-endpoint``.
 
@@ -126,6 +135,24 @@ def child_environment(environ: Mapping[str, str], otlp_endpoint: str | None) -> 
     if not otlp_endpoint:
         return None
     return {**environ, "OTEL_EXPORTER_OTLP_ENDPOINT": otlp_endpoint}
+
+
+def agent_command(
+    options: Mapping[str, Any], common: Sequence[str], model: str, instance_id: str
+) -> list[str]:
+    """``shoal agent`` arguments for one agent of the cluster ``options`` describe (also ``shoal drill``)."""
+    engine = options["engine"]
+    args = ["agent", *common, "--instance-id", instance_id, "--engine", engine,
+            "--threads", str(options["threads"]), "--transport", "tcp"]
+    args += ["--model", model] if engine != "sim" else ["--profile", model,
+                                                        "--time-scale", str(options["time_scale"])]
+    if engine == "vllm":
+        args += ["--block-size", str(options["block_size"])]
+        args += [a for k in ("max_model_len", "dtype", "kv_cache_bytes") if options[k] is not None
+                 for a in (f"--{k.replace('_', '-')}", str(options[k]))]
+    if options["num_blocks"] is not None:
+        args += ["--num-blocks", str(options["num_blocks"])]
+    return args
 
 
 def _health(url: str) -> dict[str, Any] | None:
@@ -261,17 +288,7 @@ def _start(
     model = options["model"] or ("small" if engine == "torch" else "tiny-test")
 
     def agent_args(instance_id: str) -> list[str]:
-        args = ["agent", *common, *auth_args(instance_id), "--instance-id", instance_id, "--engine", engine,
-                "--threads", str(options["threads"]), "--transport", "tcp"]
-        args += ["--model", model] if engine != "sim" else ["--profile", model,
-                                                            "--time-scale", str(options["time_scale"])]
-        if engine == "vllm":
-            args += ["--block-size", str(options["block_size"])]
-            args += [a for k in ("max_model_len", "dtype", "kv_cache_bytes") if options[k] is not None
-                     for a in (f"--{k.replace('_', '-')}", str(options[k]))]
-        if options["num_blocks"] is not None:
-            args += ["--num-blocks", str(options["num_blocks"])]
-        return args
+        return agent_command(options, [*common, *auth_args(instance_id)], model, instance_id)
 
     if options["no_scheduler"]:
         click.echo("scheduler       (none: the frontend places requests itself)")

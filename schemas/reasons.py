@@ -144,6 +144,7 @@ class TerminateReason(enum.StrEnum):
     """Why an instance started terminating (``InstanceTerminating.reason``)."""
 
     SCALE_DOWN = "scale_down"  # the scheduler's ``Drain`` command
+    STOP_SIGNAL = "stop_signal"  # the agent process got SIGTERM (an operator, a rolling restart)
 
 
 class RpcErrorCode(enum.StrEnum):

@@ -29,6 +29,7 @@ __all__ = [
     "RpcMessage",
     "SamplingParams",
     "StopMigration",
+    "TokenProbe",
 ]
 
 
@@ -143,6 +144,18 @@ class CommandReply(Message, frozen=True, kw_only=True, tag="command_reply"):
     detail: str = ""
 
 
+class TokenProbe(Message, frozen=True, kw_only=True, tag="token_probe"):
+    """Agent -> a request's token subject, sent as a request: is anyone still listening?
+
+    Nobody answers it: a frontend that listens ignores it (the request times
+    out), while NATS answers *no responders* at once when nothing subscribes —
+    the request's frontend is gone, so the agent aborts the request.
+    """
+
+    request_id: str
+    instance_id: str
+
+
 RpcMessage = (
     GenerateRequest
     | GenerateReply
@@ -156,4 +169,5 @@ RpcMessage = (
     | Drain
     | RpcError
     | CommandReply
+    | TokenProbe
 )

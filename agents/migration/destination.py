@@ -42,7 +42,7 @@ from agents.migration.fsm.destination import DestinationState
 from agents.migration.fsm.record import DestinationStart
 from agents.migration.host import DriverContext
 from agents.tracing import parent_context
-from schemas.migration import Ack, Commit, StageWritten
+from schemas.migration import Abort, Ack, Commit, StageWritten
 from schemas.reasons import MigrationAbortReason
 from transport import PendingTransfer, TransportError
 
@@ -92,6 +92,17 @@ class DestinationDriver(MachineDriver):
             },
         )
 
+    def _log_abandoned(self, action: ReportFailed) -> None:
+        """A peer that failed cannot record the outcome, and nothing was sent to it: log our Abort.
+
+        Every migration then has an outcome in the log (drills check it), even when its peer died.
+        """
+        if action.reason is MigrationAbortReason.PEER_FAILED:
+            self.manager.log.record(Abort(
+                migration_id=self.migration_id, reason=action.reason,
+                sender_id=self.manager.agent.instance_id, detail=action.detail or "peer failed",
+            ))
+
     # -- actions ----------------------------------------------------------------------
 
     async def execute(self, action: Action) -> Input | None:
@@ -121,6 +132,7 @@ class DestinationDriver(MachineDriver):
             self.span.set_attribute("shoal.migration.outcome", "migrated")
             self.span.end()
         elif isinstance(action, ReportFailed):
+            self._log_abandoned(action)
             self.span.set_attribute("shoal.migration.outcome", "aborted")
             self.span.set_attribute("shoal.migration.reason", action.reason.value)
             if action.detail:

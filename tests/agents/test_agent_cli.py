@@ -1,4 +1,4 @@
-"""``shoal agent`` as a user runs it: a subprocess that serves, streams, has /metrics, leaves on SIGTERM."""
+"""``shoal agent`` as a user runs it: a subprocess that serves, streams, has /metrics, drains on SIGTERM."""
 
 from __future__ import annotations
 
@@ -9,7 +9,15 @@ import sys
 from pathlib import Path
 
 from agents.engines.sim import sim_token_id
-from schemas import GenerateRequest, InstanceJoined, InstanceLeft
+from schemas import (
+    FinishReason,
+    GenerateRequest,
+    InstanceJoined,
+    InstanceLeft,
+    InstanceTerminating,
+    RejectReason,
+    TerminateReason,
+)
 from tests.agents.agent_cluster import agent_cluster, greedy
 from tests.scrape import scrape, value
 
@@ -65,3 +73,108 @@ async def test_shoal_agent_serves_and_leaves_cleanly(nats_url: str, tmp_path: Pa
         events = [env.body for _, env in await cluster.stored(cluster.subjects.instance("cli1"))]
         assert isinstance(events[0], InstanceJoined) and events[0].engine == "sim"
         assert isinstance(events[-1], InstanceLeft)
+
+
+async def _start_agent(
+    nats_url: str, prefix: str, instance_id: str, ready: Path
+) -> asyncio.subprocess.Process:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        "from frontend.cli import main; main()",
+        "agent",
+        "--engine",
+        "sim",
+        "--time-scale",
+        "30",
+        "--nats",
+        nats_url,
+        "--prefix",
+        prefix,
+        "--instance-id",
+        instance_id,
+        "--transport",
+        "tcp",
+        "--ready-file",
+        str(ready),
+        "--log-level",
+        "WARNING",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    async with asyncio.timeout(30):
+        while not ready.exists():
+            await asyncio.sleep(0.05)
+    return process
+
+
+async def test_sigterm_drains_and_a_second_sigterm_stops(nats_url: str, tmp_path: Path) -> None:
+    """SIGTERM: the agent announces terminating, refuses new work, lets its request run (no scheduler
+    here to move it), and leaves once it is done; a second SIGTERM stops a drain at once."""
+    async with agent_cluster(nats_url) as cluster:
+        prefix = cluster.subjects.prefix
+        process = await _start_agent(nats_url, prefix, "drain1", tmp_path / "ready1.json")
+        watcher = await cluster.watch("long")
+        reply = await cluster.generate(
+            "drain1", GenerateRequest(request_id="long", token_ids=(1, 2, 3), sampling=greedy(40))
+        )
+        assert reply.accepted
+        await asyncio.sleep(0.3)
+        process.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(10):
+            while not [
+                e
+                for _, e in await cluster.stored(cluster.subjects.instance("drain1"))
+                if isinstance(e.body, InstanceTerminating)
+            ]:
+                await asyncio.sleep(0.05)
+        refused = await cluster.generate(
+            "drain1", GenerateRequest(request_id="late", token_ids=(1, 2), sampling=greedy(4))
+        )
+        assert not refused.accepted and refused.reason is RejectReason.TERMINATING
+        assert process.returncode is None  # still serving its request
+        await watcher.wait_finished(30)
+        assert len(watcher.tokens()) == 40 and watcher.deltas[-1].finish_reason is FinishReason.LENGTH
+        output, _ = await asyncio.wait_for(process.communicate(), 20)
+        assert process.returncode == 0, output.decode()
+        events = [e.body for _, e in await cluster.stored(cluster.subjects.instance("drain1"))]
+        assert isinstance(events[-1], InstanceLeft)
+        assert [e.reason for e in events if isinstance(e, InstanceTerminating)] == [
+            TerminateReason.STOP_SIGNAL
+        ]
+        await watcher.close()
+
+        process = await _start_agent(nats_url, prefix, "drain2", tmp_path / "ready2.json")
+        reply = await cluster.generate(
+            "drain2", GenerateRequest(request_id="longer", token_ids=(1, 2, 3), sampling=greedy(100_000))
+        )
+        assert reply.accepted
+        process.send_signal(signal.SIGTERM)
+        await asyncio.sleep(1.0)
+        assert process.returncode is None  # draining: the request would run for minutes
+        process.send_signal(signal.SIGTERM)
+        output, _ = await asyncio.wait_for(process.communicate(), 10)
+        assert process.returncode == 0, output.decode()
+
+
+def test_fault_options_become_the_agents_fault_plan() -> None:
+    import click
+    import pytest
+
+    from agents.cli import fault_plan
+
+    plan = fault_plan(
+        {
+            "fault_drop": ("out:Commit", "in:Ack"),
+            "fault_duplicate": ("out:PreAllocate",),
+            "fault_max": 1,
+            "fault_copy_delay": 0.25,
+        }
+    )
+    assert plan.drop_outgoing == {"Commit"} and plan.drop_incoming == {"Ack"}
+    assert plan.duplicate_outgoing == {"PreAllocate"} and plan.max_faults == 1 and plan.copy_delay_s == 0.25
+    assert fault_plan({}).is_empty
+    with pytest.raises(click.BadParameter, match="in:TYPE or out:TYPE"):
+        fault_plan({"fault_drop": ("sideways:Commit",)})
+    with pytest.raises(click.BadParameter, match="unknown migration message types"):
+        fault_plan({"fault_duplicate": ("out:Bogus",)})

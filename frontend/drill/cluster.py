@@ -1,0 +1,324 @@
+"""The cluster a drill runs against: started by the drill (``--up``) or already running (``--against``).
+
+:class:`DrillCluster` starts the components the way ``shoal up`` does — the
+same :class:`~frontend.up.ClusterProcesses` (a session per child, death with
+the parent, process-group cleanup) and the same agent command line
+(:func:`~frontend.up.agent_command`) — and puts a :class:`ChaosProxy` in front
+of NATS for each component (each connects through its own, so a partition can
+isolate one component) and one in front of each agent's KV transport (the
+agent listens on ``127.0.0.1:P`` and advertises ``127.0.0.2:P``, where its
+proxy listens). It knows each component's pid and
+command line, so the drill can signal one and start it again.
+:class:`ExternalCluster` is a cluster the drill did not start: the drill only
+sends load and reads the log there; process faults need ``--up``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bus.server import EmbeddedNats, free_port
+from frontend.drill.proxy import ChaosProxy
+from frontend.drill.scenario import ClusterSpec
+from frontend.up import Child, ClusterProcesses, agent_command
+
+__all__ = ["ClusterNotReady", "DrillCluster", "ExternalCluster", "port_refuses", "process_state"]
+
+_KV_PROXY_HOST = "127.0.0.2"
+
+
+class ClusterNotReady(RuntimeError):
+    """The cluster did not become ready (a component died, or the deadline passed)."""
+
+
+def process_state(pid: int) -> str | None:
+    """The state letter in ``/proc/<pid>/stat`` (``R``, ``S``, ``T``, ``Z``, ...); None: no such process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rfind(")") + 2]
+
+
+def port_refuses(host: str, port: int) -> bool:
+    """Whether a TCP connect to ``host:port`` is refused right now."""
+    import socket
+
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return False
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False
+
+
+async def _ready_instances(http: httpx.AsyncClient, url: str) -> list[str] | None:
+    try:
+        response = await http.get(f"{url}/health", timeout=1.0)
+        body: dict[str, Any] = response.json()
+    except (httpx.HTTPError, ValueError):
+        return None
+    return list(body.get("instances", [])) if body.get("status") == "ok" else []
+
+
+@dataclass
+class ExternalCluster:
+    """A running cluster: the frontend's URL and the NATS URL the drill reads the log from."""
+
+    url: str
+    nats_url: str
+    prefix: str = "shoal"
+    model: str = "tiny"
+    agent_ids: list[str] = field(default_factory=list)
+
+    async def close(self) -> None:
+        return None
+
+    async def instances(self) -> list[str]:
+        """The instances the frontend knows and has not seen fail or leave (its ``/health`` states)."""
+        try:
+            async with httpx.AsyncClient() as http:
+                body = (await http.get(f"{self.url}/health", timeout=3.0)).json()
+        except (httpx.HTTPError, ValueError):
+            return list(self.agent_ids)
+        states: dict[str, str] = body.get("states", {})
+        known = sorted(i for i, state in states.items() if state not in ("failed", "left"))
+        return known or list(self.agent_ids)
+
+
+class DrillCluster:
+    """A cluster the drill started; see the module docstring. ``await start()``, then ``await close()``."""
+
+    def __init__(
+        self, spec: ClusterSpec, log_dir: Path, *, prefix: str = "drill", ready_timeout_s: float = 120.0
+    ) -> None:
+        self.spec = spec
+        self.log_dir = log_dir
+        self.prefix = prefix
+        self.ready_timeout_s = ready_timeout_s
+        self.processes = ClusterProcesses(log_dir)
+        self.nats = EmbeddedNats(
+            store_dir=log_dir / "nats-store", log_file=log_dir / "nats.log", die_with_parent=True
+        )
+        #: one chaos proxy per component in front of NATS (a partition isolates one of them)
+        self.bus_proxies: dict[str, ChaosProxy] = {}
+        self.kv_proxies: dict[str, ChaosProxy] = {}
+        self.commands: dict[str, list[str]] = {}
+        self.port = 0
+        self.agent_ids: list[str] = []
+        self._generation = 0
+
+    # ------------------------------------------------------------------ addresses
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def nats_url(self) -> str:
+        """NATS itself (the drill's own reads go around the chaos proxy)."""
+        return self.nats.url
+
+    async def component_nats_url(self, name: str) -> str:
+        """The NATS URL ``name`` connects to: its own chaos proxy's (NATS itself without proxies)."""
+        if not self.spec.proxy_nats:
+            return self.nats.url
+        proxy = self.bus_proxies.get(name)
+        if proxy is None:
+            proxy = await ChaosProxy(("127.0.0.1", self.nats.port), name=f"bus-{name}").start()
+            self.bus_proxies[name] = proxy
+        return f"nats://127.0.0.1:{proxy.listen_port}"
+
+    @property
+    def model(self) -> str:
+        spec = self.spec
+        return spec.resolved_model if spec.engine != "sim" else f"sim:{spec.resolved_model}"
+
+    # ------------------------------------------------------------------ start / stop
+
+    async def start(self) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.nats.start()
+        self.processes.nats = self.nats
+        spec = self.spec
+        if spec.scheduler:
+            args = [
+                "scheduler",
+                "--nats",
+                await self.component_nats_url("scheduler"),
+                "--prefix",
+                self.prefix,
+                "--failure-timeout",
+                str(spec.failure_timeout_s),
+                "--pairing-interval",
+                "0.3",
+                "--log-level",
+                "INFO",
+            ]
+            if spec.low_freeness is not None:
+                args += ["--low-freeness", str(spec.low_freeness)]
+            if spec.high_freeness is not None:
+                args += ["--high-freeness", str(spec.high_freeness)]
+            self._spawn("scheduler", args)
+        for index in range(spec.instances):
+            await self.add_agent(f"agent-{index}")
+        self.port = free_port()
+        self._spawn(
+            "frontend",
+            [
+                "serve",
+                "--nats",
+                await self.component_nats_url("frontend"),
+                "--prefix",
+                self.prefix,
+                "--model",
+                self.model,
+                "--port",
+                str(self.port),
+                "--stall-timeout",
+                str(spec.stall_timeout_s),
+                "--instance-stale-after",
+                "3",
+            ],
+        )
+        await self.wait_ready(len(self.agent_ids))
+
+    @property
+    def idle_timeout_s(self) -> float:
+        """How long a destination keeps a reservation it hears nothing about (its source died)."""
+        return max(3 * self.spec.copy_timeout_s, 6.0)
+
+    def agent_args(self, instance_id: str, transport_port: int, nats_url: str) -> list[str]:
+        spec = self.spec
+        options = {
+            "engine": spec.engine,
+            "threads": 1,
+            "time_scale": spec.time_scale,
+            "num_blocks": spec.num_blocks
+            if spec.num_blocks is not None
+            else (512 if spec.engine == "sim" else None),
+        }
+        args = agent_command(
+            options,
+            ["--nats", nats_url, "--prefix", self.prefix],
+            spec.resolved_model,
+            instance_id,
+        )
+        args += [
+            "--transport-port",
+            str(transport_port),
+            "--migration-copy-timeout",
+            str(spec.copy_timeout_s),
+            "--migration-idle-timeout",
+            str(self.idle_timeout_s),
+            "--drain-timeout",
+            "60",
+        ]
+        if spec.proxy_kv:
+            args += ["--transport-advertise", _KV_PROXY_HOST]
+        if spec.copy_delay_s:
+            args += ["--fault-copy-delay", str(spec.copy_delay_s)]
+        for fault in spec.handshake_faults:
+            what, direction, kind = fault.split(":")
+            args += [f"--fault-{what}", f"{direction}:{kind}"]
+        if spec.handshake_faults and spec.handshake_fault_max is not None:
+            args += ["--fault-max", str(spec.handshake_fault_max)]
+        return args
+
+    async def add_agent(self, instance_id: str) -> Child:
+        """Start an agent (a replacement reuses the instance id)."""
+        proxy = self.kv_proxies.get(instance_id)
+        port = proxy.upstream[1] if proxy is not None else free_port()
+        if self.spec.proxy_kv and proxy is None:
+            proxy = await ChaosProxy(
+                ("127.0.0.1", port), listen_host=_KV_PROXY_HOST, listen_port=port, name=f"kv-{instance_id}"
+            ).start()
+            self.kv_proxies[instance_id] = proxy
+        if instance_id not in self.agent_ids:
+            self.agent_ids.append(instance_id)
+        nats_url = await self.component_nats_url(instance_id)
+        return self._spawn(instance_id, self.agent_args(instance_id, port, nats_url))
+
+    def _spawn(self, name: str, args: list[str]) -> Child:
+        self.commands[name] = args
+        return self.processes.spawn(name, args)
+
+    def respawn(self, name: str) -> Child:
+        """Start ``name`` again with the command line it had."""
+        return self.processes.spawn(name, self.commands[name])
+
+    async def wait_ready(self, num_instances: int, timeout_s: float | None = None) -> float:
+        """Wait until ``/health`` lists ``num_instances`` ready instances; the seconds it took."""
+        started = time.monotonic()
+        deadline = started + (timeout_s or self.ready_timeout_s)
+        async with httpx.AsyncClient() as http:
+            while True:
+                ready = await _ready_instances(http, self.url)
+                if ready is not None and len(ready) >= num_instances:
+                    return time.monotonic() - started
+                for dead in self.processes.newly_dead():
+                    if self.child(dead.name) is not dead:
+                        continue  # replaced (a drained agent): expected
+                    raise ClusterNotReady(
+                        f"{dead.name} exited with code {dead.process.returncode}: see {dead.log_path}"
+                    )
+                if time.monotonic() > deadline:
+                    raise ClusterNotReady(
+                        f"not ready within {timeout_s or self.ready_timeout_s}s "
+                        f"(ready: {ready}); logs in {self.log_dir}"
+                    )
+                await asyncio.sleep(0.2)
+
+    async def close(self, *, keep_store: bool = False) -> None:
+        """Stop every process (SIGTERM, then SIGKILL), the proxies and NATS; remove the NATS store."""
+        for child in self.processes.children:  # a stopped child would not see SIGTERM
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                if child.alive():
+                    os.killpg(child.pid, signal.SIGCONT)
+        if self.nats.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.nats.pid, signal.SIGCONT)
+        await asyncio.get_running_loop().run_in_executor(None, self.processes.stop_all, 5.0)
+        self.nats.stop()
+        for proxy in [*self.bus_proxies.values(), *self.kv_proxies.values()]:
+            await proxy.close()
+        if not keep_store:
+            shutil.rmtree(self.log_dir / "nats-store", ignore_errors=True)
+
+    # ------------------------------------------------------------------ processes
+
+    def child(self, name: str) -> Child | None:
+        """The newest process of ``name`` (None: never started)."""
+        found = [c for c in self.processes.children if c.name == name]
+        return found[-1] if found else None
+
+    def live_agents(self) -> list[str]:
+        return [a for a in self.agent_ids if (c := self.child(a)) is not None and c.alive()]
+
+    def pid(self, name: str) -> int | None:
+        if name == "nats":
+            return self.nats.pid
+        child = self.child(name)
+        return child.pid if child is not None and child.alive() else None
+
+    def wait_exit(self, name: str, timeout_s: float) -> bool:
+        child = self.child(name)
+        if child is None:
+            return True
+        try:
+            child.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            return False
+        return True

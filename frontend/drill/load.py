@@ -1,0 +1,265 @@
+"""The drill's load: an open-loop stream of OpenAI completions, and what became of each request.
+
+:class:`LoadGenerator` sends requests at the scenario's rate (Poisson
+arrivals, seeded) with httpx to ``/v1/completions``; a share streams (SSE), a
+share is greedy (temperature 0, one of a few fixed prompts whose no-fault text
+the drill records first). Every request asks for exactly ``output_tokens``
+tokens (``ignore_eos``), so a complete answer is recognisable. Each ends as
+one :class:`Outcome`:
+
+* ``ok`` — the whole answer (``finish_reason`` ``length`` and the token count asked for);
+* ``error`` — a clear error the client can retry: an HTTP error status with an
+  OpenAI error body, an error chunk in the stream, or a refused / reset connection;
+* ``lost`` — never ended within ``request_timeout_s``, or ended short without an error;
+* ``rejected`` — a 4xx other than 429: the request itself was wrong (a scenario whose
+  prompt and output do not fit the model, say), which fails the drill too.
+
+A greedy ``ok`` whose text differs from the reference is a ``mismatch``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import json
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import httpx
+
+from frontend.drill.scenario import LoadSpec
+
+__all__ = ["LoadGenerator", "Outcome", "RequestRecord"]
+
+_WORDS = (
+    "river",
+    "stone",
+    "lantern",
+    "harbor",
+    "quiet",
+    "copper",
+    "meadow",
+    "signal",
+    "winter",
+    "orchard",
+    "paper",
+    "thunder",
+    "velvet",
+    "engine",
+    "garden",
+    "silver",
+    "market",
+    "shadow",
+)
+_NUM_GREEDY_PROMPTS = 3
+
+
+class Outcome(enum.StrEnum):
+    PENDING = "pending"
+    OK = "ok"
+    ERROR = "error"
+    LOST = "lost"
+    MISMATCH = "mismatch"
+    REJECTED = "rejected"
+
+
+@dataclass
+class RequestRecord:
+    index: int
+    sent_at: float  # seconds since the drill's start
+    stream: bool
+    greedy: bool
+    prompt_id: int
+    outcome: Outcome = Outcome.PENDING
+    ended_at: float | None = None
+    first_token_at: float | None = None
+    num_tokens: int = 0
+    status: int | None = None
+    detail: str = ""
+    text: str = field(default="", repr=False)
+
+    @property
+    def latency_s(self) -> float | None:
+        return None if self.ended_at is None else self.ended_at - self.sent_at
+
+
+def _prompt(rng: random.Random, words: int) -> str:
+    return " ".join(rng.choice(_WORDS) for _ in range(words))
+
+
+class LoadGenerator:
+    """Sends the scenario's load; see the module docstring. ``clock`` is seconds since the drill began."""
+
+    def __init__(self, spec: LoadSpec, url: str, model: str, clock: Callable[[], float]) -> None:
+        self.spec = spec
+        self.url = url
+        self.model = model
+        self.clock = clock
+        self.rng = random.Random(spec.seed)
+        prompt_rng = random.Random(spec.seed + 1)
+        self.greedy_prompts = [_prompt(prompt_rng, spec.prompt_words) for _ in range(_NUM_GREEDY_PROMPTS)]
+        self.references: dict[int, str] = {}
+        self.records: list[RequestRecord] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._http = httpx.AsyncClient(
+            base_url=url,
+            timeout=httpx.Timeout(spec.request_timeout_s, connect=5.0),
+            limits=httpx.Limits(max_connections=512, max_keepalive_connections=64),
+        )
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._http.aclose()
+
+    def _body(self, record: RequestRecord, prompt: str) -> dict[str, object]:
+        body: dict[str, object] = {
+            "model": self.model,
+            "prompt": prompt,
+            "max_tokens": self.spec.output_tokens,
+            "ignore_eos": True,
+            "stream": record.stream,
+            "temperature": 0.0 if record.greedy else 1.0,
+        }
+        if not record.greedy:
+            body["seed"] = self.rng.randrange(2**31)
+        return body
+
+    async def record_references(self) -> None:
+        """The no-fault text of each greedy prompt (sent one by one before the load starts)."""
+        for prompt_id, prompt in enumerate(self.greedy_prompts):
+            record = RequestRecord(-1 - prompt_id, self.clock(), False, True, prompt_id)
+            await self._send(record, prompt)
+            if record.outcome is not Outcome.OK:
+                raise RuntimeError(f"the reference request failed ({record.outcome}): {record.detail}")
+            self.references[prompt_id] = record.text
+
+    async def run(self, until: float, stop: asyncio.Event | None = None) -> None:
+        """Send requests until the clock reads ``until`` (open loop: never waits for answers)."""
+        while self.clock() < until and not (stop is not None and stop.is_set()):
+            greedy = self.rng.random() < self.spec.greedy_share
+            record = RequestRecord(
+                len(self.records),
+                self.clock(),
+                self.rng.random() < self.spec.stream_share,
+                greedy,
+                self.rng.randrange(_NUM_GREEDY_PROMPTS) if greedy else -1,
+            )
+            prompt = (
+                self.greedy_prompts[record.prompt_id] if greedy else _prompt(self.rng, self.spec.prompt_words)
+            )
+            self.records.append(record)
+            task = asyncio.ensure_future(self._send(record, prompt))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            await asyncio.sleep(self.rng.expovariate(self.spec.rate))
+
+    async def wait_all(self, timeout_s: float) -> None:
+        """Wait for every request in flight to end (each has its own timeout; this bounds the wait)."""
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=timeout_s)
+        for record in self.records:
+            if record.outcome is Outcome.PENDING:
+                record.outcome, record.detail = Outcome.LOST, "still running when the drill ended"
+
+    # ------------------------------------------------------------------ one request
+
+    async def _send(self, record: RequestRecord, prompt: str) -> None:
+        try:
+            await asyncio.wait_for(
+                self._exchange(record, self._body(record, prompt)), self.spec.request_timeout_s
+            )
+        except TimeoutError:
+            record.outcome, record.detail = Outcome.LOST, f"no end within {self.spec.request_timeout_s}s"
+        except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+            record.outcome, record.detail = Outcome.ERROR, f"connection: {type(exc).__name__}: {exc}"
+        except httpx.TimeoutException as exc:
+            record.outcome, record.detail = Outcome.LOST, f"timeout: {type(exc).__name__}"
+        except httpx.HTTPError as exc:
+            record.outcome, record.detail = Outcome.ERROR, f"{type(exc).__name__}: {exc}"
+        record.ended_at = self.clock()
+        if (
+            record.outcome is Outcome.OK
+            and record.greedy
+            and record.index >= 0
+            and record.prompt_id in self.references
+            and record.text != self.references[record.prompt_id]
+        ):
+            record.outcome, record.detail = Outcome.MISMATCH, "greedy text differs from the no-fault run"
+
+    def _complete(self, record: RequestRecord, finish_reason: object, num_tokens: int) -> None:
+        record.num_tokens = num_tokens
+        if finish_reason == "length" and num_tokens == self.spec.output_tokens:
+            record.outcome = Outcome.OK
+        else:
+            record.outcome = Outcome.LOST
+            record.detail = f"truncated without an error: finish_reason={finish_reason}, {num_tokens} tokens"
+
+    async def _exchange(self, record: RequestRecord, body: dict[str, object]) -> None:
+        if not record.stream:
+            response = await self._http.post("/v1/completions", json=body)
+            record.status = response.status_code
+            if response.status_code != 200:
+                record.outcome = _failed(response.status_code)
+                record.detail = f"HTTP {response.status_code}: {_error_message(response.text)}"
+                return
+            data = response.json()
+            choice = data["choices"][0]
+            record.text = choice.get("text", "")
+            record.first_token_at = self.clock()
+            self._complete(
+                record, choice.get("finish_reason"), int(data.get("usage", {}).get("completion_tokens", 0))
+            )
+            return
+        body = {**body, "stream_options": {"include_usage": True}}
+        async with self._http.stream("POST", "/v1/completions", json=body) as response:
+            record.status = response.status_code
+            if response.status_code != 200:
+                await response.aread()
+                record.outcome = _failed(response.status_code)
+                record.detail = f"HTTP {response.status_code}: {_error_message(response.text)}"
+                return
+            parts: list[str] = []
+            finish: object = None
+            usage = 0
+            done = False
+            async for line in response.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                payload = line[6:]
+                if payload == "[DONE]":
+                    done = True
+                    break
+                chunk = json.loads(payload)
+                if "error" in chunk:
+                    record.outcome = Outcome.ERROR
+                    record.detail = f"stream error: {_error_message(payload)}"
+                    return
+                if chunk.get("usage"):
+                    usage = int(chunk["usage"].get("completion_tokens", 0))
+                for choice in chunk.get("choices", []):
+                    if choice.get("text"):
+                        if record.first_token_at is None:
+                            record.first_token_at = self.clock()
+                        parts.append(choice["text"])
+                    if choice.get("finish_reason"):
+                        finish = choice["finish_reason"]
+            record.text = "".join(parts)
+            if not done:
+                record.outcome, record.detail = Outcome.ERROR, "the stream broke off (no [DONE])"
+                return
+            self._complete(record, finish, usage)
+
+
+def _failed(status: int) -> Outcome:
+    """A client error (4xx but 429) is the request's own fault; the rest a retryable error."""
+    return Outcome.REJECTED if 400 <= status < 500 and status != 429 else Outcome.ERROR
+
+
+def _error_message(text: str) -> str:
+    try:
+        return str(json.loads(text)["error"]["message"])[:200]
+    except (ValueError, KeyError, TypeError):
+        return text[:200]

@@ -1,0 +1,427 @@
+"""What a drill runs: the scenario models, the built-in scenarios and scenario files.
+
+A :class:`Scenario` names a cluster (:class:`ClusterSpec`), a load
+(:class:`LoadSpec`: rate, prompt and output lengths, streaming and greedy
+shares), the three phases (steady load, fault, recovery) and the fault
+(:class:`FaultSpec`). Built-in scenarios live in :data:`BUILTIN`; a user's
+scenario is a TOML (or YAML) file with the same fields (:func:`load_scenario`), checked
+by pydantic: a bad file is a :class:`ScenarioError` naming the field. Pure
+data; nothing here starts a process.
+"""
+
+from __future__ import annotations
+
+import enum
+import tomllib
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+__all__ = [
+    "BUILTIN",
+    "CI_SUITE",
+    "FULL_SUITE",
+    "ClusterSpec",
+    "FaultKind",
+    "FaultSpec",
+    "LoadSpec",
+    "Phases",
+    "Scenario",
+    "ScenarioError",
+    "Target",
+    "Verdicts",
+    "load_scenario",
+    "resolve",
+]
+
+
+class ScenarioError(ValueError):
+    """A scenario file or name that cannot be run; the message names the field."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ClusterSpec(_Model):
+    """The cluster a drill starts (``--up``): engines, instances, and what the components run with."""
+
+    engine: Literal["sim", "torch"] = "sim"
+    #: torch: a preset (``tiny``) or checkpoint folder; sim: a timing profile
+    model: str | None = None
+    instances: Annotated[int, Field(ge=1, le=16)] = 3
+    num_blocks: Annotated[int | None, Field(ge=4)] = None
+    time_scale: Annotated[float, Field(gt=0)] = 10.0
+    scheduler: bool = True
+    #: seconds each migration stage's copy is delayed by (so a fault can land mid-stage)
+    copy_delay_s: Annotated[float, Field(ge=0)] = 0.0
+    #: seconds one stage's KV copy may take before the migration aborts
+    copy_timeout_s: Annotated[float, Field(gt=0)] = 5.0
+    #: the scheduler's pairing band (None: its defaults)
+    low_freeness: float | None = None
+    high_freeness: float | None = None
+    #: the scheduler marks an instance failed after this long without a load report
+    failure_timeout_s: Annotated[float, Field(gt=0)] = 3.0
+    stall_timeout_s: Annotated[float, Field(gt=0)] = 10.0
+    #: put the chaos proxy in front of NATS and of each agent's KV transport
+    proxy_nats: bool = True
+    proxy_kv: bool = True
+    #: the agents' handshake fault plan: ``drop:out:Ack``, ``duplicate:in:Commit``, ... (``shoal agent
+    #: --fault-drop/--fault-duplicate``), each applied at most ``handshake_fault_max`` times per agent
+    handshake_faults: tuple[
+        Annotated[str, Field(pattern=r"^(drop|duplicate):(in|out):"
+                                     r"(PreAllocate|Ack|Abort|StageDone|Commit|CommitAck)$")], ...
+    ] = ()
+    handshake_fault_max: Annotated[int | None, Field(ge=1)] = 1
+
+    @property
+    def resolved_model(self) -> str:
+        return self.model or ("tiny" if self.engine == "torch" else "tiny-test")
+
+
+class LoadSpec(_Model):
+    """An open-loop load: ``rate`` requests per second, sent through the OpenAI API."""
+
+    rate: Annotated[float, Field(gt=0, le=1000)] = 4.0
+    prompt_words: Annotated[int, Field(ge=1, le=4000)] = 8
+    output_tokens: Annotated[int, Field(ge=1, le=8192)] = 32
+    stream_share: Annotated[float, Field(ge=0, le=1)] = 0.5
+    greedy_share: Annotated[float, Field(ge=0, le=1)] = 0.5
+    #: a request not ended this long after it was sent is lost
+    request_timeout_s: Annotated[float, Field(gt=0)] = 60.0
+    seed: int = 0
+
+
+class Phases(_Model):
+    steady_s: Annotated[float, Field(ge=0)] = 4.0
+    #: how long the fault phase lasts (a timed fault is undone at its end)
+    fault_s: Annotated[float, Field(ge=0)] = 3.0
+    recovery_s: Annotated[float, Field(ge=0)] = 6.0
+
+
+class FaultKind(enum.StrEnum):
+    NONE = "none"
+    KILL = "kill"  # SIGKILL
+    STOP = "stop"  # SIGSTOP for the fault phase, then SIGCONT
+    TERM = "term"  # SIGTERM (an agent drains; others stop)
+    RESTART = "restart"  # SIGTERM, then start again (nats-server: on the same file store)
+    LATENCY = "latency"  # the chaos proxy delays every chunk
+    BLACKHOLE = "blackhole"  # the chaos proxy forwards nothing (new connections hang)
+    RESET = "reset"  # the chaos proxy resets every connection
+    ROLLING_RESTART = "rolling_restart"  # SIGTERM each agent in turn, start a new one after it left
+    MIGRATIONS = "migrations"  # start migrations (the cluster's handshake fault plan acts on them)
+
+
+class Target(enum.StrEnum):
+    SCHEDULER = "scheduler"
+    FRONTEND = "frontend"
+    NATS = "nats"
+    AGENT = "agent"  # the busiest agent
+    AGENT_IDLE = "agent_idle"  # an agent running nothing
+    MIGRATION_SOURCE = "migration_source"  # the source of a migration in flight
+    MIGRATION_DESTINATION = "migration_destination"
+    BUS = "bus"  # the chaos proxy in front of NATS
+    KV = "kv"  # the chaos proxies in front of the agents' KV transports
+    AGENT_BUS = "agent_bus"  # the busiest agent's own link to NATS (a partition of that agent)
+
+    @property
+    def is_agent(self) -> bool:
+        return self in (
+            Target.AGENT,
+            Target.AGENT_IDLE,
+            Target.MIGRATION_SOURCE,
+            Target.MIGRATION_DESTINATION,
+        )
+
+    @property
+    def needs_migration(self) -> bool:
+        return self in (Target.MIGRATION_SOURCE, Target.MIGRATION_DESTINATION)
+
+
+_PROCESS_FAULTS = {FaultKind.KILL, FaultKind.STOP, FaultKind.TERM, FaultKind.RESTART}
+_PROXY_FAULTS = {FaultKind.LATENCY, FaultKind.BLACKHOLE, FaultKind.RESET}
+
+
+class FaultSpec(_Model):
+    kind: FaultKind = FaultKind.NONE
+    target: Target | None = None
+    #: latency: added delay per chunk, in milliseconds
+    latency_ms: Annotated[float, Field(ge=0, le=60_000)] = 200.0
+    #: restart a killed scheduler / frontend / nats-server this long after the kill (None: never)
+    restart_after_s: Annotated[float | None, Field(ge=0)] = 1.0
+    #: for migration targets and kv faults: wait for (or start) a migration first; its stage to hit
+    during_migration: bool = False
+    #: seconds to wait for the fault's precondition (an idle agent, a migration in flight)
+    wait_s: Annotated[float, Field(gt=0)] = 15.0
+
+    @model_validator(mode="after")
+    def _consistent(self) -> FaultSpec:
+        if self.kind in (FaultKind.NONE, FaultKind.ROLLING_RESTART, FaultKind.MIGRATIONS):
+            return self
+        if self.target is None:
+            raise ValueError(f"a {self.kind.value} fault needs a target")
+        proxy_target = self.target in (Target.BUS, Target.KV, Target.AGENT_BUS)
+        if self.kind in _PROXY_FAULTS and not proxy_target:
+            raise ValueError(f"a {self.kind.value} fault targets 'bus' or 'kv', not {self.target.value!r}")
+        if self.kind in _PROCESS_FAULTS and proxy_target:
+            raise ValueError(f"a {self.kind.value} fault targets a process, not {self.target.value!r}")
+        return self
+
+
+class Verdicts(_Model):
+    """What a scenario must show to pass (beyond 0 lost, 0 leaked, a clean log)."""
+
+    #: the fault must have caused at least one clean client-side error (frontend kill)
+    expect_errors: bool = False
+    #: client errors the drill tolerates (clean, retryable ones); None: any number
+    max_errors: int | None = None
+    #: the KV fault must have aborted a migration (the request continued on its source)
+    expect_migration_abort: bool = False
+    #: nothing recomputed: no rescue, no preemption (rolling restart with live migration)
+    expect_no_recompute: bool = False
+    #: at least one migration committed
+    expect_migration_commit: bool = False
+    #: the killed agent's requests were rescued (the frontend's rescue counter moved)
+    expect_rescue: bool = False
+    #: a request sent after the fault completes (False: nothing restarts what the fault took)
+    expect_recovery: bool = True
+    #: frontend kill: the agents hold none of its requests at most this long after it died
+    max_orphan_s: float | None = None
+
+
+class Scenario(_Model):
+    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
+    description: str = ""
+    cluster: ClusterSpec = ClusterSpec()
+    load: LoadSpec = LoadSpec()
+    phases: Phases = Phases()
+    fault: FaultSpec = FaultSpec()
+    verdicts: Verdicts = Verdicts()
+
+
+def _scenario(name: str, description: str, fault: FaultSpec, **fields: object) -> Scenario:
+    return Scenario.model_validate(
+        {"name": name, "description": description, "fault": fault.model_dump(), **fields}
+    )
+
+
+_MIGRATING = {"copy_delay_s": 0.6}
+_MIGRATION_FAULT = {"during_migration": True}
+
+#: Built-in scenarios by name.
+BUILTIN: dict[str, Scenario] = {
+    s.name: s
+    for s in [
+        _scenario("baseline", "No fault: the reference run.", FaultSpec()),
+        _scenario(
+            "scheduler-kill",
+            "kill -9 the scheduler; a new one recovers by replay after 1 s.",
+            FaultSpec(kind=FaultKind.KILL, target=Target.SCHEDULER),
+        ),
+        _scenario(
+            "scheduler-stop",
+            "SIGSTOP the scheduler for the fault phase (hung, not dead), then SIGCONT.",
+            FaultSpec(kind=FaultKind.STOP, target=Target.SCHEDULER),
+        ),
+        _scenario(
+            "agent-kill-idle",
+            "kill -9 an agent that runs nothing.",
+            FaultSpec(kind=FaultKind.KILL, target=Target.AGENT_IDLE),
+            load={"rate": 1.0},
+        ),
+        _scenario(
+            "agent-kill-busy",
+            "kill -9 the busiest agent: its requests are rescued elsewhere.",
+            FaultSpec(kind=FaultKind.KILL, target=Target.AGENT),
+            load={"output_tokens": 96},
+            verdicts={"expect_rescue": True},
+        ),
+        _scenario(
+            "torch-agent-kill",
+            "kill -9 the busiest of two torch `tiny` agents: its requests are rescued elsewhere and every "
+            "greedy answer equals the no-fault one.",
+            FaultSpec(kind=FaultKind.KILL, target=Target.AGENT),
+            cluster={"engine": "torch", "instances": 2},
+            load={"rate": 3.0, "output_tokens": 128},
+            phases={"steady_s": 3.0, "fault_s": 1.0, "recovery_s": 3.0},
+            verdicts={"expect_rescue": True},
+        ),
+        _scenario(
+            "agent-kill-source",
+            "kill -9 the source of a migration mid-stage.",
+            FaultSpec(kind=FaultKind.KILL, target=Target.MIGRATION_SOURCE, **_MIGRATION_FAULT),
+            cluster=_MIGRATING,
+        ),
+        _scenario(
+            "agent-kill-destination",
+            "kill -9 the destination of a migration mid-stage.",
+            FaultSpec(kind=FaultKind.KILL, target=Target.MIGRATION_DESTINATION, **_MIGRATION_FAULT),
+            cluster=_MIGRATING,
+        ),
+        _scenario(
+            "agent-stop",
+            "SIGSTOP the busiest agent for the fault phase, then SIGCONT.",
+            FaultSpec(kind=FaultKind.STOP, target=Target.AGENT),
+        ),
+        _scenario(
+            "agent-term-migrating",
+            "SIGTERM the source of a migration: it drains (moves its requests away live), then leaves.",
+            FaultSpec(kind=FaultKind.TERM, target=Target.MIGRATION_SOURCE, **_MIGRATION_FAULT),
+            cluster={"copy_delay_s": 0.1},
+            load={"output_tokens": 128, "rate": 3.0},
+            verdicts={"expect_migration_commit": True, "expect_no_recompute": True},
+        ),
+        _scenario(
+            "frontend-restart",
+            "kill -9 the frontend; a new one serves after 1 s (clients of the dead one got clean errors).",
+            FaultSpec(kind=FaultKind.KILL, target=Target.FRONTEND),
+            load={"output_tokens": 64},
+            verdicts={"expect_errors": True},
+        ),
+        _scenario(
+            "frontend-kill",
+            "kill -9 the frontend mid-stream: its clients' requests fail cleanly and the agents abort "
+            "them (nobody listens any more) long before they would have finished.",
+            FaultSpec(kind=FaultKind.KILL, target=Target.FRONTEND, restart_after_s=None),
+            cluster={"time_scale": 60.0},
+            load={"output_tokens": 150, "rate": 2.0},
+            phases={"steady_s": 3.0, "fault_s": 1.0, "recovery_s": 1.0},
+            verdicts={"expect_errors": True, "expect_recovery": False, "max_orphan_s": 8.0},
+        ),
+        _scenario(
+            "nats-kill",
+            "kill -9 the nats-server, start it again on its file store after 1 s.",
+            FaultSpec(kind=FaultKind.KILL, target=Target.NATS),
+        ),
+        _scenario(
+            "nats-restart",
+            "Stop the nats-server (SIGTERM) and start it again on its file store.",
+            FaultSpec(kind=FaultKind.RESTART, target=Target.NATS),
+        ),
+        _scenario(
+            "nats-stop",
+            "SIGSTOP the nats-server for 2 s (hung, not dead), then SIGCONT.",
+            FaultSpec(kind=FaultKind.STOP, target=Target.NATS),
+            phases={"fault_s": 2.0},
+        ),
+        _scenario(
+            "bus-latency",
+            "200 ms added to every chunk between the components and NATS.",
+            FaultSpec(kind=FaultKind.LATENCY, target=Target.BUS, latency_ms=200),
+            phases={"fault_s": 5.0},
+        ),
+        _scenario(
+            "bus-blackhole",
+            "Nothing passes between the components and NATS for 2 s.",
+            FaultSpec(kind=FaultKind.BLACKHOLE, target=Target.BUS),
+            phases={"fault_s": 2.0},
+        ),
+        _scenario(
+            "bus-reset",
+            "Every connection to NATS is reset.",
+            FaultSpec(kind=FaultKind.RESET, target=Target.BUS),
+            phases={"fault_s": 1.0},
+        ),
+        _scenario(
+            "agent-partition",
+            "The busiest agent is cut off from NATS for 5 s (its own link blackholed): it is declared "
+            "failed, its requests are rescued elsewhere, it comes back when the link heals.",
+            FaultSpec(kind=FaultKind.BLACKHOLE, target=Target.AGENT_BUS),
+            load={"output_tokens": 96},
+            phases={"fault_s": 5.0},
+            verdicts={"expect_rescue": True},
+        ),
+        _scenario(
+            "kv-blackhole",
+            "The KV transport forwards nothing during a migration: the migration "
+            "aborts, the request continues on its source.",
+            FaultSpec(kind=FaultKind.BLACKHOLE, target=Target.KV, **_MIGRATION_FAULT),
+            cluster={"copy_delay_s": 0.3, "copy_timeout_s": 2.0},
+            load={"output_tokens": 128, "rate": 3.0},
+            phases={"fault_s": 4.0},
+            verdicts={"expect_migration_abort": True, "expect_no_recompute": True},
+        ),
+        _scenario(
+            "handshake-loss",
+            "Each agent loses its first outgoing Ack and repeats its first Commit (the agents' fault plan) "
+            "while migrations run: the lost Ack times the migration out, the repeated Commit is ignored.",
+            FaultSpec(kind=FaultKind.MIGRATIONS),
+            cluster={"copy_delay_s": 0.1, "handshake_faults": ["drop:out:Ack", "duplicate:out:Commit"]},
+            load={"output_tokens": 128, "rate": 3.0},
+            phases={"fault_s": 6.0},
+            verdicts={"expect_migration_abort": True, "expect_migration_commit": True},
+        ),
+        _scenario(
+            "rolling-restart",
+            "SIGTERM each agent in turn under load; each drains by live migration "
+            "and a new one takes its place: nothing recomputed, nothing lost.",
+            FaultSpec(kind=FaultKind.ROLLING_RESTART),
+            load={"output_tokens": 96, "rate": 3.0},
+            phases={"fault_s": 0.0},
+            verdicts={"expect_no_recompute": True, "expect_migration_commit": True},
+        ),
+    ]
+}
+
+#: The suite ``shoal drill all`` runs (every built-in scenario).
+FULL_SUITE: tuple[str, ...] = tuple(BUILTIN)
+#: A few scenarios that cover the process, bus and drain paths quickly (the test suite runs these).
+CI_SUITE: tuple[str, ...] = ("scheduler-kill", "torch-agent-kill", "bus-blackhole", "agent-term-migrating")
+
+
+def _field_path(location: tuple[int | str, ...]) -> str:
+    return ".".join(str(part) for part in location) or "(top level)"
+
+
+def validate(data: object, source: str) -> Scenario:
+    """A :class:`Scenario` from plain data; errors name the field (``load.rate: ...``)."""
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(f"{_field_path(e['loc'])}: {e['msg']}" for e in exc.errors())
+        raise ScenarioError(f"{source}: {problems}") from None
+
+
+def load_scenario(path: Path) -> Scenario:
+    """A scenario from a TOML or YAML file (the fields of :class:`Scenario`; ``name``: the file's stem)."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ScenarioError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    data: object
+    if path.suffix in (".yaml", ".yml"):
+        try:
+            import yaml
+        except ImportError:
+            raise ScenarioError(f"{path}: YAML scenarios need the 'pyyaml' package (or write TOML)") from None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ScenarioError(f"{path}: not valid YAML: {exc}") from None
+    else:
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise ScenarioError(f"{path}: not valid TOML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{path}: expected a table of scenario fields at the top level")
+    data.setdefault("name", path.stem)
+    return validate(data, str(path))
+
+
+def resolve(name_or_path: str) -> list[Scenario]:
+    """Scenarios for a command-line argument: a built-in name, ``all``, ``ci`` or a TOML / YAML file."""
+    if name_or_path == "all":
+        return [BUILTIN[n] for n in FULL_SUITE]
+    if name_or_path == "ci":
+        return [BUILTIN[n] for n in CI_SUITE]
+    if name_or_path in BUILTIN:
+        return [BUILTIN[name_or_path]]
+    path = Path(name_or_path)
+    if path.suffix in (".toml", ".yaml", ".yml") or path.exists():
+        return [load_scenario(path)]
+    raise ScenarioError(
+        f"unknown scenario {name_or_path!r}: a built-in ({', '.join(BUILTIN)}), 'all', 'ci' "
+        "or a .toml or .yaml file"
+    )

@@ -1,0 +1,334 @@
+"""A drill's verdicts, computed from what happened: requests, agents' blocks, the event log.
+
+* **requests**: every accepted request ends ``ok`` or with a clear retryable
+  ``error``; ``lost`` (never ended, or short without an error) and greedy
+  ``mismatch`` es must be 0;
+* **latency** of the requests sent before, during and after the fault;
+  **recovery**: the first request sent after the fault that completed, and the
+  first dispatch decision the log shows after it;
+* **blocks**: once the load stopped, every live agent answers its ``stats`` RPC
+  with no request, no used and no reserved block;
+* **log**: the events stream folds from its first position without a
+  position error (:func:`scheduler.replay.replay_log`), and its sequence has
+  no gap; every migration in it has exactly one outcome: one claim on its
+  ``.outcome`` subject (commit or abort, first claim wins), or — for one that
+  ended before any commit was sent, which claims nothing — an ``Abort``;
+* **recompute**: rescues (the frontend's counter) and preemptions (agents' reports).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import re
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from frontend.drill.faults import FaultRecord
+from frontend.drill.load import Outcome, RequestRecord
+from frontend.drill.scenario import Scenario
+from frontend.drill.watch import BusWatch
+from schemas.load import LoadReport
+
+__all__ = [
+    "AgentCheck",
+    "LogCheck",
+    "Verdict",
+    "check_agents",
+    "check_log",
+    "judge",
+    "latency_summary",
+    "rescues",
+]
+
+
+@dataclass
+class AgentCheck:
+    instance_id: str
+    answered: bool
+    num_requests: int = 0
+    num_used_blocks: int = 0
+    num_reserved_blocks: int = 0
+    num_preemptions: int = 0
+
+
+@dataclass
+class LogCheck:
+    num_events: int = 0
+    first_seq: int = 0
+    last_seq: int = 0
+    gaps: list[str] = field(default_factory=list)
+    fold_error: str | None = None
+    num_migrations: int = 0
+    committed: int = 0
+    aborted: int = 0
+    without_outcome: list[str] = field(default_factory=list)
+    several_outcomes: list[str] = field(default_factory=list)
+    abort_reasons: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def folds(self) -> bool:
+        return self.fold_error is None and not self.gaps
+
+
+@dataclass
+class Verdict:
+    name: str
+    passed: bool
+    detail: str
+
+
+#: Abort reasons that say the request ended, not that the fault stopped the migration.
+_REQUEST_ENDED = frozenset({"request_finished", "request_preempted", "request_aborted"})
+
+
+def _percentile(values: Sequence[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def latency_summary(records: Sequence[RequestRecord]) -> dict[str, Any]:
+    ok = [r.latency_s for r in records if r.outcome is Outcome.OK and r.latency_s is not None]
+    ttft = [
+        r.first_token_at - r.sent_at
+        for r in records
+        if r.outcome is Outcome.OK and r.stream and r.first_token_at is not None
+    ]
+    return {
+        "requests": len(records),
+        "ok": len(ok),
+        "p50_s": _percentile(ok, 0.5),
+        "p99_s": _percentile(ok, 0.99),
+        "mean_s": statistics.fmean(ok) if ok else None,
+        "ttft_p50_s": _percentile(ttft, 0.5),
+        "ttft_p99_s": _percentile(ttft, 0.99),
+    }
+
+
+async def check_agents(watch: BusWatch, instance_ids: Sequence[str], settle_s: float) -> list[AgentCheck]:
+    """Ask each agent for its usage until none holds anything, or ``settle_s`` passed; the last answers."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        checks = []
+        for instance_id in instance_ids:
+            report = await watch.stats(instance_id, 2.0)
+            checks.append(_agent_check(instance_id, report))
+        clean = all(
+            c.answered and not (c.num_requests or c.num_used_blocks or c.num_reserved_blocks) for c in checks
+        )
+        if clean or time.monotonic() > deadline:
+            return checks
+        await asyncio.sleep(0.5)
+
+
+def _agent_check(instance_id: str, report: LoadReport | None) -> AgentCheck:
+    if report is None:
+        return AgentCheck(instance_id, answered=False)
+    return AgentCheck(
+        instance_id,
+        True,
+        num_requests=report.batch_size + report.num_waiting,
+        num_used_blocks=report.num_total_blocks - report.num_free_blocks,
+        num_reserved_blocks=report.num_reserved_blocks,
+        num_preemptions=report.num_preemptions,
+    )
+
+
+async def check_log(nats_url: str, prefix: str, settle_s: float) -> LogCheck:
+    """Read the whole log; retry while a migration has no outcome yet (its peer's timeout runs)."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        check = await _read_log(nats_url, prefix)
+        if not check.without_outcome or time.monotonic() > deadline:
+            return check
+        await asyncio.sleep(1.0)
+
+
+async def _read_log(nats_url: str, prefix: str) -> LogCheck:
+    from scheduler.events_cli import read_live
+    from scheduler.fold import FoldError
+    from scheduler.replay import replay_log
+    from schemas import Codec
+    from schemas.migration import Abort, CommitAck, PreAllocate
+
+    log = await read_live(nats_url, prefix, None, None)
+    check = LogCheck(num_events=len(log.events))
+    seqs = [e.seq for e in log.events]
+    if seqs:
+        check.first_seq, check.last_seq = seqs[0], seqs[-1]
+        check.gaps = [f"{a} -> {b}" for a, b in itertools.pairwise(seqs) if b != a + 1][:10]
+        if seqs[0] != 1:
+            check.gaps.insert(0, f"starts at {seqs[0]}")
+    try:
+        replay_log(log)
+    except FoldError as exc:
+        check.fold_error = f"{type(exc).__name__}: {exc}"
+    codec = Codec()
+    started: set[str] = set()
+    claims: dict[str, list[str]] = {}  # the first-claim-wins outcomes on ``<mig>.outcome``
+    aborts: dict[str, str] = {}  # an Abort on the migration's own subject (before any commit: no claim)
+    for entry in log.events:
+        envelope = codec.decode_or_none(entry.data)
+        body = None if envelope is None else envelope.body
+        if isinstance(body, PreAllocate):
+            started.add(body.migration_id)
+        elif entry.subject.endswith(".outcome") and isinstance(body, CommitAck | Abort):
+            claims.setdefault(body.migration_id, []).append(
+                "committed" if isinstance(body, CommitAck) else str(body.reason)
+            )
+        elif isinstance(body, Abort):
+            aborts.setdefault(body.migration_id, str(body.reason))
+    check.num_migrations = len(started)
+    for migration_id in sorted(started):
+        claimed = claims.get(migration_id, [])
+        if len(claimed) > 1:
+            check.several_outcomes.append(migration_id)
+            continue
+        outcome = claimed[0] if claimed else aborts.get(migration_id)
+        if outcome is None:
+            check.without_outcome.append(migration_id)
+        elif outcome == "committed":
+            check.committed += 1
+        else:
+            check.aborted += 1
+            check.abort_reasons[outcome] = check.abort_reasons.get(outcome, 0) + 1
+    return check
+
+
+async def rescues(url: str) -> float | None:
+    """The frontend's ``shoal_rescues_total`` (all causes); None when it does not answer."""
+    try:
+        async with httpx.AsyncClient() as http:
+            text = (await http.get(f"{url}/metrics", timeout=3.0)).text
+    except httpx.HTTPError:
+        return None
+    return sum(float(v) for v in re.findall(r"^shoal_rescues_total\{[^}]*\} (\S+)$", text, re.MULTILINE))
+
+
+def judge(
+    scenario: Scenario,
+    records: Sequence[RequestRecord],
+    faults: Sequence[FaultRecord],
+    agents: Sequence[AgentCheck],
+    log: LogCheck,
+    *,
+    recovered: bool,
+    num_rescues: float | None,
+    num_preemptions: int,
+    greedy_checked: bool,
+) -> list[Verdict]:
+    counts = {o: sum(1 for r in records if r.outcome is o) for o in Outcome}
+    expect = scenario.verdicts
+    verdicts = [
+        Verdict(
+            "fault verified",
+            all(f.verified for f in faults),
+            "; ".join(f"{f.kind} {f.component}: {f.verified_by}" for f in faults) or "no fault",
+        ),
+        Verdict(
+            "no request lost",
+            counts[Outcome.LOST] == 0 and counts[Outcome.PENDING] == 0,
+            f"{counts[Outcome.LOST]} lost, {counts[Outcome.OK]} ok, {counts[Outcome.ERROR]} clean errors",
+        ),
+        Verdict(
+            "no request rejected",
+            counts[Outcome.REJECTED] == 0,
+            f"{counts[Outcome.REJECTED]} rejected with a client error (does the load fit the model?)",
+        ),
+        Verdict(
+            "greedy text as without faults",
+            counts[Outcome.MISMATCH] == 0,
+            f"{counts[Outcome.MISMATCH]} mismatches"
+            if greedy_checked
+            else "not comparable on this engine (sim tokens depend on the request id)",
+        ),
+        Verdict(
+            "no block leaked",
+            all(
+                a.answered and not (a.num_used_blocks or a.num_reserved_blocks or a.num_requests)
+                for a in agents
+            ),
+            ", ".join(
+                f"{a.instance_id}: "
+                + (
+                    f"{a.num_requests} req, {a.num_used_blocks} used, {a.num_reserved_blocks} reserved"
+                    if a.answered
+                    else "no answer"
+                )
+                for a in agents
+            ),
+        ),
+        Verdict(
+            "log folds from the start",
+            log.folds,
+            log.fold_error
+            or (
+                f"gaps {log.gaps}"
+                if log.gaps
+                else f"{log.num_events} events, seq {log.first_seq}..{log.last_seq}"
+            ),
+        ),
+        Verdict(
+            "one outcome per migration",
+            not log.without_outcome and not log.several_outcomes,
+            f"{log.num_migrations} migrations: {log.committed} committed, {log.aborted} aborted"
+            + (f", no outcome: {log.without_outcome[:3]}" if log.without_outcome else "")
+            + (f", several: {log.several_outcomes[:3]}" if log.several_outcomes else ""),
+        ),
+    ]
+    acked = [f.events_acked for f in faults if f.events_acked is not None]
+    if acked:
+        verdicts.append(Verdict("no acknowledged event lost", log.last_seq >= max(acked) and log.folds,
+                                f"{max(acked)} events acknowledged before the fault, "
+                                f"{log.last_seq} in the log after it"))
+    if expect.expect_recovery:
+        verdicts.append(Verdict("recovered", recovered, "a request sent after the fault completed"
+                                if recovered else "no request sent after the fault completed"))
+    if expect.max_orphan_s is not None:
+        held = [(f.requests_on_agents, f.agents_empty_after_s) for f in faults]
+        verdicts.append(Verdict(
+            "agents dropped the dead frontend's requests",
+            bool(held) and all(n and s is not None and s <= expect.max_orphan_s for n, s in held),
+            "; ".join(f"{n} requests on agents at the kill, none after "
+                      + ("never" if s is None else f"{s:.2f}s") for n, s in held)))
+    if expect.expect_errors:
+        verdicts.append(
+            Verdict(
+                "clients saw clean errors", counts[Outcome.ERROR] > 0, f"{counts[Outcome.ERROR]} clean errors"
+            )
+        )
+    if expect.max_errors is not None:
+        verdicts.append(
+            Verdict(
+                "errors within bound",
+                counts[Outcome.ERROR] <= expect.max_errors,
+                f"{counts[Outcome.ERROR]} <= {expect.max_errors}",
+            )
+        )
+    if expect.expect_migration_abort:
+        by_fault = {r: n for r, n in log.abort_reasons.items() if r not in _REQUEST_ENDED}
+        verdicts.append(Verdict("a migration aborted by the fault", bool(by_fault),
+                                f"aborts: {log.abort_reasons} (not counted: the request ended first)"))
+    if expect.expect_migration_commit:
+        verdicts.append(Verdict("a migration committed", log.committed > 0, f"{log.committed} committed"))
+    if expect.expect_rescue:
+        verdicts.append(Verdict("the killed agent's requests were rescued", bool(num_rescues),
+                                f"{num_rescues} rescues; the agent held "
+                                + ", ".join(str(f.target_requests) for f in faults) + " requests"))
+    if expect.expect_no_recompute:
+        verdicts.append(
+            Verdict(
+                "nothing recomputed",
+                num_rescues == 0 and num_preemptions == 0,
+                f"{num_rescues} rescues, {num_preemptions} preemptions",
+            )
+        )
+    return verdicts
