@@ -182,6 +182,14 @@ class JetStreamBus:
                 **common,
             )
         )
+        await self._ensure_stream(
+            api.StreamConfig(
+                name=names.history_stream,
+                subjects=[names.history_all],
+                max_age=streams.history_max_age,
+                **common,
+            )
+        )
         js = self._parts()[0].jetstream(timeout=cfg.api_timeout)
         try:
             await js.create_key_value(

@@ -267,6 +267,12 @@ class MemoryBus:
                 max_msgs_per_subject=streams.loads_max_msgs_per_subject,
                 duplicate_window=streams.duplicate_window,
             )
+            self.broker.ensure_stream(
+                subjects.history_stream,
+                [subjects.history_all],
+                max_age=streams.history_max_age,
+                duplicate_window=streams.duplicate_window,
+            )
             self.broker.ensure_bucket(subjects.kv_bucket)
         self._connected = True
 

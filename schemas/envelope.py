@@ -28,6 +28,7 @@ from schemas.errors import (
     UnsupportedVersion,
     WrongType,
 )
+from schemas.history import HistoryMessage
 from schemas.instance import InstanceEvent
 from schemas.load import LoadReport
 from schemas.migration import MigrationMessage
@@ -45,6 +46,7 @@ Body = (
     | RequestEvent
     | RpcMessage
     | TokenDelta
+    | HistoryMessage
 )
 
 T = TypeVar("T")
