@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import tempfile
 import time
 import uuid
@@ -286,7 +287,8 @@ def bench_recovery(
     if retention:
         _print_retention(console, retention)
     if json_path is not None:
-        json_path.write_text(json.dumps({"recovery": rows, "retention": retention or None}, indent=2))
+        report = {"recovery": rows, "retention": retention or None, "loadavg": list(os.getloadavg())}
+        json_path.write_text(json.dumps(report, indent=2))
 
 
 def _print_retention(console: Console, retention: dict[str, Any]) -> None:
