@@ -9,7 +9,12 @@ the recorded one. Decisions are recomputed with the policy configuration
 their epoch's takeover tick recorded (``--policy``, ``--low-freeness``, ...
 only for logs without one). ``--what-if`` decides every point again under
 those rules changed by ``--what-if-*`` and prints where the choices differ. ``--follow``
-repeats every second on the live streams. Rich tables for people, ``--json``
+repeats every second on the live streams. ``--from`` recomputes only the
+decisions after a time, starting from the history stream's checkpoint before
+it. ``--at-time T --step S`` is the time-travel view: the cluster at ``T``
+and, ``--steps`` times, what changed in each next ``S`` seconds (usage,
+freeness, queues, pairings; :mod:`scheduler.timetravel`); ``--watch`` does
+the same on the live streams as time passes. Rich tables for people, ``--json``
 for scripts. ``shoal events`` lives in :mod:`scheduler.events_cli` (``events`` is
 re-exported here for command lines that name this module).
 """
@@ -35,6 +40,7 @@ from scheduler.events_cli import DEFAULT_PREFIX, events, read_live, read_log_fil
 from scheduler.policy.load import load_freeness
 from scheduler.replay import ReplayOptions, ReplayResult, WhatIf, replay_log
 from scheduler.timeline import RequestTimeline, TimelineStep, request_timeline
+from scheduler.timetravel_cli import time_travel, watch
 from schemas.decisions import Dispatched
 
 __all__ = ["events", "replay", "result_as_dict"]
@@ -84,7 +90,11 @@ def result_as_dict(result: ReplayResult, options: ReplayOptions, limit: int) -> 
             for row in dispatches[-limit:]
         ],
         "decisions_recomputed": len(result.decisions),
+        "decisions_by_kind": _by_kind(result),
         "decisions_equal": sum(1 for row in result.decisions if row.matches),
+        "checkpoint": None
+        if result.checkpoint is None
+        else {"events_seq": result.checkpoint.events_seq, "loads_seq": result.checkpoint.loads_seq},
         "decisions_outside_retention": result.num_unverifiable,
         "mismatches": [
             {
@@ -104,6 +114,16 @@ def result_as_dict(result: ReplayResult, options: ReplayOptions, limit: int) -> 
             "differences": [msgspec.to_builtins(row) for row in result.what_if[:limit]],
         },
     }
+
+
+def _by_kind(result: ReplayResult) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for row in result.decisions:
+        counts = out.setdefault(row.kind, {"recomputed": 0, "equal": 0, "not_verifiable": 0})
+        counts["recomputed"] += 1
+        counts["equal"] += row.matches
+        counts["not_verifiable"] += not row.verifiable
+    return out
 
 
 def _print(console: Console, data: dict[str, Any]) -> None:
@@ -178,11 +198,17 @@ def _print(console: Console, data: dict[str, Any]) -> None:
         )
     console.print(table)
     colour = "green" if not data["mismatches"] else "red"
+    kinds = ", ".join(f"{k} {c['equal']}/{c['recomputed']}" for k, c in data["decisions_by_kind"].items())
+    if data["checkpoint"] is not None:
+        point = data["checkpoint"]
+        console.print(
+            f"started from the checkpoint at events seq {point['events_seq']}, loads seq {point['loads_seq']}"
+        )
     console.print(
-        f"[{colour}]recomputed {data['decisions_recomputed']} dispatch/pairing decisions: "
-        f"{data['decisions_equal']} equal to the recorded ones, {len(data['mismatches'])} differ, "
-        f"{data['decisions_outside_retention']} depended on load reports outside the retention "
-        f"window[/{colour}]"
+        f"[{colour}]recomputed {data['decisions_recomputed']} decisions: "
+        f"{data['decisions_equal']} equal to the recorded ones ({kinds or 'none'}), "
+        f"{len(data['mismatches'])} differ, {data['decisions_outside_retention']} not verifiable "
+        f"(load reports outside the retention, or an input the log lacks)[/{colour}]"
     )
     what_if = data["what_if"]
     if what_if is not None:
@@ -325,6 +351,23 @@ def _print_timeline(console: Console, timeline: RequestTimeline, as_json: bool) 
     default=None,
     help="Show this request's life as a timeline instead of the state.",
 )
+@click.option(
+    "--from",
+    "from_time",
+    default=None,
+    help="Recompute only decisions from this time on (ISO 8601, epoch seconds or an age like 2h), "
+    "starting from the checkpoint before it.",
+)
+@click.option(
+    "--step",
+    type=float,
+    default=None,
+    help="With --at-time: print what changed in each next STEP seconds (time travel).",
+)
+@click.option("--steps", type=int, default=10, show_default=True, help="How many steps --step prints.")
+@click.option(
+    "--watch", is_flag=True, help="Live: print what changed every --step seconds (default 1) as time passes."
+)
 @click.option("--follow", is_flag=True, help="Tail the live streams, printing again every second.")
 @click.option("--limit", type=int, default=20, show_default=True, help="Rows per table.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
@@ -339,11 +382,32 @@ def replay(**o: Any) -> None:
             high_freeness=o["what_if_high"],
         )
     options = ReplayOptions(
-        until_seq=o["at_seq"], until_time=time_option(o["at_time"]), policy=policy, what_if=what_if
+        until_seq=o["at_seq"],
+        until_time=time_option(o["at_time"]),
+        policy=policy,
+        what_if=what_if,
+        from_time=time_option(o["from_time"]),
     )
     console = Console(width=None if sys.stdout.isatty() else 200)
 
     prefix = o["prefix"] or DEFAULT_PREFIX
+    if o["step"] is not None and o["step"] <= 0:
+        raise click.BadParameter("--step must be positive", param_hint="--step")
+    if o["watch"]:
+        if o["path"]:
+            raise click.UsageError("--watch follows the live streams; use --at-time and --step with --file")
+        watch(console, o["nats_url"], prefix, policy, o["step"] or 1.0, o["as_json"])
+        return
+    if o["step"] is not None:
+        if options.until_time is None:
+            raise click.UsageError("--step needs --at-time (the first instant)")
+        log = (
+            read_log_file(o["path"], o["prefix"], skip_corrupt=o["skip_corrupt"])
+            if o["path"]
+            else run_live(read_live(o["nats_url"], prefix, None, None), o["nats_url"], prefix)
+        )
+        time_travel(console, log, options.until_time, o["step"], o["steps"], policy, o["as_json"])
+        return
 
     def once() -> None:
         log = (
@@ -367,3 +431,4 @@ def replay(**o: Any) -> None:
         time.sleep(1.0)
         console.clear()
         once()
+
