@@ -265,8 +265,20 @@ def _step_text(step: TimelineStep) -> str:
             text += " (the state at the fold point is not in the log)"
         return text
     if step.kind == "placed":
+        if not d["bypass"]:
+            return "placed as dispatched"
+        why = d.get("bypass_reason")
+        text = "bypass: placed by the frontend without the scheduler"
+        if why is None:
+            return text
+        return f"{text} ({why}: {d['bypass_detail']})" if d.get("bypass_detail") else f"{text} ({why})"
+    if step.kind == "admitted":
+        again = " again after a preemption" if d["readmission"] else ""
+        return f"the engine ran it{again} after {_ms(d['queued_s'])} queued"
+    if step.kind == "preempted":
         return (
-            "bypass: placed by the frontend without the scheduler" if d["bypass"] else "placed as dispatched"
+            f"preempted by recompute: {d['num_blocks_freed']} blocks freed, "
+            f"{d['num_output_tokens']} output tokens so far (queued again)"
         )
     if step.kind == "first_token":
         return f"TTFT {_ms(d['ttft_s'])}"
@@ -277,6 +289,14 @@ def _step_text(step: TimelineStep) -> str:
         downtime = "" if d.get("downtime_s") is None else f", downtime {_ms(d['downtime_s'])}"
         text = f"{d['migration_id']} {d.get('source_id')} → {d.get('destination_id')}: {d.get('outcome')}"
         text += f"{downtime}; stages {stages or '-'}"
+        cause = d.get("cause")
+        if cause is not None:
+            text += f"\n  why: {cause['cause']}"
+            if cause["epoch"]:
+                target = cause["target_freeness"]
+                text += f" (MigrateOut of epoch {cause['epoch']}, target freeness {target:.1f})"
+            if cause["source_freeness"] is not None:
+                text += f", source freeness {cause['source_freeness']:.1f} when it chose the request"
         start = d["handshake"][0]["time"] if d["handshake"] else 0.0
         for h in d["handshake"]:
             extra = f" stage {h['stage']}" if "stage" in h else ""

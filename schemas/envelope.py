@@ -31,7 +31,7 @@ from schemas.errors import (
 from schemas.history import HistoryMessage
 from schemas.instance import InstanceEvent
 from schemas.load import LoadReport
-from schemas.migration import MigrationMessage
+from schemas.migration import MigrationEvent
 from schemas.requests import RequestEvent
 from schemas.rpc import RpcMessage
 from schemas.tokens import TokenDelta
@@ -42,7 +42,7 @@ Body = (
     InstanceEvent
     | LoadReport
     | DecisionEvent
-    | MigrationMessage
+    | MigrationEvent
     | RequestEvent
     | RpcMessage
     | TokenDelta
