@@ -44,7 +44,7 @@ def _print(console: Console, report: WhatIfReport) -> None:
     recorded, same, other = report.recorded, report.simulated_recorded, report.simulated_what_if
     console.print(
         f"{report.num_requests} requests on {report.num_instances} instances, profile {report.profile} "
-        f"scaled by {report.time_scale:.2f} (measured: recorded TPOT P50 over simulated)"
+        f"scaled by {report.time_scale:.2f} (calibrated: the simulated TPOT P50 is the recorded one)"
     )
     table = Table(title=f"forward what-if: {recorded.policy} (recorded) vs {other.policy}")
     columns = ("", "recorded", f"sim {same.policy}", "error", f"sim {other.policy}", "vs sim recorded")

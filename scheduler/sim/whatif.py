@@ -13,8 +13,8 @@
 * the **step-time profile**: the built-in profile whose model identity and KV
   layout the instances announced, scaled by one factor measured from the log:
   the one that makes the simulated median time per output token under the
-  recorded policy the recorded one (found in a few fixed-point rounds; the
-  agents' ``--time-scale`` and the machine's own delays are in that factor);
+  recorded policy the recorded one (bracketed, then bisected; the agents'
+  ``--time-scale`` and the machine's own delays are in that factor);
 * what was **recorded**: TTFT and end-to-end latency (``RequestFirstToken``,
   ``RequestFinished``), time per output token, preemptions and migrations.
 
@@ -58,8 +58,9 @@ __all__ = [
     "simulate_run",
 ]
 
-#: Rounds and tolerance of the step-time calibration (recorded TPOT P50 against the simulated one).
-CALIBRATION_ROUNDS = 6
+#: Rounds (to bracket, then to bisect) and tolerance of the step-time calibration: the recorded TPOT
+#: P50 against the simulated one.
+CALIBRATION_ROUNDS = 10
 CALIBRATION_TOLERANCE = 0.02
 
 _POLICY_NAMES: dict[DispatchPolicy, PolicyName] = {
@@ -279,18 +280,30 @@ def forward_what_if(
     run = recorded_run(log, since=since, until=until)
     base = profile_for(run.instance)
     options = {"report_interval_s": report_interval_s, "pairing_interval_s": pairing_interval_s}
-    # the factor: step times scale the simulated TPOT, but not in proportion (batches grow with it),
-    # so a few fixed-point rounds on the median
-    measured, factor = run.recorded.latency.tpot_p50, 1.0
-    profile = base
+    # the factor: the simulated TPOT grows with the step times, but not in proportion (queues and
+    # batches grow with them), so bracket the recorded median and bisect
+    measured = run.recorded.latency.tpot_p50
+    factor, profile = 1.0, base
     same = simulate_run(run, run.policy, profile, **options)
-    for _ in range(CALIBRATION_ROUNDS):
-        modeled = same.latency.tpot_p50
-        if measured <= 0 or modeled <= 0 or abs(modeled - measured) <= CALIBRATION_TOLERANCE * measured:
-            break
-        factor *= measured / modeled
+    if measured > 0 and same.latency.tpot_p50 > 0:
+        tried = [(factor, same)]
+        lo = hi = factor
+        step = 2.0 if same.latency.tpot_p50 < measured else 0.5
+        for _ in range(CALIBRATION_ROUNDS):  # bracket
+            f = tried[-1][0] * step
+            tried.append((f, simulate_run(run, run.policy, scaled(base, f), **options)))
+            if (tried[-1][1].latency.tpot_p50 < measured) != (tried[-2][1].latency.tpot_p50 < measured):
+                lo, hi = sorted((tried[-2][0], tried[-1][0]))
+                break
+        for _ in range(CALIBRATION_ROUNDS if lo < hi else 0):  # bisect
+            f = (lo + hi) / 2
+            outcome = simulate_run(run, run.policy, scaled(base, f), **options)
+            tried.append((f, outcome))
+            if abs(outcome.latency.tpot_p50 - measured) <= CALIBRATION_TOLERANCE * measured:
+                break
+            lo, hi = (f, hi) if outcome.latency.tpot_p50 < measured else (lo, f)
+        factor, same = min(tried, key=lambda item: abs(item[1].latency.tpot_p50 - measured))
         profile = scaled(base, factor)
-        same = simulate_run(run, run.policy, profile, **options)
     other = simulate_run(run, dataclasses.replace(run.policy, dispatch_policy=what_if), profile, **options)
     errors = {}
     for name in ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "e2e_p50", "e2e_p99"):
