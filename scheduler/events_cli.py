@@ -31,6 +31,7 @@ from bus import BusConfig, BusError, JetStreamBus, StreamNotFound, event_loop
 from bus.options import nats_option
 from bus.protocol import StoredMessage
 from scheduler.event_query import EventMatcher, EventQuery, StreamFilter, parse_time
+from scheduler.history import HistoryCorrupt
 from scheduler.logfile import LogEntry, LogFileError, RecordedLog, load_log, read_bus_log, write_log
 from schemas import Subjects
 from schemas.envelope import Codec, Envelope
@@ -89,10 +90,30 @@ def _bus_config(nats_url: str, prefix: str) -> BusConfig:
     return BusConfig(url=nats_url, subjects=Subjects(prefix), name="shoal-events", provision=False)
 
 
-async def read_live(nats_url: str, prefix: str, since: float | None, until: float | None) -> RecordedLog:
-    """Both streams of the cluster at ``nats_url`` (entries stored within [since, until])."""
+async def read_live(
+    nats_url: str, prefix: str, since: float | None, until: float | None, *, skip_corrupt: bool = False
+) -> RecordedLog:
+    """The log of the cluster at ``nats_url`` (entries stored within [since, until]); a corrupt
+    history entry is a clean error, or with ``skip_corrupt`` a warning."""
     async with JetStreamBus(_bus_config(nats_url, prefix)) as bus:
-        return await read_bus_log(bus, since=since, until=until)
+        try:
+            log = await read_bus_log(bus, since=since, until=until, skip_corrupt=skip_corrupt)
+        except HistoryCorrupt as exc:
+            raise click.ClickException(str(exc)) from None
+    for skipped in log.skipped:
+        click.echo(f"warning: skipped {skipped}", err=True)
+    return log
+
+
+def read_any(
+    path: Path | None, prefix: str | None, nats_url: str, *, skip_corrupt: bool = False
+) -> RecordedLog:
+    """The log file at ``path`` if given (its prefix checked against ``prefix``), else the live log
+    of ``prefix`` (default ``shoal``) at ``nats_url``; problems are clean command-line errors."""
+    if path is not None:
+        return read_log_file(path, prefix, skip_corrupt=skip_corrupt)
+    name = prefix or DEFAULT_PREFIX
+    return run_live(read_live(nats_url, name, None, None, skip_corrupt=skip_corrupt), nats_url, name)
 
 
 def _entry(message: StoredMessage) -> LogEntry:

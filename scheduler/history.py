@@ -40,6 +40,7 @@ from schemas.history import ArchivedLoads, Checkpoint
 
 __all__ = [
     "ARCHIVE_BATCH",
+    "HistoryCorrupt",
     "LoadArchiver",
     "LogEntry",
     "checkpoint_message",
@@ -246,11 +247,18 @@ class LoadArchiver:
             await asyncio.sleep(self.interval_s)
 
 
+class HistoryCorrupt(ValueError):
+    """An entry of the history stream does not decode; the message names its position."""
+
+
 async def read_history(
-    bus: Bus, *, since: float | None = None, until: float | None = None
+    bus: Bus, *, since: float | None = None, until: float | None = None, skipped: list[str] | None = None
 ) -> tuple[list[LogEntry], list[LogEntry]]:
     """The archived loads-stream entries (by sequence, first copy of each, optionally only those
-    stored within [since, until]) and the history stream's checkpoint entries (all of them)."""
+    stored within [since, until]) and the history stream's checkpoint entries (all of them).
+
+    An entry that does not decode raises :class:`HistoryCorrupt`, or, given a ``skipped`` list,
+    is described there and left out."""
     stream = bus.config.subjects.history_stream
     codec = Codec()
     loads: dict[int, LogEntry] = {}
@@ -259,14 +267,27 @@ async def read_history(
         return [], []
     async with bus.replay(stream) as feed:
         async for message in feed:
+            where = f"history stream {stream} seq {message.position.seq} ({message.subject})"
             envelope = codec.decode_or_none(message.data)
             body = None if envelope is None else envelope.body
-            if isinstance(body, ArchivedLoads):
-                for entry in unpack_loads(body):
-                    if (since is None or entry.time >= since) and (until is None or entry.time <= until):
-                        loads.setdefault(entry.seq, entry)
-            elif isinstance(body, Checkpoint):
-                checkpoints.append(entry_of(message))
+            try:
+                if not isinstance(body, (ArchivedLoads, Checkpoint)):
+                    raise ValueError("not an archive batch or a checkpoint")
+                if isinstance(body, Checkpoint):
+                    checkpoint_state(body)  # fails here, named, rather than in a replay
+                    checkpoints.append(entry_of(message))
+                    continue
+                unpacked = unpack_loads(body)
+            except ValueError as exc:
+                if skipped is None:
+                    raise HistoryCorrupt(
+                        f"{where} is corrupt: {exc}; pass --skip-corrupt to skip it"
+                    ) from None
+                skipped.append(f"{where}: {exc}")
+                continue
+            for entry in unpacked:
+                if (since is None or entry.time >= since) and (until is None or entry.time <= until):
+                    loads.setdefault(entry.seq, entry)
     return [loads[seq] for seq in sorted(loads)], checkpoints
 
 

@@ -99,18 +99,28 @@ async def _read_stream(bus: Bus, stream: str) -> list[LogEntry]:
     return entries
 
 
-async def read_bus_log(bus: Bus, *, since: float | None = None, until: float | None = None) -> RecordedLog:
+async def read_bus_log(
+    bus: Bus, *, since: float | None = None, until: float | None = None, skip_corrupt: bool = False
+) -> RecordedLog:
     """The log as it is now (optionally only entries stored within [since, until]): the events
-    stream, the loads stream completed by the history stream's archive, and its checkpoints."""
+    stream, the loads stream completed by the history stream's archive, and its checkpoints.
+    A corrupt history entry raises ``HistoryCorrupt`` (a ``ValueError`` naming its position), or
+    with ``skip_corrupt`` is left out and described in ``skipped``."""
     subjects = bus.config.subjects
-    archived, checkpoints = await read_history(bus)
+    skipped: list[str] = []
+    archived, checkpoints = await read_history(bus, skipped=skipped if skip_corrupt else None)
     log = RecordedLog(
         subjects.prefix,
         await _read_stream(bus, subjects.events_stream),
         merge_loads(await _read_stream(bus, subjects.loads_stream), archived),
+        skipped=skipped,
         checkpoints=checkpoints,
     )
-    return log if since is None and until is None else log.window(since, until)
+    if since is None and until is None:
+        return log
+    windowed = log.window(since, until)
+    windowed.skipped = skipped
+    return windowed
 
 
 _encoder = msgspec.msgpack.Encoder()

@@ -36,7 +36,7 @@ from bus.options import nats_option
 from scheduler.cli import policy_from_options, policy_options
 from scheduler.cluster_state import live_loads
 from scheduler.config import DispatchPolicy
-from scheduler.events_cli import DEFAULT_PREFIX, events, read_live, read_log_file, run_live, time_option
+from scheduler.events_cli import DEFAULT_PREFIX, events, read_any, time_option
 from scheduler.policy.load import load_freeness
 from scheduler.replay import ReplayOptions, ReplayResult, WhatIf, replay_log
 from scheduler.timeline import RequestTimeline, TimelineStep, request_timeline
@@ -421,20 +421,12 @@ def replay(**o: Any) -> None:
     if o["step"] is not None:
         if options.until_time is None:
             raise click.UsageError("--step needs --at-time (the first instant)")
-        log = (
-            read_log_file(o["path"], o["prefix"], skip_corrupt=o["skip_corrupt"])
-            if o["path"]
-            else run_live(read_live(o["nats_url"], prefix, None, None), o["nats_url"], prefix)
-        )
+        log = read_any(o["path"], o["prefix"], o["nats_url"], skip_corrupt=o["skip_corrupt"])
         time_travel(console, log, options.until_time, o["step"], o["steps"], policy, o["as_json"])
         return
 
     def once() -> None:
-        log = (
-            read_log_file(o["path"], o["prefix"], skip_corrupt=o["skip_corrupt"])
-            if o["path"]
-            else run_live(read_live(o["nats_url"], prefix, None, None), o["nats_url"], prefix)
-        )
+        log = read_any(o["path"], o["prefix"], o["nats_url"], skip_corrupt=o["skip_corrupt"])
         if o["request_id"] is not None:
             _print_timeline(console, request_timeline(log, o["request_id"], policy=policy), o["as_json"])
             return

@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from scheduler.config import DispatchPolicy
-from scheduler.events_cli import DEFAULT_PREFIX, read_live, read_log_file, run_live, time_option
+from scheduler.events_cli import read_any, time_option
 from scheduler.replay_cli import replay as _replay
 from scheduler.sim.whatif import WhatIfError, WhatIfReport, forward_what_if
 
@@ -73,12 +73,7 @@ def _run(**o: Any) -> None:
         return
     if o["what_if_policy"] is None:
         raise click.UsageError("--simulate needs --what-if-policy (the policy to predict)")
-    prefix = o["prefix"] or DEFAULT_PREFIX
-    log = (
-        read_log_file(o["path"], o["prefix"], skip_corrupt=o["skip_corrupt"])
-        if o["path"]
-        else run_live(read_live(o["nats_url"], prefix, None, None), o["nats_url"], prefix)
-    )
+    log = read_any(o["path"], o["prefix"], o["nats_url"], skip_corrupt=o["skip_corrupt"])
     try:
         report = forward_what_if(
             log,

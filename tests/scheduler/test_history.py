@@ -10,9 +10,11 @@ import time
 from collections.abc import AsyncIterator
 
 import pytest
+from click.testing import CliRunner
 
 from bus import BusConfig, JetStreamBus
 from bus.protocol import StreamConfig
+from frontend.cli import cli
 from scheduler.cluster_state import encode_snapshot
 from scheduler.config import PairingConfig, PolicyConfig
 from scheduler.history import pack_loads, unpack_loads
@@ -161,5 +163,30 @@ async def test_decisions_older_than_the_loads_stream_are_recomputed_from_the_arc
         path = tmp_path / "cluster.log"  # type: ignore[operator]
         write_log(path, truncated)
         assert encode_snapshot(replay_log(load_log(path)).state) == encode_snapshot(full.state)
+    finally:
+        await delete_streams(nats_url, prefix)
+
+
+async def test_a_corrupt_history_entry_is_named_and_skipped_only_when_asked(nats_url: str) -> None:
+    prefix = new_prefix()
+    codec = Codec(producer="test")
+    try:
+        async with _bus(nats_url, prefix) as bus:
+            subjects = bus.config.subjects
+            entries = [LogEntry(seq, 100.0 + seq, subjects.load("i0"), _report(seq)) for seq in (1, 2, 3)]
+            good = pack_loads(entries)
+            bad = type(good)(first_seq=4, last_seq=6, num_entries=3, data=b"not zlib at all")
+            for batch in (good, bad):
+                await bus.append(subjects.history("loads"), codec.encode(batch, time=time.time()))
+        runner = CliRunner()
+        args = ["replay", "--nats", nats_url, "--prefix", prefix, "--json"]
+        failed = await asyncio.to_thread(runner.invoke, cli, args)
+        assert failed.exit_code == 1
+        assert f"history stream {subjects.history_stream} seq 2" in failed.output
+        assert "is corrupt" in failed.output and "--skip-corrupt" in failed.output
+        skipped = await asyncio.to_thread(runner.invoke, cli, [*args, "--skip-corrupt"])
+        assert skipped.exit_code == 0, skipped.output
+        assert f"warning: skipped history stream {subjects.history_stream} seq 2" in skipped.output
+        assert '"num_loads": 3' in skipped.output  # the good batch's reports are in the log
     finally:
         await delete_streams(nats_url, prefix)
