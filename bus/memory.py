@@ -400,6 +400,11 @@ class MemoryBus:
         self._check()
         return self.broker.stream(stream).last_seq
 
+    async def seq_at_time(self, stream: str, at: float) -> int | None:
+        self._check()
+        source = self.broker.stream(stream)
+        return next((m.position.seq for m in source.scan(1, source.last_seq) if m.time >= at), None)
+
     # -- core NATS -----------------------------------------------------------------
     async def publish(self, subject: str, data: bytes, *, headers: Mapping[str, str] | None = None) -> None:
         self._check()

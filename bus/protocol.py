@@ -335,6 +335,11 @@ class Bus(Protocol):
 
     async def last_seq(self, stream: str) -> int: ...
 
+    async def seq_at_time(self, stream: str, at: float) -> int | None:
+        """The sequence of the first message of ``stream`` stored at or after ``at`` (epoch seconds),
+        found by the server; None if there is none."""
+        ...
+
     # -- core NATS ---------------------------------------------------------
     async def publish(
         self, subject: str, data: bytes, *, headers: Mapping[str, str] | None = None

@@ -31,7 +31,7 @@ from bus import BusConfig, BusError, JetStreamBus, StreamNotFound, event_loop
 from bus.options import nats_option
 from bus.protocol import StoredMessage
 from scheduler.event_query import EventMatcher, EventQuery, StreamFilter, parse_time
-from scheduler.history import HistoryCorrupt
+from scheduler.history import HISTORY_MARGIN_S, HistoryCorrupt, checkpoint_before
 from scheduler.logfile import LogEntry, LogFileError, RecordedLog, load_log, read_bus_log, write_log
 from schemas import Subjects
 from schemas.envelope import Codec, Envelope
@@ -91,11 +91,22 @@ def _bus_config(nats_url: str, prefix: str) -> BusConfig:
 
 
 async def read_live(
-    nats_url: str, prefix: str, since: float | None, until: float | None, *, skip_corrupt: bool = False
+    nats_url: str,
+    prefix: str,
+    since: float | None,
+    until: float | None,
+    *,
+    skip_corrupt: bool = False,
+    replay_from: float | None = None,
 ) -> RecordedLog:
-    """The log of the cluster at ``nats_url`` (entries stored within [since, until]); a corrupt
-    history entry is a clean error, or with ``skip_corrupt`` a warning."""
+    """The log of the cluster at ``nats_url`` (entries stored within [since, until]; with
+    ``replay_from``, from the last checkpoint before that time on, what a replay of it needs); a
+    corrupt history entry is a clean error, or with ``skip_corrupt`` a warning."""
     async with JetStreamBus(_bus_config(nats_url, prefix)) as bus:
+        if replay_from is not None and since is None:
+            checkpoint = await checkpoint_before(bus, replay_from)
+            if checkpoint is not None:
+                since = checkpoint.taken_at - HISTORY_MARGIN_S
         try:
             log = await read_bus_log(bus, since=since, until=until, skip_corrupt=skip_corrupt)
         except HistoryCorrupt as exc:
@@ -106,14 +117,21 @@ async def read_live(
 
 
 def read_any(
-    path: Path | None, prefix: str | None, nats_url: str, *, skip_corrupt: bool = False
+    path: Path | None,
+    prefix: str | None,
+    nats_url: str,
+    *,
+    skip_corrupt: bool = False,
+    replay_from: float | None = None,
 ) -> RecordedLog:
     """The log file at ``path`` if given (its prefix checked against ``prefix``), else the live log
-    of ``prefix`` (default ``shoal``) at ``nats_url``; problems are clean command-line errors."""
+    of ``prefix`` (default ``shoal``) at ``nats_url`` (from the checkpoint before ``replay_from``
+    if given); problems are clean command-line errors."""
     if path is not None:
         return read_log_file(path, prefix, skip_corrupt=skip_corrupt)
     name = prefix or DEFAULT_PREFIX
-    return run_live(read_live(nats_url, name, None, None, skip_corrupt=skip_corrupt), nats_url, name)
+    live = read_live(nats_url, name, None, None, skip_corrupt=skip_corrupt, replay_from=replay_from)
+    return run_live(live, nats_url, name)
 
 
 def _entry(message: StoredMessage) -> LogEntry:

@@ -40,9 +40,11 @@ from schemas.history import ArchivedLoads, Checkpoint
 
 __all__ = [
     "ARCHIVE_BATCH",
+    "HISTORY_MARGIN_S",
     "HistoryCorrupt",
     "LoadArchiver",
     "LogEntry",
+    "checkpoint_before",
     "checkpoint_message",
     "checkpoint_state",
     "merge_loads",
@@ -53,6 +55,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+#: Archive batches are read from this long before a window (a batch is stored after its reports).
+HISTORY_MARGIN_S = 60.0
 #: Most entries in one ``ArchivedLoads`` message (about 40 KB compressed; NATS allows 1 MB).
 ARCHIVE_BATCH = 4096
 _ZLIB_LEVEL = 6
@@ -259,36 +263,73 @@ async def read_history(
 
     An entry that does not decode raises :class:`HistoryCorrupt`, or, given a ``skipped`` list,
     is described there and left out."""
-    stream = bus.config.subjects.history_stream
+    subjects = bus.config.subjects
+    stream = subjects.history_stream
     codec = Codec()
     loads: dict[int, LogEntry] = {}
     checkpoints: list[LogEntry] = []
     if await bus.last_seq(stream) == 0:
         return [], []
-    async with bus.replay(stream) as feed:
+    # every checkpoint (a replay starts from one before its window), and the archive batches stored
+    # from a margin before ``since`` (a batch holds reports up to its interval older than itself)
+    start = 1 if since is None else await bus.seq_at_time(stream, since - HISTORY_MARGIN_S)
+    reads: list[tuple[int, float | None, list[str]]] = [(1, None, [subjects.history("checkpoint")])]
+    if start is not None:
+        last = None if until is None else until + HISTORY_MARGIN_S
+        reads.append((start, last, [subjects.history("loads")]))
+    for from_seq, last, wanted in reads:
+        async with bus.replay(stream, from_seq=from_seq, subjects=wanted) as feed:
+            async for message in feed:
+                if last is not None and message.time > last:
+                    break
+                _read_history_entry(codec, message, since, until, loads, checkpoints, skipped)
+    return [loads[seq] for seq in sorted(loads)], checkpoints
+
+
+def _read_history_entry(
+    codec: Codec,
+    message: StoredMessage,
+    since: float | None,
+    until: float | None,
+    loads: dict[int, LogEntry],
+    checkpoints: list[LogEntry],
+    skipped: list[str] | None,
+) -> None:
+    where = f"history stream {message.position.stream} seq {message.position.seq} ({message.subject})"
+    envelope = codec.decode_or_none(message.data)
+    body = None if envelope is None else envelope.body
+    try:
+        if not isinstance(body, (ArchivedLoads, Checkpoint)):
+            raise ValueError("not an archive batch or a checkpoint")
+        if isinstance(body, Checkpoint):
+            checkpoint_state(body)  # fails here, named, rather than in a replay
+            checkpoints.append(entry_of(message))
+            return
+        unpacked = unpack_loads(body)
+    except ValueError as exc:
+        if skipped is None:
+            raise HistoryCorrupt(f"{where} is corrupt: {exc}; pass --skip-corrupt to skip it") from None
+        skipped.append(f"{where}: {exc}")
+        return
+    for entry in unpacked:
+        if (since is None or entry.time >= since) and (until is None or entry.time <= until):
+            loads.setdefault(entry.seq, entry)
+
+
+async def checkpoint_before(bus: Bus, at: float) -> Checkpoint | None:
+    """The latest checkpoint taken at or before ``at`` (reads the checkpoint subject only)."""
+    subjects = bus.config.subjects
+    if await bus.last_seq(subjects.history_stream) == 0:
+        return None
+    codec = Codec()
+    best: Checkpoint | None = None
+    async with bus.replay(subjects.history_stream, subjects=[subjects.history("checkpoint")]) as feed:
         async for message in feed:
-            where = f"history stream {stream} seq {message.position.seq} ({message.subject})"
             envelope = codec.decode_or_none(message.data)
             body = None if envelope is None else envelope.body
-            try:
-                if not isinstance(body, (ArchivedLoads, Checkpoint)):
-                    raise ValueError("not an archive batch or a checkpoint")
-                if isinstance(body, Checkpoint):
-                    checkpoint_state(body)  # fails here, named, rather than in a replay
-                    checkpoints.append(entry_of(message))
-                    continue
-                unpacked = unpack_loads(body)
-            except ValueError as exc:
-                if skipped is None:
-                    raise HistoryCorrupt(
-                        f"{where} is corrupt: {exc}; pass --skip-corrupt to skip it"
-                    ) from None
-                skipped.append(f"{where}: {exc}")
-                continue
-            for entry in unpacked:
-                if (since is None or entry.time >= since) and (until is None or entry.time <= until):
-                    loads.setdefault(entry.seq, entry)
-    return [loads[seq] for seq in sorted(loads)], checkpoints
+            if isinstance(body, Checkpoint) and body.taken_at <= at:
+                best = body
+    return best
 
 
 def merge_loads(*sources: Iterable[LogEntry]) -> list[LogEntry]:

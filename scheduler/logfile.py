@@ -81,12 +81,21 @@ class RecordedLog(msgspec.Struct):
         )
 
 
-async def _read_stream(bus: Bus, stream: str) -> list[LogEntry]:
+async def _read_stream(
+    bus: Bus, stream: str, since: float | None = None, until: float | None = None
+) -> list[LogEntry]:
+    """The stream's entries, from the first stored at ``since`` (found by the server) to the last
+    stored at ``until``."""
     entries: list[LogEntry] = []
     if await bus.last_seq(stream) == 0:
         return entries
-    async with bus.replay(stream) as feed:
+    start = 1 if since is None else await bus.seq_at_time(stream, since)
+    if start is None:
+        return entries
+    async with bus.replay(stream, from_seq=start) as feed:
         async for message in feed:
+            if until is not None and message.time > until:
+                break
             entries.append(
                 LogEntry(
                     message.position.seq,
@@ -108,11 +117,13 @@ async def read_bus_log(
     with ``skip_corrupt`` is left out and described in ``skipped``."""
     subjects = bus.config.subjects
     skipped: list[str] = []
-    archived, checkpoints = await read_history(bus, skipped=skipped if skip_corrupt else None)
+    archived, checkpoints = await read_history(
+        bus, since=since, until=until, skipped=skipped if skip_corrupt else None
+    )
     log = RecordedLog(
         subjects.prefix,
-        await _read_stream(bus, subjects.events_stream),
-        merge_loads(await _read_stream(bus, subjects.loads_stream), archived),
+        await _read_stream(bus, subjects.events_stream, since, until),
+        merge_loads(await _read_stream(bus, subjects.loads_stream, since, until), archived),
         skipped=skipped,
         checkpoints=checkpoints,
     )

@@ -421,12 +421,18 @@ def replay(**o: Any) -> None:
     if o["step"] is not None:
         if options.until_time is None:
             raise click.UsageError("--step needs --at-time (the first instant)")
-        log = read_any(o["path"], o["prefix"], o["nats_url"], skip_corrupt=o["skip_corrupt"])
+        log = read_any(
+            o["path"], o["prefix"], o["nats_url"],
+            skip_corrupt=o["skip_corrupt"], replay_from=options.until_time,
+        )
         time_travel(console, log, options.until_time, o["step"], o["steps"], policy, o["as_json"])
         return
 
     def once() -> None:
-        log = read_any(o["path"], o["prefix"], o["nats_url"], skip_corrupt=o["skip_corrupt"])
+        log = read_any(
+            o["path"], o["prefix"], o["nats_url"],
+            skip_corrupt=o["skip_corrupt"], replay_from=options.from_time,
+        )
         if o["request_id"] is not None:
             _print_timeline(console, request_timeline(log, o["request_id"], policy=policy), o["as_json"])
             return
