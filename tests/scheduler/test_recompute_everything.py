@@ -208,7 +208,9 @@ async def test_every_decision_of_a_long_run_is_recomputed_and_states_match(nats_
         assert all(row.matches for row in result.decisions)
         print(f"recomputed {len(result.decisions)} decisions, all equal: {kinds}; {len(captured)} states")
         assert kinds["dispatch"] >= 1000 and kinds["pairing"] >= 100, kinds
-        assert kinds["failure"] >= 100 and kinds["scaling"] >= 100, kinds
+        # two kills a cycle: two failures; the scale-ups (one or two per cycle, as the kills fall into
+        # one tick or two) and scale-downs depend on the machine's timing (81-143 seen)
+        assert kinds["failure"] >= 100 and kinds["scaling"] >= CYCLES, kinds
         assert len(captured) >= 50
         for cursor, state in captured:
             assert cursor in result.states, cursor
