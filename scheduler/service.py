@@ -300,6 +300,7 @@ class SchedulerService:
         self._snapshot_events = follower.state.num_events
         self._checkpoint_at = float("-inf")
         if self.config.archive_loads:
+            self.archiver.archived_through = -1  # another scheduler may have archived since: look it up
             self._tasks.append(asyncio.create_task(self.archiver.run()))
         self.stats.takeovers += 1
         self.role = Role.ACTIVE
@@ -361,7 +362,8 @@ class SchedulerService:
             async for message in feed:
                 if self.role is not Role.STARTING:
                     self.metrics.observe_read("loads", message.time, time.time())
-                self.archiver.offer(message)
+                if self.config.archive_loads:
+                    self.archiver.offer(message)
                 body = self._body(message)
                 if not isinstance(body, LoadReport):
                     continue

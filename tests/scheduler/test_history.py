@@ -17,7 +17,7 @@ from bus.protocol import StreamConfig
 from frontend.cli import cli
 from scheduler.cluster_state import encode_snapshot
 from scheduler.config import PairingConfig, PolicyConfig
-from scheduler.history import pack_loads, unpack_loads
+from scheduler.history import pack_loads, read_history, unpack_loads
 from scheduler.logfile import LogEntry, RecordedLog, load_log, read_bus_log, write_log
 from scheduler.replay import ReplayOptions, replay_log
 from scheduler.service import SchedulerConfig, SchedulerService
@@ -29,20 +29,20 @@ from tests.scheduler.service_helpers import FakeAgent, delete_streams, new_prefi
 KEPT_PER_INSTANCE = 5
 
 
-def _config(url: str, prefix: str) -> BusConfig:
+def _config(url: str, prefix: str, keep: int = KEPT_PER_INSTANCE) -> BusConfig:
     return BusConfig(
         url=url,
         subjects=Subjects(prefix),
         ack_timeout=0.5,
         append_timeout=5.0,
         heartbeat=0.5,
-        streams=StreamConfig(duplicate_window=10.0, loads_max_msgs_per_subject=KEPT_PER_INSTANCE),
+        streams=StreamConfig(duplicate_window=10.0, loads_max_msgs_per_subject=keep),
     )
 
 
 @contextlib.asynccontextmanager
-async def _bus(url: str, prefix: str) -> AsyncIterator[JetStreamBus]:
-    bus = JetStreamBus(_config(url, prefix))
+async def _bus(url: str, prefix: str, keep: int = KEPT_PER_INSTANCE) -> AsyncIterator[JetStreamBus]:
+    bus = JetStreamBus(_config(url, prefix, keep))
     await bus.connect()
     try:
         yield bus
@@ -188,5 +188,44 @@ async def test_a_corrupt_history_entry_is_named_and_skipped_only_when_asked(nats
         assert skipped.exit_code == 0, skipped.output
         assert f"warning: skipped history stream {subjects.history_stream} seq 2" in skipped.output
         assert '"num_loads": 3' in skipped.output  # the good batch's reports are in the log
+    finally:
+        await delete_streams(nats_url, prefix)
+
+
+async def test_a_scheduler_taking_over_after_a_crash_archives_what_the_crashed_one_had_not(
+    nats_url: str,
+) -> None:
+    prefix = new_prefix()
+    config = SchedulerConfig(
+        lease_ttl_s=1.0, pairing_interval_s=0.05, failure_timeout_s=30.0, snapshot_every_s=0.2,
+        archive_interval_s=0.1,
+    )  # fmt: skip
+    try:
+        async with _bus(nats_url, prefix, keep=100_000) as agent_bus:
+            agent = FakeAgent(agent_bus, "i0", report_interval=0.02)
+            await agent.start()
+            async with _bus(nats_url, prefix, keep=100_000) as first_bus:
+                first = SchedulerService(first_bus, config)
+                task = asyncio.create_task(first.run())
+                await first.wait_active(10)
+                await asyncio.sleep(0.5)
+                first.crash()  # kill -9: what it had read since its last flush is not archived
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.wait_for(task, 10)
+            archived_by_first = first.archiver.archived_through
+            await asyncio.sleep(0.5)  # reports go on while no scheduler runs
+            async with _bus(nats_url, prefix, keep=100_000) as second_bus:
+                second = SchedulerService(second_bus, config)
+                task = asyncio.create_task(second.run())
+                await second.wait_active(10)
+                await asyncio.sleep(0.5)
+                await second.stop()
+                await asyncio.wait_for(task, 10)
+            await agent.stop()
+            last_load = await agent_bus.last_seq(agent_bus.config.subjects.loads_stream)
+            archived, _ = await read_history(agent_bus)
+        assert 0 < archived_by_first < last_load
+        # the archive alone (no raw loads stream) holds every report, with no gap at the crash
+        assert [entry.seq for entry in archived] == list(range(1, last_load + 1))
     finally:
         await delete_streams(nats_url, prefix)
