@@ -219,9 +219,10 @@ async def test_a_scheduler_taking_over_after_a_crash_archives_what_the_crashed_o
                 task = asyncio.create_task(second.run())
                 await second.wait_active(10)
                 await asyncio.sleep(0.5)
-                await second.stop()
+                await agent.stop()
+                await asyncio.sleep(0.3)  # the scheduler reads the agent's last reports
+                await second.stop()  # and archives them on its way out
                 await asyncio.wait_for(task, 10)
-            await agent.stop()
             last_load = await agent_bus.last_seq(agent_bus.config.subjects.loads_stream)
             archived, _ = await read_history(agent_bus)
         assert 0 < archived_by_first < last_load
