@@ -117,10 +117,11 @@ async def test_decisions_older_than_the_loads_stream_are_recomputed_from_the_arc
                 await asyncio.sleep(0.15)
                 if wave == 6:
                     middle = time.time()
-            await service.stop()
-            await asyncio.wait_for(task, 10)
             for agent in agents:
                 await agent.stop()
+            await asyncio.sleep(0.3)  # the scheduler reads the last reports, and archives them as it stops
+            await service.stop()
+            await asyncio.wait_for(task, 10)
             subjects = agent_bus.config.subjects
             last_load = await agent_bus.last_seq(subjects.loads_stream)
             log = await read_bus_log(agent_bus)
