@@ -43,6 +43,8 @@ pytestmark = pytest.mark.slow
 
 #: Kill-two-add-two cycles: each gives two failures and a few scale-up and scale-down decisions.
 CYCLES = 60
+#: Seconds of cycling at most (the test's whole budget is pytest-timeout's 300 s).
+DEADLINE_S = 150.0
 AGENT = AgentConfig(
     instance_id="x",
     report_interval_s=0.05,
@@ -184,7 +186,11 @@ async def test_every_decision_of_a_long_run_is_recomputed_and_states_match(nats_
                         captured.append((service.follower.cursor, service.follower.state))
 
             background = [asyncio.create_task(load()), asyncio.create_task(capture())]
-            for _ in range(CYCLES):
+            # a loaded machine starts agents slowly: stop cycling at the deadline (all 60 cycles take
+            # about 60 s on an idle one)
+            deadline, cycles = time.monotonic() + DEADLINE_S, 0
+            while cycles < CYCLES and time.monotonic() < deadline:
+                cycles += 1
                 live = [i for i, r in service.view().instances.items() if r.status.value == "active"]
                 victims = [i for i in live if i in manager.agents]
                 for victim in rng.sample(victims, min(2, len(victims))):
@@ -206,11 +212,16 @@ async def test_every_decision_of_a_long_run_is_recomputed_and_states_match(nats_
         assert result.mismatches == [], result.mismatches[:3]
         assert result.num_unverifiable == 0
         assert all(row.matches for row in result.decisions)
-        print(f"recomputed {len(result.decisions)} decisions, all equal: {kinds}; {len(captured)} states")
-        assert kinds["dispatch"] >= 1000 and kinds["pairing"] >= 100, kinds
+        print(
+            f"{cycles} cycles: {len(result.decisions)} decisions, all equal: {kinds}; {len(captured)} states"
+        )
+        assert cycles >= 20 and kinds["dispatch"] >= 20 * cycles and kinds["pairing"] >= cycles, (
+            cycles,
+            kinds,
+        )
         # two kills a cycle: two failures; the scale-ups (one or two per cycle, as the kills fall into
-        # one tick or two) and scale-downs depend on the machine's timing (81-143 seen)
-        assert kinds["failure"] >= 100 and kinds["scaling"] >= CYCLES, kinds
+        # one tick or two) and scale-downs depend on the machine's timing (81-143 in 60 cycles seen)
+        assert kinds["failure"] >= 1.6 * cycles and kinds["scaling"] >= cycles, (cycles, kinds)
         assert len(captured) >= 50
         for cursor, state in captured:
             assert cursor in result.states, cursor
