@@ -18,7 +18,10 @@ One :class:`SchedulerService` per process. It
   :class:`~scheduler.instances.InstanceManager` is given), emits pairing
   decisions and sends the agents their ``MigrateOut`` / ``StopMigration`` /
   ``Drain`` commands; saves snapshots every ``snapshot_every_events`` folded
-  events or ``snapshot_every_s`` seconds;
+  events or ``snapshot_every_s`` seconds; archives the load reports it reads
+  into the history stream and appends a checkpoint of its state there every
+  ``checkpoint_every_s`` (:mod:`scheduler.history`); scaling and failure
+  decisions carry the clock readings they were made from;
 * steps down when it sees a newer epoch in the log or cannot renew its lease,
   and starts over as a standby.
 
