@@ -39,7 +39,7 @@ from opentelemetry.context import Context
 
 from agents.config import AgentConfig
 from agents.deltas import DeltaBuffer, RequestTokens
-from agents.engines.protocol import Engine, EngineStats, RequestRejected, StepResult
+from agents.engines.protocol import Engine, EngineStats, PreemptionEvent, RequestRejected, StepResult
 from agents.metrics import AgentMetrics
 from agents.migration.fsm.config import MigrationConfig
 from agents.migration.manager import MigrationManager, MigrationOutcome
@@ -66,6 +66,8 @@ from schemas import (
     MigrateOut,
     MigrationAbortReason,
     RejectReason,
+    RequestAdmitted,
+    RequestPreempted,
     ResendRequest,
     RpcError,
     RpcErrorCode,
@@ -118,6 +120,9 @@ class Agent:
         self._stopped = asyncio.Event()
         self._stepping = False
         self._unpublished: list[TokenDelta] = []
+        #: Requests waiting for their (re)admission by the engine: since when, and whether a preemption
+        #: put them back (``RequestAdmitted`` is logged at their first output).
+        self._queued_since: dict[str, tuple[float, bool]] = {}
         self._report_seq = 0
         self._last_signature: tuple[object, ...] | None = None
         self._last_report_at = 0.0
@@ -299,6 +304,7 @@ class Agent:
 
     def _after_step(self, result: StepResult) -> None:
         """Book a completed step's tokens and queue its deltas (sent by :meth:`_flush_deltas`)."""
+        self._log_admissions_and_preemptions(result)
         spans = self.request_spans
         if spans:
             for output in result.outputs:
@@ -339,10 +345,51 @@ class Agent:
                 self.migration.request_gone(output.request_id, MigrationAbortReason.REQUEST_FINISHED)
         for request_id in result.preempted:
             self.migration.request_gone(request_id, MigrationAbortReason.REQUEST_PREEMPTED)
-        self.engine.take_events()
         self.migration.step_done()
         for listener in self.step_listeners:
             listener(result)
+
+    def _log_admissions_and_preemptions(self, result: StepResult) -> None:
+        """Log ``RequestAdmitted`` for requests this step ran for the first time since they were
+        accepted or preempted (the step started ``duration_s`` ago), and ``RequestPreempted``."""
+        now = time.time()
+        if self._queued_since:
+            started = now - result.duration_s
+            for output in result.outputs:
+                queued = self._queued_since.pop(output.request_id, None)
+                if queued is not None:
+                    self._log_request_event(
+                        RequestAdmitted(
+                            request_id=output.request_id,
+                            instance_id=self.instance_id,
+                            queued_s=max(0.0, started - queued[0]),
+                            readmission=queued[1],
+                        )
+                    )
+        events = self.engine.take_events()
+        freed = {e.request_id: e.num_blocks_freed for e in events if isinstance(e, PreemptionEvent)}
+        for request_id in result.preempted:
+            tokens = self.deltas.live(request_id)
+            self._queued_since[request_id] = (now, True)
+            self._log_request_event(
+                RequestPreempted(
+                    request_id=request_id,
+                    instance_id=self.instance_id,
+                    num_blocks_freed=freed.get(request_id, 0),
+                    num_output_tokens=0 if tokens is None else len(tokens.output_token_ids),
+                )
+            )
+
+    def _log_request_event(self, body: RequestAdmitted | RequestPreempted) -> None:
+        async def append() -> None:
+            try:
+                await self.bus.append(
+                    self.subjects.req(body.request_id), self.codec.encode(body, time=time.time())
+                )
+            except BusError as exc:
+                log.info("agent %s: request event not logged: %s", self.instance_id, exc)
+
+        self.spawn(append())
 
     def _queue_delta(self, delta: TokenDelta) -> None:
         self.deltas.record(delta)
@@ -372,6 +419,7 @@ class Agent:
 
     def _request_done(self, request_id: str) -> None:
         self.deltas.close(request_id)
+        self._queued_since.pop(request_id, None)
 
     async def publish_failure(self, commit: Commit, detail: str) -> None:
         """A migrated request could not be admitted after the log gave it to us: end its stream."""
@@ -555,6 +603,7 @@ class Agent:
         else:
             if added:
                 self.num_accepted += 1
+                self._queued_since[request.request_id] = (time.time(), False)
                 self.deltas.open(
                     request.request_id,
                     owner_epoch=request.owner_epoch,

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
+import json
 import logging
 from collections.abc import Mapping, Sequence
 from types import TracebackType
@@ -210,6 +212,14 @@ class JetStreamBus:
                 **common,
             )
         )
+        await self._ensure_stream(
+            api.StreamConfig(
+                name=names.history_stream,
+                subjects=[names.history_all],
+                max_age=streams.history_max_age,
+                **common,
+            )
+        )
         js = self._parts()[0].jetstream(timeout=cfg.api_timeout)
         try:
             await js.key_value(names.kv_bucket)
@@ -368,6 +378,24 @@ class JetStreamBus:
     async def last_seq(self, stream: str) -> int:
         info = await translated(self._parts()[1].stream_info(stream), f"stream {stream!r}")
         return int(info.state.last_seq)
+
+    async def seq_at_time(self, stream: str, at: float) -> int | None:
+        """A direct get by start time (the streams allow direct gets): one request to the server."""
+        nc = self._parts()[0]
+        when = dt.datetime.fromtimestamp(at, dt.UTC).isoformat().replace("+00:00", "Z")
+        request = json.dumps({"start_time": when}).encode()
+        reply = await translated(
+            nc.request(f"$JS.API.DIRECT.GET.{stream}", request, timeout=self._config.api_timeout),
+            f"find the first message of {stream!r} at {when}",
+        )
+        headers = reply.headers or {}
+        status = headers.get("Status", "")
+        if status == "404":
+            return None
+        if status or "Nats-Sequence" not in headers:
+            detail = f"{status} {headers.get('Description', '')}"
+            raise BusError(f"stream {stream!r}: direct get by time answered {detail}")
+        return int(headers["Nats-Sequence"])
 
     # -- core NATS ------------------------------------------------------------------------
     async def publish(self, subject: str, data: bytes, *, headers: Mapping[str, str] | None = None) -> None:

@@ -267,6 +267,12 @@ class MemoryBus:
                 max_msgs_per_subject=streams.loads_max_msgs_per_subject,
                 duplicate_window=streams.duplicate_window,
             )
+            self.broker.ensure_stream(
+                subjects.history_stream,
+                [subjects.history_all],
+                max_age=streams.history_max_age,
+                duplicate_window=streams.duplicate_window,
+            )
             self.broker.ensure_bucket(subjects.kv_bucket)
         self._connected = True
 
@@ -393,6 +399,11 @@ class MemoryBus:
     async def last_seq(self, stream: str) -> int:
         self._check()
         return self.broker.stream(stream).last_seq
+
+    async def seq_at_time(self, stream: str, at: float) -> int | None:
+        self._check()
+        source = self.broker.stream(stream)
+        return next((m.position.seq for m in source.scan(1, source.last_seq) if m.time >= at), None)
 
     # -- core NATS -----------------------------------------------------------------
     async def publish(self, subject: str, data: bytes, *, headers: Mapping[str, str] | None = None) -> None:

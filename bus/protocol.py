@@ -98,27 +98,35 @@ class KvChange(msgspec.Struct, frozen=True):
 
 @dataclass(frozen=True)
 class StreamConfig:
-    """Retention of the two streams and the KV bucket (seconds for ages and windows).
+    """Retention of the three streams and the KV bucket (seconds for ages and windows).
 
     ``events`` keeps history by age. ``loads`` is bounded by age *and* by
     ``loads_max_msgs_per_subject`` reports per instance (one subject each).
+    ``history`` (archived load reports and state checkpoints, see
+    ``schemas.history``) keeps ``history_max_age``: the window a replay can
+    rebuild, plus one checkpoint interval.
     ``duplicate_window`` is how long a message id is remembered for de-duplication.
     """
 
     events_max_age: float = 7 * 24 * 3600.0
     loads_max_age: float = 3600.0
     loads_max_msgs_per_subject: int = 100
+    history_max_age: float = 24 * 3600.0 + 900.0
     duplicate_window: float = 120.0
     kv_history: int = 1
     replicas: int = 1
 
     def __post_init__(self) -> None:
-        if self.events_max_age <= 0 or self.loads_max_age <= 0:
+        if self.events_max_age <= 0 or self.loads_max_age <= 0 or self.history_max_age <= 0:
             raise ValueError("stream max ages must be positive")
         if self.loads_max_msgs_per_subject < 1:
             raise ValueError("loads_max_msgs_per_subject must be >= 1")
-        if not 0 < self.duplicate_window <= min(self.events_max_age, self.loads_max_age):
-            raise ValueError("duplicate_window must be positive and not exceed either stream's max age")
+        if (
+            not 0
+            < self.duplicate_window
+            <= min(self.events_max_age, self.loads_max_age, self.history_max_age)
+        ):
+            raise ValueError("duplicate_window must be positive and not exceed any stream's max age")
         if not 1 <= self.kv_history <= 64:
             raise ValueError("kv_history must be in [1, 64]")
         if self.replicas < 1:
@@ -328,6 +336,11 @@ class Bus(Protocol):
         ...
 
     async def last_seq(self, stream: str) -> int: ...
+
+    async def seq_at_time(self, stream: str, at: float) -> int | None:
+        """The sequence of the first message of ``stream`` stored at or after ``at`` (epoch seconds),
+        found by the server; None if there is none."""
+        ...
 
     # -- core NATS ---------------------------------------------------------
     async def publish(

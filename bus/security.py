@@ -6,14 +6,16 @@ and the JetStream API subjects nats-py uses:
 
 * **frontend** — request dispatch from the scheduler, send ``generate`` /
   ``abort`` / ``resend`` to any agent, read every token subject, append
-  request lifecycle events, read both streams;
+  request lifecycle events, read the events and loads streams;
 * **agent** (one user per instance) — append its own instance events and
-  load reports, migration steps, publish token deltas and migration
-  handshakes, serve only its own RPC and handshake subjects, read the events stream;
+  load reports, migration steps and request events (admission, preemption),
+  publish token deltas, probes and migration handshakes, serve only its own
+  RPC and handshake subjects, read the events stream;
 * **scheduler** (and its standby) — append decisions and instance events,
   send commands to agents, serve dispatch, hold the lease and snapshots in
-  the KV bucket, read both streams;
-* **observer** — read both streams (``shoal events``, ``trace``, ``replay``);
+  the KV bucket, archive load reports and checkpoints into the history
+  stream, read all three streams (direct gets by time included);
+* **observer** — read all three streams (``shoal events``, ``trace``, ``replay``);
 * **admin** — everything: provisions the streams and the bucket (``shoal up``).
 
 Only the admin may create, update or delete streams, consumers of other
@@ -83,6 +85,7 @@ def role_permissions(role: Role, subjects: Subjects, instance_id: str | None = N
     """The permissions of ``role`` in the cluster named by ``subjects``; agents need their ``instance_id``."""
     p = subjects.prefix
     events, loads, bucket = subjects.events_stream, subjects.loads_stream, subjects.kv_bucket
+    history = subjects.history_stream
     if role is Role.ADMIN:
         return Permissions(publish=(">",), subscribe=(">",))
     # every bus connects the same way: stream and bucket info, nothing else of the API by default
@@ -90,12 +93,20 @@ def role_permissions(role: Role, subjects: Subjects, instance_id: str | None = N
         "$JS.API.INFO",
         f"$JS.API.STREAM.INFO.{events}",
         f"$JS.API.STREAM.INFO.{loads}",
+        f"$JS.API.STREAM.INFO.{history}",
         f"$JS.API.STREAM.INFO.KV_{bucket}",
+    ]
+    # readers of the whole log (replay, trace, events): the archive too, and direct gets by time
+    log_reader = [
+        *_stream_reader(events),
+        *_stream_reader(loads),
+        *_stream_reader(history),
+        *(f"$JS.API.DIRECT.GET.{stream}" for stream in (events, loads, history)),
     ]
     inbox = ["_INBOX.>"]
     if role is Role.OBSERVER:
         return Permissions(
-            publish=(*connect, *_stream_reader(events), *_stream_reader(loads)), subscribe=tuple(inbox)
+            publish=(*connect, *log_reader), subscribe=tuple(inbox)
         )
     if role is Role.FRONTEND:
         return Permissions(
@@ -115,8 +126,8 @@ def role_permissions(role: Role, subjects: Subjects, instance_id: str | None = N
         return Permissions(
             publish=(
                 *connect,
-                *_stream_reader(events),
-                *_stream_reader(loads),
+                *log_reader,
+                f"{p}.hist.>",
                 f"{p}.ev.sched.>",
                 f"{p}.ev.instance.*",
                 f"{p}.rpc.agent.*.>",
@@ -136,6 +147,7 @@ def role_permissions(role: Role, subjects: Subjects, instance_id: str | None = N
                 subjects.instance(instance_id),
                 subjects.load(instance_id),
                 f"{p}.ev.mig.>",
+                f"{p}.ev.req.>",
                 f"{p}.tok.>",
                 f"{p}.rpc.mig.*",
             ),

@@ -87,7 +87,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "agent": ("agents.cli:agent", "Run one instance agent driving an engine."),
     "scheduler": ("scheduler.cli:scheduler", "Run the global scheduler (or a standby)."),
     "serve": ("frontend.cli_serve:serve", "Run the OpenAI-compatible HTTP frontend."),
-    "replay": ("scheduler.replay_cli:replay", "Rebuild and inspect cluster state from the log."),
+    "replay": ("scheduler.sim.replay_command:replay", "Rebuild and inspect cluster state from the log."),
     "events": ("scheduler.events_cli:events", "List, follow or export the event log."),
     "trace": ("scheduler.trace_cli:trace", "A request's or migration's trace from the log (Jaeger JSON)."),
     "simulate": ("scheduler.sim.cli:simulate", "Discrete-event cluster simulation."),

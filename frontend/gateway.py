@@ -32,7 +32,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Coroutine, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -47,6 +47,7 @@ from frontend.metrics import FrontendMetrics
 from frontend.streams import Accepted, DeltaAssembler
 from schemas import (
     AbortRequest,
+    BypassReason,
     CloseReason,
     Codec,
     DispatchReply,
@@ -81,6 +82,23 @@ CLIENT_FAULTS: Mapping[RejectReason, Callable[[str], APIError]] = {
     RejectReason.INVALID_SAMPLING: invalid_parameter,
     RejectReason.EXCEEDS_MODEL_CONTEXT: context_length_exceeded,
 }
+
+
+class Bypass(NamedTuple):
+    """Why the frontend placed a request itself (logged in ``RequestPlaced``)."""
+
+    reason: BypassReason
+    detail: str = ""
+
+
+def _bypass_of(reply: object) -> Bypass:
+    """Why a scheduler's answer gave no usable instance."""
+    if not isinstance(reply, DispatchReply):
+        return Bypass(BypassReason.MALFORMED_REPLY, "not a DispatchReply")
+    if reply.instance_id:
+        return Bypass(BypassReason.SCHEDULER_EXCLUDED, f"it chose {reply.instance_id}, which is excluded")
+    reason = "" if reply.reason is None else reply.reason.value
+    return Bypass(BypassReason.SCHEDULER_REFUSED, f"{reason}: {reply.detail}" if reply.detail else reason)
 
 
 class Job(msgspec.Struct, frozen=True, kw_only=True):
@@ -188,8 +206,9 @@ class Gateway:
 
     async def place(
         self, request: GenerateRequest, exclude: tuple[str, ...] = ()
-    ) -> tuple[str, bool]:
-        """Place and start ``request`` on some instance; returns ``(instance_id, bypass)``."""
+    ) -> tuple[str, Bypass | None]:
+        """Place and start ``request`` on some instance; returns the instance and, if the frontend
+        placed it itself, why."""
         excluded = list(exclude)
         last_error = "no instance is available"
         for _ in range(self.config.max_placement_attempts):
@@ -198,23 +217,26 @@ class Gateway:
                 break
             outcome = await self._generate(instance_id, request)
             if outcome is None:
-                if bypass:
+                if bypass is not None:
                     self.metrics.bypass.inc()
                 else:
                     self.num_scheduler_placements += 1
                     self.metrics.scheduler_placements.inc()
-                tracing.mark({"placement.instance": instance_id, "placement.bypass": bypass})
+                tracing.mark({"placement.instance": instance_id, "placement.bypass": bypass is not None})
                 return instance_id, bypass
             last_error = outcome
             excluded.append(instance_id)
         raise unavailable(f"no instance could take the request: {last_error}", self.config.retry_after_s)
 
-    async def _choose(self, request: GenerateRequest, exclude: tuple[str, ...]) -> tuple[str | None, bool]:
+    async def _choose(
+        self, request: GenerateRequest, exclude: tuple[str, ...]
+    ) -> tuple[str | None, Bypass | None]:
         num_prompt = len(request.token_ids)
         ask = DispatchRequest(
             request_id=request.request_id, num_prompt_tokens=num_prompt, priority=request.priority,
             exclude=exclude,
         )
+        bypass = Bypass(BypassReason.SCHEDULER_QUIET, "a dispatch timed out recently")
         if self.clock() >= self.scheduler_quiet_until:
             try:
                 reply = await self.bus.request(
@@ -224,19 +246,22 @@ class Gateway:
                 envelope = self.codec.decode_or_none(reply.data)
                 body = envelope.body if envelope is not None else None
                 if isinstance(body, DispatchReply) and body.instance_id and body.instance_id not in exclude:
-                    return body.instance_id, False
+                    return body.instance_id, None
+                bypass = _bypass_of(body)
             except RequestTimeout as exc:  # a scheduler that hangs: stop waiting on it for a while
                 self.scheduler_quiet_until = self.clock() + self.config.scheduler_backoff
                 log.info("dispatch timed out (%s); bypass for %.1fs", exc, self.config.scheduler_backoff)
+                bypass = Bypass(BypassReason.SCHEDULER_TIMEOUT, str(exc))
             except BusError as exc:
                 log.debug("dispatch for %s fell back to bypass: %s", request.request_id, exc)
+                bypass = Bypass(BypassReason.SCHEDULER_UNREACHABLE, str(exc))
         decision = self.board.choose(
             request.request_id, num_prompt, priority=request.priority, exclude=exclude, now=self.clock()
         )
         if decision is None:
-            return None, True
+            return None, bypass
         self.board.record_placement(decision.instance_id, decision.demand_blocks)
-        return decision.instance_id, True
+        return decision.instance_id, bypass
 
     async def _generate(self, instance_id: str, request: GenerateRequest) -> str | None:
         """Start ``request`` on ``instance_id``; None on success, else why not (client faults raise)."""
@@ -322,11 +347,14 @@ class RequestStream:
 
     async def start(self) -> None:
         gateway = self.gateway
-        self.owner_id, self.bypass = await gateway.place(self._request((), 0))
+        self.owner_id, bypass = await gateway.place(self._request((), 0))
+        self.bypass = bypass is not None
         self.assembler.expect_epoch(0, self.owner_id)
         self.last_progress = gateway.clock()
         gateway.lifecycle.emit(RequestPlaced(
-            request_id=self.request_id, instance_id=self.owner_id, bypass=self.bypass
+            request_id=self.request_id, instance_id=self.owner_id, bypass=self.bypass,
+            bypass_reason=None if bypass is None else bypass.reason,
+            bypass_detail="" if bypass is None else bypass.detail,
         ))
 
     async def next_chunk(self) -> Accepted | None:

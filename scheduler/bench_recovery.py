@@ -10,12 +10,19 @@ instance, twice: without a snapshot (the whole log is folded) and with one
 (taken by a scheduler that ran over the log and stopped cleanly; the tail is
 empty). Rows: ``events``, ``snapshot``, ``recovery_s`` (plus the snapshot's
 size). Target: <= 1 s at 1M events with a snapshot.
+
+Then (``--busy-seconds``, :mod:`scheduler.bench_retention`) the cost of long
+retention: the bytes every stream stores per busy instance-hour, and the
+recovery time over that log (a scheduler that ran over it and left a
+snapshot, then a new one timed to its first dispatch; it resumes archiving
+in the background).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import tempfile
 import time
 import uuid
@@ -31,6 +38,7 @@ from bus.errors import BusError
 from bus.options import nats_option
 from bus.protocol import StreamConfig
 from bus.server import EmbeddedNats
+from scheduler.bench_retention import measure_retention
 from scheduler.lease import LEASE_KEY
 from scheduler.service import SchedulerConfig, SchedulerService
 from schemas import Codec, Subjects
@@ -224,15 +232,39 @@ async def measure_recovery(url: str, num_events: int) -> list[dict[str, Any]]:
     show_default=True,
     help="Log sizes to test (repeat the option).",
 )
+@click.option(
+    "--busy-seconds",
+    type=int,
+    default=120,
+    show_default=True,
+    help="Seconds of a busy 64-instance cluster to write for the retention cost (0: skip).",
+)
+@click.option("--rate", type=int, default=128, show_default=True, help="Requests a second in that log.")
 @nats_option(None, help="Use this NATS server instead of an embedded one.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None)
-def bench_recovery(sizes: tuple[int, ...], nats_url: str | None, json_path: Path | None) -> None:
-    """Scheduler recovery time (start to first dispatch) with and without a snapshot."""
+def bench_recovery(
+    sizes: tuple[int, ...], busy_seconds: int, rate: int, nats_url: str | None, json_path: Path | None
+) -> None:
+    """Scheduler recovery time (start to first dispatch) with and without a snapshot, and the
+    storage per busy instance-hour of every stream with long retention."""
+    retention: dict[str, Any] = {}
 
     async def run(url: str) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = []
         for size in sizes:
             rows += await measure_recovery(url, size)
+        if busy_seconds > 0:
+            retention.update(await measure_retention(url, busy_seconds, rate))
+            subjects = retention.pop("subjects")
+            fast: dict[str, Any] = dict(
+                lease_ttl_s=2.0, pairing_interval_s=0.2, failure_timeout_s=3600.0, verify_shadow=False
+            )
+            await _first_dispatch(
+                url, subjects, SchedulerConfig(use_snapshot=False, snapshot_every_s=0.05, **fast)
+            )
+            retention["recovery_s"] = round(
+                await _first_dispatch(url, subjects, SchedulerConfig(use_snapshot=True, **fast)), 3
+            )
         return rows
 
     if nats_url is None:
@@ -250,6 +282,34 @@ def bench_recovery(sizes: tuple[int, ...], nats_url: str | None, json_path: Path
             f"yes, tail {row['tail']}" if row["snapshot"] else "no",
             f"{row['recovery_s']:.3f}",
         )
-    Console().print(table)
+    console = Console()
+    console.print(table)
+    if retention:
+        _print_retention(console, retention)
     if json_path is not None:
-        json_path.write_text(json.dumps(rows, indent=2))
+        report = {"recovery": rows, "retention": retention or None, "loadavg": list(os.getloadavg())}
+        json_path.write_text(json.dumps(report, indent=2))
+
+
+def _print_retention(console: Console, retention: dict[str, Any]) -> None:
+    table = Table(
+        title=f"storage per busy instance-hour: {retention['instances']} instances, "
+        f"{retention['busy_s']} s, {retention['rate']} req/s, "
+        f"{retention['reports_per_instance_s']} load reports/s per instance"
+    )
+    for column in ("stream", "messages", "bytes", "MB per instance-hour"):
+        table.add_column(column)
+    for name, row in retention["streams"].items():
+        per_hour = row["mb_per_instance_hour"]
+        table.add_row(
+            name,
+            str(row["messages"]),
+            str(row["bytes"]),
+            f"{per_hour:.3f}"
+            if per_hour is not None
+            else f"bounded: {row['bounded_mb_per_instance']} MB/instance",
+        )
+    console.print(table)
+    console.print(
+        f"recovery over that log (snapshot, then start to first dispatch): {retention['recovery_s']:.3f} s"
+    )

@@ -32,6 +32,7 @@ from bus.auth import NatsAuth, redact_url
 from bus.options import nats_auth_options, nats_option
 from bus.protocol import StoredMessage
 from scheduler.event_query import EventMatcher, EventQuery, StreamFilter, parse_time
+from scheduler.history import HISTORY_MARGIN_S, HistoryCorrupt, checkpoint_before
 from scheduler.logfile import LogEntry, LogFileError, RecordedLog, load_log, read_bus_log, write_log
 from schemas import Subjects
 from schemas.envelope import Codec, Envelope
@@ -93,11 +94,49 @@ def _bus_config(nats_url: str, prefix: str, auth: NatsAuth | None = None) -> Bus
 
 
 async def read_live(
-    nats_url: str, prefix: str, since: float | None, until: float | None, auth: NatsAuth | None = None
+    nats_url: str,
+    prefix: str,
+    since: float | None,
+    until: float | None,
+    auth: NatsAuth | None = None,
+    *,
+    skip_corrupt: bool = False,
+    replay_from: float | None = None,
 ) -> RecordedLog:
-    """Both streams of the cluster at ``nats_url`` (entries stored within [since, until])."""
+    """The log of the cluster at ``nats_url`` (entries stored within [since, until]; with
+    ``replay_from``, from the last checkpoint before that time on, what a replay of it needs); a
+    corrupt history entry is a clean error, or with ``skip_corrupt`` a warning."""
     async with JetStreamBus(_bus_config(nats_url, prefix, auth)) as bus:
-        return await read_bus_log(bus, since=since, until=until)
+        if replay_from is not None and since is None:
+            checkpoint = await checkpoint_before(bus, replay_from)
+            if checkpoint is not None:
+                since = checkpoint.taken_at - HISTORY_MARGIN_S
+        try:
+            log = await read_bus_log(bus, since=since, until=until, skip_corrupt=skip_corrupt)
+        except HistoryCorrupt as exc:
+            raise click.ClickException(str(exc)) from None
+    for skipped in log.skipped:
+        click.echo(f"warning: skipped {skipped}", err=True)
+    return log
+
+
+def read_any(
+    path: Path | None,
+    prefix: str | None,
+    nats_url: str,
+    *,
+    auth: NatsAuth | None = None,
+    skip_corrupt: bool = False,
+    replay_from: float | None = None,
+) -> RecordedLog:
+    """The log file at ``path`` if given (its prefix checked against ``prefix``), else the live log
+    of ``prefix`` (default ``shoal``) at ``nats_url`` (from the checkpoint before ``replay_from``
+    if given); problems are clean command-line errors."""
+    if path is not None:
+        return read_log_file(path, prefix, skip_corrupt=skip_corrupt)
+    name = prefix or DEFAULT_PREFIX
+    live = read_live(nats_url, name, None, None, auth, skip_corrupt=skip_corrupt, replay_from=replay_from)
+    return run_live(live, nats_url, name)
 
 
 def _entry(message: StoredMessage) -> LogEntry:

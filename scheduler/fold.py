@@ -61,14 +61,16 @@ from schemas.instance import (
     InstanceTerminating,
 )
 from schemas.load import LoadReport
-from schemas.migration import Abort, Ack, Commit, CommitAck, PreAllocate, StageDone
+from schemas.migration import Abort, Ack, Commit, CommitAck, MigrationStarted, PreAllocate, StageDone
 from schemas.position import Position
 from schemas.requests import (
     RequestAborted,
+    RequestAdmitted,
     RequestArrived,
     RequestFinished,
     RequestFirstToken,
     RequestPlaced,
+    RequestPreempted,
     RequestRescued,
 )
 
@@ -358,7 +360,11 @@ def _arrived(state: ClusterState, body: RequestArrived) -> _Changes:
     return {"num_requests_arrived": state.num_requests_arrived + 1}
 
 
-def _no_change(state: ClusterState, body: RequestPlaced | RequestFirstToken) -> None:
+def _no_change(
+    state: ClusterState,
+    body: RequestPlaced | RequestFirstToken | RequestAdmitted | RequestPreempted | MigrationStarted,
+) -> None:
+    """Events for timelines only: they change nothing the scheduler decides from."""
     return None
 
 
@@ -410,6 +416,9 @@ _RULES: dict[type, _Rule] = {
     RequestArrived: _arrived,
     RequestPlaced: _no_change,
     RequestFirstToken: _no_change,
+    RequestAdmitted: _no_change,
+    RequestPreempted: _no_change,
+    MigrationStarted: _no_change,
     RequestFinished: _ended,
     RequestAborted: _ended,
     RequestRescued: _rescued,

@@ -33,10 +33,11 @@ from scheduler.recompute import (
     apply_overlay,
     fold_point_of,
     overlay_of,
+    recomputable,
     recompute,
     scheduler_epoch,
 )
-from schemas.decisions import Dispatched, Paired, SchedulerTick, Unpaired
+from schemas.decisions import SchedulerTick
 from schemas.envelope import Body
 from schemas.load import LoadReport
 from schemas.position import Position
@@ -289,10 +290,11 @@ class Shadow:
             self.observer(seq, body, view)
         if not self.verify:
             return
-        recomputed = recompute(view, body, policy=self.policy)
-        if recomputed is None and not isinstance(body, (Dispatched, Paired, Unpaired)):
-            self.stats.not_recomputable += 1
+        if not recomputable(body):
+            if not isinstance(body, SchedulerTick):
+                self.stats.not_recomputable += 1
             return
+        recomputed = recompute(view, body, policy=self.policy)
         if recomputed == body:
             self.stats.verified += 1
         else:

@@ -1,10 +1,13 @@
-"""A recorded log: both streams read from the bus or from an exported file.
+"""A recorded log: the streams read from the bus or from an exported file.
 
 :class:`RecordedLog` keeps the raw entries of the events and loads streams
 (sequence, server time, subject, payload, message id) so a replay decodes and
-folds exactly what the scheduler saw. ``shoal events export`` writes one with
-:func:`write_log`; ``shoal replay --file`` reads it with :func:`load_log`.
-The file is a msgpack header followed by length-prefixed msgpack entries.
+folds exactly what the scheduler saw. Read from the bus, the loads stream is
+completed by the history stream's archive (``scheduler.history``: the loads
+stream itself keeps seconds) and the history's checkpoints come along.
+``shoal events export`` writes one with :func:`write_log`; ``shoal replay
+--file`` reads it with :func:`load_log`. The file is a msgpack header
+followed by length-prefixed msgpack entries.
 :func:`load_log` checks what it reads and raises :class:`LogFileError` naming
 the problem: not a log, a newer format or schema version, a truncated file, a
 log of another prefix, or a corrupt entry (with its position; skipped and
@@ -19,6 +22,7 @@ from pathlib import Path
 import msgspec
 
 from bus.protocol import MSG_ID_HEADER, Bus
+from scheduler.history import LogEntry, merge_loads, read_history
 from schemas.base import SCHEMA_VERSION
 from schemas.envelope import Codec
 from schemas.errors import MalformedMessage, UnsupportedVersion
@@ -27,19 +31,12 @@ from schemas.subjects import Subjects
 __all__ = ["LogEntry", "LogFileError", "RecordedLog", "load_log", "read_bus_log", "write_log"]
 
 FORMAT = "shoal-log"
-VERSION = 1
+#: 2: checkpoint entries (the history stream's state checkpoints) after the loads.
+VERSION = 2
 
 
 class LogFileError(ValueError):
     """A log file that cannot be read as asked; the message says what is wrong and where."""
-
-
-class LogEntry(msgspec.Struct, array_like=True, frozen=True, gc=False):
-    seq: int
-    time: float
-    subject: str
-    data: bytes
-    msg_id: str = ""
 
 
 class _Header(msgspec.Struct, frozen=True):
@@ -50,11 +47,13 @@ class _Header(msgspec.Struct, frozen=True):
     num_loads: int
     #: The newest message schema version of the writer (0: written before this was recorded).
     schema_version: int = 0
+    num_checkpoints: int = 0
 
 
 class _Tagged(msgspec.Struct, array_like=True, frozen=True, gc=False):
     loads: bool
     entry: LogEntry
+    checkpoint: bool = False
 
 
 class RecordedLog(msgspec.Struct):
@@ -63,6 +62,8 @@ class RecordedLog(msgspec.Struct):
     loads: list[LogEntry]
     #: Corrupt entries :func:`load_log` skipped, described with their position.
     skipped: list[str] = msgspec.field(default_factory=list)
+    #: The history stream's checkpoints (``schemas.history.Checkpoint`` entries), oldest first.
+    checkpoints: list[LogEntry] = msgspec.field(default_factory=list)
 
     @property
     def subjects(self) -> Subjects:
@@ -73,16 +74,28 @@ class RecordedLog(msgspec.Struct):
             return (since is None or entry.time >= since) and (until is None or entry.time <= until)
 
         return RecordedLog(
-            self.prefix, [e for e in self.events if keep(e)], [e for e in self.loads if keep(e)]
+            self.prefix,
+            [e for e in self.events if keep(e)],
+            [e for e in self.loads if keep(e)],
+            checkpoints=list(self.checkpoints),
         )
 
 
-async def _read_stream(bus: Bus, stream: str) -> list[LogEntry]:
+async def _read_stream(
+    bus: Bus, stream: str, since: float | None = None, until: float | None = None
+) -> list[LogEntry]:
+    """The stream's entries, from the first stored at ``since`` (found by the server) to the last
+    stored at ``until``."""
     entries: list[LogEntry] = []
     if await bus.last_seq(stream) == 0:
         return entries
-    async with bus.replay(stream) as feed:
+    start = 1 if since is None else await bus.seq_at_time(stream, since)
+    if start is None:
+        return entries
+    async with bus.replay(stream, from_seq=start) as feed:
         async for message in feed:
+            if until is not None and message.time > until:
+                break
             entries.append(
                 LogEntry(
                     message.position.seq,
@@ -95,15 +108,30 @@ async def _read_stream(bus: Bus, stream: str) -> list[LogEntry]:
     return entries
 
 
-async def read_bus_log(bus: Bus, *, since: float | None = None, until: float | None = None) -> RecordedLog:
-    """Both streams as they are now (optionally only entries stored within [since, until])."""
+async def read_bus_log(
+    bus: Bus, *, since: float | None = None, until: float | None = None, skip_corrupt: bool = False
+) -> RecordedLog:
+    """The log as it is now (optionally only entries stored within [since, until]): the events
+    stream, the loads stream completed by the history stream's archive, and its checkpoints.
+    A corrupt history entry raises ``HistoryCorrupt`` (a ``ValueError`` naming its position), or
+    with ``skip_corrupt`` is left out and described in ``skipped``."""
     subjects = bus.config.subjects
+    skipped: list[str] = []
+    archived, checkpoints = await read_history(
+        bus, since=since, until=until, skipped=skipped if skip_corrupt else None
+    )
     log = RecordedLog(
         subjects.prefix,
-        await _read_stream(bus, subjects.events_stream),
-        await _read_stream(bus, subjects.loads_stream),
+        await _read_stream(bus, subjects.events_stream, since, until),
+        merge_loads(await _read_stream(bus, subjects.loads_stream, since, until), archived),
+        skipped=skipped,
+        checkpoints=checkpoints,
     )
-    return log if since is None and until is None else log.window(since, until)
+    if since is None and until is None:
+        return log
+    windowed = log.window(since, until)
+    windowed.skipped = skipped
+    return windowed
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -113,14 +141,25 @@ def write_log(path: Path, log: RecordedLog) -> int:
     """Write ``log`` to ``path``; returns the number of entries."""
     with path.open("wb") as out:
         header = _encoder.encode(
-            _Header(FORMAT, VERSION, log.prefix, len(log.events), len(log.loads), SCHEMA_VERSION)
+            _Header(
+                FORMAT,
+                VERSION,
+                log.prefix,
+                len(log.events),
+                len(log.loads),
+                SCHEMA_VERSION,
+                len(log.checkpoints),
+            )
         )
         out.write(struct.pack(">I", len(header)) + header)
         for is_loads, entries in ((False, log.events), (True, log.loads)):
             for entry in entries:
                 data = _encoder.encode(_Tagged(is_loads, entry))
                 out.write(struct.pack(">I", len(data)) + data)
-    return len(log.events) + len(log.loads)
+        for entry in log.checkpoints:
+            data = _encoder.encode(_Tagged(False, entry, checkpoint=True))
+            out.write(struct.pack(">I", len(data)) + data)
+    return len(log.events) + len(log.loads) + len(log.checkpoints)
 
 
 def _header(path: Path, raw: bytes) -> tuple[_Header, int]:
@@ -169,7 +208,7 @@ def load_log(path: Path, *, prefix: str | None = None, skip_corrupt: bool = Fals
     decoder = msgspec.msgpack.Decoder(_Tagged)
     codec = Codec()
     log = RecordedLog(header.prefix, [], [])
-    expected = header.num_events + header.num_loads
+    expected = header.num_events + header.num_loads + header.num_checkpoints
     index = 0
     while offset < len(raw):
         where = f"entry {index} (byte {offset})"
@@ -186,7 +225,8 @@ def load_log(path: Path, *, prefix: str | None = None, skip_corrupt: bool = Fals
         index += 1
         problem = _problem(codec, decoder, chunk, header.prefix)
         if isinstance(problem, _Tagged):
-            (log.loads if problem.loads else log.events).append(problem.entry)
+            target = log.checkpoints if problem.checkpoint else log.loads if problem.loads else log.events
+            target.append(problem.entry)
             continue
         if problem.startswith("schema"):
             raise LogFileError(f"{path}: {where} {problem}")

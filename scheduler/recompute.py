@@ -16,6 +16,10 @@ point recorded in their epoch. A decision is then a pure function of
 
 plus the request. :func:`dispatch_decision` and :func:`next_pairing_decision`
 are that function; the live scheduler and every recomputation call them.
+Scaling (:func:`scaling_event`) and failure detection (:func:`failure_event`)
+also read the scheduler's clock and timers: those readings are recorded in
+the decision (``ScalingInputs``, ``FailureInputs``), so they are recomputed
+from the same view plus the readings.
 Pairing is emitted one decision at a time: the first decision of
 :func:`~scheduler.policy.pair_instances` over the view, applied to the view,
 again, until the plan is empty.
@@ -29,15 +33,27 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
-from scheduler.cluster_state import ClusterState, live_loads
+import msgspec
+
+from scheduler.cluster_state import ClusterState, InstanceStatus, live_loads
 from scheduler.config import DispatchPolicy, PolicyConfig
 from scheduler.fold import evolve
 from scheduler.policy.dispatch import PendingRequest, make_dispatcher
 from scheduler.policy.pairing import pair_instances
-from schemas.decisions import Dispatched, Paired, ScaleDown, ScaleUp, SchedulerTick, Unpaired
+from scheduler.policy.scaling import ScalingDecision, ScalingState, decide_scaling
+from schemas.decisions import (
+    Dispatched,
+    Paired,
+    ScaleDown,
+    ScaleUp,
+    ScalingInputs,
+    SchedulerTick,
+    Unpaired,
+)
 from schemas.envelope import Body
-from schemas.instance import InstanceFailed
+from schemas.instance import FailureInputs, InstanceFailed
 from schemas.position import Position
+from schemas.reasons import FailureReason
 from schemas.rpc import DispatchRequest
 
 __all__ = [
@@ -46,11 +62,14 @@ __all__ = [
     "SchedulerEvent",
     "apply_overlay",
     "dispatch_decision",
+    "failure_event",
     "fold_point_of",
     "next_pairing_decision",
     "overlay_of",
     "pairing_plan_events",
+    "recomputable",
     "recompute",
+    "scaling_event",
     "scheduler_epoch",
 ]
 
@@ -156,14 +175,92 @@ def pairing_plan_events(
     return view, events
 
 
+def scaling_event(
+    decision: ScalingDecision, *, epoch: int, clock: float, before: ScalingState
+) -> ScaleUp | ScaleDown:
+    """The event of a scaling decision, with the readings it was made from."""
+    inputs = ScalingInputs(
+        clock=clock,
+        below_since=before.below_since,
+        above_since=before.above_since,
+        launch_started_at=before.launch_started_at,
+    )
+    return msgspec.structs.replace(decision.to_event(epoch), inputs=inputs)
+
+
+def failure_event(
+    view: ClusterState, instance_id: str, *, epoch: int, inputs: FailureInputs, last_heartbeat: float
+) -> InstanceFailed | None:
+    """``instance_id`` marked failed if, over ``view``, it is live and was silent for longer than
+    the timeout (None otherwise). The silence is measured from the last report received, which
+    cannot be older than the one the view folded: readings that say so are not the log's.
+    ``last_heartbeat`` (wall clock) is reported, not decided on."""
+    record = view.instances.get(instance_id)
+    if record is None or record.status is InstanceStatus.FAILED:
+        return None
+    silence = inputs.clock - inputs.last_seen
+    if silence <= inputs.timeout_s or record.load.stream_seq > inputs.last_report_seq:
+        return None
+    return InstanceFailed(
+        instance_id=instance_id,
+        reason=FailureReason.NO_LOAD_REPORT,
+        detail=f"no load report for {silence:.1f}s",
+        last_heartbeat=last_heartbeat,
+        epoch=epoch,
+        inputs=inputs,
+    )
+
+
+def recomputable(recorded: Body) -> bool:
+    """Whether the log holds every input of ``recorded`` (a decision of a known policy, with its
+    readings where it took any)."""
+    if isinstance(recorded, Dispatched):
+        return recorded.policy in DispatchPolicy._value2member_map_
+    if isinstance(recorded, (Paired, Unpaired)):
+        return True
+    if isinstance(recorded, (ScaleUp, ScaleDown)):
+        return recorded.inputs is not None
+    if isinstance(recorded, InstanceFailed):
+        return recorded.epoch > 0 and recorded.inputs is not None
+    return False
+
+
 def recompute(
     view: ClusterState, recorded: Body, *, policy: PolicyConfig
-) -> Dispatched | Paired | Unpaired | None:
-    """What the scheduler would decide in ``recorded``'s place over ``view``; None if not recomputable.
+) -> Dispatched | Paired | Unpaired | ScaleUp | ScaleDown | InstanceFailed | None:
+    """What the scheduler would decide in ``recorded``'s place over ``view`` (None: nothing).
 
-    Only dispatch and pairing decisions are recomputed; scaling and failure
-    decisions read the clock and are not.
+    Call it for :func:`recomputable` decisions only (others give None).
     """
+    if not recomputable(recorded):
+        return None
+    if isinstance(recorded, (ScaleUp, ScaleDown)):
+        assert recorded.inputs is not None
+        inputs = recorded.inputs
+        before = ScalingState(
+            below_since=inputs.below_since,
+            above_since=inputs.above_since,
+            launch_started_at=inputs.launch_started_at,
+        )
+        _, decision = decide_scaling(
+            live_loads(view),
+            now=inputs.clock,
+            state=before,
+            config=policy.scaling,
+            num_launching=view.num_launching,
+        )
+        if decision is None:
+            return None
+        return scaling_event(decision, epoch=recorded.epoch, clock=inputs.clock, before=before)
+    if isinstance(recorded, InstanceFailed):
+        assert recorded.inputs is not None
+        return failure_event(
+            view,
+            recorded.instance_id,
+            epoch=recorded.epoch,
+            inputs=recorded.inputs,
+            last_heartbeat=recorded.last_heartbeat,
+        )
     if isinstance(recorded, Dispatched):
         request = DispatchRequest(
             request_id=recorded.request_id,

@@ -7,6 +7,11 @@ every dispatch and pairing decision it recomputes the decision over that view
 and compares (replay recomputes, it never reads decisions back into state it
 would not have derived), under the policy configuration the decision's epoch
 recorded in its takeover tick (``ReplayOptions.policy`` for logs without one).
+Scaling and failure decisions are recomputed from the clock readings they
+record. A log whose events stream no longer starts at the beginning, or a
+replay of a window (``from_time``), starts from the latest checkpoint of the
+history stream before it (``scheduler.history``); decisions before
+``from_time`` are folded, not recomputed.
 With ``what_if`` (a :class:`WhatIf`: changes to those rules) it also decides
 each point under the changed rules and reports where the choice differs and
 the freeness of both choices. Migrations are summarised from
@@ -25,11 +30,20 @@ import msgspec
 from scheduler.cluster_state import ClusterState, initial_state, live_loads
 from scheduler.config import DispatchPolicy, PolicyConfig
 from scheduler.follower import LogFollower, Shadow, ShadowStats
+from scheduler.history import checkpoint_state, decode_checkpoint
 from scheduler.logfile import RecordedLog
 from scheduler.policy.load import freeness_after_admit, load_freeness
-from scheduler.recompute import Cursor, dispatch_decision, next_pairing_decision, recompute
-from schemas.decisions import Dispatched, Paired, Unpaired
+from scheduler.recompute import (
+    Cursor,
+    dispatch_decision,
+    next_pairing_decision,
+    recomputable,
+    recompute,
+)
+from schemas.decisions import Dispatched, Paired, ScaleDown, ScaleUp, Unpaired
 from schemas.envelope import Body, Codec
+from schemas.history import Checkpoint
+from schemas.instance import InstanceFailed
 from schemas.load import LoadReport
 from schemas.migration import Abort, Commit, CommitAck, PreAllocate, StageDone
 from schemas.reasons import MigrationAbortReason, RpcErrorCode
@@ -80,6 +94,10 @@ class ReplayOptions:
     what_if: WhatIf | None = None
     #: Requests whose dispatch view to keep (``ReplayResult.dispatch_views``): ``shoal replay --request``.
     capture_requests: frozenset[str] = frozenset()
+    #: Recompute only decisions stored at or after this time (start from a checkpoint before it).
+    from_time: float | None = None
+    #: Fold points whose state to keep (``ReplayResult.states``).
+    capture_at: frozenset[Cursor] = frozenset()
 
 
 class Candidate(msgspec.Struct, frozen=True):
@@ -97,13 +115,28 @@ class Candidate(msgspec.Struct, frozen=True):
 
 class DecisionRow(msgspec.Struct, frozen=True):
     """A recorded decision and its recomputation. ``verifiable`` is False when load reports it
-    depended on are gone (outside the loads stream's retention): such a row is not a mismatch."""
+    depended on are gone (outside the retention), or the log lacks an input of it (an older
+    schema, a dispatch policy this shoal does not know): such a row is not a mismatch."""
 
     seq: int
     decision: Body
     recomputed: Body | None
     matches: bool
     verifiable: bool = True
+
+    @property
+    def kind(self) -> str:
+        return _KINDS.get(type(self.decision), "other")
+
+
+_KINDS: dict[type, str] = {
+    Dispatched: "dispatch",
+    Paired: "pairing",
+    Unpaired: "pairing",
+    ScaleUp: "scaling",
+    ScaleDown: "scaling",
+    InstanceFailed: "failure",
+}
 
 
 class WhatIfRow(msgspec.Struct, frozen=True):
@@ -149,6 +182,10 @@ class ReplayResult(msgspec.Struct):
     policy: PolicyConfig = msgspec.field(default_factory=PolicyConfig)
     #: For each captured dispatch (by events seq): every live instance as the decision saw it.
     dispatch_views: dict[int, list[Candidate]] = msgspec.field(default_factory=dict)
+    #: The state at each fold point of ``ReplayOptions.capture_at`` the replay passed.
+    states: dict[Cursor, ClusterState] = msgspec.field(default_factory=dict)
+    #: The checkpoint the replay started from (None: the log's beginning).
+    checkpoint: Cursor | None = None
 
     @property
     def num_recomputed(self) -> int:
@@ -177,9 +214,12 @@ class _Retention:
     view then depends only on reports that are present.
     """
 
-    def __init__(self, loads: list[tuple[int, LoadReport]], pending_report_limit: int) -> None:
-        present = [seq for seq, _ in loads]
-        expected = range(1, (present[-1] if present else 0) + 1)
+    def __init__(
+        self, loads: list[tuple[int, LoadReport]], pending_report_limit: int, start: int = 0
+    ) -> None:
+        """``start``: the loads sequence the replay's first state includes (a checkpoint's)."""
+        present = [seq for seq, _ in loads if seq > start]
+        expected = range(start + 1, (present[-1] if present else start) + 1)
         self.last_missing = 0 if len(present) == len(expected) else max(set(expected) - set(present))
         self.needed = pending_report_limit + 1
         self.by_instance: dict[str, list[int]] = {}
@@ -207,16 +247,28 @@ class _Observer:
         self.rows: list[DecisionRow] = []
         self.what_if: list[WhatIfRow] = []
         self.dispatch_views: dict[int, list[Candidate]] = {}
+        self.states: dict[Cursor, ClusterState] = {}
+        #: Stored time per events seq, and the first time whose decisions are recomputed.
+        self.times: dict[int, float] = {}
+        self.from_time = float("-inf") if options.from_time is None else options.from_time
 
     def __call__(self, seq: int, body: Body, view: ClusterState) -> None:
-        if not isinstance(body, (Dispatched, Paired, Unpaired)):
+        cursor = self.follower.cursor
+        if cursor in self.options.capture_at and cursor not in self.states:
+            self.states[cursor] = self.follower.state
+        if type(body) not in _KINDS or (isinstance(body, InstanceFailed) and not body.epoch):
+            return
+        if self.times.get(seq, 0.0) < self.from_time:
             return
         if isinstance(body, Dispatched) and body.request_id in self.options.capture_requests:
             self.dispatch_views[seq] = _candidates(view, body, self.shadow.policy)
+        if not recomputable(body):
+            self.rows.append(DecisionRow(seq, body, None, False, verifiable=False))
+            return
         recomputed = recompute(view, body, policy=self.shadow.policy)
-        verifiable = self.retention.complete(view, self.follower.cursor.loads_seq)
+        verifiable = self.retention.complete(view, cursor.loads_seq)
         self.rows.append(DecisionRow(seq, body, recomputed, recomputed == body, verifiable))
-        if self.options.what_if is not None:
+        if self.options.what_if is not None and isinstance(body, (Dispatched, Paired, Unpaired)):
             self._what_if(seq, body, view, self.options.what_if.apply(self.shadow.policy))
 
     def _what_if(self, seq: int, body: Body, view: ClusterState, policy: PolicyConfig) -> None:
@@ -336,15 +388,40 @@ def _migrations(events: list[tuple[int, float, Body]]) -> list[MigrationSummary]
     return list(found.values())
 
 
+def _start_checkpoint(log: RecordedLog, options: ReplayOptions, codec: Codec) -> Checkpoint | None:
+    """The checkpoint to start from: needed if the events stream lost its beginning, or asked
+    for by ``from_time``. The latest one before ``from_time`` (or the replay's end) whose fold
+    point the events kept in the log follow without a gap."""
+    first_event = log.events[0].seq if log.events else 1
+    if first_event <= 1 and options.from_time is None:
+        return None
+    until = options.from_time if options.from_time is not None else options.until_time
+    best: Checkpoint | None = None
+    for entry in log.checkpoints:
+        checkpoint = decode_checkpoint(codec, entry)
+        if checkpoint is None or checkpoint.events_seq < first_event - 1:
+            continue
+        if options.until_seq is not None and checkpoint.events_seq > options.until_seq:
+            continue
+        if until is not None and checkpoint.taken_at > until:
+            continue
+        if best is None or checkpoint.events_seq > best.events_seq:
+            best = checkpoint
+    return best
+
+
 def replay_log(log: RecordedLog, options: ReplayOptions | None = None) -> ReplayResult:
     """Fold ``log`` up to ``until_seq`` / ``until_time`` the way the scheduler did, recomputing decisions."""
     options = options or ReplayOptions()
     codec = Codec()
     subjects = log.subjects
+    checkpoint = _start_checkpoint(log, options, codec)
+    after = Cursor(0, 0) if checkpoint is None else Cursor(checkpoint.events_seq, checkpoint.loads_seq)
     events = [
         (e.seq, e.time, e.msg_id, _decoded(codec, e.data))
         for e in log.events
-        if (options.until_seq is None or e.seq <= options.until_seq)
+        if e.seq > after.events_seq
+        and (options.until_seq is None or e.seq <= options.until_seq)
         and (options.until_time is None or e.time <= options.until_time)
     ]
     until_time = options.until_time
@@ -353,17 +430,30 @@ def replay_log(log: RecordedLog, options: ReplayOptions | None = None) -> Replay
     loads = [
         (e.seq, body)
         for e in log.loads
-        if until_time is None or e.time <= until_time
+        if e.seq > after.loads_seq and (until_time is None or e.time <= until_time)
         if isinstance(body := _decoded(codec, e.data), LoadReport)
     ]
-    first_event = events[0][0] if events else 1
-    state = initial_state(
-        gapless_streams=(subjects.events_stream,),
-        start_positions={subjects.events_stream: first_event - 1} if first_event > 1 else None,
-    )
-    follower = LogFollower(state, events_stream=subjects.events_stream, loads_stream=subjects.loads_stream)
-    shadow = Shadow(follower, policy=options.policy, verify=False)
-    observer = _Observer(options, _Retention(loads, state.pending_report_limit), shadow)
+    if checkpoint is not None:
+        state = checkpoint_state(checkpoint)
+        follower = LogFollower(
+            state, events_stream=subjects.events_stream, loads_stream=subjects.loads_stream, cursor=after
+        )
+        shadow = Shadow(follower, control_epoch=checkpoint.epoch, policy=options.policy, verify=False)
+        if checkpoint.policy:
+            shadow.adopt_policy(checkpoint.epoch, checkpoint.policy)
+    else:
+        first_event = events[0][0] if events else 1
+        state = initial_state(
+            gapless_streams=(subjects.events_stream,),
+            start_positions={subjects.events_stream: first_event - 1} if first_event > 1 else None,
+        )
+        follower = LogFollower(
+            state, events_stream=subjects.events_stream, loads_stream=subjects.loads_stream
+        )
+        shadow = Shadow(follower, policy=options.policy, verify=False)
+    retention = _Retention(loads, state.pending_report_limit, start=after.loads_seq)
+    observer = _Observer(options, retention, shadow)
+    observer.times = {seq: time for seq, time, _, _ in events}
     shadow.observer = observer
     for seq, report in loads:
         shadow.on_load(seq, report)
@@ -384,4 +474,6 @@ def replay_log(log: RecordedLog, options: ReplayOptions | None = None) -> Replay
         policies=dict(shadow.policies),
         policy=shadow.policy,
         dispatch_views=observer.dispatch_views,
+        states=observer.states,
+        checkpoint=None if checkpoint is None else after,
     )

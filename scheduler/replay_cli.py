@@ -9,7 +9,12 @@ the recorded one. Decisions are recomputed with the policy configuration
 their epoch's takeover tick recorded (``--policy``, ``--low-freeness``, ...
 only for logs without one). ``--what-if`` decides every point again under
 those rules changed by ``--what-if-*`` and prints where the choices differ. ``--follow``
-repeats every second on the live streams. Rich tables for people, ``--json``
+repeats every second on the live streams. ``--from`` recomputes only the
+decisions after a time, starting from the history stream's checkpoint before
+it. ``--at-time T --step S`` is the time-travel view: the cluster at ``T``
+and, ``--steps`` times, what changed in each next ``S`` seconds (usage,
+freeness, queues, pairings; :mod:`scheduler.timetravel`); ``--watch`` does
+the same on the live streams as time passes. Rich tables for people, ``--json``
 for scripts. ``shoal events`` lives in :mod:`scheduler.events_cli` (``events`` is
 re-exported here for command lines that name this module).
 """
@@ -31,10 +36,11 @@ from bus.options import nats_auth_options, nats_option
 from scheduler.cli import policy_from_options, policy_options
 from scheduler.cluster_state import live_loads
 from scheduler.config import DispatchPolicy
-from scheduler.events_cli import DEFAULT_PREFIX, events, read_live, read_log_file, run_live, time_option
+from scheduler.events_cli import DEFAULT_PREFIX, events, read_any, time_option
 from scheduler.policy.load import load_freeness
 from scheduler.replay import ReplayOptions, ReplayResult, WhatIf, replay_log
 from scheduler.timeline import RequestTimeline, TimelineStep, request_timeline
+from scheduler.timetravel_cli import time_travel, watch
 from schemas.decisions import Dispatched
 
 __all__ = ["events", "replay", "result_as_dict"]
@@ -84,7 +90,11 @@ def result_as_dict(result: ReplayResult, options: ReplayOptions, limit: int) -> 
             for row in dispatches[-limit:]
         ],
         "decisions_recomputed": len(result.decisions),
+        "decisions_by_kind": _by_kind(result),
         "decisions_equal": sum(1 for row in result.decisions if row.matches),
+        "checkpoint": None
+        if result.checkpoint is None
+        else {"events_seq": result.checkpoint.events_seq, "loads_seq": result.checkpoint.loads_seq},
         "decisions_outside_retention": result.num_unverifiable,
         "mismatches": [
             {
@@ -104,6 +114,16 @@ def result_as_dict(result: ReplayResult, options: ReplayOptions, limit: int) -> 
             "differences": [msgspec.to_builtins(row) for row in result.what_if[:limit]],
         },
     }
+
+
+def _by_kind(result: ReplayResult) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for row in result.decisions:
+        counts = out.setdefault(row.kind, {"recomputed": 0, "equal": 0, "not_verifiable": 0})
+        counts["recomputed"] += 1
+        counts["equal"] += row.matches
+        counts["not_verifiable"] += not row.verifiable
+    return out
 
 
 def _print(console: Console, data: dict[str, Any]) -> None:
@@ -178,11 +198,17 @@ def _print(console: Console, data: dict[str, Any]) -> None:
         )
     console.print(table)
     colour = "green" if not data["mismatches"] else "red"
+    kinds = ", ".join(f"{k} {c['equal']}/{c['recomputed']}" for k, c in data["decisions_by_kind"].items())
+    if data["checkpoint"] is not None:
+        point = data["checkpoint"]
+        console.print(
+            f"started from the checkpoint at events seq {point['events_seq']}, loads seq {point['loads_seq']}"
+        )
     console.print(
-        f"[{colour}]recomputed {data['decisions_recomputed']} dispatch/pairing decisions: "
-        f"{data['decisions_equal']} equal to the recorded ones, {len(data['mismatches'])} differ, "
-        f"{data['decisions_outside_retention']} depended on load reports outside the retention "
-        f"window[/{colour}]"
+        f"[{colour}]recomputed {data['decisions_recomputed']} decisions: "
+        f"{data['decisions_equal']} equal to the recorded ones ({kinds or 'none'}), "
+        f"{len(data['mismatches'])} differ, {data['decisions_outside_retention']} not verifiable "
+        f"(load reports outside the retention, or an input the log lacks)[/{colour}]"
     )
     what_if = data["what_if"]
     if what_if is not None:
@@ -239,8 +265,20 @@ def _step_text(step: TimelineStep) -> str:
             text += " (the state at the fold point is not in the log)"
         return text
     if step.kind == "placed":
+        if not d["bypass"]:
+            return "placed as dispatched"
+        why = d.get("bypass_reason")
+        text = "bypass: placed by the frontend without the scheduler"
+        if why is None:
+            return text
+        return f"{text} ({why}: {d['bypass_detail']})" if d.get("bypass_detail") else f"{text} ({why})"
+    if step.kind == "admitted":
+        again = " again after a preemption" if d["readmission"] else ""
+        return f"the engine ran it{again} after {_ms(d['queued_s'])} queued"
+    if step.kind == "preempted":
         return (
-            "bypass: placed by the frontend without the scheduler" if d["bypass"] else "placed as dispatched"
+            f"preempted by recompute: {d['num_blocks_freed']} blocks freed, "
+            f"{d['num_output_tokens']} output tokens so far (queued again)"
         )
     if step.kind == "first_token":
         return f"TTFT {_ms(d['ttft_s'])}"
@@ -251,6 +289,14 @@ def _step_text(step: TimelineStep) -> str:
         downtime = "" if d.get("downtime_s") is None else f", downtime {_ms(d['downtime_s'])}"
         text = f"{d['migration_id']} {d.get('source_id')} → {d.get('destination_id')}: {d.get('outcome')}"
         text += f"{downtime}; stages {stages or '-'}"
+        cause = d.get("cause")
+        if cause is not None:
+            text += f"\n  why: {cause['cause']}"
+            if cause["epoch"]:
+                target = cause["target_freeness"]
+                text += f" (MigrateOut of epoch {cause['epoch']}, target freeness {target:.1f})"
+            if cause["source_freeness"] is not None:
+                text += f", source freeness {cause['source_freeness']:.1f} when it chose the request"
         start = d["handshake"][0]["time"] if d["handshake"] else 0.0
         for h in d["handshake"]:
             extra = f" stage {h['stage']}" if "stage" in h else ""
@@ -326,6 +372,23 @@ def _print_timeline(console: Console, timeline: RequestTimeline, as_json: bool) 
     default=None,
     help="Show this request's life as a timeline instead of the state.",
 )
+@click.option(
+    "--from",
+    "from_time",
+    default=None,
+    help="Recompute only decisions from this time on (ISO 8601, epoch seconds or an age like 2h), "
+    "starting from the checkpoint before it.",
+)
+@click.option(
+    "--step",
+    type=float,
+    default=None,
+    help="With --at-time: print what changed in each next STEP seconds (time travel).",
+)
+@click.option("--steps", type=int, default=10, show_default=True, help="How many steps --step prints.")
+@click.option(
+    "--watch", is_flag=True, help="Live: print what changed every --step seconds (default 1) as time passes."
+)
 @click.option("--follow", is_flag=True, help="Tail the live streams, printing again every second.")
 @click.option("--limit", type=int, default=20, show_default=True, help="Rows per table.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
@@ -340,17 +403,36 @@ def replay(**o: Any) -> None:
             high_freeness=o["what_if_high"],
         )
     options = ReplayOptions(
-        until_seq=o["at_seq"], until_time=time_option(o["at_time"]), policy=policy, what_if=what_if
+        until_seq=o["at_seq"],
+        until_time=time_option(o["at_time"]),
+        policy=policy,
+        what_if=what_if,
+        from_time=time_option(o["from_time"]),
     )
     console = Console(width=None if sys.stdout.isatty() else 200)
 
     prefix = o["prefix"] or DEFAULT_PREFIX
+    if o["step"] is not None and o["step"] <= 0:
+        raise click.BadParameter("--step must be positive", param_hint="--step")
+    if o["watch"]:
+        if o["path"]:
+            raise click.UsageError("--watch follows the live streams; use --at-time and --step with --file")
+        watch(console, o["nats_url"], prefix, policy, o["step"] or 1.0, o["as_json"], o["nats_auth"])
+        return
+    if o["step"] is not None:
+        if options.until_time is None:
+            raise click.UsageError("--step needs --at-time (the first instant)")
+        log = read_any(
+            o["path"], o["prefix"], o["nats_url"], auth=o["nats_auth"],
+            skip_corrupt=o["skip_corrupt"], replay_from=options.until_time,
+        )
+        time_travel(console, log, options.until_time, o["step"], o["steps"], policy, o["as_json"])
+        return
 
     def once() -> None:
-        log = (
-            read_log_file(o["path"], o["prefix"], skip_corrupt=o["skip_corrupt"])
-            if o["path"]
-            else run_live(read_live(o["nats_url"], prefix, None, None, o["nats_auth"]), o["nats_url"], prefix)
+        log = read_any(
+            o["path"], o["prefix"], o["nats_url"], auth=o["nats_auth"],
+            skip_corrupt=o["skip_corrupt"], replay_from=options.from_time,
         )
         if o["request_id"] is not None:
             _print_timeline(console, request_timeline(log, o["request_id"], policy=policy), o["as_json"])
@@ -368,3 +450,4 @@ def replay(**o: Any) -> None:
         time.sleep(1.0)
         console.clear()
         once()
+

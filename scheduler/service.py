@@ -18,7 +18,10 @@ One :class:`SchedulerService` per process. It
   :class:`~scheduler.instances.InstanceManager` is given), emits pairing
   decisions and sends the agents their ``MigrateOut`` / ``StopMigration`` /
   ``Drain`` commands; saves snapshots every ``snapshot_every_events`` folded
-  events or ``snapshot_every_s`` seconds;
+  events or ``snapshot_every_s`` seconds; archives the load reports it reads
+  into the history stream and appends a checkpoint of its state there every
+  ``checkpoint_every_s`` (:mod:`scheduler.history`); scaling and failure
+  decisions carry the clock readings they were made from;
 * steps down when it sees a newer epoch in the log or cannot renew its lease,
   and starts over as a standby.
 
@@ -45,6 +48,7 @@ from bus.protocol import Bus, StoredMessage
 from scheduler.cluster_state import ClusterState, InstanceStatus, initial_state, live_loads
 from scheduler.config import encode_policy
 from scheduler.follower import LogFollower, Shadow
+from scheduler.history import LoadArchiver, checkpoint_message
 from scheduler.instances import InstanceManager
 from scheduler.lease import Lease, LeaseLost
 from scheduler.metrics import SchedulerMetrics
@@ -55,7 +59,9 @@ from scheduler.recompute import (
     Cursor,
     apply_overlay,
     dispatch_decision,
+    failure_event,
     pairing_plan_events,
+    scaling_event,
     scheduler_epoch,
 )
 from scheduler.service_config import (
@@ -68,9 +74,9 @@ from scheduler.service_config import (
 from scheduler.snapshots import SnapshotStore
 from schemas.decisions import Dispatched, Paired, ScaleDown, ScaleUp, SchedulerTick, Unpaired
 from schemas.envelope import Body, Codec
-from schemas.instance import InstanceFailed, InstanceJoined
+from schemas.instance import FailureInputs, InstanceFailed, InstanceJoined
 from schemas.load import LoadReport
-from schemas.reasons import DispatchFailReason, FailureReason, RpcErrorCode
+from schemas.reasons import DispatchFailReason, RpcErrorCode
 from schemas.rpc import DispatchReply, DispatchRequest, Drain, MigrateOut, RpcError, StopMigration
 
 __all__ = [
@@ -117,6 +123,8 @@ class SchedulerService:
         self.epoch = 0
         self.stats = SchedulerStats()
         self.snapshots = SnapshotStore(bus)
+        self.archiver = LoadArchiver(bus, interval_s=self.config.archive_interval_s)
+        self._checkpoint_at = float("-inf")
         self._policy_json = encode_policy(self.config.policy)
         self.lease = Lease(bus, holder=self.config.scheduler_id, ttl_s=self.config.lease_ttl_s, clock=clock)
         self.shadow: Shadow | None = None
@@ -132,6 +140,8 @@ class SchedulerService:
             observe_append=self.metrics.append_latency.observe,
         )
         self._last_seen: dict[str, float] = {}
+        #: The loads-stream sequence of the last report received per instance (0: none since joining).
+        self._last_report_seq: dict[str, int] = {}
         self._scaling = ScalingState()
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[Any]] = set()
@@ -272,6 +282,9 @@ class SchedulerService:
                 self.tick()  # record the last fold point, then snapshot it for a quick handover
                 await self._maybe_snapshot(force=True)
                 await self.outbox.drain()
+                if self.config.archive_loads:
+                    with contextlib.suppress(BusError):
+                        await self.archiver.flush()
                 with contextlib.suppress(BusError):
                     await self.lease.release()
 
@@ -295,6 +308,10 @@ class SchedulerService:
         self._active_since = self._clock()
         self._snapshot_at = self._clock()
         self._snapshot_events = follower.state.num_events
+        self._checkpoint_at = float("-inf")
+        if self.config.archive_loads:
+            self.archiver.archived_through = -1  # another scheduler may have archived since: look it up
+            self._tasks.append(asyncio.create_task(self.archiver.run()))
         self.stats.takeovers += 1
         self.role = Role.ACTIVE
         log.info("scheduler %s active at epoch %d", self.config.scheduler_id, self.epoch)
@@ -347,6 +364,7 @@ class SchedulerService:
                 self.shadow.advance()
         if isinstance(body, InstanceJoined):
             self._last_seen[body.instance_id] = self._clock()
+            self._last_report_seq[body.instance_id] = 0
         self._changed.set()
 
     async def _read_loads(self, from_seq: int) -> None:
@@ -354,10 +372,13 @@ class SchedulerService:
             async for message in feed:
                 if self.role is not Role.STARTING:
                     self.metrics.observe_read("loads", message.time, time.time())
+                if self.config.archive_loads:
+                    self.archiver.offer(message)
                 body = self._body(message)
                 if not isinstance(body, LoadReport):
                     continue
                 self._last_seen[body.instance_id] = self._clock()
+                self._last_report_seq[body.instance_id] = message.position.seq
                 assert self.shadow is not None
                 self.shadow.on_load(message.position.seq, body)
                 if self.role not in (Role.ACTIVE, Role.STARTING):
@@ -515,29 +536,32 @@ class SchedulerService:
             if record.status is InstanceStatus.FAILED:
                 continue
             seen = self._last_seen.setdefault(instance_id, max(now, self._active_since))
-            if now - seen > self.config.failure_timeout_s:
-                emitted.append(
-                    InstanceFailed(
-                        instance_id=instance_id,
-                        reason=FailureReason.NO_LOAD_REPORT,
-                        detail=f"no load report for {now - seen:.1f}s",
-                        last_heartbeat=self._wall() - (now - seen),
-                        epoch=self.epoch,
-                    )
-                )
-                self._emit(emitted[-1])
+            inputs = FailureInputs(
+                clock=now,
+                last_seen=seen,
+                timeout_s=self.config.failure_timeout_s,
+                last_report_seq=self._last_report_seq.get(instance_id, 0),
+            )
+            failed = failure_event(
+                self.view(), instance_id, epoch=self.epoch, inputs=inputs,
+                last_heartbeat=self._wall() - (now - seen),
+            )
+            if failed is not None:
+                emitted.append(failed)
+                self._emit(failed)
                 self.stats.failures_detected += 1
         view = self.view()
         if self.manager is not None:
+            timers = self._scaling
             self._scaling, decision = decide_scaling(
                 live_loads(view),
                 now=now,
-                state=self._scaling,
+                state=timers,
                 config=self.config.policy.scaling,
                 num_launching=view.num_launching,
             )
             if decision is not None:
-                emitted.append(decision.to_event(self.epoch))
+                emitted.append(scaling_event(decision, epoch=self.epoch, clock=now, before=timers))
                 self._emit(emitted[-1])
                 self._carry_out_scaling(decision)
                 view = self.view()
@@ -585,6 +609,22 @@ class SchedulerService:
             self.stats.snapshots += 1
         except BusError as exc:
             log.warning("snapshot failed: %s", exc)
+            return
+        due = self._clock() - self._checkpoint_at >= self.config.checkpoint_every_s
+        if self.config.archive_loads and due:
+            self._checkpoint_at = self._clock()
+            checkpoint = checkpoint_message(
+                state, cursor, epoch=self.epoch, taken_at=self._wall(), policy=self._policy_json
+            )
+            try:
+                await self.bus.append(
+                    self.subjects.history("checkpoint"),
+                    self.codec.encode(checkpoint, time=self._wall()),
+                    msg_id=f"checkpoint:{self.epoch}:{cursor.events_seq}:{cursor.loads_seq}",
+                )
+                self.stats.checkpoints += 1
+            except BusError as exc:
+                log.warning("checkpoint failed: %s", exc)
 
     async def _renew_lease(self) -> None:
         while True:

@@ -52,9 +52,18 @@ class SchedulerConfig:
     max_in_flight_appends: int = 1024
     #: Keep the last 500k dispatch handling times in ``decision_times`` (benchmarks).
     record_decision_times: bool = False
+    #: Long retention (``scheduler.history``): while active, copy the loads stream into the history
+    #: stream every ``archive_interval_s`` and append a checkpoint of the state every
+    #: ``checkpoint_every_s`` (with the first snapshot after a takeover, then at most this often).
+    archive_loads: bool = True
+    archive_interval_s: float = 1.0
+    checkpoint_every_s: float = 300.0
 
     def __post_init__(self) -> None:
-        for name in ("pairing_interval_s", "failure_timeout_s", "lease_ttl_s", "snapshot_every_s"):
+        for name in (
+            "pairing_interval_s", "failure_timeout_s", "lease_ttl_s", "snapshot_every_s",
+            "archive_interval_s", "checkpoint_every_s",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
         if self.snapshot_every_events < 1:
@@ -69,6 +78,7 @@ class SchedulerStats(msgspec.Struct):
     commands_sent: int = 0
     command_errors: int = 0
     snapshots: int = 0
+    checkpoints: int = 0
     takeovers: int = 0
     step_downs: int = 0
     #: times recovery or the service loop failed on the bus and started over

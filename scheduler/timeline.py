@@ -7,10 +7,14 @@ state folded at the decision's fold point, and the runner-up), its placement
 (bypass or not), first token, each migration with its handshake steps, stage
 timings and downtime, rescues, and its finish or abort with the reason.
 
-Preemptions are not logged per request: load reports carry each instance's
-cumulative ``num_preemptions``, so the timeline reports how many preemptions
-each instance counted while the request was on it (an upper bound, not the
-request's own). Pure apart from reading the in-memory log; rendering lives in
+Agents log when their engine admits a request (how long it queued) and each
+preemption of it (``RequestAdmitted``, ``RequestPreempted``), and why each
+migration started (``MigrationStarted``: the pairing command, a drain, or a
+direct request); the frontend logs why it bypassed the scheduler
+(``RequestPlaced.bypass_reason``). Logs written before those events existed
+fall back on the instances' cumulative ``num_preemptions`` in their load
+reports: how many preemptions each instance counted while the request was on
+it (an upper bound, not the request's own). Pure apart from reading the in-memory log; rendering lives in
 :mod:`scheduler.replay_cli`.
 """
 
@@ -26,14 +30,16 @@ from scheduler.replay import Candidate, MigrationSummary, ReplayOptions, replay_
 from schemas.decisions import Dispatched
 from schemas.envelope import Codec
 from schemas.load import LoadReport
-from schemas.migration import Commit, CommitAck, MigrationMessage, PreAllocate
+from schemas.migration import Commit, CommitAck, MigrationMessage, MigrationStarted, PreAllocate
 from schemas.requests import (
     RequestAborted,
+    RequestAdmitted,
     RequestArrived,
     RequestEvent,
     RequestFinished,
     RequestFirstToken,
     RequestPlaced,
+    RequestPreempted,
     RequestRescued,
 )
 
@@ -42,8 +48,8 @@ __all__ = ["RequestTimeline", "ResidencyPreemptions", "TimelineStep", "request_t
 
 class TimelineStep(msgspec.Struct, frozen=True):
     """One thing that happened to the request. ``kind`` is ``arrived``, ``dispatched``, ``placed``,
-    ``first_token``, ``migration``, ``rescued``, ``finished`` or ``aborted``; ``time`` is when the
-    server stored it, ``event_time`` when its producer stamped it."""
+    ``admitted``, ``first_token``, ``preempted``, ``migration``, ``rescued``, ``finished`` or
+    ``aborted``; ``time`` is when the server stored it, ``event_time`` when its producer stamped it."""
 
     seq: int
     time: float
@@ -156,6 +162,7 @@ def request_timeline(
     steps: list[TimelineStep] = []
     migrations: dict[str, list[dict[str, Any]]] = {}
     first_seen: dict[str, tuple[int, float, float]] = {}
+    started: dict[str, MigrationStarted] = {}
     for entry in log.events:
         if (
             entry.subject != own_subject
@@ -173,6 +180,10 @@ def request_timeline(
         elif isinstance(body, Dispatched) and body.request_id == request_id:
             view = result.dispatch_views.get(entry.seq)
             steps.append(TimelineStep(*at, "dispatched", body.instance_id, _dispatch_detail(body, view)))
+        elif isinstance(body, MigrationStarted) and body.request_id == request_id:
+            first_seen.setdefault(body.migration_id, at)
+            started[body.migration_id] = body
+            migrations.setdefault(body.migration_id, [])
         elif isinstance(body, (PreAllocate, Commit, CommitAck)) and body.request_id == request_id:
             first_seen.setdefault(body.migration_id, at)
             migrations.setdefault(body.migration_id, []).append(
@@ -186,15 +197,28 @@ def request_timeline(
         detail: dict[str, Any] = {"migration_id": migration_id, "handshake": handshake}
         if summary is not None:
             detail.update(msgspec.to_builtins(summary))
+        why = started.get(migration_id)
+        if why is not None:
+            detail["cause"] = {
+                "cause": why.cause.value,
+                "epoch": why.epoch,
+                "target_freeness": why.target_freeness,
+                "source_freeness": why.source_freeness,
+            }
+            detail.setdefault("source_id", why.source_id)
+            detail.setdefault("destination_id", why.destination_id)
         source = summary.source_id if summary is not None else ""
         steps.append(TimelineStep(*first_seen[migration_id], "migration", source, detail))
     steps.sort(key=lambda step: step.seq)
     ends = [step.time for step in steps if step.kind in ("finished", "aborted")]
     end = ends[-1] if ends else max((e.time for e in log.events), default=0.0)
-    notes = [
-        "preemptions are not logged per request: the counts are every preemption of the instance "
-        "while the request was on it (from its load reports' cumulative num_preemptions)"
-    ]
+    notes = []
+    if not any(step.kind == "admitted" for step in steps):
+        notes.append(
+            "admission and preemptions are not logged per request in this log (older agents): the "
+            "preemption counts are every preemption of the instance while the request was on it "
+            "(from its load reports' cumulative num_preemptions)"
+        )
     if steps and not any(step.kind == "arrived" for step in steps):
         notes.append(
             "no arrival logged: the frontend's request events are missing (not exported, or aged out)"
@@ -215,6 +239,10 @@ def _request_step(at: tuple[int, float, float], body: RequestEvent) -> TimelineS
         return TimelineStep(*at, "placed", body.instance_id, detail)
     if isinstance(body, RequestFirstToken):
         return TimelineStep(*at, "first_token", body.instance_id, detail)
+    if isinstance(body, RequestAdmitted):
+        return TimelineStep(*at, "admitted", body.instance_id, detail)
+    if isinstance(body, RequestPreempted):
+        return TimelineStep(*at, "preempted", body.instance_id, detail)
     if isinstance(body, RequestRescued):
         return TimelineStep(*at, "rescued", body.new_instance_id, detail)
     if isinstance(body, RequestFinished):

@@ -8,6 +8,7 @@ from schemas.base import SCHEMA_CHANGES, SCHEMA_VERSION, Message
 from schemas.decisions import *  # noqa: F403
 from schemas.envelope import Body, Codec, Envelope, decode_body, encode_body
 from schemas.errors import *  # noqa: F403
+from schemas.history import *  # noqa: F403
 from schemas.instance import *  # noqa: F403
 from schemas.load import *  # noqa: F403
 from schemas.migration import *  # noqa: F403

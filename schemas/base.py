@@ -13,7 +13,7 @@ __all__ = ["SCHEMA_CHANGES", "SCHEMA_VERSION", "Message"]
 
 #: Bumped when a message changes incompatibly. Decoders reject newer versions; a message of an
 #: older version is accepted if it still decodes, else rejected as ``UnsupportedVersion``.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 #: What changed in each schema version (date, change). Add a line with every bump.
 SCHEMA_CHANGES: dict[int, str] = {
@@ -24,6 +24,12 @@ SCHEMA_CHANGES: dict[int, str] = {
         "Abort.reason (+ detail), AbortRequest.reason, RequestAborted.reason, Unpaired.reason, "
         "InstanceFailed.reason (+ detail), InstanceTerminating.reason, TokenDelta.finish_reason "
         "and RequestFinished.finish_reason; free-text values of version 1 no longer decode."
+    ),
+    3: (
+        "2026-12-02: decisions carry every input: ScaleUp/ScaleDown.inputs (ScalingInputs: clock and "
+        "sustain timers), InstanceFailed.inputs (FailureInputs: clock, last seen, timeout, last report); "
+        "the history stream's ArchivedLoads and Checkpoint. Additive: version 2 messages still decode "
+        "(their scaling and failure decisions are not recomputable)."
     ),
 }
 

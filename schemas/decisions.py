@@ -18,6 +18,7 @@ __all__ = [
     "Paired",
     "ScaleDown",
     "ScaleUp",
+    "ScalingInputs",
     "SchedulerTick",
     "Unpaired",
 ]
@@ -62,16 +63,29 @@ class Unpaired(Message, frozen=True, kw_only=True, tag="unpaired"):
     reason: UnpairReason
 
 
+class ScalingInputs(Message, frozen=True, kw_only=True, tag="scaling_inputs"):
+    """What a scaling decision read besides the state and the policy: the scheduler's clock
+    (monotonic seconds) and its sustain timers before deciding (``scheduler.policy.scaling``)."""
+
+    clock: float
+    below_since: float | None = None
+    above_since: float | None = None
+    launch_started_at: float | None = None
+
+
 class ScaleUp(Message, frozen=True, kw_only=True, tag="scale_up"):
     epoch: int
     num_instances: int
     average_freeness: float
+    #: None in logs of schema version 2 and older (the decision cannot be recomputed).
+    inputs: ScalingInputs | None = None
 
 
 class ScaleDown(Message, frozen=True, kw_only=True, tag="scale_down"):
     epoch: int
     instance_id: str
     average_freeness: float
+    inputs: ScalingInputs | None = None
 
 
 class SchedulerTick(Message, frozen=True, kw_only=True, tag="scheduler_tick"):

@@ -28,9 +28,10 @@ from schemas.errors import (
     UnsupportedVersion,
     WrongType,
 )
+from schemas.history import HistoryMessage
 from schemas.instance import InstanceEvent
 from schemas.load import LoadReport
-from schemas.migration import MigrationMessage
+from schemas.migration import MigrationEvent
 from schemas.requests import RequestEvent
 from schemas.rpc import RpcMessage
 from schemas.tokens import TokenDelta
@@ -41,10 +42,11 @@ Body = (
     InstanceEvent
     | LoadReport
     | DecisionEvent
-    | MigrationMessage
+    | MigrationEvent
     | RequestEvent
     | RpcMessage
     | TokenDelta
+    | HistoryMessage
 )
 
 T = TypeVar("T")

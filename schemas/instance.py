@@ -10,6 +10,7 @@ from schemas.base import Message
 from schemas.reasons import FailureReason, TerminateReason
 
 __all__ = [
+    "FailureInputs",
     "InstanceEvent",
     "InstanceFailed",
     "InstanceHeartbeat",
@@ -71,12 +72,25 @@ class InstanceLeft(Message, frozen=True, kw_only=True, tag="instance_left"):
     instance_id: str
 
 
+class FailureInputs(Message, frozen=True, kw_only=True, tag="failure_inputs"):
+    """What the scheduler's failure detection read: its clock (monotonic seconds) now and when
+    it last heard from the instance, the timeout, and the loads-stream sequence of the last
+    report it had received from it (0: none since it joined)."""
+
+    clock: float
+    last_seen: float
+    timeout_s: float
+    last_report_seq: int = 0
+
+
 class InstanceFailed(Message, frozen=True, kw_only=True, tag="instance_failed"):
     instance_id: str
     reason: FailureReason
     detail: str = ""
     last_heartbeat: float = 0.0
     epoch: int = 0
+    #: Set by the scheduler's detection (None from others, and in logs of schema version 2).
+    inputs: FailureInputs | None = None
 
 
 InstanceEvent = (

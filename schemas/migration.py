@@ -5,13 +5,14 @@ COMMIT-ACK``. The same messages travel as request/reply on
 ``<prefix>.rpc.mig.<instance_id>`` and are appended, with agent-side event
 times, to ``<prefix>.ev.mig.<migration_id>`` so a migration can be replayed and
 timed afterwards. The destination's ``CommitAck`` in the log decides who owns
-the request if the reply is lost.
+the request if the reply is lost. Before its first message the source appends
+``MigrationStarted`` (log only, not a handshake message): why it started.
 """
 
 from __future__ import annotations
 
 from schemas.base import Message
-from schemas.reasons import MigrationAbortReason
+from schemas.reasons import MigrationAbortReason, MigrationCause
 from schemas.rpc import SamplingParams
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "CommitAck",
     "MigrationEvent",
     "MigrationMessage",
+    "MigrationStarted",
     "PreAllocate",
     "StageDone",
     "StageWritten",
@@ -103,4 +105,22 @@ class CommitAck(Message, frozen=True, kw_only=True, tag="mig_commit_ack"):
 
 
 MigrationMessage = PreAllocate | Ack | Abort | StageDone | StageWritten | Commit | CommitAck
-MigrationEvent = MigrationMessage
+
+
+class MigrationStarted(Message, frozen=True, kw_only=True, tag="mig_started"):
+    """Why the source started this migration (appended to the log before ``PreAllocate``).
+
+    With ``PAIRING``/``DRAIN``: the ``MigrateOut`` command's lease epoch and target freeness, and
+    the source's own freeness when it chose the request (lower priority first, then shorter)."""
+
+    migration_id: str
+    request_id: str
+    source_id: str
+    destination_id: str
+    cause: MigrationCause
+    epoch: int = 0
+    target_freeness: float | None = None
+    source_freeness: float | None = None
+
+
+MigrationEvent = MigrationMessage | MigrationStarted

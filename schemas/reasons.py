@@ -17,12 +17,14 @@ from __future__ import annotations
 import enum
 
 __all__ = [
+    "BypassReason",
     "CloseReason",
     "CommandRejectReason",
     "DispatchFailReason",
     "FailureReason",
     "FinishReason",
     "MigrationAbortReason",
+    "MigrationCause",
     "RejectReason",
     "RpcErrorCode",
     "TerminateReason",
@@ -112,6 +114,26 @@ class DispatchFailReason(enum.StrEnum):
     NOT_ACTIVE = "not_active"  # this scheduler is a standby or its lease lapsed
     NO_INSTANCE = "no_instance"  # no live instance can take the request
     MALFORMED_REQUEST = "malformed_request"
+
+
+class BypassReason(enum.StrEnum):
+    """Why a frontend placed a request itself instead of where the scheduler said
+    (``RequestPlaced.bypass_reason``)."""
+
+    SCHEDULER_QUIET = "scheduler_quiet"  # a dispatch timed out recently: not asking for a while
+    SCHEDULER_TIMEOUT = "scheduler_timeout"  # the dispatch request timed out
+    SCHEDULER_UNREACHABLE = "scheduler_unreachable"  # no scheduler answered (no responders, bus down)
+    SCHEDULER_REFUSED = "scheduler_refused"  # it answered without an instance (detail: its reason)
+    SCHEDULER_EXCLUDED = "scheduler_excluded"  # it chose an instance this placement excludes
+    MALFORMED_REPLY = "malformed_reply"
+
+
+class MigrationCause(enum.StrEnum):
+    """Why a source agent started migrating a request (``MigrationStarted.cause``)."""
+
+    PAIRING = "pairing"  # the scheduler's ``MigrateOut`` for a pairing: freeness below the band
+    DRAIN = "drain"  # the instance is terminating (scale-down): every request leaves
+    REQUESTED = "requested"  # asked directly (``Agent.migrate``, tests, operators)
 
 
 class CommandRejectReason(enum.StrEnum):

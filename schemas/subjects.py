@@ -1,7 +1,7 @@
 """Subject and stream names, built from a configurable prefix.
 
 Several clusters can share one NATS deployment by using different prefixes.
-Stream names are the prefix with dots replaced, plus ``_events`` / ``_loads``.
+Stream names are the prefix with dots replaced, plus ``_events`` / ``_loads`` / ``_history``.
 """
 
 from __future__ import annotations
@@ -43,6 +43,14 @@ class Subjects:
         return f"{self.prefix}.load.*"
 
     @property
+    def history_stream(self) -> str:
+        return self.prefix.replace(".", "_") + "_history"
+
+    @property
+    def history_all(self) -> str:
+        return f"{self.prefix}.hist.>"
+
+    @property
     def kv_bucket(self) -> str:
         return self.prefix.replace(".", "_") + "_state"
 
@@ -61,6 +69,10 @@ class Subjects:
 
     def req(self, request_id: str) -> str:
         return f"{self.prefix}.ev.req.{_token(request_id)}"
+
+    def history(self, kind: str) -> str:
+        """``loads`` (archived load reports) or ``checkpoint`` (folded state) in the history stream."""
+        return f"{self.prefix}.hist.{_token(kind)}"
 
     # -- core NATS (not persisted) -----------------------------------------
     def tok(self, request_id: str) -> str:

@@ -29,6 +29,7 @@ from agents.migration.fsm.config import MigrationConfig
 from agents.migration.log import MigrationLog
 from bus import Bus
 from schemas import Codec, Subjects
+from schemas.load import LoadReport
 from schemas.migration import Commit, MigrationMessage
 from transport import KVTransport
 
@@ -75,6 +76,10 @@ class MigrationHost(Protocol):
 
     def wake(self) -> None:
         """Tell the step loop there is work (a request resumed, arrived or left)."""
+        ...
+
+    def load_report(self) -> LoadReport:
+        """The instance's load now (its freeness is logged when a migration starts)."""
         ...
 
     def request_record(self, request_id: str) -> RequestTokens | None:

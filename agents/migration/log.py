@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from bus import AppendFailed, Bus, BusError
 from schemas import Codec
-from schemas.migration import Abort, CommitAck, MigrationMessage
+from schemas.migration import Abort, CommitAck, MigrationMessage, MigrationStarted
 
 __all__ = ["EXPECTED_LAST_SUBJECT_SEQ", "MigrationLog", "outcome_subject"]
 
@@ -45,7 +45,7 @@ class MigrationLog:
         self._pending: set[asyncio.Task[None]] = set()
         self.num_failed_appends = 0
 
-    def record(self, message: MigrationMessage, *, trace: str | None = None) -> None:
+    def record(self, message: MigrationMessage | MigrationStarted, *, trace: str | None = None) -> None:
         """Append ``message`` to its migration's subject in the background."""
         subject = self._bus.config.subjects.mig(message.migration_id)
         data = self._codec.encode(message, time=self._clock(), trace=trace)

@@ -42,7 +42,7 @@ from agents.reporting import running_requests
 from agents.tracing import headers_for, tracer_from
 from bus import BusError, Subscription
 from scheduler.policy import select_requests_to_migrate
-from schemas import CommandRejectReason, CommandReply, MigrateOut
+from schemas import CommandRejectReason, CommandReply, MigrateOut, MigrationCause, MigrationStarted
 from schemas.migration import Ack, CommitAck, MigrationMessage, StageWritten
 from schemas.reasons import MigrationAbortReason
 
@@ -304,9 +304,17 @@ class MigrationManager:
         return await driver.done
 
     async def begin(
-        self, request_id: str, destination_id: str, *, config: MigrationConfig | None = None
+        self,
+        request_id: str,
+        destination_id: str,
+        *,
+        config: MigrationConfig | None = None,
+        cause: MigrationCause = MigrationCause.REQUESTED,
+        command: MigrateOut | None = None,
     ) -> SourceDriver | MigrationOutcome:
-        """Start a migration; a refusal comes back as a failed :class:`MigrationOutcome`."""
+        """Start a migration; a refusal comes back as a failed :class:`MigrationOutcome`.
+
+        ``cause`` (and the ``command`` behind it) is logged as ``MigrationStarted`` first."""
         migration_id = f"{self.agent.instance_id}-{uuid.uuid4().hex[:12]}"
 
         def refused(reason: MigrationAbortReason, detail: str = "") -> MigrationOutcome:
@@ -351,6 +359,18 @@ class MigrationManager:
         )
         self.sources[migration_id] = driver
         self.sources_by_request[request_id] = driver
+        self.log.record(
+            MigrationStarted(
+                migration_id=migration_id,
+                request_id=request_id,
+                source_id=self.agent.instance_id,
+                destination_id=destination_id,
+                cause=cause,
+                epoch=0 if command is None else command.epoch,
+                target_freeness=None if command is None else command.target_freeness,
+                source_freeness=self.agent.load_report().freeness,
+            )
+        )
         driver.begin()
         return driver
 
@@ -411,5 +431,8 @@ class MigrationManager:
             if not self.sources:
                 self._command = None  # target reached (or nothing left to move)
             return
+        cause = MigrationCause.DRAIN if self.agent.terminating else MigrationCause.PAIRING
         for request in chosen:
-            self.agent.spawn(self.begin(request.request_id, command.destination_id))
+            self.agent.spawn(
+                self.begin(request.request_id, command.destination_id, cause=cause, command=command)
+            )

@@ -47,7 +47,8 @@ async def make_bus(request: pytest.FixtureRequest, subjects: Subjects) -> AsyncI
         cleaner = JetStreamBus(short_config(url, subjects, provision=False))
         await cleaner.connect()
         jsm = cleaner.client.jsm()
-        for stream in (subjects.events_stream, subjects.loads_stream, f"KV_{subjects.kv_bucket}"):
+        streams = (subjects.events_stream, subjects.loads_stream, subjects.history_stream)
+        for stream in (*streams, f"KV_{subjects.kv_bucket}"):
             try:
                 await jsm.delete_stream(stream)
             except Exception:  # already gone

@@ -111,6 +111,20 @@ async def test_replay_ends_at_the_last_sequence_when_it_starts_reading(bus: Bus)
     assert [first.position.seq] + [m.position.seq for m in rest] == [1, 2, 3]
 
 
+async def test_the_server_finds_the_first_message_stored_at_a_time(bus: Bus) -> None:
+    names = bus.config.subjects
+    for i in range(3):
+        await bus.append(names.req("r1"), b"%d" % i)
+    await asyncio.sleep(0.05)
+    boundary = time.time()
+    await asyncio.sleep(0.05)
+    for i in range(3, 5):
+        await bus.append(names.req("r1"), b"%d" % i)
+    assert await bus.seq_at_time(names.events_stream, boundary) == 4
+    assert await bus.seq_at_time(names.events_stream, 0.0) == 1
+    assert await bus.seq_at_time(names.events_stream, time.time() + 60) is None
+
+
 async def test_replay_of_an_unknown_stream_raises_stream_not_found(bus: Bus) -> None:
     with pytest.raises(StreamNotFound):
         await collect(bus.replay("no_such_stream"))

@@ -166,7 +166,8 @@ async def frontend_cluster(
         cleaner = JetStreamBus(dataclasses.replace(cleaning, provision=False))
         await cleaner.connect()
         jsm = cleaner.client.jsm()
-        for stream in (subjects.events_stream, subjects.loads_stream, f"KV_{subjects.kv_bucket}"):
+        for stream in (subjects.events_stream, subjects.loads_stream, subjects.history_stream,
+                       f"KV_{subjects.kv_bucket}"):
             with contextlib.suppress(Exception):
                 await (jsm.delete_stream(stream) if secure is None else jsm.purge_stream(stream))
         await cleaner.close()

@@ -12,10 +12,12 @@ import pytest
 
 from schemas import Codec
 from schemas.requests import (
+    RequestAdmitted,
     RequestArrived,
     RequestFinished,
     RequestFirstToken,
     RequestPlaced,
+    RequestPreempted,
     RequestRescued,
 )
 from tests.frontend.cluster import frontend_cluster
@@ -58,7 +60,9 @@ async def test_killed_agent_requests_complete_elsewhere_with_the_same_text(nats_
         assert all(text == reference and usage == 120 for text, usage in results), results
         assert victims
         await asyncio.sleep(1.0)  # lifecycle appends are asynchronous
-        kinds = await _lifecycle(cluster, victims[0])
+        logged = await _lifecycle(cluster, victims[0])
+        assert RequestAdmitted in logged  # by the agents (on the victim, and where it was rescued to)
+        kinds = [kind for kind in logged if kind not in (RequestAdmitted, RequestPreempted)]
         assert kinds[:3] == [RequestArrived, RequestPlaced, RequestFirstToken]
         assert RequestRescued in kinds and kinds[-1] is RequestFinished
 

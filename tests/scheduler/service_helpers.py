@@ -54,7 +54,9 @@ async def delete_streams(url: str, prefix: str) -> None:
     async with connected(url, prefix) as bus:
         jsm = bus.client.jsm()
         subjects = Subjects(prefix)
-        for stream in (subjects.events_stream, subjects.loads_stream, f"KV_{subjects.kv_bucket}"):
+        for stream in (
+            subjects.events_stream, subjects.loads_stream, subjects.history_stream, f"KV_{subjects.kv_bucket}"
+        ):
             with contextlib.suppress(Exception):
                 await jsm.delete_stream(stream)
 

@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 from frontend.cli import cli
 from scheduler.config import PairingConfig, PolicyConfig
+from scheduler.logfile import load_log
 from scheduler.service import SchedulerConfig, SchedulerService
 from tests.scheduler.service_helpers import FakeAgent, connected, delete_streams, new_prefix, place
 
@@ -125,3 +126,45 @@ async def test_replay_prints_tables_for_people(recorded: tuple[str, str, Path]) 
     for title in ("instances", "pairings", "migrations", "dispatch decisions"):
         assert title in output
     assert "equal to the recorded ones" in output
+
+
+async def test_time_travel_shows_what_changed_between_instants(recorded: tuple[str, str, Path]) -> None:
+    _, _, path = recorded
+    log = load_log(path)
+    start, end = log.events[0].time, log.events[-1].time
+    step = (end - start) / 4 + 0.001
+    args = ("replay", "--file", str(path), "--at-time", repr(start), "--step", repr(step), "--steps", "4")
+    data = json.loads(await _shoal(*args, "--json"))
+    assert len(data["steps"]) == 4
+    found = [change for s in data["steps"] for change in s["changes"]]
+    assert {c["subject"] for c in found if c["field"] == "instance"} | set(data["view"]["instances"]) == {
+        "hot",
+        "c1",
+        "c2",
+    }
+    assert any(c["field"] == "running" for c in found)  # requests came and went
+    assert any(c["subject"] == "pairing hot" and c["after"] != "-" for c in found)  # the hot one was paired
+    # the first view plus every change is the view at the last instant
+    end_view = json.loads(
+        await _shoal(
+            "replay",
+            "--file",
+            str(path),
+            "--at-time",
+            repr(start + 4 * step),
+            "--step",
+            "1",
+            "--steps",
+            "0",
+            "--json",
+        )
+    )["view"]
+    rebuilt = {i: {k: str(v) for k, v in row.items()} for i, row in data["view"]["instances"].items()}
+    for change in found:
+        if change["field"] not in ("instance", "destination"):
+            rebuilt.setdefault(change["subject"], {})[change["field"]] = change["after"]
+    for instance_id, row in end_view["instances"].items():
+        for name in ("status", "running", "waiting", "used_blocks", "pending"):
+            assert rebuilt[instance_id][name] == str(row[name]), (instance_id, name)
+    text = await _shoal(*args)
+    assert "cluster at" in text and "changes" in text and "pairing hot" in text

@@ -9,9 +9,11 @@ from typing import Any
 
 from click.testing import CliRunner
 
+from agents.engines.protocol import RequestStatus
 from frontend.cli import cli
 from scheduler.cluster_state import live_loads
 from scheduler.service import SchedulerConfig, SchedulerService
+from schemas.rpc import GenerateRequest, SamplingParams
 from tests.frontend.cluster import frontend_cluster
 from tests.scheduler.log_helpers import write_history
 from tests.scheduler.service_helpers import connected, delete_streams, new_prefix
@@ -43,8 +45,28 @@ async def _every_instance_reported(service: SchedulerService, count: int) -> Non
     raise AssertionError(f"the scheduler saw {len(reported)} of {count} instances report")
 
 
-async def test_timeline_of_a_request_migrated_twice(nats_url: str, tmp_path: Path) -> None:
-    async with frontend_cluster(nats_url, instances=3) as cluster:
+async def _preempted_then_running_again(agent: Any, request_id: str) -> None:
+    """Wait (bounded) until the engine preempted ``request_id`` and then ran a step of it again
+    (its re-admission is logged after that step)."""
+    resumed_at = None
+    for _ in range(2000):
+        stats = agent.engine.request_stats(request_id)
+        assert stats is not None, "the request ended before it was preempted and ran again"
+        if stats.num_preemptions >= 1 and stats.status is RequestStatus.RUNNING:
+            if resumed_at is None:
+                resumed_at = stats.num_tokens
+            elif stats.num_tokens > resumed_at:
+                await asyncio.sleep(0.05)  # the agent appends RequestAdmitted in the background
+                return
+        await asyncio.sleep(0.005)
+    raise AssertionError("the request was not preempted, or never ran again")
+
+
+async def test_timeline_of_a_request_preempted_once_and_migrated_twice(nats_url: str, tmp_path: Path) -> None:
+    # 64 blocks of 4 tokens: the request and a high-priority one sent to the same instance cannot both
+    # grow to their lengths, so the engine preempts the request (the lower priority) once
+    engine = {"num_blocks": 64, "time_scale": 4.0}
+    async with frontend_cluster(nats_url, instances=3, engine_options=engine) as cluster:
         prefix = cluster.subjects.prefix
         async with connected(nats_url, prefix) as sched_bus:
             service = SchedulerService(sched_bus, SchedulerConfig(lease_ttl_s=1.0, pairing_interval_s=3600.0))
@@ -63,6 +85,12 @@ async def test_timeline_of_a_request_migrated_twice(nats_url: str, tmp_path: Pat
                     assert cluster.gateway is not None
                     request_id, first = await _running_request(cluster.gateway)
                     second, third = (i for i in sorted(cluster.agents) if i != first)
+                    hog = GenerateRequest(
+                        request_id="hog", token_ids=tuple(range(1, 61)), stream=False, priority=-1,
+                        sampling=SamplingParams(max_tokens=180, ignore_eos=True),
+                    )
+                    assert cluster.agents[first].generate(hog).accepted
+                    await _preempted_then_running_again(cluster.agents[first], request_id)
                     outcome = await cluster.agents[first].migrate(request_id, second)
                     assert outcome.migrated, outcome
                     await asyncio.sleep(0.05)
@@ -79,19 +107,31 @@ async def test_timeline_of_a_request_migrated_twice(nats_url: str, tmp_path: Pat
     timeline = json.loads(await _shoal("replay", "--file", str(path), "--request", request_id, "--json"))
     steps = timeline["steps"]
     kinds = [step["kind"] for step in steps]
-    assert kinds == ["arrived", "dispatched", "placed", "first_token", "migration", "migration", "finished"]
+    assert kinds == [
+        "arrived", "dispatched", "placed", "admitted", "first_token", "preempted", "admitted",
+        "migration", "migration", "finished",
+    ]
     assert [step["seq"] for step in steps] == sorted(step["seq"] for step in steps)
-    dispatched, placed, first_token = steps[1], steps[2], steps[3]
+    dispatched, placed, admitted, first_token = steps[1], steps[2], steps[3], steps[4]
     assert dispatched["instance_id"] == first == placed["instance_id"] == first_token["instance_id"]
-    assert not placed["detail"]["bypass"]
+    assert not placed["detail"]["bypass"] and placed["detail"]["bypass_reason"] is None
+    assert admitted["instance_id"] == first and admitted["detail"]["queued_s"] >= 0
+    assert not admitted["detail"]["readmission"]
+    preempted, readmitted = steps[5], steps[6]
+    assert preempted["instance_id"] == first and preempted["detail"]["num_blocks_freed"] > 0
+    assert preempted["detail"]["num_output_tokens"] > 0
+    assert readmitted["instance_id"] == first and readmitted["detail"]["readmission"]
+    # it queued while the high-priority request held the blocks
+    assert readmitted["time"] - preempted["time"] >= readmitted["detail"]["queued_s"] * 0.5
     candidates = dispatched["detail"]["candidates"]
     assert candidates[0]["instance_id"] == first and {c["instance_id"] for c in candidates} == set(
         cluster.agents
     )
     assert dispatched["detail"]["runner_up"] in {second, third}
     assert first_token["detail"]["ttft_s"] > 0
-    for step, (source, destination) in zip(steps[4:6], [(first, second), (second, third)], strict=True):
+    for step, (source, destination) in zip(steps[7:9], [(first, second), (second, third)], strict=True):
         detail = step["detail"]
+        assert detail["cause"]["cause"] == "requested"  # Agent.migrate, not a pairing
         assert (detail["source_id"], detail["destination_id"], detail["outcome"]) == (
             source,
             destination,
@@ -103,9 +143,11 @@ async def test_timeline_of_a_request_migrated_twice(nats_url: str, tmp_path: Pat
         assert detail["stages"] and detail["downtime_s"] is not None and detail["downtime_s"] >= 0
     assert steps[-1]["detail"]["finish_reason"] == "length"
     assert [p["instance_id"] for p in timeline["preemptions"]] == [first, second, third]
-    assert any("not logged per request" in note for note in timeline["notes"])
+    assert not any("not logged per request" in note for note in timeline["notes"])
     people = await _shoal("replay", "--file", str(path), "--request", request_id)
     assert "TTFT" in people and "runner-up" in people and f"{first} → {second}: committed" in people
+    assert "preempted by recompute" in people and "again after a preemption" in people
+    assert "why: requested" in people
 
 
 async def test_timeline_of_a_scripted_log_and_an_unknown_request(nats_url: str, tmp_path: Path) -> None:
