@@ -36,6 +36,7 @@ __all__ = [
     "nats_auth_options",
     "nats_option",
     "nats_replicas_option",
+    "pop_nats_auth",
 ]
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
@@ -101,12 +102,7 @@ def nats_auth_options(function: _F) -> _F:
 
     @functools.wraps(function)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        values = {name: kwargs.pop(f"nats_{name}") for name in _AUTH_OPTIONS}
-        try:
-            auth = NatsAuth(**{name: value for name, value in values.items() if value not in (None, "")})
-        except ValueError as exc:
-            raise click.UsageError(str(exc)) from None
-        return function(*args, nats_auth=auth, **kwargs)
+        return function(*args, nats_auth=pop_nats_auth(kwargs), **kwargs)
 
     decorated: Callable[..., Any] = wrapper
     for name, (flag, envvar, is_file, help_text) in reversed(_AUTH_OPTIONS.items()):
@@ -118,6 +114,16 @@ def nats_auth_options(function: _F) -> _F:
             show_default=False, metavar="FILE" if is_file else "TEXT", help=help_text,
         )(decorated)
     return cast(_F, decorated)
+
+
+def pop_nats_auth(options: dict[str, Any]) -> NatsAuth:
+    """The :class:`NatsAuth` that :func:`nats_auth_options`' raw values in ``options`` describe (popped);
+    for commands that build their parameter list by hand (``shoal replay --simulate``)."""
+    values = {name: options.pop(f"nats_{name}") for name in _AUTH_OPTIONS}
+    try:
+        return NatsAuth(**{name: value for name, value in values.items() if value not in (None, "")})
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
 
 
 def nats_replicas_option(function: _F) -> _F:

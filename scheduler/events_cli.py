@@ -29,7 +29,7 @@ from rich.table import Table
 
 from bus import BusConfig, BusError, JetStreamBus, StreamNotFound, event_loop
 from bus.auth import NatsAuth, redact_url
-from bus.options import nats_auth_options, nats_option
+from bus.options import nats_auth_options, nats_option, pop_nats_auth
 from bus.protocol import StoredMessage
 from scheduler.event_query import EventMatcher, EventQuery, StreamFilter, parse_time
 from scheduler.history import HISTORY_MARGIN_S, HistoryCorrupt, checkpoint_before
@@ -137,6 +137,14 @@ def read_any(
     name = prefix or DEFAULT_PREFIX
     live = read_live(nats_url, name, None, None, auth, skip_corrupt=skip_corrupt, replay_from=replay_from)
     return run_live(live, nats_url, name)
+
+
+def read_from_options(options: dict[str, Any]) -> RecordedLog:
+    """:func:`read_any` for a command that takes ``--file``/``--prefix``/``--nats``/``--skip-corrupt`` and
+    the raw NATS auth options (popped from ``options``): ``shoal replay --simulate``."""
+    auth = pop_nats_auth(options)
+    path, prefix, url = options["path"], options["prefix"], options["nats_url"]
+    return read_any(path, prefix, url, auth=auth, skip_corrupt=options["skip_corrupt"])
 
 
 def _entry(message: StoredMessage) -> LogEntry:

@@ -2,11 +2,17 @@
 
 Tests that need NATS take ``nats_server`` (the launcher, with ``.url``); a test
 that kills or restarts the server starts its own with ``EmbeddedNats``.
+
+The session's servers die with the test process (``die_with_parent``), and
+SIGTERM is turned into the interrupt pytest already cleans up after, so a
+test run stopped by a timeout or a signal leaves no nats-server behind.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import signal
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -18,9 +24,18 @@ from bus.server import EmbeddedNats
 from schemas import Subjects
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _interrupt)
+
+
 @pytest.fixture(scope="session")
 def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNats]:
-    server = EmbeddedNats(store_dir=tmp_path_factory.mktemp("nats-store"))
+    server = EmbeddedNats(store_dir=tmp_path_factory.mktemp("nats-store"), die_with_parent=True)
     server.start()
     try:
         yield server
@@ -66,7 +81,7 @@ def secure_nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureNats
         tmp_path_factory.mktemp("nats-secure"), Subjects("sec"), agents=SECURE_AGENTS
     )
     server = EmbeddedNats(store_dir=tmp_path_factory.mktemp("nats-secure-store"),
-                          extra_config=deployment.server_config())
+                          extra_config=deployment.server_config(), die_with_parent=True)
     server.start()
     try:
         async def provision() -> None:

@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from scheduler.config import DispatchPolicy
-from scheduler.events_cli import read_any, time_option
+from scheduler.events_cli import read_from_options, time_option
 from scheduler.replay_cli import replay as _replay
 from scheduler.sim.whatif import WhatIfError, WhatIfReport, forward_what_if
 
@@ -73,7 +73,7 @@ def _run(**o: Any) -> None:
         return
     if o["what_if_policy"] is None:
         raise click.UsageError("--simulate needs --what-if-policy (the policy to predict)")
-    log = read_any(o["path"], o["prefix"], o["nats_url"], auth=o["nats_auth"], skip_corrupt=o["skip_corrupt"])
+    log = read_from_options(o)
     try:
         report = forward_what_if(
             log,
