@@ -155,6 +155,54 @@ def test_small_pool_preempts_and_every_request_still_gets_the_same_tokens(batch_
     assert all(len(tokens) == 30 for tokens in constrained.values())
 
 
+@pytest.mark.parametrize("batch_invariant", [False, True])
+def test_chunked_prefill_gives_the_tokens_of_a_whole_prefill(batch_invariant: bool) -> None:
+    """A long prompt prefilled in chunks beside running decodes: the same tokens, no early token."""
+    sampling = (
+        SamplingParams(max_tokens=12, ignore_eos=True, temperature=0.8, seed=5)
+        if batch_invariant  # bit-exact, so even sampling matches; the fast path relies on greedy margins
+        else SamplingParams(max_tokens=12, ignore_eos=True)
+    )
+    long_prompt = _prompt(90 if batch_invariant else 300, 7)
+
+    def run(max_step_tokens: int | None) -> tuple[dict[str, list[int]], int]:
+        engine = TorchEngine(
+            "tiny", num_blocks=64, batch_invariant=batch_invariant, max_step_tokens=max_step_tokens
+        )
+        engine.add_request("short", _prompt(5), sampling)
+        engine.step()
+        engine.add_request("long", long_prompt, sampling)
+        outputs: dict[str, list[int]] = {"short": [engine.output_token_ids("short")[0]]}
+        steps_before_first = 0
+        while engine.has_unfinished():
+            result = engine.step()
+            if "long" not in outputs:
+                steps_before_first += 1
+                assert result.num_prefill_tokens + result.num_decode_requests <= (max_step_tokens or 10**6)
+            for out in result.outputs:
+                tokens = outputs.setdefault(out.request_id, [])
+                assert out.first_index == len(tokens)
+                tokens.extend(out.token_ids)
+        return outputs, steps_before_first
+
+    whole, whole_steps = run(None)
+    chunked, chunked_steps = run(32)
+    assert whole_steps == 1
+    assert chunked_steps == -(-len(long_prompt) // 31)  # 31 prompt tokens beside the one decode per step
+    assert chunked == whole
+    assert all(len(tokens) == 12 for tokens in chunked.values())
+
+
+def test_a_request_in_its_chunked_prefill_is_not_migratable_until_it_decodes() -> None:
+    engine = TorchEngine("tiny", num_blocks=64, max_step_tokens=16, batch_invariant=True)
+    engine.add_request("long", _prompt(40), GREEDY)
+    engine.step()
+    assert engine.migration_blocker("long") == "its prompt is still being prefilled"
+    while not engine.output_token_ids("long"):
+        engine.step()
+    assert engine.migration_blocker("long") is None
+
+
 def test_bad_requests_are_rejected_clearly_and_others_are_unaffected() -> None:
     engine = TorchEngine("tiny", num_blocks=32, max_model_len=64, batch_invariant=True)
     engine.add_request("good-1", _prompt(10), SEEDED)
