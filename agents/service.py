@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections import OrderedDict
@@ -107,6 +108,8 @@ class Agent:
         self._stopped = asyncio.Event()
         self._stepping = False
         self._unpublished: list[TokenDelta] = []
+        #: token subjects of recent requests (building one validates the request id each time)
+        self._token_subject = functools.lru_cache(maxsize=4096)(self.subjects.tok)
         self._report_seq = 0
         self._last_signature: tuple[object, ...] | None = None
         self._last_report_at = 0.0
@@ -334,22 +337,23 @@ class Agent:
         self._unpublished.append(delta)
 
     async def _flush_deltas(self) -> None:
-        """Publish the queued deltas, oldest first."""
+        """Publish the queued deltas, oldest first: all encoded at once (one time stamp), then sent."""
         while self._unpublished:
             queued, self._unpublished = self._unpublished, []
-            for delta in queued:
-                await self._send_delta(delta)
+            now = time.time()
+            encode, subject = self.codec.encode, self._token_subject
+            frames = [(subject(delta.request_id), encode(delta, time=now), delta) for delta in queued]
+            for frame in frames:
+                await self._send_frame(*frame)
 
     async def _publish_delta(self, delta: TokenDelta) -> None:
         """Publish one delta now, after those still queued (a request's deltas stay in order)."""
         self._queue_delta(delta)
         await self._flush_deltas()
 
-    async def _send_delta(self, delta: TokenDelta) -> None:
+    async def _send_frame(self, subject: str, data: bytes, delta: TokenDelta) -> None:
         try:
-            await self.bus.publish(
-                self.subjects.tok(delta.request_id), self.codec.encode(delta, time=time.time())
-            )
+            await self.bus.publish(subject, data)
         except BusError as exc:
             log.warning(
                 "agent %s: publishing a delta of %s failed: %s", self.instance_id, delta.request_id, exc
