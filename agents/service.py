@@ -4,8 +4,10 @@
 (``await agent.start()``), it announces the instance (``InstanceJoined``), runs
 the engine step loop without ever waiting on the scheduler, publishes one
 :class:`~schemas.TokenDelta` per request per step on the request's token
-subject (keeping a short buffer for ``resend``; a step's deltas go out just
-before the next step starts),
+subject, or — for requests whose ``GenerateRequest`` names a ``delta_subject``
+(a frontend's) — one :class:`~schemas.TokenDeltaBatch` per step and subject
+for all of them (keeping a short buffer for ``resend``; a step's deltas go
+out just before the next step starts),
 appends load reports (which are the liveness heartbeat), serves the RPCs of
 the contract (``generate``, ``abort``, ``resend``, ``migrate_out``,
 ``stop_migration``, ``drain``) and hands migration messages to
@@ -38,8 +40,9 @@ from agents.migration.fsm.config import MigrationConfig
 from agents.migration.manager import MigrationManager, MigrationOutcome
 from agents.reporting import build_load_report, load_signature
 from agents.tracing import RequestSpans, parent_context, tracer_from
-from bus import Bus, BusError, Service
+from bus import Bus, BusError, InvalidName, Service
 from bus import tracing as bus_tracing
+from bus.wildcards import validate_subject
 from schemas import (
     AbortReply,
     AbortRequest,
@@ -65,6 +68,7 @@ from schemas import (
     StopMigration,
     TerminateReason,
     TokenDelta,
+    TokenDeltaBatch,
 )
 from transport import KVTransport, open_transport
 
@@ -107,7 +111,7 @@ class Agent:
         self._work = asyncio.Event()
         self._stopped = asyncio.Event()
         self._stepping = False
-        self._unpublished: list[TokenDelta] = []
+        self._unpublished: list[tuple[str | None, TokenDelta]] = []  # (batch subject or None, delta)
         #: token subjects of recent requests (building one validates the request id each time)
         self._token_subject = functools.lru_cache(maxsize=4096)(self.subjects.tok)
         self._report_seq = 0
@@ -309,7 +313,7 @@ class Agent:
                     finish_reason=output.finish_reason,
                     num_prompt_tokens=tokens.num_prompt_tokens,
                 )
-                self._queue_delta(delta)
+                self._queue_delta(delta, tokens.delta_subject)
             elif output.finish_reason is not None:
                 self._queue_delta(
                     TokenDelta(
@@ -320,7 +324,8 @@ class Agent:
                         token_ids=tuple(tokens.output_token_ids),
                         finish_reason=output.finish_reason,
                         num_prompt_tokens=tokens.num_prompt_tokens,
-                    )
+                    ),
+                    tokens.delta_subject,
                 )
             if output.finish_reason is not None:
                 self._request_done(output.request_id)
@@ -332,32 +337,43 @@ class Agent:
         for listener in self.step_listeners:
             listener(result)
 
-    def _queue_delta(self, delta: TokenDelta) -> None:
+    def _queue_delta(self, delta: TokenDelta, batch_subject: str | None) -> None:
         self.deltas.record(delta)
-        self._unpublished.append(delta)
+        self._unpublished.append((batch_subject, delta))
 
     async def _flush_deltas(self) -> None:
-        """Publish the queued deltas, oldest first: all encoded at once (one time stamp), then sent."""
+        """Publish the queued deltas, oldest first: one batch per batch subject, the others one by one.
+
+        Everything is encoded first (one time stamp), then sent.
+        """
         while self._unpublished:
             queued, self._unpublished = self._unpublished, []
             now = time.time()
-            encode, subject = self.codec.encode, self._token_subject
-            frames = [(subject(delta.request_id), encode(delta, time=now), delta) for delta in queued]
+            encode, token_subject = self.codec.encode, self._token_subject
+            batches: dict[str, list[TokenDelta]] = {}
+            frames: list[tuple[str, bytes, str]] = []
+            for batch_subject, delta in queued:
+                if batch_subject is None:
+                    subject = token_subject(delta.request_id)
+                    frames.append((subject, encode(delta, time=now), delta.request_id))
+                else:
+                    batches.setdefault(batch_subject, []).append(delta)
+            for subject, deltas in batches.items():
+                batch = TokenDeltaBatch(instance_id=self.instance_id, deltas=tuple(deltas))
+                frames.append((subject, encode(batch, time=now), f"{len(deltas)} requests"))
             for frame in frames:
                 await self._send_frame(*frame)
 
-    async def _publish_delta(self, delta: TokenDelta) -> None:
+    async def _publish_delta(self, delta: TokenDelta, batch_subject: str | None) -> None:
         """Publish one delta now, after those still queued (a request's deltas stay in order)."""
-        self._queue_delta(delta)
+        self._queue_delta(delta, batch_subject)
         await self._flush_deltas()
 
-    async def _send_frame(self, subject: str, data: bytes, delta: TokenDelta) -> None:
+    async def _send_frame(self, subject: str, data: bytes, what: str) -> None:
         try:
             await self.bus.publish(subject, data)
         except BusError as exc:
-            log.warning(
-                "agent %s: publishing a delta of %s failed: %s", self.instance_id, delta.request_id, exc
-            )
+            log.warning("agent %s: publishing deltas of %s failed: %s", self.instance_id, what, exc)
 
     def _request_done(self, request_id: str) -> None:
         self.deltas.close(request_id)
@@ -374,7 +390,8 @@ class Agent:
                 token_ids=(),
                 finish_reason=FinishReason.ABORT,
                 num_prompt_tokens=commit.num_prompt_tokens,
-            )
+            ),
+            commit.delta_subject,
         )
 
     def request_record(self, request_id: str) -> RequestTokens | None:
@@ -408,6 +425,7 @@ class Agent:
             sampling=commit.sampling,
             priority=commit.priority,
             output_token_ids=commit.token_ids[commit.num_prompt_tokens :],
+            delta_subject=commit.delta_subject,
         )
         self.wake()
 
@@ -466,6 +484,11 @@ class Agent:
         request: GenerateRequest | None = self._decode(data, GenerateRequest)
         if request is None:
             return self._reply(RpcError(code=RpcErrorCode.BAD_REQUEST, message="expected a GenerateRequest"))
+        if request.delta_subject is not None:
+            try:
+                validate_subject(request.delta_subject)
+            except InvalidName as exc:
+                return self._reply(RpcError(code=RpcErrorCode.BAD_REQUEST, message=f"delta_subject: {exc}"))
         traced = bus_tracing.header(headers, bus_tracing.TRACEPARENT) is not None
         return self._reply(self.generate(request, trace_context=parent_context(headers) if traced else None))
 
@@ -522,6 +545,7 @@ class Agent:
                     sampling=request.sampling,
                     priority=request.priority,
                     output_token_ids=outputs,
+                    delta_subject=request.delta_subject,
                 )
                 if trace_context is not None:
                     self.request_spans.open(request.request_id, trace_context, {
@@ -562,7 +586,8 @@ class Agent:
                     token_ids=(),
                     finish_reason=FinishReason.ABORT,
                     num_prompt_tokens=tokens.num_prompt_tokens,
-                )
+                ),
+                tokens.delta_subject,
             )
             self._request_done(request_id)
         if found:
@@ -575,12 +600,17 @@ class Agent:
         if request is None:
             return self._reply(RpcError(code=RpcErrorCode.BAD_REQUEST, message="expected a ResendRequest"))
         deltas = self.deltas.resend(request.request_id, request.from_index)
-        if deltas is None:
+        record = self.deltas.get(request.request_id)
+        if deltas is None or record is None:
             return self._reply(CommandReply(accepted=False, reason=CommandRejectReason.UNKNOWN_REQUEST))
-        for delta in deltas:
-            await self.bus.publish(
-                self.subjects.tok(delta.request_id), self.codec.encode(delta, time=time.time())
-            )
+        if record.delta_subject is not None:
+            batch = TokenDeltaBatch(instance_id=self.instance_id, deltas=tuple(deltas))
+            await self.bus.publish(record.delta_subject, self.codec.encode(batch, time=time.time()))
+        else:
+            for delta in deltas:
+                await self.bus.publish(
+                    self.subjects.tok(delta.request_id), self.codec.encode(delta, time=time.time())
+                )
         return self._reply(CommandReply(accepted=True, detail=f"{len(deltas)} deltas"))
 
     def _epoch_ok(self, epoch: int) -> bool:

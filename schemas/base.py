@@ -13,7 +13,7 @@ __all__ = ["SCHEMA_CHANGES", "SCHEMA_VERSION", "Message"]
 
 #: Bumped when a message changes incompatibly. Decoders reject newer versions; a message of an
 #: older version is accepted if it still decodes, else rejected as ``UnsupportedVersion``.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 #: What changed in each schema version (date, change). Add a line with every bump.
 SCHEMA_CHANGES: dict[int, str] = {
@@ -24,6 +24,11 @@ SCHEMA_CHANGES: dict[int, str] = {
         "Abort.reason (+ detail), AbortRequest.reason, RequestAborted.reason, Unpaired.reason, "
         "InstanceFailed.reason (+ detail), InstanceTerminating.reason, TokenDelta.finish_reason "
         "and RequestFinished.finish_reason; free-text values of version 1 no longer decode."
+    ),
+    3: (
+        "2026-12-02: TokenDeltaBatch (one agent step's deltas for one frontend) and "
+        "GenerateRequest.delta_subject / Commit.delta_subject that ask for it; an agent of version 2 "
+        "would publish per request where a version-3 frontend no longer listens, so it refuses."
     ),
 }
 

@@ -33,7 +33,7 @@ from schemas.load import LoadReport
 from schemas.migration import MigrationMessage
 from schemas.requests import RequestEvent
 from schemas.rpc import RpcMessage
-from schemas.tokens import TokenDelta
+from schemas.tokens import TokenDelta, TokenDeltaBatch
 
 __all__ = ["Body", "Codec", "Envelope", "decode_body", "encode_body"]
 
@@ -45,6 +45,7 @@ Body = (
     | RequestEvent
     | RpcMessage
     | TokenDelta
+    | TokenDeltaBatch
 )
 
 T = TypeVar("T")
