@@ -38,7 +38,7 @@ from agents.engines.protocol import Engine, EngineStats, RequestRejected, StepRe
 from agents.metrics import AgentMetrics
 from agents.migration.fsm.config import MigrationConfig
 from agents.migration.manager import MigrationManager, MigrationOutcome
-from agents.reporting import build_load_report, load_signature
+from agents.reporting import build_load_report, load_signature, urgent_signature
 from agents.tracing import RequestSpans, parent_context, tracer_from
 from bus import Bus, BusError, InvalidName, Service
 from bus import tracing as bus_tracing
@@ -116,6 +116,8 @@ class Agent:
         self._token_subject = functools.lru_cache(maxsize=4096)(self.subjects.tok)
         self._report_seq = 0
         self._last_signature: tuple[object, ...] | None = None
+        self._last_urgent: tuple[object, ...] | None = None
+        self.num_reports = 0
         self._last_report_at = 0.0
         self._epoch_seen = -1
         self._started = False
@@ -448,12 +450,22 @@ class Agent:
 
     async def _report_loop(self) -> None:
         loop = asyncio.get_running_loop()
-        interval, heartbeat = self.config.report_interval_s, self.config.heartbeat_interval_s
+        config = self.config
+        interval, heartbeat = config.report_interval_s, config.heartbeat_interval_s
         while True:
             report = self.load_report()
             signature = load_signature(report)
+            urgent = urgent_signature(report)
             now = loop.time()
-            if signature != self._last_signature or now - self._last_report_at >= heartbeat:
+            since = now - self._last_report_at
+            if since >= heartbeat or (
+                signature != self._last_signature
+                and (
+                    urgent != self._last_urgent
+                    or self._last_signature is None
+                    or since >= config.gradual_report_interval_s
+                )
+            ):
                 self._report_seq += 1
                 report = msgspec.structs.replace(report, seq=self._report_seq)
                 try:
@@ -465,8 +477,9 @@ class Agent:
                 except BusError as exc:
                     log.warning("agent %s: load report failed: %s", self.instance_id, exc)
                 else:
-                    self._last_signature = signature
+                    self._last_signature, self._last_urgent = signature, urgent
                     self._last_report_at = now
+                    self.num_reports += 1
             await asyncio.sleep(interval)
 
     # ------------------------------------------------------------------ RPCs

@@ -154,3 +154,35 @@ async def test_deltas_for_a_delta_subject_come_in_one_message_per_step(nats_url:
         collector.cancel()
         for watcher in (solo, *own_subjects):
             await watcher.close()
+
+
+async def test_while_requests_decode_reports_come_less_often_but_new_work_is_reported_at_once(
+    nats_url: str,
+) -> None:
+    """Blocks filling under decoding requests are reported every gradual interval, not every report
+    interval; an accepted request (what the scheduler dispatches on) goes out within one interval."""
+    config = fast_agent_config(
+        "a1", report_interval_s=0.02, heartbeat_interval_s=5.0, gradual_report_interval_s=0.6
+    )
+    async with agent_cluster(nats_url) as cluster:
+        agent = await cluster.add(sim_engine(num_blocks=512, time_scale=4.0), config)  # ~200 steps in 2 s
+        for index in range(4):
+            request = GenerateRequest(request_id=f"r{index}", token_ids=(5, 6), sampling=greedy(100_000))
+            assert (await cluster.generate("a1", request)).accepted
+        await asyncio.sleep(0.3)
+        free_before, reports_before = agent.engine.stats().num_free_blocks, agent.num_reports
+        await asyncio.sleep(1.5)
+        assert agent.engine.stats().num_free_blocks < free_before - 4  # blocks kept filling
+        sent = agent.num_reports - reports_before
+        assert 1 <= sent <= 4  # 1.5 s / 0.6 s, not 1.5 s / 0.02 s
+
+        request = GenerateRequest(request_id="new", token_ids=(5, 6), sampling=greedy(100_000))
+        reports_before = agent.num_reports
+        assert (await cluster.generate("a1", request)).accepted
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 0.4  # well inside the gradual interval
+        while agent.num_reports == reports_before:
+            assert loop.time() < deadline, "the accepted request was not reported promptly"
+            await asyncio.sleep(0.01)
+        stored = await cluster.stored(cluster.subjects.load("a1"), cluster.subjects.loads_stream)
+        assert stored[-1][1].body.num_accepted == 5
