@@ -12,10 +12,13 @@ process so that each sees the same background load. Reported per variant
 * ``decode_gap_p50_ms`` / ``decode_gap_max_ms``: time between two tokens of a
   running request while the prompt is prefilled;
 * ``prompt_ttft_ms``: from the prompt's arrival to its first token;
-* ``prefill_steps``: steps until the prompt's first token.
+* ``prefill_steps``: steps until the prompt's first token;
+* ``longest_step_cpu_ms`` / ``prompt_cpu_ms``: the same in CPU time of this
+  thread (torch computes on it with one thread), which hardly depends on what
+  else runs on the machine.
 
-The figures are wall-clock on whatever machine runs them: compare variants
-within one run; the load average is recorded with them.
+Wall-clock figures depend on the machine's load: compare variants within one
+run; the load average is recorded with them.
 """
 
 from __future__ import annotations
@@ -62,10 +65,13 @@ def measure_prefill_stall(
     )
     arrived = time.perf_counter()
     steps: list[float] = []
+    cpu_steps: list[float] = []
     gaps: list[float] = []
     ttft = float("nan")
     while "long" in engine.scheduler:
+        cpu_started = time.thread_time()
         result = engine.step()
+        cpu_steps.append(time.thread_time() - cpu_started)
         now = time.perf_counter()
         steps.append(result.duration_s)
         for output in result.outputs:
@@ -80,6 +86,8 @@ def measure_prefill_stall(
         "decode_gap_max_ms": 1e3 * max(gaps) if gaps else float("nan"),
         "prompt_ttft_ms": 1e3 * ttft,
         "prefill_steps": float(len(steps)),
+        "longest_step_cpu_ms": 1e3 * max(cpu_steps),
+        "prompt_cpu_ms": 1e3 * sum(cpu_steps),
         "step_ms": [round(1e3 * s, 3) for s in steps],
     }
 
@@ -139,7 +147,7 @@ def bench_prefill(
     )
     click.echo(
         f"{'max_step_tokens':>16} {'longest step ms':>16} {'gap p50 ms':>11} {'gap max ms':>11} "
-        f"{'prompt TTFT ms':>15} {'steps':>6}"
+        f"{'prompt TTFT ms':>15} {'steps':>6} {'longest step CPU ms':>20} {'prompt CPU ms':>14}"
     )
     for key, samples in runs.items():
         row = {
@@ -150,6 +158,8 @@ def bench_prefill(
                 "decode_gap_max_ms",
                 "prompt_ttft_ms",
                 "prefill_steps",
+                "longest_step_cpu_ms",
+                "prompt_cpu_ms",
             )
         }
         median_run = sorted(samples, key=lambda s: s["decode_gap_max_ms"])[len(samples) // 2]
@@ -157,7 +167,8 @@ def bench_prefill(
         results[key] = row
         click.echo(
             f"{key:>16} {row['longest_step_ms']:>16.1f} {row['decode_gap_p50_ms']:>11.1f} "
-            f"{row['decode_gap_max_ms']:>11.1f} {row['prompt_ttft_ms']:>15.1f} {row['prefill_steps']:>6.0f}"
+            f"{row['decode_gap_max_ms']:>11.1f} {row['prompt_ttft_ms']:>15.1f} {row['prefill_steps']:>6.0f} "
+            f"{row['longest_step_cpu_ms']:>20.1f} {row['prompt_cpu_ms']:>14.1f}"
         )
     meta = {
         "preset": preset,
