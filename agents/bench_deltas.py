@@ -155,7 +155,7 @@ def measure_deltas(*, requests: int, steps: int, rounds: int) -> dict[str, dict[
     from bus.server import EmbeddedNats
 
     with tempfile.TemporaryDirectory(prefix="shoal-bench-deltas-") as store:
-        server = EmbeddedNats(store_dir=Path(store)).start()
+        server = EmbeddedNats(store_dir=Path(store), die_with_parent=True).start()
         try:
             return event_loop.run(_run(server.url, requests, steps, rounds))
         finally:

@@ -209,7 +209,7 @@ def spawn_shoal(
     """
     from bus.server import EmbeddedNats, free_port
 
-    processes.nats = EmbeddedNats(store_dir=processes.log_dir / "nats-store").start()
+    processes.nats = EmbeddedNats(store_dir=processes.log_dir / "nats-store", die_with_parent=True).start()
     url = processes.nats.url
     port = free_port()
     if scheduler:
