@@ -497,6 +497,10 @@ class Agent:
         request: GenerateRequest | None = self._decode(data, GenerateRequest)
         if request is None:
             return self._reply(RpcError(code=RpcErrorCode.BAD_REQUEST, message="expected a GenerateRequest"))
+        try:  # its deltas go to a subject named after it, unless it names one
+            self._token_subject(request.request_id)
+        except ValueError as exc:
+            return self._reply(RpcError(code=RpcErrorCode.BAD_REQUEST, message=f"request_id: {exc}"))
         if request.delta_subject is not None:
             try:
                 validate_subject(request.delta_subject)

@@ -150,6 +150,11 @@ async def test_deltas_for_a_delta_subject_come_in_one_message_per_step(nats_url:
         bad = GenerateRequest(request_id="x", token_ids=(1,), sampling=greedy(2), delta_subject="a.*")
         reply = await cluster.call("a1", "generate", bad)
         assert isinstance(reply, RpcError) and reply.code is RpcErrorCode.BAD_REQUEST
+        dotted = GenerateRequest(request_id="x.y", token_ids=(1,), sampling=greedy(2))  # no subject for it
+        reply = await cluster.call("a1", "generate", dotted)
+        assert isinstance(reply, RpcError) and reply.code is RpcErrorCode.BAD_REQUEST
+        assert (await cluster.generate("a1", GenerateRequest(request_id="after", token_ids=(1,),
+                                                             sampling=greedy(2)))).accepted
         await subscription.unsubscribe()
         collector.cancel()
         for watcher in (solo, *own_subjects):
