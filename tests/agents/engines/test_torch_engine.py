@@ -322,3 +322,18 @@ async def test_exclusive_steps_compute_inline_when_short_and_in_a_thread_otherwi
     assert (loop_ran_first, loop_ran_second, loop_ran_third) == (True, False, True)
     expected = [[(o.request_id, o.token_ids) for o in reference.step().outputs] for _ in range(3)]
     assert [first, second, third] == expected  # the same tokens whichever way a step ran
+
+
+@pytest.mark.parametrize("max_step_tokens", [None, 64])
+def test_shoal_agent_builds_the_torch_engine_with_its_step_budget(max_step_tokens: int | None) -> None:
+    from agents.cli import build_engine
+
+    engine = build_engine(
+        "torch", model="tiny", profile="tiny-test", num_blocks=32, kv_cache_bytes=None, block_size=16,
+        max_batch_size=8, max_model_len=None, seed=0, device="cpu", time_scale=1.0,
+        max_step_tokens=max_step_tokens,
+    )
+    engine.add_request("long", _prompt(200), GREEDY)
+    engine.step()
+    computed = engine.scheduler.request("long").num_computed_tokens
+    assert computed == (200 if max_step_tokens is None else 64)  # whole prompt, or one 64-token chunk
