@@ -52,6 +52,7 @@ def build_engine(
     device: str,
     time_scale: float,
     vllm_options: dict[str, Any] | None = None,
+    max_step_tokens: int | None = 1024,
 ) -> Any:
     """The engine the options describe (torch is imported only when chosen)."""
     if engine == "sim":
@@ -71,6 +72,7 @@ def build_engine(
                 kv_cache_bytes=kv_cache_bytes,
                 max_model_len=max_model_len,
                 max_batch_size=max_batch_size,
+                max_step_tokens=max_step_tokens,
             )
         )
     if engine == "vllm":
@@ -109,6 +111,8 @@ def build_engine(
 @click.option("--kv-cache-bytes", type=int, default=None, help="torch: KV budget instead of --num-blocks.")
 @click.option("--block-size", type=int, default=16, show_default=True)
 @click.option("--max-batch-size", type=int, default=256, show_default=True)
+@click.option("--max-step-tokens", type=click.IntRange(min=0), default=1024, show_default=True,
+              help="torch: tokens per step; a longer prompt is prefilled in chunks (0: in one step).")
 @click.option("--max-model-len", type=int, default=None)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--device", default="cpu", show_default=True)
@@ -214,6 +218,7 @@ async def _run(options: dict[str, Any]) -> None:
         seed=options["seed"],
         device=options["device"],
         time_scale=options["time_scale"],
+        max_step_tokens=options["max_step_tokens"] or None,
         vllm_options={
             "dtype": options["dtype"],
             "gpu_memory_utilization": options["gpu_memory_utilization"],

@@ -67,7 +67,9 @@ class AgentConfig:
     """Everything one agent needs besides its engine and its bus connection.
 
     * ``report_interval_s``: a load report when something changed, at most this often;
-      ``heartbeat_interval_s``: a report at least this often (reports are the heartbeat).
+      ``heartbeat_interval_s``: a report at least this often (reports are the heartbeat);
+      ``gradual_report_interval_s``: when only block counts changed (requests decoding, see
+      :func:`agents.reporting.urgent_signature`), a report at most this often.
     * ``delta_buffer_steps``: token deltas kept per request for ``resend``;
       ``finished_buffers``: how many finished requests keep their buffer.
     * ``tick_interval_s``: how often migration machines see the clock.
@@ -81,6 +83,7 @@ class AgentConfig:
     instance_id: str
     report_interval_s: float = 0.1
     heartbeat_interval_s: float = 1.0
+    gradual_report_interval_s: float = 0.3
     delta_buffer_steps: int = 256
     finished_buffers: int = 1024
     tick_interval_s: float = 0.05
@@ -96,7 +99,13 @@ class AgentConfig:
     def __post_init__(self) -> None:
         if not self.instance_id or any(c in self.instance_id for c in ".*> \t\r\n"):
             raise ValueError(f"invalid instance id {self.instance_id!r}")
-        for name in ("report_interval_s", "heartbeat_interval_s", "tick_interval_s", "peer_lookup_timeout_s"):
+        for name in (
+            "report_interval_s",
+            "heartbeat_interval_s",
+            "gradual_report_interval_s",
+            "tick_interval_s",
+            "peer_lookup_timeout_s",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
         if self.orphan_check_interval_s < 0 or self.orphan_probe_timeout_s <= 0:

@@ -30,6 +30,8 @@ class RequestTokens:
     priority: int
     recent: deque[TokenDelta] = field(default_factory=deque)
     finished: bool = False
+    #: where its deltas go in per-step batches (``GenerateRequest.delta_subject``); None: its own subject
+    delta_subject: str | None = None
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -55,6 +57,7 @@ class DeltaBuffer:
         sampling: SamplingParams,
         priority: int,
         output_token_ids: tuple[int, ...] | list[int] = (),
+        delta_subject: str | None = None,
     ) -> RequestTokens:
         self._finished.pop(request_id, None)
         tokens = RequestTokens(
@@ -66,6 +69,7 @@ class DeltaBuffer:
             sampling=sampling,
             priority=priority,
             recent=deque(maxlen=self._steps),
+            delta_subject=delta_subject,
         )
         self._live[request_id] = tokens
         return tokens

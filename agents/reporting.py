@@ -4,7 +4,9 @@ Pure: :func:`build_load_report` turns an :class:`~agents.engines.protocol.Engine
 snapshot into a :class:`~schemas.LoadReport` using the shared policy functions
 (:func:`scheduler.policy.instance_freeness`, :func:`~scheduler.policy.group_running`),
 so the agent and the scheduler agree on every number. :func:`load_signature`
-is what "something changed" compares. No I/O, no clock.
+is what "something changed" compares, :func:`urgent_signature` the part of it the
+scheduler must see at once (the rest — blocks growing under decoding requests —
+may wait a little while the engine is busy). No I/O, no clock.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from scheduler.policy import (
 )
 from schemas import LoadReport
 
-__all__ = ["build_load_report", "load_signature", "running_requests"]
+__all__ = ["build_load_report", "load_signature", "running_requests", "urgent_signature"]
 
 
 def running_requests(stats: EngineStats) -> tuple[RunningRequest, ...]:
@@ -99,6 +101,22 @@ def load_signature(report: LoadReport) -> tuple[object, ...]:
         report.num_free_blocks,
         report.num_reserved_blocks,
         report.running,
+        report.head_of_line_demand,
+        report.num_waiting,
+        report.num_accepted,
+        report.terminating,
+        report.num_migrating_out,
+        report.num_migrating_in,
+    )
+
+
+def urgent_signature(report: LoadReport) -> tuple[object, ...]:
+    """What must reach the scheduler within one report interval: who runs and waits, what was
+    accepted, reserved, migrating, terminating. Not in it: free blocks and the blocks each priority
+    holds, which change with every block a decoding request fills (reported less often while busy)."""
+    return (
+        report.num_reserved_blocks,
+        tuple((group.priority, group.num_running) for group in report.running),
         report.head_of_line_demand,
         report.num_waiting,
         report.num_accepted,

@@ -4,8 +4,10 @@
 (``await agent.start()``), it announces the instance (``InstanceJoined``), runs
 the engine step loop without ever waiting on the scheduler, publishes one
 :class:`~schemas.TokenDelta` per request per step on the request's token
-subject (keeping a short buffer for ``resend``; a step's deltas go out just
-before the next step starts),
+subject, or — for requests whose ``GenerateRequest`` names a ``delta_subject``
+(a frontend's) — one :class:`~schemas.TokenDeltaBatch` per step and subject
+for all of them (keeping a short buffer for ``resend``; a step's deltas go
+out just before the next step starts),
 appends load reports (which are the liveness heartbeat), serves the RPCs of
 the contract (``generate``, ``abort``, ``resend``, ``migrate_out``,
 ``stop_migration``, ``drain``, and ``stats``: a fresh load report, for drills
@@ -13,9 +15,11 @@ and operators checking that no block is left reserved) and hands migration messa
 :class:`agents.migration.manager.MigrationManager`.
 
 Requests whose frontend is gone are aborted: every ``orphan_check_interval_s``
-the agent sends a :class:`~schemas.TokenProbe` request on each live request's
-token subject; the frontend that listens there ignores it, and NATS answers
-*no responders* when nothing subscribes any more. Two such answers in a row
+the agent sends a :class:`~schemas.TokenProbe` request on each subject its live
+requests' tokens go to (a frontend's batch subject once for all of that
+frontend's requests, else a request's own token subject); the frontend that
+listens there ignores it, and NATS answers *no responders* when nothing
+subscribes any more. Two such answers in a row
 abort the request (no blocks held, no tokens generated into the void); a
 probe that times out (the listener exists, or the bus is slow) never does.
 
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections import OrderedDict
@@ -43,10 +48,11 @@ from agents.engines.protocol import Engine, EngineStats, PreemptionEvent, Reques
 from agents.metrics import AgentMetrics
 from agents.migration.fsm.config import MigrationConfig
 from agents.migration.manager import MigrationManager, MigrationOutcome
-from agents.reporting import build_load_report, load_signature
+from agents.reporting import build_load_report, load_signature, urgent_signature
 from agents.tracing import RequestSpans, parent_context, tracer_from
-from bus import Bus, BusError, NoResponders, Service
+from bus import Bus, BusError, InvalidName, NoResponders, Service
 from bus import tracing as bus_tracing
+from bus.wildcards import validate_subject
 from schemas import (
     AbortReply,
     AbortRequest,
@@ -74,6 +80,7 @@ from schemas import (
     StopMigration,
     TerminateReason,
     TokenDelta,
+    TokenDeltaBatch,
     TokenProbe,
 )
 from transport import KVTransport, open_transport
@@ -119,12 +126,16 @@ class Agent:
         self._work = asyncio.Event()
         self._stopped = asyncio.Event()
         self._stepping = False
-        self._unpublished: list[TokenDelta] = []
+        self._unpublished: list[tuple[str | None, TokenDelta]] = []  # (batch subject or None, delta)
+        #: token subjects of recent requests (building one validates the request id each time)
+        self._token_subject = functools.lru_cache(maxsize=4096)(self.subjects.tok)
         #: Requests waiting for their (re)admission by the engine: since when, and whether a preemption
         #: put them back (``RequestAdmitted`` is logged at their first output).
         self._queued_since: dict[str, tuple[float, bool]] = {}
         self._report_seq = 0
         self._last_signature: tuple[object, ...] | None = None
+        self._last_urgent: tuple[object, ...] | None = None
+        self.num_reports = 0
         self._last_report_at = 0.0
         self._epoch_seen = -1
         self._started = False
@@ -327,7 +338,7 @@ class Agent:
                     finish_reason=output.finish_reason,
                     num_prompt_tokens=tokens.num_prompt_tokens,
                 )
-                self._queue_delta(delta)
+                self._queue_delta(delta, tokens.delta_subject)
             elif output.finish_reason is not None:
                 self._queue_delta(
                     TokenDelta(
@@ -338,7 +349,8 @@ class Agent:
                         token_ids=tuple(tokens.output_token_ids),
                         finish_reason=output.finish_reason,
                         num_prompt_tokens=tokens.num_prompt_tokens,
-                    )
+                    ),
+                    tokens.delta_subject,
                 )
             if output.finish_reason is not None:
                 self._request_done(output.request_id)
@@ -391,31 +403,43 @@ class Agent:
 
         self.spawn(append())
 
-    def _queue_delta(self, delta: TokenDelta) -> None:
+    def _queue_delta(self, delta: TokenDelta, batch_subject: str | None) -> None:
         self.deltas.record(delta)
-        self._unpublished.append(delta)
+        self._unpublished.append((batch_subject, delta))
 
     async def _flush_deltas(self) -> None:
-        """Publish the queued deltas, oldest first."""
+        """Publish the queued deltas, oldest first: one batch per batch subject, the others one by one.
+
+        Everything is encoded first (one time stamp), then sent.
+        """
         while self._unpublished:
             queued, self._unpublished = self._unpublished, []
-            for delta in queued:
-                await self._send_delta(delta)
+            now = time.time()
+            encode, token_subject = self.codec.encode, self._token_subject
+            batches: dict[str, list[TokenDelta]] = {}
+            frames: list[tuple[str, bytes, str]] = []
+            for batch_subject, delta in queued:
+                if batch_subject is None:
+                    subject = token_subject(delta.request_id)
+                    frames.append((subject, encode(delta, time=now), delta.request_id))
+                else:
+                    batches.setdefault(batch_subject, []).append(delta)
+            for subject, deltas in batches.items():
+                batch = TokenDeltaBatch(instance_id=self.instance_id, deltas=tuple(deltas))
+                frames.append((subject, encode(batch, time=now), f"{len(deltas)} requests"))
+            for frame in frames:
+                await self._send_frame(*frame)
 
-    async def _publish_delta(self, delta: TokenDelta) -> None:
+    async def _publish_delta(self, delta: TokenDelta, batch_subject: str | None) -> None:
         """Publish one delta now, after those still queued (a request's deltas stay in order)."""
-        self._queue_delta(delta)
+        self._queue_delta(delta, batch_subject)
         await self._flush_deltas()
 
-    async def _send_delta(self, delta: TokenDelta) -> None:
+    async def _send_frame(self, subject: str, data: bytes, what: str) -> None:
         try:
-            await self.bus.publish(
-                self.subjects.tok(delta.request_id), self.codec.encode(delta, time=time.time())
-            )
+            await self.bus.publish(subject, data)
         except BusError as exc:
-            log.warning(
-                "agent %s: publishing a delta of %s failed: %s", self.instance_id, delta.request_id, exc
-            )
+            log.warning("agent %s: publishing deltas of %s failed: %s", self.instance_id, what, exc)
 
     def _request_done(self, request_id: str) -> None:
         self.deltas.close(request_id)
@@ -433,7 +457,8 @@ class Agent:
                 token_ids=(),
                 finish_reason=FinishReason.ABORT,
                 num_prompt_tokens=commit.num_prompt_tokens,
-            )
+            ),
+            commit.delta_subject,
         )
 
     def request_record(self, request_id: str) -> RequestTokens | None:
@@ -467,6 +492,7 @@ class Agent:
             sampling=commit.sampling,
             priority=commit.priority,
             output_token_ids=commit.token_ids[commit.num_prompt_tokens :],
+            delta_subject=commit.delta_subject,
         )
         self.wake()
 
@@ -489,12 +515,22 @@ class Agent:
 
     async def _report_loop(self) -> None:
         loop = asyncio.get_running_loop()
-        interval, heartbeat = self.config.report_interval_s, self.config.heartbeat_interval_s
+        config = self.config
+        interval, heartbeat = config.report_interval_s, config.heartbeat_interval_s
         while True:
             report = self.load_report()
             signature = load_signature(report)
+            urgent = urgent_signature(report)
             now = loop.time()
-            if signature != self._last_signature or now - self._last_report_at >= heartbeat:
+            since = now - self._last_report_at
+            if since >= heartbeat or (
+                signature != self._last_signature
+                and (
+                    urgent != self._last_urgent
+                    or self._last_signature is None
+                    or since >= config.gradual_report_interval_s
+                )
+            ):
                 self._report_seq += 1
                 report = msgspec.structs.replace(report, seq=self._report_seq)
                 try:
@@ -506,8 +542,9 @@ class Agent:
                 except BusError as exc:
                     log.warning("agent %s: load report failed: %s", self.instance_id, exc)
                 else:
-                    self._last_signature = signature
+                    self._last_signature, self._last_urgent = signature, urgent
                     self._last_report_at = now
+                    self.num_reports += 1
             await asyncio.sleep(interval)
 
     # ------------------------------------------------------------------ orphans
@@ -517,9 +554,12 @@ class Agent:
         suspects: set[str] = set()
         while True:
             await asyncio.sleep(self.config.orphan_check_interval_s)
-            request_ids = self.deltas.live_ids()
-            unheard = await asyncio.gather(*(self._nobody_listens(r) for r in request_ids))
-            gone = {r for r, nobody in zip(request_ids, unheard, strict=True) if nobody}
+            by_subject: dict[str, list[str]] = {}
+            for request_id in self.deltas.live_ids():
+                by_subject.setdefault(self._listening_subject(request_id), []).append(request_id)
+            subjects = list(by_subject)
+            unheard = await asyncio.gather(*(self._nobody_listens(s, by_subject[s][0]) for s in subjects))
+            gone = {r for s, nobody in zip(subjects, unheard, strict=True) if nobody for r in by_subject[s]}
             for request_id in sorted(gone & suspects):
                 if self.deltas.live(request_id) is None:
                     continue
@@ -529,10 +569,17 @@ class Agent:
                 await self.abort(request_id)
             suspects = gone - suspects
 
-    async def _nobody_listens(self, request_id: str) -> bool:
+    def _listening_subject(self, request_id: str) -> str:
+        """Where a request's tokens go: its frontend's batch subject, else the request's own token subject."""
+        tokens = self.deltas.live(request_id)
+        if tokens is not None and tokens.delta_subject is not None:
+            return tokens.delta_subject
+        return self._token_subject(request_id)
+
+    async def _nobody_listens(self, subject: str, request_id: str) -> bool:
         probe = TokenProbe(request_id=request_id, instance_id=self.instance_id)
         try:
-            await self.bus.request(self.subjects.tok(request_id), self.codec.encode(probe, time=time.time()),
+            await self.bus.request(subject, self.codec.encode(probe, time=time.time()),
                                    timeout=self.config.orphan_probe_timeout_s)
         except NoResponders:
             return True
@@ -555,6 +602,15 @@ class Agent:
         request: GenerateRequest | None = self._decode(data, GenerateRequest)
         if request is None:
             return self._reply(RpcError(code=RpcErrorCode.BAD_REQUEST, message="expected a GenerateRequest"))
+        try:  # its deltas go to a subject named after it, unless it names one
+            self._token_subject(request.request_id)
+        except ValueError as exc:
+            return self._reply(RpcError(code=RpcErrorCode.BAD_REQUEST, message=f"request_id: {exc}"))
+        if request.delta_subject is not None:
+            try:
+                validate_subject(request.delta_subject)
+            except InvalidName as exc:
+                return self._reply(RpcError(code=RpcErrorCode.BAD_REQUEST, message=f"delta_subject: {exc}"))
         traced = bus_tracing.header(headers, bus_tracing.TRACEPARENT) is not None
         return self._reply(self.generate(request, trace_context=parent_context(headers) if traced else None))
 
@@ -612,6 +668,7 @@ class Agent:
                     sampling=request.sampling,
                     priority=request.priority,
                     output_token_ids=outputs,
+                    delta_subject=request.delta_subject,
                 )
                 if trace_context is not None:
                     self.request_spans.open(request.request_id, trace_context, {
@@ -652,7 +709,8 @@ class Agent:
                     token_ids=(),
                     finish_reason=FinishReason.ABORT,
                     num_prompt_tokens=tokens.num_prompt_tokens,
-                )
+                ),
+                tokens.delta_subject,
             )
             self._request_done(request_id)
         if found:
@@ -665,12 +723,17 @@ class Agent:
         if request is None:
             return self._reply(RpcError(code=RpcErrorCode.BAD_REQUEST, message="expected a ResendRequest"))
         deltas = self.deltas.resend(request.request_id, request.from_index)
-        if deltas is None:
+        record = self.deltas.get(request.request_id)
+        if deltas is None or record is None:
             return self._reply(CommandReply(accepted=False, reason=CommandRejectReason.UNKNOWN_REQUEST))
-        for delta in deltas:
-            await self.bus.publish(
-                self.subjects.tok(delta.request_id), self.codec.encode(delta, time=time.time())
-            )
+        if record.delta_subject is not None:
+            batch = TokenDeltaBatch(instance_id=self.instance_id, deltas=tuple(deltas))
+            await self.bus.publish(record.delta_subject, self.codec.encode(batch, time=time.time()))
+        else:
+            for delta in deltas:
+                await self.bus.publish(
+                    self.subjects.tok(delta.request_id), self.codec.encode(delta, time=time.time())
+                )
         return self._reply(CommandReply(accepted=True, detail=f"{len(deltas)} deltas"))
 
     def _epoch_ok(self, epoch: int) -> bool:

@@ -7,11 +7,13 @@ alternately ``--rounds`` times (the run of median throughput of each side is
 reported, so both sides see the same background load on a shared machine):
 
 * **direct**: a torch engine of the preset in this process, stepped in a loop
-  (``add_request`` all, ``step()`` until done): the ceiling;
-* **shoal**: an embedded nats-server, one ``shoal agent`` (same engine
-  options and torch thread count) and ``shoal serve`` as child processes, and
-  that many concurrent streaming HTTP clients in this process (SSE with
-  ``include_usage``).
+  (``add_request`` all, ``step()`` until done): the ceiling; with
+  ``--instances N``, N such engines in N processes at once, each with its
+  share of the requests (their tokens/s add up);
+* **shoal**: an embedded nats-server, ``--instances`` ``shoal agent`` s (same
+  engine options and torch thread count) and ``shoal serve`` as child
+  processes, and that many concurrent streaming HTTP clients in this process
+  (SSE with ``include_usage``).
 
 Reported per concurrency: output tokens/s of each (``shoal_tps``,
 ``direct_tps``) and their ratio, and shoal's TTFT p50/p99 (time to the first
@@ -142,6 +144,35 @@ async def drive_streams(url: str, model: str, concurrency: int, prompt_tokens: i
             "ttft_p50_ms": 1000 * percentile(ttfts, 0.5), "ttft_p99_ms": 1000 * percentile(ttfts, 0.99)}
 
 
+def _direct_share(args: tuple[str, int, int, int, int]) -> dict[str, float]:
+    preset, concurrency, prompt_tokens, max_tokens, threads = args
+    import torch
+
+    torch.set_num_threads(threads)
+    return run_direct(preset, concurrency, prompt_tokens, max_tokens)
+
+
+def run_direct_instances(
+    preset: str, concurrency: int, prompt_tokens: int, max_tokens: int, *, instances: int, threads: int
+) -> dict[str, float]:
+    """:func:`run_direct` on ``instances`` engines at once, one process each, the requests split evenly."""
+    if instances == 1:
+        return run_direct(preset, concurrency, prompt_tokens, max_tokens)
+    import concurrent.futures
+    import multiprocessing
+
+    shares = [concurrency // instances + (1 if i < concurrency % instances else 0) for i in range(instances)]
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(instances, mp_context=context) as pool:
+        jobs = [(preset, n, prompt_tokens, max_tokens, threads) for n in shares]
+        parts = list(pool.map(_direct_share, jobs))
+    tokens = sum(p["tokens"] for p in parts)
+    return {"tps": sum(p["tps"] for p in parts), "tokens": tokens, "wall_s": max(p["wall_s"] for p in parts),
+            "cpu_ms_per_ktok": sum(p["cpu_ms_per_ktok"] * p["tokens"] for p in parts) / tokens,
+            "ttft_p50_ms": statistics.median(p["ttft_p50_ms"] for p in parts),
+            "ttft_p99_ms": max(p["ttft_p99_ms"] for p in parts)}
+
+
 def median_run(runs: list[dict[str, float]]) -> dict[str, float]:
     """The run with the median throughput (its TTFTs and CPU figures come with it)."""
     return sorted(runs, key=lambda run: run["tps"])[len(runs) // 2]
@@ -156,36 +187,38 @@ def torch_agent_args(preset: str, options: dict[str, Any], threads: int) -> list
 
 def start_shoal(
     processes: ClusterProcesses, *, agent_args: Sequence[str], model: str, max_model_len: int,
-    scheduler: bool = False, ready_timeout: float = 180.0,
+    scheduler: bool = False, ready_timeout: float = 180.0, instances: int = 1,
 ) -> str:
-    """:func:`spawn_shoal`, then :func:`wait_ready`: the frontend's URL once it sees the agent ready."""
+    """:func:`spawn_shoal`, then :func:`wait_ready`: the frontend's URL once it sees the agents ready."""
     url = spawn_shoal(processes, agent_args=agent_args, model=model, max_model_len=max_model_len,
-                      scheduler=scheduler)
-    wait_ready(processes, url, ready_timeout)
+                      scheduler=scheduler, instances=instances)
+    wait_ready(processes, url, ready_timeout, instances=instances)
     return url
 
 
 def spawn_shoal(
     processes: ClusterProcesses, *, agent_args: Sequence[str], model: str, max_model_len: int,
-    scheduler: bool = False,
+    scheduler: bool = False, instances: int = 1,
 ) -> str:
-    """Shoal as children of ``processes``: an embedded NATS, ``shoal scheduler`` if asked, one
-    ``shoal agent`` (``agent_args``: its engine options) and ``shoal serve``, in ``processes.env``.
+    """Shoal as children of ``processes``: an embedded NATS, ``shoal scheduler`` if asked,
+    ``instances`` ``shoal agent`` s (``agent_args``: their engine options; ids ``bench-0``, ...)
+    and ``shoal serve``, in ``processes.env``.
 
     Returns the frontend's URL at once. Call it from the main thread: each child is told to
     exit when the thread that started it ends (``PR_SET_PDEATHSIG``).
     """
     from bus.server import EmbeddedNats, free_port
 
-    processes.nats = EmbeddedNats(store_dir=processes.log_dir / "nats-store").start()
+    processes.nats = EmbeddedNats(store_dir=processes.log_dir / "nats-store", die_with_parent=True).start()
     url = processes.nats.url
     port = free_port()
     if scheduler:
         processes.spawn("scheduler", ["scheduler", "--nats", url, "--log-level", "WARNING"])
-    processes.spawn("agent", [
-        "agent", "--nats", url, "--instance-id", "bench-0", *agent_args, "--transport", "tcp",
-        "--log-level", "WARNING",
-    ])
+    for index in range(instances):
+        processes.spawn("agent" if index == 0 else f"agent{index}", [
+            "agent", "--nats", url, "--instance-id", f"bench-{index}", *agent_args, "--transport", "tcp",
+            "--log-level", "WARNING",
+        ])
     # without a scheduler a dispatch has no responders at once; with one, the frontend's default wait
     dispatch_timeout = [] if scheduler else ["--dispatch-timeout", "0.2"]
     processes.spawn("frontend", [
@@ -195,12 +228,17 @@ def spawn_shoal(
     return f"http://127.0.0.1:{port}"
 
 
-def wait_ready(processes: ClusterProcesses, url: str, ready_timeout: float = 180.0) -> None:
-    """Until the frontend at ``url`` lists an instance as ready; fails if a child died or time ran out."""
+def wait_ready(
+    processes: ClusterProcesses, url: str, ready_timeout: float = 180.0, *, instances: int = 1
+) -> None:
+    """Until the frontend at ``url`` lists ``instances`` ready instances.
+
+    Fails if a child dies or time runs out.
+    """
     deadline = time.monotonic() + ready_timeout
     while True:
         health = _health(url)
-        if health is not None and health.get("instances"):
+        if health is not None and len(health.get("instances") or ()) >= instances:
             return
         if time.monotonic() > deadline or processes.newly_dead():
             raise click.ClickException(f"shoal did not start; logs in {processes.log_dir}")
@@ -217,9 +255,9 @@ def process_ids(processes: ClusterProcesses) -> dict[str, int]:
 
 def run_through_shoal(
     preset: str, concurrencies: list[int], prompt_tokens: int, max_tokens: int, threads: int, log_dir: Path,
-    *, rounds: int = 1,
+    *, rounds: int = 1, instances: int = 1,
 ) -> tuple[dict[int, dict[str, float]], dict[int, dict[str, float]]]:
-    """One agent and the frontend as child processes on an embedded NATS; streaming clients here.
+    """``instances`` agents and the frontend as child processes on an embedded NATS; clients here.
 
     Each concurrency runs ``rounds`` times through shoal, each followed at once by
     the direct engine on the same workload (so both see the same load on a
@@ -230,7 +268,7 @@ def run_through_shoal(
     processes = ClusterProcesses(log_dir)
     try:
         http_url = start_shoal(processes, agent_args=torch_agent_args(preset, options, threads), model=preset,
-                               max_model_len=options["max_model_len"])
+                               max_model_len=options["max_model_len"], instances=instances)
         shoal: dict[int, dict[str, float]] = {}
         direct: dict[int, dict[str, float]] = {}
         pids = process_ids(processes)
@@ -247,8 +285,13 @@ def run_through_shoal(
                     result[f"{name}_cpu_ms_per_ktok"] = (
                         1e6 * (cpu_seconds(pid) - before[name]) / max(result["tokens"], 1.0)
                     )
+                result["agent_cpu_ms_per_ktok"] = sum(  # all agents together
+                    result.pop(f"{name}_cpu_ms_per_ktok") for name in list(pids) if name.startswith("agent")
+                )
                 shoal_runs.append(result)
-                direct_runs.append(run_direct(preset, concurrency, prompt_tokens, max_tokens))
+                direct_runs.append(run_direct_instances(
+                    preset, concurrency, prompt_tokens, max_tokens, instances=instances, threads=threads
+                ))
             shoal[concurrency] = median_run(shoal_runs)
             direct[concurrency] = median_run(direct_runs)
         return shoal, direct
@@ -265,22 +308,26 @@ def run_through_shoal(
 @click.option("--threads", type=int, default=1, show_default=True, help="Torch threads (both sides).")
 @click.option("--rounds", type=int, default=3, show_default=True,
               help="Alternating shoal/direct runs per concurrency; the median is reported.")
+@click.option("--instances", type=int, default=1, show_default=True,
+              help="Agents behind the frontend (and direct engines, one process each, to compare with).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None)
 def bench_serve(preset: str, concurrencies: tuple[int, ...], prompt_tokens: int, max_tokens: int,
-                threads: int, rounds: int, json_path: Path | None) -> None:
+                threads: int, rounds: int, instances: int, json_path: Path | None) -> None:
     """Streaming tokens/s and TTFT through shoal (frontend + NATS + agent) vs the engine alone."""
     import torch
 
     torch.set_num_threads(threads)
     levels = sorted(set(concurrencies), key=int)
     log_dir = Path(tempfile.mkdtemp(prefix="shoal-bench-serve-"))
+    if instances < 1:
+        raise click.BadParameter("must be >= 1", param_hint="--instances")
     shoal, direct = run_through_shoal(
-        preset, levels, prompt_tokens, max_tokens, threads, log_dir, rounds=rounds
+        preset, levels, prompt_tokens, max_tokens, threads, log_dir, rounds=rounds, instances=instances
     )
     results: dict[str, Any] = {}
     machine = platform.processor() or platform.machine()
     click.echo(f"preset {preset}, prompt {prompt_tokens} tokens, {max_tokens} output tokens per request, "
-               f"torch threads {threads}, {os.cpu_count()} CPUs, {machine}")
+               f"{instances} instance(s), torch threads {threads}, {os.cpu_count()} CPUs, {machine}")
     click.echo(f"{'streams':>8} {'shoal tok/s':>12} {'direct tok/s':>13} {'ratio':>6} "
                f"{'TTFT p50 ms':>12} {'TTFT p99 ms':>12} {'direct p50':>11} {'direct p99':>11}")
     for c in levels:
@@ -304,6 +351,7 @@ def bench_serve(preset: str, concurrencies: tuple[int, ...], prompt_tokens: int,
         click.echo(f"{c:>8} {results[str(c)]['direct_cpu_ms_per_1k_tokens']:>9.0f} | "
                    + ", ".join(f"{name} {value:.0f}" for name, value in cpu.items()))
     meta = {"preset": preset, "prompt_tokens": prompt_tokens, "max_tokens": max_tokens, "threads": threads,
+            "instances": instances,
             "rounds": rounds, "load_average": os.getloadavg(), "event_loop": event_loop.loop_name(),
             "cpus": os.cpu_count(), "median_ratio": statistics.median(r["ratio"] for r in results.values())}
     if json_path is not None:

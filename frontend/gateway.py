@@ -2,9 +2,14 @@
 
 :class:`Gateway` owns the frontend's view of the cluster (a :class:`~frontend.board.LoadBoard`
 fed by tailing instance events and load reports) and opens one
-:class:`RequestStream` per client request. Per request, as the contract says:
+:class:`RequestStream` per client request. The gateway subscribes once, at
+start, to its own token subject (``Subjects.tok_batch``): every request it
+places names that subject (``GenerateRequest.delta_subject``), so agents send
+all of this frontend's deltas of one step in one :class:`~schemas.TokenDeltaBatch`,
+and the gateway hands each delta to its request's stream. Per request, as the
+contract says:
 
-1. subscribe to the request's token subject *before* placing it;
+1. register the request's stream (its deltas are routed to it) *before* placing it;
 2. ask the scheduler (``rpc_dispatch``, short timeout); on a timeout, no
    responders, an error or no answer, place it from the board (bypass mode);
 3. send ``GenerateRequest`` to the chosen agent; an agent that does not answer
@@ -31,6 +36,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import uuid
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, NamedTuple
 
@@ -59,6 +65,7 @@ from schemas import (
     ResendRequest,
     SamplingParams,
     TokenDelta,
+    TokenDeltaBatch,
 )
 from schemas.requests import (
     RequestAborted,
@@ -136,9 +143,15 @@ class Gateway:
         self.streams: dict[str, RequestStream] = {}
         self.num_scheduler_placements = 0
         self.scheduler_quiet_until = 0.0  # after a dispatch timed out: bypass without asking until then
+        #: this frontend's token subject: agents publish its requests' deltas there, a batch per step
+        self.delta_subject = self.subjects.tok_batch(f"f{uuid.uuid4().hex[:12]}")
+        self.deltas_closed = False
+        self._delta_subscription: Subscription | None = None
 
     # -- life ----------------------------------------------------------------
     async def start(self) -> None:
+        self._delta_subscription = await self.bus.subscribe(self.delta_subject)
+        self._spawn(self._route_deltas(self._delta_subscription), "route-deltas")
         await self.lifecycle.start()
         events = [f"{self.subjects.prefix}.ev.instance.*"]
         self._spawn(self._tail(self.subjects.events_stream, events), "tail-instances")
@@ -152,6 +165,9 @@ class Gateway:
         for task in list(self._tasks):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        if self._delta_subscription is not None:
+            with contextlib.suppress(Exception):
+                await self._delta_subscription.unsubscribe()
         await self.lifecycle.close()
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None], name: str) -> None:
@@ -180,6 +196,28 @@ class Gateway:
                 log.warning("tail of %s failed (%s); retrying", stream, exc)
                 await asyncio.sleep(0.5)
 
+    async def _route_deltas(self, subscription: Subscription) -> None:
+        """Hand every delta on this frontend's token subject to its request's stream."""
+        streams = self.streams
+        try:
+            async for message in subscription:
+                envelope = self.codec.decode_or_none(message.data)
+                body = envelope.body if envelope is not None else None
+                if isinstance(body, TokenDeltaBatch):
+                    deltas: tuple[TokenDelta, ...] = body.deltas
+                elif isinstance(body, TokenDelta):
+                    deltas = (body,)
+                else:
+                    continue  # malformed (counted by the codec) or not a delta
+                for delta in deltas:
+                    stream = streams.get(delta.request_id)
+                    if stream is not None:
+                        stream.inbox.put_nowait(delta)
+        finally:  # the subscription ended (the connection closed): streams cannot get tokens any more
+            self.deltas_closed = True
+            for stream in list(streams.values()):
+                stream.inbox.put_nowait(None)
+
     def fire_and_forget(self, coroutine: Coroutine[Any, Any, None], name: str = "background") -> None:
         self._spawn(coroutine, name)
 
@@ -188,9 +226,11 @@ class Gateway:
         return self.board.max_model_len(self.config.max_model_len)
 
     async def open(self, job: Job) -> RequestStream:
-        """Subscribe, place and start ``job``; raises :class:`APIError` if no instance takes it."""
-        subscription = await self.bus.subscribe(self.subjects.tok(job.request_id))
-        stream = RequestStream(self, job, subscription)
+        """Register, place and start ``job``; raises :class:`APIError` if no instance takes it."""
+        if self.deltas_closed or self._delta_subscription is None:
+            raise unavailable("the frontend is not receiving tokens (not started, or its bus closed)",
+                              self.config.retry_after_s)
+        stream = RequestStream(self, job)
         self.lifecycle.emit(RequestArrived(
             request_id=job.request_id, num_prompt_tokens=len(job.prompt_ids),
             max_tokens=job.sampling.max_tokens, priority=job.priority,
@@ -311,10 +351,11 @@ class Gateway:
 class RequestStream:
     """One request's ordered tokens; iterate with ``await next_chunk()`` until it returns None."""
 
-    def __init__(self, gateway: Gateway, job: Job, subscription: Subscription) -> None:
+    def __init__(self, gateway: Gateway, job: Job) -> None:
         self.gateway = gateway
         self.job = job
-        self.subscription = subscription
+        #: this request's deltas, routed by the gateway; None when the gateway's subscription ended
+        self.inbox: asyncio.Queue[TokenDelta | None] = asyncio.Queue()
         self.assembler = DeltaAssembler()
         self.generated: list[int] = []
         self.owner_id: str | None = None
@@ -343,6 +384,7 @@ class RequestStream:
             first_index=len(generated),
             owner_epoch=epoch,
             stream=True,
+            delta_subject=self.gateway.delta_subject,
         )
 
     async def start(self) -> None:
@@ -363,28 +405,27 @@ class RequestStream:
         config = gateway.config
         tick = min(config.gap_grace, 0.25)
         while not self.assembler.finished:
+            delta: TokenDelta | None = None
             try:
                 async with asyncio.timeout(tick):
-                    message = await self.subscription.__anext__()
+                    delta = await self.inbox.get()
             except TimeoutError:
-                message = None
-            except StopAsyncIteration:
-                raise APIError(503, "the token stream closed unexpectedly") from None
+                pass
+            if delta is None and gateway.deltas_closed:
+                raise APIError(503, "the token stream closed unexpectedly")
             now = gateway.clock()
             if self.job.deadline is not None and now >= self.job.deadline:
                 await self._end_early(FinishReason.LENGTH)
                 break
-            if message is not None:
-                chunk = self._on_message(message.data, now)
+            if delta is not None:
+                chunk = self._on_delta(delta, now)
                 if chunk is not None:
                     return chunk
             await self._watch(now)
         return None
 
-    def _on_message(self, data: bytes, now: float) -> Accepted | None:
-        envelope = self.gateway.codec.decode_or_none(data)
-        delta = envelope.body if envelope is not None else None
-        if not isinstance(delta, TokenDelta) or delta.request_id != self.request_id:
+    def _on_delta(self, delta: TokenDelta, now: float) -> Accepted | None:
+        if delta.request_id != self.request_id:
             return None
         epoch_before = self.assembler.owner_epoch
         stale_before = self.assembler.num_stale + self.assembler.num_duplicates
@@ -500,5 +541,3 @@ class RequestStream:
         else:
             gateway.metrics.aborted.labels(reason=reason).inc()
             gateway.lifecycle.emit(RequestAborted(request_id=self.request_id, reason=reason))
-        with contextlib.suppress(Exception):
-            await self.subscription.unsubscribe()

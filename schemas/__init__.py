@@ -17,7 +17,7 @@ from schemas.reasons import *  # noqa: F403
 from schemas.requests import *  # noqa: F403
 from schemas.rpc import *  # noqa: F403
 from schemas.subjects import Subjects
-from schemas.tokens import TokenDelta
+from schemas.tokens import TokenDelta, TokenDeltaBatch
 
 __all__ = [
     "SCHEMA_CHANGES",
@@ -29,6 +29,7 @@ __all__ = [
     "Position",
     "Subjects",
     "TokenDelta",
+    "TokenDeltaBatch",
     "decode_body",
     "encode_body",
 ]

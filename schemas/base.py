@@ -28,8 +28,10 @@ SCHEMA_CHANGES: dict[int, str] = {
     3: (
         "2026-12-02: decisions carry every input: ScaleUp/ScaleDown.inputs (ScalingInputs: clock and "
         "sustain timers), InstanceFailed.inputs (FailureInputs: clock, last seen, timeout, last report); "
-        "the history stream's ArchivedLoads and Checkpoint. Additive: version 2 messages still decode "
-        "(their scaling and failure decisions are not recomputable)."
+        "the history stream's ArchivedLoads and Checkpoint (version 2 logs still decode; their scaling "
+        "and failure decisions are not recomputable). TokenDeltaBatch (one agent step's deltas for one "
+        "frontend) and GenerateRequest.delta_subject / Commit.delta_subject that ask for it; an agent of "
+        "version 2 would publish per request where a version-3 frontend no longer listens, so it refuses."
     ),
 }
 

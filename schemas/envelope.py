@@ -34,7 +34,7 @@ from schemas.load import LoadReport
 from schemas.migration import MigrationEvent
 from schemas.requests import RequestEvent
 from schemas.rpc import RpcMessage
-from schemas.tokens import TokenDelta
+from schemas.tokens import TokenDelta, TokenDeltaBatch
 
 __all__ = ["Body", "Codec", "Envelope", "decode_body", "encode_body"]
 
@@ -47,6 +47,7 @@ Body = (
     | RpcMessage
     | TokenDelta
     | HistoryMessage
+    | TokenDeltaBatch
 )
 
 T = TypeVar("T")

@@ -94,6 +94,8 @@ class Commit(Message, frozen=True, kw_only=True, tag="mig_commit"):
     sampling: SamplingParams = SamplingParams()
     priority: int = 0
     stream: bool = True
+    #: ``GenerateRequest.delta_subject`` of the request: the destination publishes there too.
+    delta_subject: str | None = None
 
 
 class CommitAck(Message, frozen=True, kw_only=True, tag="mig_commit_ack"):

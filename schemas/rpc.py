@@ -52,6 +52,10 @@ class GenerateRequest(Message, frozen=True, kw_only=True, tag="generate"):
     ``num_prompt_tokens`` tells which of ``token_ids`` are the prompt; a
     rescued request carries its already generated tokens after them and
     ``first_index`` says which output index generation continues from.
+    ``delta_subject``: publish this request's deltas in per-step
+    :class:`~schemas.tokens.TokenDeltaBatch` messages on that subject (a
+    frontend's, :meth:`~schemas.subjects.Subjects.tok_batch`) instead of one
+    message per step on its own token subject.
     """
 
     request_id: str
@@ -62,6 +66,7 @@ class GenerateRequest(Message, frozen=True, kw_only=True, tag="generate"):
     first_index: int = 0
     owner_epoch: int = 0
     stream: bool = True
+    delta_subject: str | None = None
 
 
 class GenerateReply(Message, frozen=True, kw_only=True, tag="generate_reply"):

@@ -78,6 +78,10 @@ class Subjects:
     def tok(self, request_id: str) -> str:
         return f"{self.prefix}.tok.{_token(request_id)}"
 
+    def tok_batch(self, frontend_id: str) -> str:
+        """A frontend's token subject: per-step batches of its requests' deltas."""
+        return f"{self.prefix}.tokb.{_token(frontend_id)}"
+
     def rpc_agent(self, instance_id: str, method: str) -> str:
         """Agent RPCs: generate, abort, resend, migrate_out, stop, drain."""
         return f"{self.prefix}.rpc.agent.{_token(instance_id)}.{_token(method)}"

@@ -1,11 +1,18 @@
-"""Token deltas published by agents on ``<prefix>.tok.<request_id>`` (core NATS)."""
+"""Token deltas published by agents (core NATS).
+
+A request whose ``GenerateRequest`` names a ``delta_subject`` (the frontend's
+``<prefix>.tokb.<frontend_id>``) gets its deltas in :class:`TokenDeltaBatch`
+messages there: one message per agent step for all of that frontend's
+requests. Any other request gets one :class:`TokenDelta` per step on
+``<prefix>.tok.<request_id>``.
+"""
 
 from __future__ import annotations
 
 from schemas.base import Message
 from schemas.reasons import FinishReason
 
-__all__ = ["TokenDelta"]
+__all__ = ["TokenDelta", "TokenDeltaBatch"]
 
 
 class TokenDelta(Message, frozen=True, kw_only=True, tag="token_delta"):
@@ -24,3 +31,10 @@ class TokenDelta(Message, frozen=True, kw_only=True, tag="token_delta"):
     logprobs: tuple[float, ...] | None = None
     finish_reason: FinishReason | None = None
     num_prompt_tokens: int = 0
+
+
+class TokenDeltaBatch(Message, frozen=True, kw_only=True, tag="token_delta_batch"):
+    """One agent step's deltas for every request of one frontend (``GenerateRequest.delta_subject``)."""
+
+    instance_id: str
+    deltas: tuple[TokenDelta, ...]

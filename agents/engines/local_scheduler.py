@@ -17,14 +17,15 @@ How an engine uses this (vLLM v1 style)::
 
 ``execute`` runs the model (or a timing model) over:
 
-* ``out.prefills`` — :class:`ScheduledPrefill` ``(request, start, end)``: feed
-  ``request.all_token_ids[start:end]`` at positions ``start..end-1``;
+* ``out.prefills`` — :class:`ScheduledPrefill` ``(request, start, end, final)``: feed
+  ``request.all_token_ids[start:end]`` at positions ``start..end-1``; a prefill that is
+  not ``final`` is one chunk of a longer prompt (chunked prefill) and samples nothing;
 * ``out.decodes`` — :class:`Request` s that feed one token,
   ``request.all_token_ids[-1]`` at position ``request.num_computed_tokens``;
 
 writing KV into ``request.block_ids`` (position ``p`` lives in block
 ``block_ids[p // block_size]`` at slot ``p % block_size``; the blocks are
-already allocated), and returns one sampled token per scheduled request.
+already allocated), and returns one sampled token per scheduled request (chunks that are not final need none).
 ``update_from_output`` appends the tokens, applies max_tokens / min_tokens /
 stop_token_ids / EOS / context and capacity limits, frees finished requests'
 blocks and returns :class:`~agents.engines.protocol.RequestOutput` s. Requests aborted or
@@ -36,6 +37,14 @@ admission in a step that had to preempt). Every step each running request
 gets the block for its next token; if none is free, the newest request of the
 lowest priority is preempted by recompute (blocks freed, queued again at its
 original place), possibly the growing request itself.
+
+Chunked prefill (``max_step_tokens``): a step computes at most that many
+tokens. Decodes take one each; running prompts that are part-way through their
+prefill, then admitted ones, share the rest (at least ``block_size`` tokens, so
+a full batch of decodes cannot starve them); a prompt longer than what is left
+is computed in chunks over the next steps, alongside the decodes, so a long
+prompt never holds the running batch up for more than one step's budget. A
+request's blocks are allocated for its whole prompt when it is admitted.
 
 For migration the scheduler also reserves blocks, admits a migrated request
 with a block table made of reservations, suspends/resumes and releases.
@@ -88,11 +97,15 @@ class LocalSchedulerConfig:
     max_batch_size: int = 256
     #: Prompt tokens admitted per step; the first prefill of a step is always admitted.
     max_prefill_tokens: int | None = None
+    #: Tokens computed per step (chunked prefill, see the module docstring); None: whole prompts.
+    max_step_tokens: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("num_blocks", "block_size", "max_model_len", "vocab_size", "max_batch_size"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.max_step_tokens is not None and self.max_step_tokens <= 0:
+            raise ValueError(f"max_step_tokens must be positive, got {self.max_step_tokens}")
 
     @property
     def capacity_tokens(self) -> int:
@@ -139,11 +152,15 @@ class Request:
 
 @dataclass(frozen=True, slots=True)
 class ScheduledPrefill:
-    """Compute KV for ``request.all_token_ids[start:end]`` and sample the next token."""
+    """Compute KV for ``request.all_token_ids[start:end]``; if ``final``, sample the next token.
+
+    ``final`` is False for a chunk of a prompt that continues in a later step.
+    """
 
     request: Request
     start: int
     end: int
+    final: bool = True
 
     @property
     def num_tokens(self) -> int:
@@ -341,6 +358,7 @@ class LocalScheduler:
         prefills: list[ScheduledPrefill] = []
         decodes: list[Request] = []
         preempted: list[str] = []
+        partial: list[Request] = []  # running, with prompt tokens still to compute
         num_prefill_tokens = 0
         num_context_tokens = 0
 
@@ -364,12 +382,21 @@ class LocalScheduler:
                 decodes.append(request)
                 num_context_tokens += num_tokens
             else:
-                prefills.append(ScheduledPrefill(request, request.num_computed_tokens, num_tokens))
-                num_prefill_tokens += num_tokens - request.num_computed_tokens
+                partial.append(request)
             i += 1
 
+        budget = self._prefill_budget(len(decodes))
+        for request in partial:
+            chunk = self._chunk(request, budget)
+            if chunk is None:
+                continue  # its prompt continues in a later step
+            prefills.append(chunk)
+            num_prefill_tokens += chunk.num_tokens
+            if budget is not None:
+                budget -= chunk.num_tokens
+
         if not preempted:
-            num_prefill_tokens += self._admit(prefills, num_prefill_tokens)
+            num_prefill_tokens += self._admit(prefills, num_prefill_tokens, budget)
 
         return SchedulerOutput(
             step_id=self._step_id,
@@ -380,13 +407,33 @@ class LocalScheduler:
             num_decode_context_tokens=num_context_tokens,
         )
 
-    def _admit(self, prefills: list[ScheduledPrefill], budget_used: int) -> int:
-        """Admit queue heads while they fit; returns the prompt tokens admitted."""
+    def _prefill_budget(self, num_decodes: int) -> int | None:
+        """Prompt tokens this step may compute after ``num_decodes`` decodes; None: no limit."""
+        limit = self.config.max_step_tokens
+        if limit is None:
+            return None
+        return max(limit - num_decodes, self.config.block_size)
+
+    @staticmethod
+    def _chunk(request: Request, budget: int | None) -> ScheduledPrefill | None:
+        """The next piece of ``request``'s prefill within ``budget`` tokens, or None if none is left."""
+        start = request.num_computed_tokens
+        num_tokens = len(request.all_token_ids)
+        if budget is None or num_tokens - start <= budget:
+            return ScheduledPrefill(request, start, num_tokens)
+        if budget <= 0:
+            return None
+        return ScheduledPrefill(request, start, start + budget, final=False)
+
+    def _admit(self, prefills: list[ScheduledPrefill], budget_used: int, budget: int | None) -> int:
+        """Admit queue heads while they fit (and ``budget`` lasts); returns the prompt tokens scheduled."""
         config = self.config
         blocks = self.blocks
         limit = config.max_prefill_tokens
         admitted_tokens = 0
         while self.num_running < config.max_batch_size:
+            if budget is not None and budget - admitted_tokens <= 0:
+                break
             head = self._head()
             if head is None:
                 break
@@ -401,8 +448,10 @@ class LocalScheduler:
             head.block_ids.extend(blocks.allocate(need))
             head.status = RequestStatus.RUNNING
             bisect.insort(self._running, head, key=_order_key)
-            prefills.append(ScheduledPrefill(head, head.num_computed_tokens, head.num_tokens))
-            admitted_tokens += num_new
+            chunk = self._chunk(head, None if budget is None else budget - admitted_tokens)
+            assert chunk is not None  # the budget left is positive
+            prefills.append(chunk)
+            admitted_tokens += chunk.num_tokens
         return admitted_tokens
 
     def _preempt_newest_lowest(self, preempted: list[str]) -> Request:
@@ -437,7 +486,12 @@ class LocalScheduler:
         max_num_tokens = self._max_num_tokens
         eos = self.config.eos_token_id
         any_finished = False
-        scheduled = [(p.request, p.end) for p in output.prefills]
+        scheduled: list[tuple[Request, int]] = []
+        for prefill in output.prefills:
+            if prefill.final:
+                scheduled.append((prefill.request, prefill.end))
+            elif self._is_live(prefill.request):
+                prefill.request.num_computed_tokens = prefill.end  # a chunk: no token yet
         scheduled += [(r, r.num_computed_tokens + 1) for r in output.decodes]
         for request, num_computed in scheduled:
             request_id = request.request_id
@@ -473,6 +527,13 @@ class LocalScheduler:
         if any_finished:
             self._running = [r for r in self._running if not r.status.is_finished]
         return results
+
+    def _is_live(self, request: Request) -> bool:
+        """Still holds its blocks here and its id still names it (not aborted or released meanwhile)."""
+        status = request.status
+        return (status is _RUNNING or status is _SUSPENDED) and self._requests.get(
+            request.request_id
+        ) is request
 
     def _finish(self, request: Request, status: RequestStatus, *, finished_here: bool = True) -> None:
         """Terminal transition: free blocks, forget the request (callers drop it from the running list)."""

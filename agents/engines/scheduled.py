@@ -100,6 +100,17 @@ class ScheduledEngine:
     def take_events(self) -> list[SchedulerEvent]:
         return self.scheduler.take_events()
 
+    def migration_blocker(self, request_id: str) -> str | None:
+        """Why ``request_id`` cannot move now, or None (raises UnknownRequest if absent).
+
+        Only a request that has decoded carries all its KV: one still in its
+        (maybe chunked) prefill has none yet for the tokens it has not computed.
+        """
+        request = self.scheduler.request(request_id)
+        if request.num_computed_tokens < request.num_tokens - 1:
+            return "its prompt is still being prefilled"
+        return None
+
     # ---------------------------------------------------------- migration
 
     def reserve(self, num_blocks: int) -> Reservation:

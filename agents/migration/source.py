@@ -221,6 +221,7 @@ class SourceDriver(MachineDriver):
             suspended_at=self.outcome.suspended_at or time.time(),
             sampling=record.sampling,
             priority=record.priority,
+            delta_subject=record.delta_subject,
             stream=record.stream,
         )
 

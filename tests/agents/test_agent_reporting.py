@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from agents.deltas import DeltaBuffer
 from agents.engines.sim import SimEngine
-from agents.reporting import build_load_report, load_signature
+from agents.reporting import build_load_report, load_signature, urgent_signature
 from scheduler.config import PolicyConfig
 from scheduler.policy import InstanceLoad, load_freeness
-from schemas import InstanceJoined, SamplingParams, TokenDelta
+from schemas import InstanceJoined, LoadReport, SamplingParams, TokenDelta
 
 
 def test_agent_and_scheduler_agree_on_freeness() -> None:
@@ -66,3 +66,25 @@ def test_resend_trims_to_the_asked_index_and_survives_the_finish() -> None:
     buffer.open("s", owner_epoch=0, stream=True, prompt_token_ids=(1,), sampling=SamplingParams(), priority=0)
     buffer.close("s")  # only one finished request is kept
     assert buffer.resend("r", 0) is None and buffer.resend("unknown", 0) is None
+
+
+def test_blocks_filling_under_decodes_are_not_urgent_but_new_work_is() -> None:
+    engine = SimEngine("tiny-test", num_blocks=64)
+    engine.add_request("a", [1, 2, 3], SamplingParams(max_tokens=50, ignore_eos=True))
+    config = PolicyConfig()
+
+    def report(num_accepted: int = 1) -> LoadReport:
+        return build_load_report(engine.stats(), instance_id="a", seq=1, block_size=4,
+                                 num_accepted=num_accepted, config=config)
+
+    engine.step()
+    first = report()
+    for _ in range(4):  # four more tokens: the request fills another block of 4
+        engine.step()
+    grown = report()
+    assert grown.num_free_blocks < first.num_free_blocks
+    assert load_signature(grown) != load_signature(first)
+    assert urgent_signature(grown) == urgent_signature(first)
+    assert urgent_signature(report(num_accepted=2)) != urgent_signature(grown)  # a request was accepted
+    engine.add_request("b", [1, 2], SamplingParams(max_tokens=5))
+    assert urgent_signature(report()) != urgent_signature(grown)  # one more waiting

@@ -16,6 +16,9 @@ from schemas import (
     LoadReport,
     RejectReason,
     ResendRequest,
+    RpcError,
+    RpcErrorCode,
+    TokenDeltaBatch,
 )
 from tests.agents.agent_cluster import agent_cluster, fast_agent_config, greedy, sim_engine
 
@@ -96,3 +99,95 @@ async def test_abort_and_rejection(nats_url: str) -> None:
         )
         assert not too_long.accepted and too_long.reason is RejectReason.EXCEEDS_MODEL_CONTEXT
         assert "big" in too_long.detail  # the engine's sentence, for people
+
+
+async def test_deltas_for_a_delta_subject_come_in_one_message_per_step(nats_url: str) -> None:
+    """Requests naming a frontend's subject get one TokenDeltaBatch per step; others their own deltas."""
+    async with agent_cluster(nats_url) as cluster:
+        await cluster.add(sim_engine(time_scale=10.0), fast_agent_config("a1"))
+        subject = cluster.subjects.tok_batch("f1")
+        batches: list[TokenDeltaBatch] = []
+        subscription = await cluster.bus.subscribe(subject)
+
+        async def collect() -> None:
+            async for message in subscription:
+                body = cluster.codec.decode(message.data).body
+                assert isinstance(body, TokenDeltaBatch), body
+                batches.append(body)
+
+        collector = asyncio.get_running_loop().create_task(collect())
+        solo = await cluster.watch("solo")
+        own_subjects = [await cluster.watch(f"b{i}") for i in range(3)]
+        for request_id in ("b0", "b1", "b2"):
+            request = GenerateRequest(
+                request_id=request_id, token_ids=(5, 6), sampling=greedy(8, seed=1), delta_subject=subject
+            )
+            assert (await cluster.generate("a1", request)).accepted
+        request = GenerateRequest(request_id="solo", token_ids=(5, 6), sampling=greedy(8, seed=1))
+        assert (await cluster.generate("a1", request)).accepted
+        await solo.wait_finished()
+        await asyncio.sleep(0.2)
+        by_request: dict[str, list[int]] = {}
+        for batch in batches:
+            assert batch.instance_id == "a1"
+            assert len({d.request_id for d in batch.deltas}) == len(batch.deltas)  # one delta per request
+            for delta in batch.deltas:
+                assert delta.first_index == len(by_request.setdefault(delta.request_id, []))
+                by_request[delta.request_id].extend(delta.token_ids)
+        expected = [sim_token_id("b0", 1, i, 1000, 0) for i in range(8)]
+        assert by_request["b0"] == expected and sorted(by_request) == ["b0", "b1", "b2"]
+        assert len(batches) < 3 * 8  # the three share messages (8 steps each if alone)
+        assert solo.tokens() == [sim_token_id("solo", 1, i, 1000, 0) for i in range(8)]
+        assert all(not watcher.deltas for watcher in own_subjects)  # nothing on their own subjects
+
+        # a resend goes where the deltas went
+        count = len(batches)
+        resend = await cluster.call("a1", "resend", ResendRequest(request_id="b1", from_index=6))
+        assert isinstance(resend, CommandReply) and resend.accepted
+        await asyncio.sleep(0.2)
+        assert [d.first_index for b in batches[count:] for d in b.deltas] == [6, 7]
+
+        bad = GenerateRequest(request_id="x", token_ids=(1,), sampling=greedy(2), delta_subject="a.*")
+        reply = await cluster.call("a1", "generate", bad)
+        assert isinstance(reply, RpcError) and reply.code is RpcErrorCode.BAD_REQUEST
+        dotted = GenerateRequest(request_id="x.y", token_ids=(1,), sampling=greedy(2))  # no subject for it
+        reply = await cluster.call("a1", "generate", dotted)
+        assert isinstance(reply, RpcError) and reply.code is RpcErrorCode.BAD_REQUEST
+        assert (await cluster.generate("a1", GenerateRequest(request_id="after", token_ids=(1,),
+                                                             sampling=greedy(2)))).accepted
+        await subscription.unsubscribe()
+        collector.cancel()
+        for watcher in (solo, *own_subjects):
+            await watcher.close()
+
+
+async def test_while_requests_decode_reports_come_less_often_but_new_work_is_reported_at_once(
+    nats_url: str,
+) -> None:
+    """Blocks filling under decoding requests are reported every gradual interval, not every report
+    interval; an accepted request (what the scheduler dispatches on) goes out within one interval."""
+    config = fast_agent_config(
+        "a1", report_interval_s=0.02, heartbeat_interval_s=5.0, gradual_report_interval_s=0.6
+    )
+    async with agent_cluster(nats_url) as cluster:
+        agent = await cluster.add(sim_engine(num_blocks=512, time_scale=4.0), config)  # ~200 steps in 2 s
+        for index in range(4):
+            request = GenerateRequest(request_id=f"r{index}", token_ids=(5, 6), sampling=greedy(100_000))
+            assert (await cluster.generate("a1", request)).accepted
+        await asyncio.sleep(0.3)
+        free_before, reports_before = agent.engine.stats().num_free_blocks, agent.num_reports
+        await asyncio.sleep(1.5)
+        assert agent.engine.stats().num_free_blocks < free_before - 4  # blocks kept filling
+        sent = agent.num_reports - reports_before
+        assert 1 <= sent <= 4  # 1.5 s / 0.6 s, not 1.5 s / 0.02 s
+
+        request = GenerateRequest(request_id="new", token_ids=(5, 6), sampling=greedy(100_000))
+        reports_before = agent.num_reports
+        assert (await cluster.generate("a1", request)).accepted
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 0.4  # well inside the gradual interval
+        while agent.num_reports == reports_before:
+            assert loop.time() < deadline, "the accepted request was not reported promptly"
+            await asyncio.sleep(0.01)
+        stored = await cluster.stored(cluster.subjects.load("a1"), cluster.subjects.loads_stream)
+        assert stored[-1][1].body.num_accepted == 5

@@ -60,3 +60,19 @@ def test_wildcards_only_where_allowed_and_keys_follow_kv_rules() -> None:
     for bad in ("a b", "a..b", ".a", "a.", "a*", "ü"):
         with pytest.raises(InvalidName):
             validate_key(bad)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet="ab.*> \t\n\xa0é", max_size=8), st.booleans())
+def test_the_fast_path_accepts_and_rejects_exactly_what_the_token_rules_do(
+    subject: str, wildcards: bool
+) -> None:
+    from bus.wildcards import _validate_tokens
+
+    def outcome(check: object) -> str:
+        try:
+            return str(check(subject, wildcards=wildcards))  # type: ignore[operator]
+        except InvalidName as exc:
+            return f"error: {exc}"
+
+    assert outcome(validate_subject) == outcome(_validate_tokens)

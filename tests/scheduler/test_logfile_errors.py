@@ -12,7 +12,8 @@ from click.testing import CliRunner, Result
 
 from frontend.cli import cli
 from scheduler.logfile import LogEntry, RecordedLog, write_log
-from schemas import SCHEMA_VERSION, Codec, Subjects
+from schemas import Codec, Subjects
+from schemas.base import SCHEMA_VERSION
 from schemas.envelope import Envelope
 from schemas.requests import RequestArrived
 from tests.scheduler.log_helpers import history
@@ -113,9 +114,8 @@ def test_a_log_of_a_newer_schema_version(tmp_path: Path) -> None:
     header["schema_version"] = 99
     encoded = msgspec.msgpack.encode(header)
     path.write_bytes(struct.pack(">I", len(encoded)) + encoded + raw[4 + size :])
-    _fails_cleanly(
-        path, f"holds messages of schema version 99; this shoal reads up to version {SCHEMA_VERSION}"
-    )
+    expected = f"holds messages of schema version 99; this shoal reads up to version {SCHEMA_VERSION}"
+    _fails_cleanly(path, expected)
 
 
 def test_an_entry_of_another_schema_version_is_named(tmp_path: Path) -> None:

@@ -77,6 +77,13 @@ def _examples() -> list[Body]:
         s.CommandReply(accepted=False, reason=s.CommandRejectReason.STALE_EPOCH),
         s.TokenDelta(request_id="r", instance_id="i0", owner_epoch=0, first_index=0,
                      token_ids=(5,), finish_reason=s.FinishReason.STOP),
+        s.TokenDeltaBatch(instance_id="i0", deltas=(
+            s.TokenDelta(request_id="r", instance_id="i0", owner_epoch=0, first_index=0, token_ids=(5,)),
+            s.TokenDelta(request_id="q", instance_id="i0", owner_epoch=1, first_index=3, token_ids=(6,),
+                         finish_reason=s.FinishReason.LENGTH),
+        )),
+        s.GenerateRequest(request_id="r", token_ids=(1,), sampling=s.SamplingParams(max_tokens=4),
+                          delta_subject="shoal.tokb.f1"),
     ]
 
 

@@ -76,6 +76,9 @@ class TorchEngineConfig:
     max_batch_size: int = 256
     max_prefill_tokens: int | None = None  # prompt tokens admitted per step (scheduler)
     max_pass_tokens: int = 1024  # tokens per forward pass; longer prompts are chunked
+    #: Tokens computed per step (chunked prefill: a longer prompt continues in the next steps,
+    #: alongside the decodes); None: a prompt is prefilled in one step, however long.
+    max_step_tokens: int | None = 1024
     batch_invariant: bool = False
     #: ``step_async(exclusive=True)`` computes a step inline when it should take at most this long
     #: (estimated from the last step, scaled by tokens); longer ones go to a worker thread.
@@ -132,6 +135,7 @@ class TorchEngine(ScheduledEngine):
                 eos_token_id=eos_ids[0] if eos_ids else None,
                 max_batch_size=config.max_batch_size,
                 max_prefill_tokens=config.max_prefill_tokens,
+                max_step_tokens=config.max_step_tokens,
             )
         )
         self._info = EngineInfo(
@@ -218,7 +222,15 @@ class TorchEngine(ScheduledEngine):
         return seconds * max(1.0, (plan.num_prefill_tokens + len(plan.decodes)) / max(tokens, 1))
 
     def _scheduled(self, plan: SchedulerOutput) -> list[Request]:
+        """The requests of ``plan`` in work order: prefills (chunks included), then decodes."""
         return [prefill.request for prefill in plan.prefills] + plan.decodes
+
+    def _sampled_rows(self, plan: SchedulerOutput) -> list[int]:
+        """Indices (in work order) of the sequences that sample a token: all but prompt chunks."""
+        num_prefills = len(plan.prefills)
+        rows = [i for i, prefill in enumerate(plan.prefills) if prefill.final]
+        rows.extend(range(num_prefills, num_prefills + len(plan.decodes)))
+        return rows
 
     def _snapshot(self, plan: SchedulerOutput) -> tuple[list[SequenceWork], list[SamplingRow]]:
         """Copy what the computation reads, so other calls may change the requests meanwhile."""
@@ -230,7 +242,8 @@ class TorchEngine(ScheduledEngine):
         for request in plan.decodes:
             last = request.all_token_ids[-1:]
             work.append(SequenceWork(last, request.num_computed_tokens, tuple(request.block_ids)))
-        rows = [self._sampling_row(request) for request in self._scheduled(plan)]
+        scheduled = self._scheduled(plan)
+        rows = [self._sampling_row(scheduled[i]) for i in self._sampled_rows(plan)]
         return work, rows
 
     def _sampling_row(self, request: Request) -> SamplingRow:
@@ -255,9 +268,16 @@ class TorchEngine(ScheduledEngine):
             return {}
         started = time.perf_counter()
         logits = self.runner.logits(work)
-        result = sample(logits, rows)
+        sampled_rows = self._sampled_rows(plan)
+        if len(sampled_rows) < len(work):  # prompt chunks: their logits are not used
+            logits = logits[sampled_rows]
+        result = sample(logits, rows) if rows else None
         self._last_step = (time.perf_counter() - started, plan.num_prefill_tokens + len(plan.decodes))
-        return {r.request_id: t for r, t in zip(self._scheduled(plan), result.token_ids, strict=True)}
+        if result is None:
+            return {}
+        scheduled = self._scheduled(plan)
+        requests = [scheduled[i] for i in sampled_rows]
+        return {r.request_id: t for r, t in zip(requests, result.token_ids, strict=True)}
 
     def _complete(self, plan: SchedulerOutput, sampled: dict[str, int], started: float) -> StepResult:
         outputs = self.scheduler.update_from_output(plan, sampled)

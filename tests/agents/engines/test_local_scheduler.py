@@ -92,6 +92,49 @@ def test_prefill_token_budget_admits_at_least_one_prompt() -> None:
     assert [p.request.request_id for p in plan.prefills] == ["short"]
 
 
+def test_chunked_prefill_spreads_a_long_prompt_over_steps_beside_the_decodes() -> None:
+    sched = make(num_blocks=64, max_step_tokens=12)
+    sched.add_request("short", [1] * 3, sp(max_tokens=20))
+    run_step(sched)  # "short" now decodes
+    sched.add_request("long", [1] * 40, sp(max_tokens=2))
+    chunks: list[tuple[int, int, bool]] = []
+    first_token_step = None
+    for step in range(8):
+        plan, outs = run_step(sched)
+        assert "short" in [r.request_id for r in plan.decodes]  # decoding never waits for the prompt
+        assert plan.num_prefill_tokens + len(plan.decodes) <= 12
+        chunks += [(p.start, p.end, p.final) for p in plan.prefills]
+        if first_token_step is None and any(o.request_id == "long" for o in outs):
+            first_token_step = step
+    # 11 prompt tokens per step after the decode's one; the last chunk samples the first token
+    assert chunks[:4] == [(0, 11, False), (11, 22, False), (22, 33, False), (33, 40, True)]
+    assert first_token_step == 3
+    assert chunks[4:] == []  # then it decodes (max_tokens=2: one decode, done)
+
+
+def test_chunked_prefill_budget_leaves_a_block_for_prompts_under_many_decodes() -> None:
+    sched = make(num_blocks=64, max_step_tokens=4, block_size=4)
+    for i in range(6):
+        sched.add_request(f"d{i}", [1], sp(max_tokens=50))
+    plan, _ = run_step(sched)
+    assert len(plan.prefills) == 4  # admission stops where the budget ends
+    run_step(sched)
+    sched.add_request("p", [1] * 10, sp())
+    plan, _ = run_step(sched)
+    assert len(plan.decodes) == 6  # more decodes than the budget: prompts still get a block's worth
+    assert [(p.request.request_id, p.num_tokens) for p in plan.prefills] == [("p", 4)]
+
+
+def test_abort_of_a_request_in_the_middle_of_its_chunked_prefill_frees_everything() -> None:
+    sched = make(num_blocks=16, block_size=4, max_step_tokens=8)
+    sched.add_request("long", [1] * 30, sp())
+    plan = sched.schedule()
+    assert [(p.start, p.end, p.final) for p in plan.prefills] == [(0, 8, False)]
+    assert sched.abort("long")
+    assert sched.update_from_output(plan, {}) == []
+    assert sched.blocks.num_free_blocks == 16 and not sched.has_unfinished()
+
+
 def test_adding_the_same_id_twice_is_a_no_op() -> None:
     sched = make()
     assert sched.add_request("r", [1, 2, 3], sp()) is True
@@ -287,6 +330,7 @@ def workloads(draw: st.DrawFn) -> dict[str, object]:
         "abort_some": draw(st.booleans()),
         "reserve_some": draw(st.booleans()),
         "suspend_some": draw(st.booleans()),
+        "max_step_tokens": draw(st.sampled_from([None, 1, 5, 16])),
     }
 
 
@@ -323,7 +367,13 @@ def check_load(w: dict) -> LocalScheduler:  # type: ignore[type-arg]
     rng = random.Random(w["seed"])
     sampled_tokens = w.get("sampled_tokens", [5, 6, 8, 9, EOS])
     num_blocks, block_size = w["num_blocks"], w["block_size"]
-    sched = make(num_blocks=num_blocks, block_size=block_size, max_batch_size=w["max_batch_size"])
+    max_step_tokens = w.get("max_step_tokens")
+    sched = make(
+        num_blocks=num_blocks,
+        block_size=block_size,
+        max_batch_size=w["max_batch_size"],
+        max_step_tokens=max_step_tokens,
+    )
     arrivals = sorted(w["requests"], key=lambda r: r[0])
     admitted: set[str] = set()
     finished: dict[str, int] = {}
@@ -378,7 +428,10 @@ def check_load(w: dict) -> LocalScheduler:  # type: ignore[type-arg]
             assert growth_needed <= free_before
         scheduled = [p.request for p in plan.prefills] + plan.decodes
         assert len(scheduled) <= max(w["max_batch_size"], len(running_before))
-        ids = [r.request_id for r in scheduled]
+        if max_step_tokens is not None:
+            assert plan.num_prefill_tokens <= max(max_step_tokens - len(plan.decodes), block_size)
+        chunks = {p.request.request_id for p in plan.prefills if not p.final}
+        ids = [r.request_id for r in scheduled if r.request_id not in chunks]
         tokens = {rid: rng.choice(sampled_tokens) for rid in ids}
         outs = sched.update_from_output(plan, tokens)
 
@@ -390,6 +443,7 @@ def check_load(w: dict) -> LocalScheduler:  # type: ignore[type-arg]
         for r in sched._requests.values():
             if r.status.holds_blocks:
                 assert len(r.block_ids) * block_size >= r.num_computed_tokens
+        assert not chunks & {o.request_id for o in outs}, "a prompt chunk sampled a token"
         for o in outs:
             assert o.first_index == next_index.get(o.request_id, 0), "token indices must be contiguous"
             next_index[o.request_id] = o.first_index + 1

@@ -155,6 +155,54 @@ def test_small_pool_preempts_and_every_request_still_gets_the_same_tokens(batch_
     assert all(len(tokens) == 30 for tokens in constrained.values())
 
 
+@pytest.mark.parametrize("batch_invariant", [False, True])
+def test_chunked_prefill_gives_the_tokens_of_a_whole_prefill(batch_invariant: bool) -> None:
+    """A long prompt prefilled in chunks beside running decodes: the same tokens, no early token."""
+    sampling = (
+        SamplingParams(max_tokens=12, ignore_eos=True, temperature=0.8, seed=5)
+        if batch_invariant  # bit-exact, so even sampling matches; the fast path relies on greedy margins
+        else SamplingParams(max_tokens=12, ignore_eos=True)
+    )
+    long_prompt = _prompt(90 if batch_invariant else 300, 7)
+
+    def run(max_step_tokens: int | None) -> tuple[dict[str, list[int]], int]:
+        engine = TorchEngine(
+            "tiny", num_blocks=64, batch_invariant=batch_invariant, max_step_tokens=max_step_tokens
+        )
+        engine.add_request("short", _prompt(5), sampling)
+        engine.step()
+        engine.add_request("long", long_prompt, sampling)
+        outputs: dict[str, list[int]] = {"short": [engine.output_token_ids("short")[0]]}
+        steps_before_first = 0
+        while engine.has_unfinished():
+            result = engine.step()
+            if "long" not in outputs:
+                steps_before_first += 1
+                assert result.num_prefill_tokens + result.num_decode_requests <= (max_step_tokens or 10**6)
+            for out in result.outputs:
+                tokens = outputs.setdefault(out.request_id, [])
+                assert out.first_index == len(tokens)
+                tokens.extend(out.token_ids)
+        return outputs, steps_before_first
+
+    whole, whole_steps = run(None)
+    chunked, chunked_steps = run(32)
+    assert whole_steps == 1
+    assert chunked_steps == -(-len(long_prompt) // 31)  # 31 prompt tokens beside the one decode per step
+    assert chunked == whole
+    assert all(len(tokens) == 12 for tokens in chunked.values())
+
+
+def test_a_request_in_its_chunked_prefill_is_not_migratable_until_it_decodes() -> None:
+    engine = TorchEngine("tiny", num_blocks=64, max_step_tokens=16, batch_invariant=True)
+    engine.add_request("long", _prompt(40), GREEDY)
+    engine.step()
+    assert engine.migration_blocker("long") == "its prompt is still being prefilled"
+    while not engine.output_token_ids("long"):
+        engine.step()
+    assert engine.migration_blocker("long") is None
+
+
 def test_bad_requests_are_rejected_clearly_and_others_are_unaffected() -> None:
     engine = TorchEngine("tiny", num_blocks=32, max_model_len=64, batch_invariant=True)
     engine.add_request("good-1", _prompt(10), SEEDED)
@@ -274,3 +322,18 @@ async def test_exclusive_steps_compute_inline_when_short_and_in_a_thread_otherwi
     assert (loop_ran_first, loop_ran_second, loop_ran_third) == (True, False, True)
     expected = [[(o.request_id, o.token_ids) for o in reference.step().outputs] for _ in range(3)]
     assert [first, second, third] == expected  # the same tokens whichever way a step ran
+
+
+@pytest.mark.parametrize("max_step_tokens", [None, 64])
+def test_shoal_agent_builds_the_torch_engine_with_its_step_budget(max_step_tokens: int | None) -> None:
+    from agents.cli import build_engine
+
+    engine = build_engine(
+        "torch", model="tiny", profile="tiny-test", num_blocks=32, kv_cache_bytes=None, block_size=16,
+        max_batch_size=8, max_model_len=None, seed=0, device="cpu", time_scale=1.0,
+        max_step_tokens=max_step_tokens,
+    )
+    engine.add_request("long", _prompt(200), GREEDY)
+    engine.step()
+    computed = engine.scheduler.request("long").num_computed_tokens
+    assert computed == (200 if max_step_tokens is None else 64)  # whole prompt, or one 64-token chunk
