@@ -96,6 +96,18 @@ class _Injector:
             raise FaultNotApplied("no agent answered its stats RPC")
         return max(sorted(usage), key=lambda i: usage[i])
 
+    async def _busy(self, fault: FaultSpec, record: FaultRecord) -> str:
+        """The busiest agent once one holds a request (a fault on an empty agent would prove nothing)."""
+        deadline = time.monotonic() + fault.wait_s
+        while time.monotonic() < deadline:
+            usage = await self._usage()
+            if usage and max(usage.values()) > 0:
+                name = max(sorted(usage), key=lambda i: usage[i])
+                record.notes.append(f"busiest by its stats RPC: {name} ({usage[name]} requests)")
+                return name
+            await asyncio.sleep(0.05)
+        raise FaultNotApplied(f"no agent held a request within {fault.wait_s}s")
+
     async def _idle(self, fault: FaultSpec, record: FaultRecord) -> str:
         deadline = time.monotonic() + fault.wait_s
         while time.monotonic() < deadline:
@@ -150,7 +162,7 @@ class _Injector:
         if target.needs_migration:
             seen = await self._migration(fault, record)
             return seen.source_id if target is Target.MIGRATION_SOURCE else seen.destination_id
-        return await self._busiest()
+        return await self._busy(fault, record)
 
     # ------------------------------------------------------------------ process faults
 
