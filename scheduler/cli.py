@@ -28,7 +28,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from bus import BusConfig, JetStreamBus, StreamConfig, event_loop
 from bus.options import metrics_options, nats_option
 from bus.telemetry import TelemetryConfig, tracer_provider
-from scheduler.config import DispatchPolicy, PairingConfig, PolicyConfig, ScalingConfig
+from scheduler.config import DispatchPolicy, PairingConfig, PolicyConfig, ScalingConfig, shoal_pairing
 from scheduler.instances import InstanceManager, LocalProcessManager
 from scheduler.service import SchedulerConfig, SchedulerService, default_scheduler_id
 from schemas import Subjects
@@ -45,9 +45,11 @@ def policy_options(function: F) -> F:
             click.option(
                 "--policy",
                 type=click.Choice([p.value for p in DispatchPolicy]),
-                default="freeness_after_admit",
+                default=DispatchPolicy.QUEUE_AWARE.value,
                 show_default=True,
-                help="Dispatch policy.",
+                help="Dispatch policy. queue_aware (the default) is shoal's policy and brings its "
+                "migration rules (room check, no retry of an aborted request for 2 s, at most 3 moves "
+                "per request); the others pair by the paper's rules.",
             ),
             click.option(
                 "--low-freeness",
@@ -112,11 +114,17 @@ def policy_from_options(
     target_freeness: float | None,
     scaling: ScalingConfig | None = None,
 ) -> PolicyConfig:
-    return PolicyConfig(
-        dispatch_policy=DispatchPolicy(policy),
-        pairing=PairingConfig(
+    dispatch = DispatchPolicy(policy)
+    pairing = (
+        shoal_pairing(low_freeness, high_freeness, target_freeness)
+        if dispatch is DispatchPolicy.QUEUE_AWARE
+        else PairingConfig(
             low_freeness=low_freeness, high_freeness=high_freeness, target_freeness=target_freeness
-        ),
+        )
+    )
+    return PolicyConfig(
+        dispatch_policy=dispatch,
+        pairing=pairing,
         scaling=scaling or ScalingConfig(),
     )
 

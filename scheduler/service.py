@@ -600,7 +600,8 @@ class SchedulerService:
     def _send_command(self, event: Paired | Unpaired) -> None:
         if isinstance(event, Paired):
             body: Body = MigrateOut(
-                epoch=self.epoch, destination_id=event.destination_id, target_freeness=event.target_freeness
+                epoch=self.epoch, destination_id=event.destination_id, target_freeness=event.target_freeness,
+                room_blocks=event.destination_room_blocks,
             )
             subject = self.subjects.rpc_agent(event.source_id, "migrate_out")
         else:

@@ -117,6 +117,8 @@ class MigrateOut(Message, frozen=True, kw_only=True, tag="migrate_out"):
     epoch: int
     destination_id: str
     target_freeness: float
+    #: Blocks the destination can take (:attr:`Paired.destination_room_blocks`); ``-1``: unchecked.
+    room_blocks: int = -1
 
 
 class StopMigration(Message, frozen=True, kw_only=True, tag="stop_migration"):

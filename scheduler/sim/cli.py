@@ -142,6 +142,14 @@ def _progress_callback(progress: Progress, label: str, total: int) -> ProgressCa
     return update
 
 
+#: Abort reasons that mean the destination had no room for the request.
+NO_ROOM_REASONS = ("out_of_blocks", "too_many_incoming")
+
+
+def _no_room(result: SimResult) -> int:
+    return sum(n for reason, n in result.migration_abort_reasons.items() if reason in NO_ROOM_REASONS)
+
+
 def _result_table(results: Sequence[SimResult]) -> Table:
     """One column per run, one row per metric (latencies in seconds)."""
     table = Table(title="simulation results")
@@ -151,11 +159,13 @@ def _result_table(results: Sequence[SimResult]) -> Table:
         ("E2E mean / P99 (s)", lambda r: f"{r.e2e_mean_s:.2f} / {r.e2e_p99_s:.2f}"),
         ("preemptions / loss (s)", lambda r: f"{r.preemptions} / {r.preemption_loss_s:.1f}"),
         ("fragmentation mean", lambda r: f"{100 * r.fragmentation_mean:.2f}%"),
-        ("migrations (aborted)", lambda r: f"{r.migrations} ({r.migrations_aborted})"),
+        ("migrations: attempts / done / aborted",
+         lambda r: f"{r.migrations_started} / {r.migrations} / {r.migrations_aborted}"),
+        ("aborted: destination had no room", lambda r: f"{_no_room(r)}"),
         ("downtime mean (ms)", lambda r: f"{1000 * r.migration_downtime_mean_s:.1f}"),
         ("KV copied (GB)", lambda r: f"{r.migration_bytes / 1e9:.1f}"),
-        ("churn (>3 moves)", lambda r: f"{100 * r.churn:.2f}%"),
-        ("rejected", lambda r: str(r.rejected)),
+        ("churn (>3 moves) / most moves", lambda r: f"{100 * r.churn:.2f}% / {r.max_migrations_per_request}"),
+        ("rejected (share)", lambda r: f"{r.rejected} ({100 * r.rejected_share:.2f}%)"),
         ("instances mean", lambda r: f"{r.instances_mean:.2f}"),
         ("finished / requests", lambda r: f"{r.num_finished} / {r.num_requests}"),
         ("virtual / wall (s)", lambda r: f"{r.virtual_s:.0f} / {r.wall_s:.1f}"),
@@ -242,6 +252,8 @@ def simulate_command(ctx: click.Context, /, **opts: Any) -> None:
     )
     base = _base_config(opts)
     console.print(f"[bold]workload:[/] {workload.description}")
+    for warning in workload.warnings:
+        console.print(f"[bold yellow]warning:[/] {warning}")
     if workload.credit:
         console.print(f"[dim]{workload.credit}[/]")
     results: list[SimResult] = []
@@ -254,6 +266,9 @@ def simulate_command(ctx: click.Context, /, **opts: Any) -> None:
     for result in results:
         if len(result.by_priority) > 1:
             console.print(_priority_table(result))
+        for warning in result.warnings:
+            if warning not in workload.warnings:
+                console.print(f"[bold yellow]{result.policy}:[/] {warning}")
         if result.migration_abort_reasons:
             reasons = ", ".join(f"{n} {reason}" for reason, n in result.migration_abort_reasons.items())
             console.print(f"{result.policy}: migrations aborted: {reasons}")
@@ -321,15 +336,19 @@ def sweep_command(
         run_sweep(spec, _base_config(opts), on_start=on_start, on_result=on_result)
     table = Table(title=f"sweep: {out.with_suffix('.json')}")
     headers = ("workload", "rate", "policy", "TTFT mean", "TTFT P99", "TPOT P99", "preempt loss", "frag",
-               "migr")
+               "migr (attempts)", "rejected")
     for name in headers:
         table.add_column(name, justify="right")
     for p in points:
         table.add_row(
             str(p["workload"]), f"{p['rate']:g}", str(p["policy"]), f"{p['ttft_mean_s']:.3f}",
             f"{p['ttft_p99_s']:.3f}", f"{p['tpot_p99_s']:.4f}", f"{p['preemption_loss_s']:.1f}",
-            f"{100 * float(str(p['fragmentation_mean'])):.2f}%", str(p["migrations"]),
+            f"{100 * float(str(p['fragmentation_mean'])):.2f}%",
+            f"{p['migrations']} ({p['migrations_started']})", str(p["rejected"]),
         )
+        notes = p.get("warnings")
+        for warning in notes if isinstance(notes, list) else ():
+            console.print(f"[bold yellow]{p['workload']} @ {p['rate']:g} {p['policy']}:[/] {warning}")
     console.print(table)
     console.print(f"wrote {out.with_suffix('.json')}")
     if plot:
