@@ -395,6 +395,12 @@ class MigrationManager:
         exclude = set(self.sources_by_request) | self._command_failures
         engine = self.agent.engine
         exclude |= {r.request_id for r in stats.requests if migration_blocker(engine, r.request_id)}
+        if command.max_moves_per_request > 0:
+            exclude |= {
+                r.request_id for r in stats.requests
+                if (record := self.agent.request_record(r.request_id)) is not None
+                and record.owner_epoch >= command.max_moves_per_request
+            }
         margin = self.config.last_stage_max_blocks
         room = -1 if command.room_blocks < 0 else max(command.room_blocks - self._command_sent, 0)
         chosen = select_requests_to_migrate(

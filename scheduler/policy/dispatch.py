@@ -138,7 +138,7 @@ class _ScoringDispatcher:
     def policy(self) -> DispatchPolicy:
         return self._policy
 
-    def _score(self, load: InstanceLoad, demand_blocks: int) -> float:
+    def _score(self, load: InstanceLoad, demand_blocks: int, priority: int) -> float:
         raise NotImplementedError  # every concrete policy below overrides it
 
     def choose(
@@ -153,7 +153,7 @@ class _ScoringDispatcher:
                 continue
             considered.append((load.instance_id, load.stream_seq))
             demand = -(-request.num_prompt_tokens // load.block_size)
-            score = self._score(load, demand)
+            score = self._score(load, demand, request.priority)
             if (
                 best is None
                 or score > best_score
@@ -175,23 +175,23 @@ class _ScoringDispatcher:
 
 
 class _FreenessDispatcher(_ScoringDispatcher):
-    def _score(self, load: InstanceLoad, demand_blocks: int) -> float:
+    def _score(self, load: InstanceLoad, demand_blocks: int, priority: int) -> float:
         return load_freeness(load, self._config)
 
 
 class _FreenessAfterAdmitDispatcher(_ScoringDispatcher):
-    def _score(self, load: InstanceLoad, demand_blocks: int) -> float:
+    def _score(self, load: InstanceLoad, demand_blocks: int, priority: int) -> float:
         return freeness_after_admit(load, demand_blocks, self._config)
 
 
 class _InfaasDispatcher(_ScoringDispatcher):
-    def _score(self, load: InstanceLoad, demand_blocks: int) -> float:
+    def _score(self, load: InstanceLoad, demand_blocks: int, priority: int) -> float:
         return -infaas_load(load)
 
 
 class _QueueAwareDispatcher(_ScoringDispatcher):
-    def _score(self, load: InstanceLoad, demand_blocks: int) -> float:
-        return queue_aware_score(load, demand_blocks, self._config)
+    def _score(self, load: InstanceLoad, demand_blocks: int, priority: int) -> float:
+        return queue_aware_score(load, demand_blocks, self._config, priority=priority)
 
 
 class _RoundRobinDispatcher:

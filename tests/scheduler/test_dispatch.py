@@ -183,3 +183,15 @@ def test_queue_aware_ranks_overcommitted_instances_by_their_deficit_not_their_ba
     assert queue_aware_score(c, 1, CONFIG) == pytest.approx(9 / 41)
     assert choose(DispatchPolicy.QUEUE_AWARE, [a, b, c]) == "c"
     assert choose(DispatchPolicy.QUEUE_AWARE, [a.as_terminating(), b]) == "b"
+
+
+def test_queue_aware_lets_a_high_priority_request_skip_a_queue_of_normal_ones() -> None:
+    # A queues 500 blocks of normal requests behind 300 used; B runs 600 blocks with no queue.
+    a = load("a", (3, 300), head_of_line_demand=100, head_of_line_priority=0, num_waiting=4,
+             waiting_demand=500)
+    b = load("b", (6, 600))
+    # a normal request waits behind A's queue: B is better ((1000-601)/7 = 57 > (1000-801)/8 = 25)
+    assert choose(DispatchPolicy.QUEUE_AWARE, [a, b]) == "b"
+    # a high-priority one (lower value) is served before A's queue: (1000 - 301) / 4 = 175 > 57
+    assert queue_aware_score(a, 1, CONFIG, priority=-1) == pytest.approx(699 / 4)
+    assert choose(DispatchPolicy.QUEUE_AWARE, [a, b], priority=-1) == "a"
