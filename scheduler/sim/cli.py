@@ -33,7 +33,7 @@ from scheduler.sim.config import MigrationModel, PolicyName, PolicySetup, SimCon
 from scheduler.sim.metrics import SimResult
 from scheduler.sim.simulator import ProgressCallback
 from scheduler.sim.simulator import simulate as run_simulation
-from scheduler.sim.sweep import SweepSpec, run_sweep
+from scheduler.sim.sweep import KNEE_FACTOR, SweepSpec, knee, median_points, run_sweep
 from scheduler.sim.workload import AZURE_CREDIT, build_workload
 
 __all__ = ["dumps", "simulate", "simulate_command", "sweep_command"]
@@ -300,11 +300,15 @@ def simulate_command(ctx: click.Context, /, **opts: Any) -> None:
 @click.option("--out", "out_prefix", type=click.Path(), required=True,
               help="Output prefix: writes PREFIX.json and PREFIX.png.")
 @click.option("--plot/--no-plot", default=True, show_default=True, help="Write PREFIX.png.")
+@click.option("--seeds", default=None,
+              help="Comma-separated seeds (e.g. 0,1,2): each a new synthetic draw or the next trace "
+              "window of --requests rows; the table, knees and plot use the medians.")
 @_cluster_options
 def sweep_command(
-    workloads: tuple[str, ...], rates: str, policies: str, out_prefix: str, plot: bool, **opts: Any
+    workloads: tuple[str, ...], rates: str, policies: str, out_prefix: str, plot: bool, seeds: str | None,
+    **opts: Any,
 ) -> None:
-    """Run every (workload, rate, policy) and plot latency against rate per policy."""
+    """Run every (workload, rate, policy[, seed]) and plot latency against rate per policy."""
     console = Console()
     names = _policy_names(policies)
     spec = SweepSpec(
@@ -315,6 +319,7 @@ def sweep_command(
         cv=opts["cv"],
         seed=opts["seed"],
         high_share=opts["high_share"],
+        seeds=tuple(int(s) for s in seeds.split(",")) if seeds else (),
     )
     if any("azure" in w for w in workloads):
         console.print(f"[dim]{AZURE_CREDIT}[/]")
@@ -334,7 +339,12 @@ def sweep_command(
             out.with_suffix(".json").write_text(dumps(points))
 
         run_sweep(spec, _base_config(opts), on_start=on_start, on_result=on_result)
-    table = Table(title=f"sweep: {out.with_suffix('.json')}")
+    runs = points
+    if spec.seeds:
+        points = median_points(runs)
+        out.with_name(out.name + "-median.json").write_text(dumps(points))
+    title = f"sweep: {out.with_suffix('.json')}" + (" (medians over seeds)" if spec.seeds else "")
+    table = Table(title=title)
     headers = ("workload", "rate", "policy", "TTFT mean", "TTFT P99", "TPOT P99", "preempt loss", "frag",
                "migr (attempts)", "rejected")
     for name in headers:
@@ -350,6 +360,9 @@ def sweep_command(
         for warning in notes if isinstance(notes, list) else ():
             console.print(f"[bold yellow]{p['workload']} @ {p['rate']:g} {p['policy']}:[/] {warning}")
     console.print(table)
+    for workload in spec.workloads:
+        knees = ", ".join(f"{name} {knee(points, workload, name)}" for name in names)
+        console.print(f"knee ({workload}; P99 TTFT within {KNEE_FACTOR:g}x of the lightest rate's): {knees}")
     console.print(f"wrote {out.with_suffix('.json')}")
     if plot:
         from scheduler.sim.plots import plot_latency_vs_rate
