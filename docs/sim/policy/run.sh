@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The default-policy sweeps of docs/SIMULATION.md ("The default policy"): INFaaS++, faithful
 # Llumnix and shoal, three seeds each (synthetic: new draws; traces: the next window of rows),
-# medians in PREFIX-median.json, knees printed. Two chains, run side by side.
+# medians in PREFIX-median.json, knees printed. Three chains, run side by side.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 OUT=docs/sim/policy
@@ -9,6 +9,8 @@ P=infaas,llumnix,shoal
 S="--seeds 0,1,2 --quiet"
 chain_a() {
   shoal simulate sweep --workload azure-conv --rates 6,8,9,10,12 --requests 3000 --policies $P $S --out $OUT/azure_conv
+}
+chain_mm() {
   shoal simulate sweep --workload M-M --rates 6,9,10,11,13 --requests 3000 --policies $P $S --out $OUT/mm
 }
 chain_b() {
@@ -22,4 +24,5 @@ chain_b() {
 }
 chain_a > $OUT/chain_a.log 2>&1 &
 chain_b > $OUT/chain_b.log 2>&1 &
+chain_mm > $OUT/chain_mm.log 2>&1 &
 wait
