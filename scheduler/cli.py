@@ -28,7 +28,14 @@ from opentelemetry.sdk.trace import TracerProvider
 from bus import BusConfig, JetStreamBus, StreamConfig, event_loop
 from bus.options import metrics_options, nats_option
 from bus.telemetry import TelemetryConfig, tracer_provider
-from scheduler.config import DispatchPolicy, PairingConfig, PolicyConfig, ScalingConfig, shoal_pairing
+from scheduler.config import (
+    SHOAL_HIGH_FREENESS,
+    DispatchPolicy,
+    PairingConfig,
+    PolicyConfig,
+    ScalingConfig,
+    shoal_pairing,
+)
 from scheduler.instances import InstanceManager, LocalProcessManager
 from scheduler.service import SchedulerConfig, SchedulerService, default_scheduler_id
 from schemas import Subjects
@@ -61,9 +68,10 @@ def policy_options(function: F) -> F:
             click.option(
                 "--high-freeness",
                 type=float,
-                default=PairingConfig().high_freeness,
-                show_default=True,
-                help="Migration destinations are above this freeness.",
+                default=None,
+                help="Migration destinations are above this freeness "
+                f"[default: {SHOAL_HIGH_FREENESS:g} for queue_aware, {PairingConfig().high_freeness:g} "
+                "for the others].",
             ),
             click.option(
                 "--target-freeness",
@@ -110,18 +118,19 @@ def _scaling_from_options(options: dict[str, Any]) -> ScalingConfig:
 def policy_from_options(
     policy: str,
     low_freeness: float,
-    high_freeness: float,
+    high_freeness: float | None,
     target_freeness: float | None,
     scaling: ScalingConfig | None = None,
 ) -> PolicyConfig:
     dispatch = DispatchPolicy(policy)
-    pairing = (
-        shoal_pairing(low_freeness, high_freeness, target_freeness)
-        if dispatch is DispatchPolicy.QUEUE_AWARE
-        else PairingConfig(
-            low_freeness=low_freeness, high_freeness=high_freeness, target_freeness=target_freeness
+    if dispatch is DispatchPolicy.QUEUE_AWARE:
+        high = SHOAL_HIGH_FREENESS if high_freeness is None else high_freeness
+        pairing = shoal_pairing(low_freeness, high, target_freeness)
+    else:
+        high = PairingConfig().high_freeness if high_freeness is None else high_freeness
+        pairing = PairingConfig(
+            low_freeness=low_freeness, high_freeness=high, target_freeness=target_freeness
         )
-    )
     return PolicyConfig(
         dispatch_policy=dispatch,
         pairing=pairing,

@@ -26,6 +26,7 @@ import msgspec
 
 __all__ = [
     "DEFAULT_PRIORITY_CLASSES",
+    "SHOAL_HIGH_FREENESS",
     "DispatchPolicy",
     "PairingConfig",
     "PolicyConfig",
@@ -130,11 +131,19 @@ class PairingConfig:
         return self.low_freeness if self.target_freeness is None else self.target_freeness
 
 
+#: shoal's default destination threshold: only instances with freeness above 60 receive
+#: migrations. With the paper's 30, migration spreads load so evenly near the knee that no
+#: instance keeps room for a long prompt, which then blocks a queue (docs/SIMULATION.md).
+SHOAL_HIGH_FREENESS = 60.0
+
+
 def shoal_pairing(
-    low_freeness: float = 3.0, high_freeness: float = 30.0, target_freeness: float | None = None
+    low_freeness: float = 3.0,
+    high_freeness: float = SHOAL_HIGH_FREENESS,
+    target_freeness: float | None = None,
 ) -> PairingConfig:
-    """The pairing rules of shoal's default policy: the band, plus the room check, no retry of
-    an aborted request for 2 s, and at most 3 moves per request."""
+    """The pairing rules of shoal's default policy: the band (3, 60), plus the room check, no
+    retry of an aborted request for 2 s, and at most 3 moves per request."""
     return PairingConfig(
         low_freeness=low_freeness, high_freeness=high_freeness, target_freeness=target_freeness,
         room_check=True, min_room_blocks=1, retry_after_abort_s=2.0,

@@ -59,9 +59,9 @@ def _cluster_options(func: Callable[..., Any]) -> Callable[..., Any]:
                      "(e.g. from `shoal bench engine --profile-out`)."),
         click.option("--dispatch", type=click.Choice(_DISPATCH), default=None,
                      help="Override the policy's dispatch rule (ablations)."),
-        click.option("--pairing", default="3,30", show_default=True,
-                     help="Migration pairing band 'low,high' in freeness: "
-                     "sources below low, destinations above high."),
+        click.option("--pairing", default=None,
+                     help="Migration pairing band 'low,high' in freeness: sources below low, "
+                     "destinations above high [default: 3,30; shoal 3,60]."),
         click.option("--bandwidth-gbps", default=10.0, show_default=True,
                      help="KV copy bandwidth between instances, GB/s."),
         click.option("--handshake-ms", default=2.0, show_default=True,
@@ -113,7 +113,10 @@ def _base_config(opts: dict[str, Any]) -> SimConfig:
 
 
 def _setup(name: str, opts: dict[str, Any]) -> PolicySetup:
-    low, high = _float_pair(opts["pairing"])
+    pairing = None
+    if opts["pairing"] is not None:
+        low, high = _float_pair(opts["pairing"])
+        pairing = PairingConfig(low_freeness=low, high_freeness=high)
     lo_band, hi_band = _float_pair(opts["scale_band"])
     scaling = ScalingConfig(
         min_freeness=lo_band, max_freeness=hi_band, sustain_s=opts["sustain_s"],
@@ -121,7 +124,7 @@ def _setup(name: str, opts: dict[str, Any]) -> PolicySetup:
     )
     dispatch = None if opts["dispatch"] is None else DispatchPolicy(opts["dispatch"])
     return policy_setup(
-        name, pairing=PairingConfig(low_freeness=low, high_freeness=high), scaling=scaling, dispatch=dispatch
+        name, pairing=pairing, scaling=scaling, dispatch=dispatch
     )
 
 

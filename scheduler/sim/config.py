@@ -96,11 +96,18 @@ def policy_setup(
     priority_classes: tuple[PriorityClass, ...] = DEFAULT_PRIORITY_CLASSES,
     dispatch: DispatchPolicy | None = None,
 ) -> PolicySetup:
-    """The setup of a named policy; ``dispatch`` overrides its dispatch rule (for ablations)."""
+    """The setup of a named policy; ``dispatch`` overrides its dispatch rule (for ablations).
+
+    ``pairing`` None: the policy's own band (the paper's 3, 30; ``shoal``: 3, 60).
+    """
     kind = PolicyName(name)
-    pairing = PairingConfig() if pairing is None else pairing
     if kind is PolicyName.SHOAL:
-        pairing = shoal_pairing(pairing.low_freeness, pairing.high_freeness, pairing.target_freeness)
+        pairing = (
+            shoal_pairing() if pairing is None
+            else shoal_pairing(pairing.low_freeness, pairing.high_freeness, pairing.target_freeness)
+        )
+    elif pairing is None:
+        pairing = PairingConfig()
     config = PolicyConfig(
         priority_classes=priority_classes,
         dispatch_policy=_DISPATCH[kind] if dispatch is None else dispatch,
