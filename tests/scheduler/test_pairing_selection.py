@@ -148,7 +148,7 @@ def test_selection_respects_exclusions_limits_and_drains_a_terminating_instance(
     assert select(-10**9, terminating=True) == ["r4", "r2", "r1", "r3"]
 
 
-ROOM = PolicyConfig(pairing=shoal_pairing())
+ROOM = PolicyConfig(pairing=shoal_pairing(3.0, 30.0))  # the paper's band, to compare with CONFIG
 
 
 def test_room_check_pairs_only_destinations_with_room_and_the_pair_carries_it() -> None:
@@ -184,3 +184,12 @@ def test_selection_sends_only_what_fits_in_the_destinations_room() -> None:
     shared = select_requests_to_migrate(running, room_blocks=50, margin_blocks=2, **kwargs)  # type: ignore[arg-type]
     assert [r.request_id for r in shared] == ["r10"]
     assert select_requests_to_migrate(running, room_blocks=0, **kwargs) == ()  # type: ignore[arg-type]
+
+
+def test_shoals_default_band_receives_only_into_instances_above_freeness_60() -> None:
+    assert (shoal_pairing().low_freeness, shoal_pairing().high_freeness) == (3.0, 60.0)
+    default = PolicyConfig(pairing=shoal_pairing())
+    source = with_freeness("s", 1)
+    assert pair_instances([source, with_freeness("d", 50)], [], default).paired == ()
+    plan = pair_instances([source, with_freeness("d", 61)], [], default)
+    assert [p.destination_id for p in plan.paired] == ["d"]
