@@ -359,10 +359,12 @@ def sweep_command(
             f"{100 * float(str(p['fragmentation_mean'])):.2f}%",
             f"{p['migrations']} ({p['migrations_started']})", str(p["rejected"]),
         )
+    console.print(table)
+    for p in runs:  # every run's, not the medians' (which carry the first seed's)
         notes = p.get("warnings")
         for warning in notes if isinstance(notes, list) else ():
-            console.print(f"[bold yellow]{p['workload']} @ {p['rate']:g} {p['policy']}:[/] {warning}")
-    console.print(table)
+            where = f"{p['workload']} @ {p['rate']:g} seed {p.get('seed', 0)} {p['policy']}"
+            console.print(f"[bold yellow]{where}:[/] {warning}")
     for workload in spec.workloads:
         knees = ", ".join(f"{name} {knee(points, workload, name)}" for name in names)
         console.print(f"knee ({workload}; P99 TTFT within {KNEE_FACTOR:g}x of the lightest rate's): {knees}")
