@@ -100,7 +100,8 @@ def run_sweep(
 def median_points(points: Sequence[dict[str, object]]) -> list[dict[str, object]]:
     """One point per (workload, rate, policy): the median of every number over its seeds.
 
-    ``seeds`` lists the seeds folded; non-numeric fields come from the first point.
+    ``seeds`` lists the seeds folded; a dict of numbers (abort reasons, moves per request) gets
+    the median per key (absent: 0); other non-numeric fields come from the first point.
     """
     groups: dict[tuple[str, float, str], list[dict[str, object]]] = {}
     for p in points:
@@ -111,6 +112,15 @@ def median_points(points: Sequence[dict[str, object]]) -> list[dict[str, object]
         for key, value in group[0].items():
             if isinstance(value, int | float) and not isinstance(value, bool) and key not in ("rate", "seed"):
                 merged[key] = statistics.median(float(str(g[key])) for g in group)
+            elif isinstance(value, dict) and all(isinstance(v, int | float) for v in value.values()):
+                counts = [g.get(key) or {} for g in group]  # e.g. abort reasons: absent counts 0
+                names = sorted({name for c in counts if isinstance(c, dict) for name in c})
+                merged[key] = {
+                    name: statistics.median(
+                        float(c.get(name, 0)) if isinstance(c, dict) else 0.0 for c in counts
+                    )
+                    for name in names
+                }
         merged["seeds"] = [g.get("seed", 0) for g in group]
         merged.pop("seed", None)
         out.append(merged)
