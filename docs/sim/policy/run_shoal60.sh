@@ -21,3 +21,6 @@ chain_d() {
 chain_c > $OUT/chain_c.log 2>&1 &
 chain_d > $OUT/chain_d.log 2>&1 &
 wait
+# After both: priorities where queues build (M-M around its knee), all three policies.
+shoal simulate sweep --workload M-M --rates 11,12,13 --requests 3000 --high-share 0.1 \
+  --policies infaas,llumnix,shoal --seeds 0,1,2 --quiet --out $OUT/priorities_mm > $OUT/chain_prio_mm.log 2>&1
