@@ -29,7 +29,14 @@ from bus import BusConfig, JetStreamBus, StreamConfig, event_loop
 from bus.metrics import BusCollector
 from bus.options import metrics_options, nats_auth_options, nats_option, nats_replicas_option
 from bus.telemetry import TelemetryConfig, tracer_provider
-from scheduler.config import DispatchPolicy, PairingConfig, PolicyConfig, ScalingConfig
+from scheduler.config import (
+    SHOAL_HIGH_FREENESS,
+    DispatchPolicy,
+    PairingConfig,
+    PolicyConfig,
+    ScalingConfig,
+    shoal_pairing,
+)
 from scheduler.instances import InstanceManager, LocalProcessManager
 from scheduler.service import SchedulerConfig, SchedulerService, default_scheduler_id
 from schemas import Subjects
@@ -46,9 +53,11 @@ def policy_options(function: F) -> F:
             click.option(
                 "--policy",
                 type=click.Choice([p.value for p in DispatchPolicy]),
-                default="freeness_after_admit",
+                default=DispatchPolicy.QUEUE_AWARE.value,
                 show_default=True,
-                help="Dispatch policy.",
+                help="Dispatch policy. queue_aware (the default) is shoal's policy and brings its "
+                "migration rules (room check, no retry of an aborted request for 2 s, at most 3 moves "
+                "per request); the others pair by the paper's rules.",
             ),
             click.option(
                 "--low-freeness",
@@ -60,9 +69,10 @@ def policy_options(function: F) -> F:
             click.option(
                 "--high-freeness",
                 type=float,
-                default=PairingConfig().high_freeness,
-                show_default=True,
-                help="Migration destinations are above this freeness.",
+                default=None,
+                help="Migration destinations are above this freeness "
+                f"[default: {SHOAL_HIGH_FREENESS:g} for queue_aware, {PairingConfig().high_freeness:g} "
+                "for the others].",
             ),
             click.option(
                 "--target-freeness",
@@ -109,15 +119,22 @@ def _scaling_from_options(options: dict[str, Any]) -> ScalingConfig:
 def policy_from_options(
     policy: str,
     low_freeness: float,
-    high_freeness: float,
+    high_freeness: float | None,
     target_freeness: float | None,
     scaling: ScalingConfig | None = None,
 ) -> PolicyConfig:
+    dispatch = DispatchPolicy(policy)
+    if dispatch is DispatchPolicy.QUEUE_AWARE:
+        high = SHOAL_HIGH_FREENESS if high_freeness is None else high_freeness
+        pairing = shoal_pairing(low_freeness, high, target_freeness)
+    else:
+        high = PairingConfig().high_freeness if high_freeness is None else high_freeness
+        pairing = PairingConfig(
+            low_freeness=low_freeness, high_freeness=high, target_freeness=target_freeness
+        )
     return PolicyConfig(
-        dispatch_policy=DispatchPolicy(policy),
-        pairing=PairingConfig(
-            low_freeness=low_freeness, high_freeness=high_freeness, target_freeness=target_freeness
-        ),
+        dispatch_policy=dispatch,
+        pairing=pairing,
         scaling=scaling or ScalingConfig(),
     )
 

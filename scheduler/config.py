@@ -26,6 +26,7 @@ import msgspec
 
 __all__ = [
     "DEFAULT_PRIORITY_CLASSES",
+    "SHOAL_HIGH_FREENESS",
     "DispatchPolicy",
     "PairingConfig",
     "PolicyConfig",
@@ -33,6 +34,7 @@ __all__ = [
     "ScalingConfig",
     "decode_policy",
     "encode_policy",
+    "shoal_pairing",
 ]
 
 
@@ -47,11 +49,16 @@ class DispatchPolicy(enum.StrEnum):
     ROUND_ROBIN = "round_robin"
     #: INFaaS++: least memory load, counting the demand of every queued request (baseline).
     INFAAS = "infaas++"
+    #: shoal's default: freeness after admission counting *every* queued request's demand and
+    #: batch slot; an instance that cannot hold its queue is ranked by its deficit in blocks.
+    QUEUE_AWARE = "queue_aware"
 
     @property
     def migrates(self) -> bool:
         """Whether the paper runs this policy with migration (the baselines do not)."""
-        return self in (DispatchPolicy.FREENESS, DispatchPolicy.FREENESS_AFTER_ADMIT)
+        return self in (
+            DispatchPolicy.FREENESS, DispatchPolicy.FREENESS_AFTER_ADMIT, DispatchPolicy.QUEUE_AWARE
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,21 +93,62 @@ class PairingConfig:
     The paper gives no values; Llumnix's code migrates out below freeness 3.
     ``target_freeness`` is what the pairing command asks the source to reach
     (``None``: the low threshold, i.e. leaving the source band).
+
+    shoal's additions (off by default, the paper's rules; the ``shoal`` policy turns them on):
+
+    * ``room_check``: a destination is paired only if its room (capacity minus used,
+      reserved, queued and pending demand and headroom) holds the source's mean request
+      and at least ``min_room_blocks`` blocks; that room travels with the pair, and the
+      source sends only requests that fit in what is left of it (their blocks plus the
+      migration protocol's ``last_stage_max_blocks``, the tokens they may generate while
+      moving). Freeness above the high band alone says little about room: one request
+      holding 820 of 851 blocks gives freeness 31.
+    * ``retry_after_abort_s``: a request whose migration aborted is not chosen again for
+      this long (0: at once).
+    * ``max_moves_per_request``: a request that migrated this many times stays (0: no limit).
     """
 
     low_freeness: float = 3.0
     high_freeness: float = 30.0
     target_freeness: float | None = None
+    room_check: bool = False
+    min_room_blocks: int = 0
+    retry_after_abort_s: float = 0.0
+    max_moves_per_request: int = 0
 
     def __post_init__(self) -> None:
         if not self.low_freeness < self.high_freeness:
             raise ValueError(
                 f"low_freeness ({self.low_freeness}) must be below high_freeness ({self.high_freeness})"
             )
+        if min(self.min_room_blocks, self.max_moves_per_request) < 0:
+            raise ValueError("min_room_blocks and max_moves_per_request must be >= 0")
+        if self.retry_after_abort_s < 0:
+            raise ValueError("retry_after_abort_s must be >= 0")
 
     @property
     def source_target(self) -> float:
         return self.low_freeness if self.target_freeness is None else self.target_freeness
+
+
+#: shoal's default destination threshold: only instances with freeness above 60 receive
+#: migrations. With the paper's 30, migration spreads load so evenly near the knee that no
+#: instance keeps room for a long prompt, which then blocks a queue (docs/SIMULATION.md).
+SHOAL_HIGH_FREENESS = 60.0
+
+
+def shoal_pairing(
+    low_freeness: float = 3.0,
+    high_freeness: float = SHOAL_HIGH_FREENESS,
+    target_freeness: float | None = None,
+) -> PairingConfig:
+    """The pairing rules of shoal's default policy: the band (3, 60), plus the room check, no
+    retry of an aborted request for 2 s, and at most 3 moves per request."""
+    return PairingConfig(
+        low_freeness=low_freeness, high_freeness=high_freeness, target_freeness=target_freeness,
+        room_check=True, min_room_blocks=1, retry_after_abort_s=2.0,
+        max_moves_per_request=3,
+    )
 
 
 @dataclass(frozen=True, slots=True)

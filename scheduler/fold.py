@@ -249,6 +249,7 @@ def _paired(state: ClusterState, body: Paired) -> _Changes:
     pairings[body.source_id] = Pairing(
         source_id=body.source_id, destination_id=body.destination_id,
         target_freeness=body.target_freeness, epoch=body.epoch,
+        room_blocks=body.destination_room_blocks,
     )
     return {"epoch": body.epoch, "pairings": pairings}
 

@@ -647,7 +647,9 @@ class SchedulerService:
     def _send_command(self, event: Paired | Unpaired) -> None:
         if isinstance(event, Paired):
             body: Body = MigrateOut(
-                epoch=self.epoch, destination_id=event.destination_id, target_freeness=event.target_freeness
+                epoch=self.epoch, destination_id=event.destination_id, target_freeness=event.target_freeness,
+                room_blocks=event.destination_room_blocks,
+                max_moves_per_request=self.config.policy.pairing.max_moves_per_request,
             )
             subject = self.subjects.rpc_agent(event.source_id, "migrate_out")
         else:

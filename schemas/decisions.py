@@ -54,6 +54,10 @@ class Paired(Message, frozen=True, kw_only=True, tag="paired"):
     target_freeness: float
     source_freeness: float
     destination_freeness: float
+    #: Blocks the destination could take when paired (capacity minus used, reserved, queued and
+    #: pending demand and headroom); ``-1``: not checked (the paper's rules). The source sends
+    #: only requests that fit in what is left of it.
+    destination_room_blocks: int = -1
 
 
 class Unpaired(Message, frozen=True, kw_only=True, tag="unpaired"):

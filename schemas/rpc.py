@@ -123,6 +123,10 @@ class MigrateOut(Message, frozen=True, kw_only=True, tag="migrate_out"):
     epoch: int
     destination_id: str
     target_freeness: float
+    #: Blocks the destination can take (:attr:`Paired.destination_room_blocks`); ``-1``: unchecked.
+    room_blocks: int = -1
+    #: A request whose owner epoch (its moves and rescues so far) reached this stays; 0: no limit.
+    max_moves_per_request: int = 0
 
 
 class StopMigration(Message, frozen=True, kw_only=True, tag="stop_migration"):

@@ -67,7 +67,7 @@ __all__ = [
 PROFILE_FORMAT = "shoal.engine-profile/1"
 PROFILES_DIR = Path(__file__).with_name("profiles")
 #: Profiles shipped with shoal, by name (files in ``agents/engines/profiles/``).
-BUILTIN_PROFILES = ("llama-7b-a10", "tiny-test")
+BUILTIN_PROFILES = ("llama-7b-a10", "llama-3.1-8b-h100", "llama-3.1-70b-tp4-h100", "tiny-test")
 
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8": 1, "fp8": 1, "int8": 1}
 

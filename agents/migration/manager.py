@@ -10,7 +10,8 @@ in, feeds every machine a ``Tick`` periodically, follows the peers' lifecycle
 events (a failed or departed peer becomes ``PeerFailed``), and carries out the
 scheduler's ``MigrateOut`` command: it picks requests with the shared
 selection rule and migrates them, at most ``max_concurrent_per_instance`` at a
-time, until the freeness target is reached; a destination that refuses for
+time, until the freeness target is reached (with a room in the command, only
+requests that fit in what is left of it, see :class:`~schemas.MigrateOut`); a destination that refuses for
 want of room (:data:`DESTINATION_FULL`) ends the command until the next pairing.
 Migration happens only between instances whose model identity and KV layout match.
 """
@@ -99,6 +100,7 @@ class MigrationManager:
         self._subscription: Subscription | None = None
         self._command: MigrateOut | None = None
         self._command_failures: set[str] = set()
+        self._command_sent = 0  # blocks (plus margins) sent under the command, against its room
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -392,6 +394,7 @@ class MigrationManager:
             )
         self._command = command
         self._command_failures = set()
+        self._command_sent = 0
         self._drive_command()
         return CommandReply(accepted=True, detail="migrating")
 
@@ -416,6 +419,14 @@ class MigrationManager:
         exclude = set(self.sources_by_request) | self._command_failures
         engine = self.agent.engine
         exclude |= {r.request_id for r in stats.requests if migration_blocker(engine, r.request_id)}
+        if command.max_moves_per_request > 0:
+            exclude |= {
+                r.request_id for r in stats.requests
+                if (record := self.agent.request_record(r.request_id)) is not None
+                and record.owner_epoch >= command.max_moves_per_request
+            }
+        margin = self.config.last_stage_max_blocks
+        room = -1 if command.room_blocks < 0 else max(command.room_blocks - self._command_sent, 0)
         chosen = select_requests_to_migrate(
             running_requests(stats),
             num_total_blocks=stats.num_total_blocks,
@@ -426,7 +437,11 @@ class MigrationManager:
             num_reserved_blocks=stats.num_reserved_blocks,
             exclude=exclude,
             max_requests=free_slots,
+            room_blocks=room,
+            margin_blocks=margin,
         )
+        if room >= 0:
+            self._command_sent += sum(request.num_blocks + margin for request in chosen)
         if not chosen:
             if not self.sources:
                 self._command = None  # target reached (or nothing left to move)

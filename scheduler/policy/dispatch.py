@@ -11,7 +11,10 @@ Four policies, chosen by :class:`~scheduler.config.DispatchPolicy` through
 * ``round_robin``: eligible instances in id order, the ``n``-th dispatch to the
   ``n mod k``-th (``n`` comes from the cluster state, so replays agree);
 * ``infaas++``: the least memory load, counting used blocks and the demand of
-  every queued request (the paper's INFaaS++ baseline; run without migration).
+  every queued request (the paper's INFaaS++ baseline; run without migration);
+* ``queue_aware`` (shoal's default): freeness after admission counting every
+  queued request's demand and batch slot, and an instance that cannot hold its
+  queue ranked by its deficit (see :func:`~scheduler.policy.load.queue_aware_score`).
 
 Every policy skips terminating instances, excluded ones and instances whose
 model length or whole capacity cannot hold the prompt. Dispatches not yet
@@ -34,7 +37,13 @@ from typing import Protocol
 import msgspec
 
 from scheduler.config import DispatchPolicy, PolicyConfig
-from scheduler.policy.load import InstanceLoad, freeness_after_admit, infaas_load, load_freeness
+from scheduler.policy.load import (
+    InstanceLoad,
+    freeness_after_admit,
+    infaas_load,
+    load_freeness,
+    queue_aware_score,
+)
 from schemas.decisions import Dispatched, LoadPosition
 
 __all__ = [
@@ -129,7 +138,7 @@ class _ScoringDispatcher:
     def policy(self) -> DispatchPolicy:
         return self._policy
 
-    def _score(self, load: InstanceLoad, demand_blocks: int) -> float:
+    def _score(self, load: InstanceLoad, demand_blocks: int, priority: int) -> float:
         raise NotImplementedError  # every concrete policy below overrides it
 
     def choose(
@@ -144,7 +153,7 @@ class _ScoringDispatcher:
                 continue
             considered.append((load.instance_id, load.stream_seq))
             demand = -(-request.num_prompt_tokens // load.block_size)
-            score = self._score(load, demand)
+            score = self._score(load, demand, request.priority)
             if (
                 best is None
                 or score > best_score
@@ -166,18 +175,23 @@ class _ScoringDispatcher:
 
 
 class _FreenessDispatcher(_ScoringDispatcher):
-    def _score(self, load: InstanceLoad, demand_blocks: int) -> float:
+    def _score(self, load: InstanceLoad, demand_blocks: int, priority: int) -> float:
         return load_freeness(load, self._config)
 
 
 class _FreenessAfterAdmitDispatcher(_ScoringDispatcher):
-    def _score(self, load: InstanceLoad, demand_blocks: int) -> float:
+    def _score(self, load: InstanceLoad, demand_blocks: int, priority: int) -> float:
         return freeness_after_admit(load, demand_blocks, self._config)
 
 
 class _InfaasDispatcher(_ScoringDispatcher):
-    def _score(self, load: InstanceLoad, demand_blocks: int) -> float:
+    def _score(self, load: InstanceLoad, demand_blocks: int, priority: int) -> float:
         return -infaas_load(load)
+
+
+class _QueueAwareDispatcher(_ScoringDispatcher):
+    def _score(self, load: InstanceLoad, demand_blocks: int, priority: int) -> float:
+        return queue_aware_score(load, demand_blocks, self._config, priority=priority)
 
 
 class _RoundRobinDispatcher:
@@ -218,6 +232,8 @@ def make_dispatcher(policy: DispatchPolicy | str, config: PolicyConfig | None = 
         return _FreenessAfterAdmitDispatcher(kind, config)
     if kind is DispatchPolicy.INFAAS:
         return _InfaasDispatcher(kind, config)
+    if kind is DispatchPolicy.QUEUE_AWARE:
+        return _QueueAwareDispatcher(kind, config)
     return _RoundRobinDispatcher(config)
 
 

@@ -33,6 +33,8 @@ __all__ = [
     "load_freeness",
     "load_scaling_freeness",
     "load_virtual_usage",
+    "queue_aware_score",
+    "room_blocks",
 ]
 
 #: ``max_model_len`` of a view built without an ``InstanceJoined``.
@@ -204,6 +206,45 @@ def freeness_after_admit(load: InstanceLoad, demand_blocks: int, config: PolicyC
     """The freeness the instance would have after admitting a request of this demand."""
     usage, batch = _usage_and_batch(load, config)
     return (load.num_total_blocks - usage - demand_blocks) / (batch + 1)
+
+
+def room_blocks(load: InstanceLoad, config: PolicyConfig) -> int:
+    """Blocks the instance could still take: capacity minus used, reserved, headroom and *every*
+    queued and pending request's demand (0 when terminating or over-committed)."""
+    if load.terminating:
+        return 0
+    usage, _ = _usage_and_batch(load, config)
+    queued_rest = max(load.waiting_demand - load.head_of_line_demand, 0)
+    return max(int(load.num_total_blocks - usage - queued_rest), 0)
+
+
+def queue_aware_score(
+    load: InstanceLoad, demand_blocks: int, config: PolicyConfig, *, priority: int = 0
+) -> float:
+    """shoal's dispatch score: freeness after admission with the whole queue counted.
+
+    ``(M - sum V - rest of the queue - demand) / (B + queued + 1)``: every waiting request's
+    demand is usage and its slot is batch (the paper's virtual usage counts only the head
+    of line, so once every instance queues, freeness stops seeing queue lengths). When that
+    numerator is negative the instance cannot hold its queue and this request; it then
+    scores its deficit in blocks (negative, below every instance that can), so among
+    over-committed instances the least over-committed wins, as INFaaS++ would choose.
+
+    The queue is served in priority order, so a request of a higher priority (a lower
+    value) than the instance's head of line has nobody queued ahead of it: for it the
+    queue counts neither as usage nor as batch, only what runs and what was dispatched.
+    """
+    usage, batch = _usage_and_batch(load, config)
+    if load.terminating:
+        return -INFINITE_USAGE
+    queued = max(load.waiting_demand, load.head_of_line_demand)
+    num_queued = load.num_waiting
+    if load.num_waiting > 0 and priority < load.head_of_line_priority:
+        queued, num_queued = 0, 0
+    room = load.num_total_blocks - (usage - load.head_of_line_demand) - queued - demand_blocks
+    if room < 0:
+        return float(room)
+    return room / (batch + num_queued + 1)
 
 
 def infaas_load(load: InstanceLoad) -> float:

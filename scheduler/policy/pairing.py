@@ -1,14 +1,17 @@
 """Migration pairing: which overloaded instance sheds requests to which free one.
 
 Sources are instances with freeness below the low threshold (and something
-running to move); destinations are instances above the high threshold that
-are not terminating. The lowest-freeness source is paired with the
-highest-freeness destination of the same migration group (model identity and
-KV layout must match), then the next, repeatedly. A pair lasts until one side
-leaves its band (source back at or above the low threshold, destination at or
-below the high one), an instance disappears, the destination starts
-terminating, or a terminating source has drained. The pairing command carries
-the freeness target the source must reach (``PairingConfig.source_target``).
+running to move); destinations are instances above the high threshold that are
+not terminating. With ``PairingConfig.room_check`` a destination must also have
+room (:func:`~scheduler.policy.load.room_blocks`) for the source's mean request,
+and the pair carries that room so the source sends only what fits. The lowest-
+freeness source is paired with the highest-freeness destination of the same
+migration group (model identity and KV layout must match), then the next,
+repeatedly. A pair lasts until one side leaves its band (source back at or above
+the low threshold, destination at or below the high one), an instance
+disappears, the destination starts terminating, or a terminating source has
+drained. The pairing command carries the freeness target the source must reach
+(``PairingConfig.source_target``).
 
 A terminating instance has freeness ``-inf`` (its fake request), so it is
 always a source until it has drained. Ties break on instance id. Why a pair ends is
@@ -22,7 +25,7 @@ from collections.abc import Iterable, Sequence
 import msgspec
 
 from scheduler.config import PolicyConfig
-from scheduler.policy.load import InstanceLoad, load_freeness
+from scheduler.policy.load import InstanceLoad, load_freeness, room_blocks
 from schemas.decisions import Paired, Unpaired
 from schemas.reasons import UnpairReason
 
@@ -43,6 +46,8 @@ class Pairing(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     destination_id: str
     target_freeness: float
     epoch: int = 0
+    #: The destination's room when paired (``-1``: not checked); see :class:`~schemas.Paired`.
+    room_blocks: int = -1
 
 
 class PairDecision(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -51,6 +56,7 @@ class PairDecision(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     target_freeness: float
     source_freeness: float
     destination_freeness: float
+    destination_room_blocks: int = -1
 
     def to_event(self, epoch: int) -> Paired:
         return Paired(
@@ -60,6 +66,7 @@ class PairDecision(msgspec.Struct, frozen=True, kw_only=True, gc=False):
             target_freeness=self.target_freeness,
             source_freeness=self.source_freeness,
             destination_freeness=self.destination_freeness,
+            destination_room_blocks=self.destination_room_blocks,
         )
 
 
@@ -109,6 +116,14 @@ def _end_reason(
     return None
 
 
+def _room_needed(source: InstanceLoad, config: PolicyConfig) -> int:
+    """Room a destination needs for a source (room check): its mean request, in blocks, at least
+    ``min_room_blocks`` and 1. The source sends its shortest requests first, so a destination
+    that holds the mean request holds what the source will send."""
+    mean = -(-source.num_used_blocks // max(source.num_running, 1))
+    return max(mean, config.pairing.min_room_blocks, 1)
+
+
 def pair_instances(
     loads: Sequence[InstanceLoad], current: Iterable[Pairing], config: PolicyConfig
 ) -> PairingPlan:
@@ -131,6 +146,8 @@ def pair_instances(
             ))
     busy = {p.source_id for p in kept} | {p.destination_id for p in kept}
     low, high = config.pairing.low_freeness, config.pairing.high_freeness
+    check = config.pairing.room_check
+    room = {ld.instance_id: room_blocks(ld, config) for ld in loads} if check else {}
     sources = sorted(
         (ld for ld in loads
          if ld.instance_id not in busy and freeness[ld.instance_id] < low and ld.num_running > 0),
@@ -138,13 +155,17 @@ def pair_instances(
     )
     destinations = sorted(
         (ld for ld in loads
-         if ld.instance_id not in busy and not ld.terminating and freeness[ld.instance_id] > high),
+         if ld.instance_id not in busy and not ld.terminating and freeness[ld.instance_id] > high
+         and (not check or room[ld.instance_id] >= max(config.pairing.min_room_blocks, 1))),
         key=lambda ld: (-freeness[ld.instance_id], ld.instance_id),
     )
     paired: list[PairDecision] = []
     for source in sources:
+        need = _room_needed(source, config) if check else 0
         match = next(
-            (d for d in destinations if d.migration_group == source.migration_group), None
+            (d for d in destinations
+             if d.migration_group == source.migration_group and (not check or room[d.instance_id] >= need)),
+            None,
         )
         if match is None:
             continue
@@ -155,5 +176,6 @@ def pair_instances(
             target_freeness=config.pairing.source_target,
             source_freeness=freeness[source.instance_id],
             destination_freeness=freeness[match.instance_id],
+            destination_room_blocks=room[match.instance_id] if check else -1,
         ))
     return PairingPlan(unpaired=tuple(unpaired), kept=tuple(kept), paired=tuple(paired))

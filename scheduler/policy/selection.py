@@ -35,11 +35,15 @@ def select_requests_to_migrate(
     num_reserved_blocks: int = 0,
     exclude: Collection[str] = (),
     max_requests: int | None = None,
+    room_blocks: int = -1,
+    margin_blocks: int = 0,
 ) -> tuple[RunningRequest, ...]:
     """The requests to migrate, in order, until the source's freeness reaches ``target_freeness``.
 
     ``running`` is every running request (they all count in the usage);
     ``exclude`` names those that may not be chosen (e.g. already migrating).
+    ``room_blocks`` (``-1``: unchecked) is what the destination can still take: a
+    request is chosen only if its blocks plus ``margin_blocks`` fit in what is left.
     Returns an empty tuple if the source is already at or above the target.
     """
     physical = sum(r.num_blocks for r in running) + head_of_line_demand + num_reserved_blocks
@@ -62,6 +66,10 @@ def select_requests_to_migrate(
     for request in sorted((r for r in running if r.request_id not in exclude), key=migration_order_key):
         if current() >= target_freeness or len(chosen) >= limit:
             break
+        if room_blocks >= 0:
+            if request.num_blocks + margin_blocks > room_blocks:
+                continue
+            room_blocks -= request.num_blocks + margin_blocks
         chosen.append(request)
         physical -= request.num_blocks
         batch -= 1

@@ -33,7 +33,7 @@ from scheduler.sim.config import MigrationModel, PolicyName, PolicySetup, SimCon
 from scheduler.sim.metrics import SimResult
 from scheduler.sim.simulator import ProgressCallback
 from scheduler.sim.simulator import simulate as run_simulation
-from scheduler.sim.sweep import SweepSpec, run_sweep
+from scheduler.sim.sweep import KNEE_FACTOR, SweepSpec, knee, median_points, run_sweep
 from scheduler.sim.workload import AZURE_CREDIT, build_workload
 
 __all__ = ["dumps", "simulate", "simulate_command", "sweep_command"]
@@ -59,9 +59,9 @@ def _cluster_options(func: Callable[..., Any]) -> Callable[..., Any]:
                      "(e.g. from `shoal bench engine --profile-out`)."),
         click.option("--dispatch", type=click.Choice(_DISPATCH), default=None,
                      help="Override the policy's dispatch rule (ablations)."),
-        click.option("--pairing", default="3,30", show_default=True,
-                     help="Migration pairing band 'low,high' in freeness: "
-                     "sources below low, destinations above high."),
+        click.option("--pairing", default=None,
+                     help="Migration pairing band 'low,high' in freeness: sources below low, "
+                     "destinations above high [default: 3,30; shoal 3,60]."),
         click.option("--bandwidth-gbps", default=10.0, show_default=True,
                      help="KV copy bandwidth between instances, GB/s."),
         click.option("--handshake-ms", default=2.0, show_default=True,
@@ -113,7 +113,10 @@ def _base_config(opts: dict[str, Any]) -> SimConfig:
 
 
 def _setup(name: str, opts: dict[str, Any]) -> PolicySetup:
-    low, high = _float_pair(opts["pairing"])
+    pairing = None
+    if opts["pairing"] is not None:
+        low, high = _float_pair(opts["pairing"])
+        pairing = PairingConfig(low_freeness=low, high_freeness=high)
     lo_band, hi_band = _float_pair(opts["scale_band"])
     scaling = ScalingConfig(
         min_freeness=lo_band, max_freeness=hi_band, sustain_s=opts["sustain_s"],
@@ -121,7 +124,7 @@ def _setup(name: str, opts: dict[str, Any]) -> PolicySetup:
     )
     dispatch = None if opts["dispatch"] is None else DispatchPolicy(opts["dispatch"])
     return policy_setup(
-        name, pairing=PairingConfig(low_freeness=low, high_freeness=high), scaling=scaling, dispatch=dispatch
+        name, pairing=pairing, scaling=scaling, dispatch=dispatch
     )
 
 
@@ -142,6 +145,14 @@ def _progress_callback(progress: Progress, label: str, total: int) -> ProgressCa
     return update
 
 
+#: Abort reasons that mean the destination had no room for the request.
+NO_ROOM_REASONS = ("out_of_blocks", "too_many_incoming")
+
+
+def _no_room(result: SimResult) -> int:
+    return sum(n for reason, n in result.migration_abort_reasons.items() if reason in NO_ROOM_REASONS)
+
+
 def _result_table(results: Sequence[SimResult]) -> Table:
     """One column per run, one row per metric (latencies in seconds)."""
     table = Table(title="simulation results")
@@ -151,11 +162,13 @@ def _result_table(results: Sequence[SimResult]) -> Table:
         ("E2E mean / P99 (s)", lambda r: f"{r.e2e_mean_s:.2f} / {r.e2e_p99_s:.2f}"),
         ("preemptions / loss (s)", lambda r: f"{r.preemptions} / {r.preemption_loss_s:.1f}"),
         ("fragmentation mean", lambda r: f"{100 * r.fragmentation_mean:.2f}%"),
-        ("migrations (aborted)", lambda r: f"{r.migrations} ({r.migrations_aborted})"),
+        ("migrations: attempts / done / aborted",
+         lambda r: f"{r.migrations_started} / {r.migrations} / {r.migrations_aborted}"),
+        ("aborted: destination had no room", lambda r: f"{_no_room(r)}"),
         ("downtime mean (ms)", lambda r: f"{1000 * r.migration_downtime_mean_s:.1f}"),
         ("KV copied (GB)", lambda r: f"{r.migration_bytes / 1e9:.1f}"),
-        ("churn (>3 moves)", lambda r: f"{100 * r.churn:.2f}%"),
-        ("rejected", lambda r: str(r.rejected)),
+        ("churn (>3 moves) / most moves", lambda r: f"{100 * r.churn:.2f}% / {r.max_migrations_per_request}"),
+        ("rejected (share)", lambda r: f"{r.rejected} ({100 * r.rejected_share:.2f}%)"),
         ("instances mean", lambda r: f"{r.instances_mean:.2f}"),
         ("finished / requests", lambda r: f"{r.num_finished} / {r.num_requests}"),
         ("virtual / wall (s)", lambda r: f"{r.virtual_s:.0f} / {r.wall_s:.1f}"),
@@ -242,6 +255,8 @@ def simulate_command(ctx: click.Context, /, **opts: Any) -> None:
     )
     base = _base_config(opts)
     console.print(f"[bold]workload:[/] {workload.description}")
+    for warning in workload.warnings:
+        console.print(f"[bold yellow]warning:[/] {warning}")
     if workload.credit:
         console.print(f"[dim]{workload.credit}[/]")
     results: list[SimResult] = []
@@ -254,6 +269,9 @@ def simulate_command(ctx: click.Context, /, **opts: Any) -> None:
     for result in results:
         if len(result.by_priority) > 1:
             console.print(_priority_table(result))
+        for warning in result.warnings:
+            if warning not in workload.warnings:
+                console.print(f"[bold yellow]{result.policy}:[/] {warning}")
         if result.migration_abort_reasons:
             reasons = ", ".join(f"{n} {reason}" for reason, n in result.migration_abort_reasons.items())
             console.print(f"{result.policy}: migrations aborted: {reasons}")
@@ -285,11 +303,15 @@ def simulate_command(ctx: click.Context, /, **opts: Any) -> None:
 @click.option("--out", "out_prefix", type=click.Path(), required=True,
               help="Output prefix: writes PREFIX.json and PREFIX.png.")
 @click.option("--plot/--no-plot", default=True, show_default=True, help="Write PREFIX.png.")
+@click.option("--seeds", default=None,
+              help="Comma-separated seeds (e.g. 0,1,2): each a new synthetic draw or the next trace "
+              "window of --requests rows; the table, knees and plot use the medians.")
 @_cluster_options
 def sweep_command(
-    workloads: tuple[str, ...], rates: str, policies: str, out_prefix: str, plot: bool, **opts: Any
+    workloads: tuple[str, ...], rates: str, policies: str, out_prefix: str, plot: bool, seeds: str | None,
+    **opts: Any,
 ) -> None:
-    """Run every (workload, rate, policy) and plot latency against rate per policy."""
+    """Run every (workload, rate, policy[, seed]) and plot latency against rate per policy."""
     console = Console()
     names = _policy_names(policies)
     spec = SweepSpec(
@@ -300,6 +322,7 @@ def sweep_command(
         cv=opts["cv"],
         seed=opts["seed"],
         high_share=opts["high_share"],
+        seeds=tuple(int(s) for s in seeds.split(",")) if seeds else (),
     )
     if any("azure" in w for w in workloads):
         console.print(f"[dim]{AZURE_CREDIT}[/]")
@@ -319,18 +342,32 @@ def sweep_command(
             out.with_suffix(".json").write_text(dumps(points))
 
         run_sweep(spec, _base_config(opts), on_start=on_start, on_result=on_result)
-    table = Table(title=f"sweep: {out.with_suffix('.json')}")
+    runs = points
+    if spec.seeds:
+        points = median_points(runs)
+        out.with_name(out.name + "-median.json").write_text(dumps(points))
+    title = f"sweep: {out.with_suffix('.json')}" + (" (medians over seeds)" if spec.seeds else "")
+    table = Table(title=title)
     headers = ("workload", "rate", "policy", "TTFT mean", "TTFT P99", "TPOT P99", "preempt loss", "frag",
-               "migr")
+               "migr (attempts)", "rejected")
     for name in headers:
         table.add_column(name, justify="right")
     for p in points:
         table.add_row(
             str(p["workload"]), f"{p['rate']:g}", str(p["policy"]), f"{p['ttft_mean_s']:.3f}",
             f"{p['ttft_p99_s']:.3f}", f"{p['tpot_p99_s']:.4f}", f"{p['preemption_loss_s']:.1f}",
-            f"{100 * float(str(p['fragmentation_mean'])):.2f}%", str(p["migrations"]),
+            f"{100 * float(str(p['fragmentation_mean'])):.2f}%",
+            f"{p['migrations']} ({p['migrations_started']})", str(p["rejected"]),
         )
     console.print(table)
+    for p in runs:  # every run's, not the medians' (which carry the first seed's)
+        notes = p.get("warnings")
+        for warning in notes if isinstance(notes, list) else ():
+            where = f"{p['workload']} @ {p['rate']:g} seed {p.get('seed', 0)} {p['policy']}"
+            console.print(f"[bold yellow]{where}:[/] {warning}")
+    for workload in spec.workloads:
+        knees = ", ".join(f"{name} {knee(points, workload, name)}" for name in names)
+        console.print(f"knee ({workload}; P99 TTFT within {KNEE_FACTOR:g}x of the lightest rate's): {knees}")
     console.print(f"wrote {out.with_suffix('.json')}")
     if plot:
         from scheduler.sim.plots import plot_latency_vs_rate

@@ -1,7 +1,7 @@
 """Frozen configuration of one simulation: the cluster, the named policies, the migration model.
 
 Built once at the entry point (``shoal simulate`` or a test) and passed down;
-nothing below reads the environment. The five named policies of
+nothing below reads the environment. The six named policies of
 ``--policy`` map to a :class:`PolicySetup`:
 
 ==============  ===========================  =========  ==========
@@ -11,8 +11,15 @@ name            dispatch                     migration  priorities
 ``infaas``      INFaaS++ (least memory load) no         no
 ``llumnix-base``  freeness (the paper)       yes        no (all normal)
 ``llumnix``     freeness (the paper)         yes        yes (headroom)
-``shoal``       freeness after admission     yes        yes (headroom)
+``shoal-v1``    freeness after admission     yes        yes (headroom)
+``shoal``       queue-aware freeness         yes, with  yes (headroom)
+                (the default)                room check
 ==============  ===========================  =========  ==========
+
+``shoal`` is the default policy, live and here: :data:`DispatchPolicy.QUEUE_AWARE
+<scheduler.config.DispatchPolicy>` dispatch and :func:`~scheduler.config.shoal_pairing`
+(pairs only destinations with room, sends only what fits, no retry of an aborted
+request for 2 s, at most 3 moves per request). ``shoal-v1`` is the former default.
 
 "Priorities no" means every request is submitted with the normal priority,
 to the policies and to the engines alike (the paper's baselines have none);
@@ -33,6 +40,7 @@ from scheduler.config import (
     PolicyConfig,
     PriorityClass,
     ScalingConfig,
+    shoal_pairing,
 )
 
 __all__ = [
@@ -56,6 +64,7 @@ class PolicyName(enum.StrEnum):
     INFAAS = "infaas"
     LLUMNIX_BASE = "llumnix-base"
     LLUMNIX = "llumnix"
+    SHOAL_V1 = "shoal-v1"
     SHOAL = "shoal"
 
 
@@ -74,7 +83,8 @@ _DISPATCH: dict[PolicyName, DispatchPolicy] = {
     PolicyName.INFAAS: DispatchPolicy.INFAAS,
     PolicyName.LLUMNIX_BASE: DispatchPolicy.FREENESS,
     PolicyName.LLUMNIX: DispatchPolicy.FREENESS,
-    PolicyName.SHOAL: DispatchPolicy.FREENESS_AFTER_ADMIT,
+    PolicyName.SHOAL_V1: DispatchPolicy.FREENESS_AFTER_ADMIT,
+    PolicyName.SHOAL: DispatchPolicy.QUEUE_AWARE,
 }
 
 
@@ -86,19 +96,29 @@ def policy_setup(
     priority_classes: tuple[PriorityClass, ...] = DEFAULT_PRIORITY_CLASSES,
     dispatch: DispatchPolicy | None = None,
 ) -> PolicySetup:
-    """The setup of a named policy; ``dispatch`` overrides its dispatch rule (for ablations)."""
+    """The setup of a named policy; ``dispatch`` overrides its dispatch rule (for ablations).
+
+    ``pairing`` None: the policy's own band (the paper's 3, 30; ``shoal``: 3, 60).
+    """
     kind = PolicyName(name)
+    if kind is PolicyName.SHOAL:
+        pairing = (
+            shoal_pairing() if pairing is None
+            else shoal_pairing(pairing.low_freeness, pairing.high_freeness, pairing.target_freeness)
+        )
+    elif pairing is None:
+        pairing = PairingConfig()
     config = PolicyConfig(
         priority_classes=priority_classes,
         dispatch_policy=_DISPATCH[kind] if dispatch is None else dispatch,
-        pairing=PairingConfig() if pairing is None else pairing,
+        pairing=pairing,
         scaling=ScalingConfig() if scaling is None else scaling,
     )
     return PolicySetup(
         name=kind,
         policy=config,
-        migrate=kind in (PolicyName.LLUMNIX_BASE, PolicyName.LLUMNIX, PolicyName.SHOAL),
-        priorities=kind in (PolicyName.LLUMNIX, PolicyName.SHOAL),
+        migrate=kind in (PolicyName.LLUMNIX_BASE, PolicyName.LLUMNIX, PolicyName.SHOAL_V1, PolicyName.SHOAL),
+        priorities=kind in (PolicyName.LLUMNIX, PolicyName.SHOAL_V1, PolicyName.SHOAL),
     )
 
 

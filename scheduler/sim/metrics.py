@@ -19,7 +19,11 @@ tokens, preemptions and the time they cost, migrations. Summary
   (the source machine's, counted), the KV bytes copied, **churn** (the share
   of requests migrated more than 3 times), mean **downtime** of a committed
   migration (suspend on the source to admission at the destination);
-* **rejected** requests (prompt beyond every instance's capacity);
+* **rejected** requests (prompt beyond every instance's capacity), counted and as a
+  share of all requests; they are in no latency metric, and ``warnings`` says so;
+* **migrations per request**: the largest count (``max_migrations_per_request``)
+  and how many requests moved 0, 1, 2, ... times (``migrations_per_request``);
+* ``warnings``: what the run left out (a truncated trace, rejected requests);
 * **instances_mean**: the time-average of instances held (launching, serving
   or draining), the cost when auto-scaling.
 
@@ -160,6 +164,10 @@ class SimResult(msgspec.Struct, kw_only=True):
     migration_bytes: int = 0
     churn: float
     rejected: int
+    rejected_share: float = 0.0
+    max_migrations_per_request: int = 0
+    migrations_per_request: dict[str, int] = msgspec.field(default_factory=dict)
+    warnings: list[str] = msgspec.field(default_factory=list)
     instances_mean: float
     virtual_s: float
     wall_s: float
@@ -197,6 +205,7 @@ def summarize(
     virtual_s: float,
     wall_s: float,
     parameters: dict[str, object],
+    warnings: Sequence[str] = (),
 ) -> SimResult:
     """Fold the per-request records and series into a :class:`SimResult`."""
     overall = summarize_latency(records)
@@ -207,6 +216,15 @@ def summarize(
         by_class.setdefault(policy.priority_class(record.priority).name, []).append(record)
     frag = [v for _, v in fragmentation_series]
     churned = sum(1 for r in records if r.num_migrations > CHURN_THRESHOLD)
+    moves: dict[int, int] = {}
+    for record in records:
+        moves[record.num_migrations] = moves.get(record.num_migrations, 0) + 1
+    notes = list(warnings)
+    if rejected:
+        notes.append(
+            f"{rejected} of {len(records)} requests ({100 * rejected / max(len(records), 1):.2f}%) rejected: "
+            "prompt beyond every instance's capacity; they are in no latency metric"
+        )
     return SimResult(
         policy=policy_name,
         workload=workload,
@@ -232,6 +250,10 @@ def summarize(
         migration_bytes=migration_bytes,
         churn=churned / len(records) if records else 0.0,
         rejected=rejected,
+        rejected_share=rejected / len(records) if records else 0.0,
+        max_migrations_per_request=max(moves, default=0),
+        migrations_per_request={str(k): moves[k] for k in sorted(moves)},
+        warnings=notes,
         instances_mean=instance_seconds / virtual_s if virtual_s > 0 else float(num_instances),
         virtual_s=virtual_s,
         wall_s=wall_s,

@@ -53,6 +53,9 @@ class MigrationDriver:
         self.downtime_total_s = 0.0
         self.bytes_total = 0
         self.abort_reasons: Counter[MigrationAbortReason] = Counter()
+        self._sent: dict[tuple[str, str, int], int] = {}  # pair -> blocks sent under it (room check)
+        self._aborted_at: dict[str, float] = {}  # request id -> virtual time of its last abort
+        self.moves: Counter[str] = Counter()  # request id -> committed migrations
 
     @property
     def host(self) -> MigrationHost:
@@ -82,6 +85,18 @@ class MigrationDriver:
         running, exclude = source.migration_candidates(self.active.keys())
         if len(exclude) >= len(running):
             return
+        rules = host.policy.pairing
+        if rules.retry_after_abort_s > 0 or rules.max_moves_per_request > 0:
+            now = host.now
+            exclude = exclude + [
+                r.request_id for r in running
+                if now - self._aborted_at.get(r.request_id, -1e18) < rules.retry_after_abort_s
+                or 0 < rules.max_moves_per_request <= self.moves[r.request_id]
+            ]
+        key = (pairing.source_id, pairing.destination_id, pairing.epoch)
+        room = pairing.room_blocks
+        if room >= 0:
+            room = max(room - self._sent.get(key, 0), 0)
         chosen = select_requests_to_migrate(
             running,
             num_total_blocks=source.num_total_blocks,
@@ -92,8 +107,14 @@ class MigrationDriver:
             num_reserved_blocks=source.num_reserved_blocks,
             exclude=exclude,
             max_requests=slots,
+            room_blocks=room,
+            margin_blocks=self._model.config.last_stage_max_blocks,
         )
         for candidate in chosen:
+            if room >= 0:
+                self._sent[key] = (
+                    self._sent.get(key, 0) + candidate.num_blocks + self._model.config.last_stage_max_blocks
+                )
             self.num_started += 1
             migration = SimMigration(
                 self, f"m{self.num_started}", candidate.request_id, source, destination, self._model.config
@@ -140,6 +161,7 @@ class MigrationDriver:
 
     def admitted(self, migration: SimMigration, commit: Commit) -> None:
         self._epochs[commit.request_id] = commit.owner_epoch + 1
+        self.moves[commit.request_id] += 1
         self._host.count_migration(commit.request_id)
 
     def await_step_end(self, migration: SimMigration) -> None:
@@ -157,6 +179,7 @@ class MigrationDriver:
         else:
             self.num_aborted += 1
             self.abort_reasons[migration.reason or MigrationAbortReason.CANCELLED] += 1
+            self._aborted_at[migration.request_id] = self._host.now
         self.bytes_total += migration.num_bytes
         if self.active.get(migration.request_id) is migration:
             del self.active[migration.request_id]

@@ -233,6 +233,7 @@ class Simulator:
             virtual_s=end,
             wall_s=wall_s,
             parameters=parameters,
+            warnings=self.workload.warnings,
         )
 
     # ------------------------------------------------------------ requests

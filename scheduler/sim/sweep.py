@@ -4,11 +4,20 @@ The shape of the Llumnix paper's serving figures: for each workload, latency
 against request rate, one line per policy. Runs go one after another in this
 process (the simulator is single-threaded and deterministic; a run's result
 does not depend on which others ran). Each point is the run's summary
-(:meth:`SimResult.to_dict` without time series) plus ``workload`` and ``rate``.
+(:meth:`SimResult.to_dict` without time series) plus ``workload``, ``rate`` and
+``seed``.
+
+Several seeds (``SweepSpec.seeds``) give independent samples: a synthetic mix
+draws new arrivals and lengths, a trace takes the next window of its rows (seed
+``k`` starts at row ``k * num_requests``). :func:`median_points` folds them into
+one point per (workload, rate, policy) with the median of every number, and
+:func:`knee` finds, per workload and policy, the highest rate whose median P99
+TTFT stays within :data:`KNEE_FACTOR` times its value at the lightest rate.
 """
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -17,7 +26,11 @@ from scheduler.sim.metrics import SimResult
 from scheduler.sim.simulator import ProgressCallback, simulate
 from scheduler.sim.workload import build_workload
 
-__all__ = ["SweepSpec", "ratios", "run_sweep", "sweep_point"]
+__all__ = ["KNEE_FACTOR", "SweepSpec", "knee", "median_points", "ratios", "run_sweep", "sweep_point"]
+
+#: The knee of a latency curve: the highest rate whose P99 TTFT is at most this many times
+#: the P99 TTFT at the lightest rate swept.
+KNEE_FACTOR = 3.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,18 +44,26 @@ class SweepSpec:
     cv: float = 1.0
     seed: int = 0
     high_share: float = 0.0
+    seeds: tuple[int, ...] = ()
+
+    @property
+    def run_seeds(self) -> tuple[int, ...]:
+        """The seeds to run: ``seeds``, or just ``seed``."""
+        return self.seeds or (self.seed,)
 
     @property
     def num_runs(self) -> int:
-        return len(self.workloads) * len(self.rates) * len(self.setups)
+        return len(self.workloads) * len(self.rates) * len(self.setups) * len(self.run_seeds)
 
 
-def sweep_point(workload: str, rate: float, result: SimResult) -> dict[str, object]:
-    """One sweep point: the run's summary (no time series), its workload's name and description, its rate."""
+def sweep_point(workload: str, rate: float, result: SimResult, seed: int = 0) -> dict[str, object]:
+    """One sweep point: the run's summary (no time series), its workload's name and description,
+    its rate and seed."""
     point = result.to_dict(series=False)
     point["workload_description"] = point.pop("workload")
     point["workload"] = workload
     point["rate"] = rate
+    point["seed"] = seed
     return point
 
 
@@ -61,18 +82,67 @@ def run_sweep(
     points: list[dict[str, object]] = []
     for workload_name in spec.workloads:
         for rate in spec.rates:
-            workload = build_workload(
-                workload_name, num_requests=spec.num_requests, rate=rate, cv=spec.cv, seed=spec.seed,
-                high_share=spec.high_share,
-            )
-            for setup in spec.setups:
-                progress = None if on_start is None else on_start(workload_name, rate, setup)
-                result = simulate(replace(base, setup=setup), workload, on_progress=progress)
-                point = sweep_point(workload_name, rate, result)
-                points.append(point)
-                if on_result is not None:
-                    on_result(point)
+            for seed in spec.run_seeds:
+                workload = build_workload(
+                    workload_name, num_requests=spec.num_requests, rate=rate, cv=spec.cv, seed=seed,
+                    high_share=spec.high_share, start=seed * spec.num_requests if spec.seeds else 0,
+                )
+                for setup in spec.setups:
+                    progress = None if on_start is None else on_start(workload_name, rate, setup)
+                    result = simulate(replace(base, setup=setup), workload, on_progress=progress)
+                    point = sweep_point(workload_name, rate, result, seed)
+                    points.append(point)
+                    if on_result is not None:
+                        on_result(point)
     return points
+
+
+def median_points(points: Sequence[dict[str, object]]) -> list[dict[str, object]]:
+    """One point per (workload, rate, policy): the median of every number over its seeds.
+
+    ``seeds`` lists the seeds folded; a dict of numbers (abort reasons, moves per request) gets
+    the median per key (absent: 0); other non-numeric fields come from the first point.
+    """
+    groups: dict[tuple[str, float, str], list[dict[str, object]]] = {}
+    for p in points:
+        groups.setdefault((str(p["workload"]), float(str(p["rate"])), str(p["policy"])), []).append(p)
+    out: list[dict[str, object]] = []
+    for (_, _, _), group in groups.items():
+        merged = dict(group[0])
+        for key, value in group[0].items():
+            if isinstance(value, int | float) and not isinstance(value, bool) and key not in ("rate", "seed"):
+                merged[key] = statistics.median(float(str(g[key])) for g in group)
+            elif isinstance(value, dict) and all(isinstance(v, int | float) for v in value.values()):
+                counts = [g.get(key) or {} for g in group]  # e.g. abort reasons: absent counts 0
+                names = sorted({name for c in counts if isinstance(c, dict) for name in c})
+                merged[key] = {
+                    name: statistics.median(
+                        float(c.get(name, 0)) if isinstance(c, dict) else 0.0 for c in counts
+                    )
+                    for name in names
+                }
+        merged["seeds"] = [g.get("seed", 0) for g in group]
+        merged.pop("seed", None)
+        out.append(merged)
+    return out
+
+
+def knee(points: Sequence[dict[str, object]], workload: str, policy: str) -> float | None:
+    """The highest rate whose P99 TTFT is within :data:`KNEE_FACTOR` of the lightest rate's
+    (``points``: one per rate, e.g. from :func:`median_points`); None without points."""
+    curve = sorted(
+        (float(str(p["rate"])), float(str(p["ttft_p99_s"])))
+        for p in points if p["workload"] == workload and p["policy"] == policy
+    )
+    if not curve:
+        return None
+    limit = KNEE_FACTOR * curve[0][1]
+    found = curve[0][0]
+    for rate, p99 in curve:
+        if p99 > limit:
+            break
+        found = rate
+    return found
 
 
 def ratios(points: Sequence[dict[str, object]], key: str, baseline: str, policy: str) -> dict[float, float]:

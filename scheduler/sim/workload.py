@@ -79,6 +79,8 @@ class Workload(msgspec.Struct, frozen=True, kw_only=True):
     requests: tuple[SimRequest, ...]
     description: str
     credit: str = ""
+    #: What the workload left out of what was asked (e.g. a trace shorter than ``--requests``).
+    warnings: tuple[str, ...] = ()
 
     @property
     def duration_s(self) -> float:
@@ -122,10 +124,17 @@ def load_trace(
     if not path.is_file():
         raise ValueError(f"no trace {str(name_or_path)!r} (shipped: {', '.join(TRACES)})")
     rows = [r for r in _read_trace(path) if r[1] > 0 and r[2] > 0]
+    available = max(len(rows) - start, 0)
     stop = None if num_requests is None else start + num_requests
     rows = rows[start:stop]
     if not rows:
         raise ValueError(f"{path}: no requests in the chosen window")
+    warnings: tuple[str, ...] = ()
+    if num_requests is not None and num_requests > available:
+        warnings = (
+            f"trace truncated: {num_requests} requests asked for, the trace has {available} usable rows "
+            f"from row {start}; simulating {len(rows)}",
+        )
     origin = rows[0][0]
     natural = Workload(
         requests=tuple(
@@ -148,7 +157,9 @@ def load_trace(
         for k, r in enumerate(natural.requests)
     )
     name = str(name_or_path) if str(name_or_path) in TRACES else path.name
-    workload = Workload(requests=requests, description="", credit=AZURE_CREDIT if "azure" in name else "")
+    workload = Workload(
+        requests=requests, description="", credit=AZURE_CREDIT if "azure" in name else "", warnings=warnings
+    )
     description = (
         f"trace {name}: {len(requests)} requests from row {start}, time scale {time_scale:.3g} "
         f"({workload.mean_rate:.2f} req/s)"

@@ -83,6 +83,35 @@ async def test_a_full_destination_ends_the_command_until_the_next_pairing(nats_u
         assert {r.request_id for r in a1.engine.stats().requests} == {"r1", "r2", "r3"}
 
 
+async def test_a_command_with_room_sends_only_what_fits_and_keeps_requests_that_moved_enough(
+    nats_url: str,
+) -> None:
+    """shoal's pairing: the command carries the destination's room; the source skips requests
+    that would not fit (no ``OUT_OF_BLOCKS`` round trip) and sends one that does."""
+    async with agent_cluster(nats_url) as cluster:
+        a1 = await cluster.add(sim_engine(time_scale=4.0), fast_agent_config("a1"))
+        a2 = await cluster.add(sim_engine(num_blocks=12, time_scale=4.0), fast_agent_config("a2"))
+        small = GenerateRequest(request_id="small", token_ids=PROMPT[:12], sampling=greedy(240), priority=0)
+        assert (await cluster.generate("a1", small)).accepted
+        for priority, request_id in ((1, "r1"), (2, "r2")):  # 10 full blocks each, lower priority
+            await _run(cluster, "a1", request_id, priority=priority)
+        await asyncio.sleep(0.05)
+        command = MigrateOut(epoch=1, destination_id="a2", target_freeness=99.0, room_blocks=9)
+        assert (await cluster.call("a1", "migrate_out", command)).accepted
+        async with asyncio.timeout(5):
+            while a1.migration.command is not None or not a1.migration.is_idle:
+                await asyncio.sleep(0.01)
+        assert [(o.request_id, o.migrated) for o in a1.migration.outcomes] == [("small", True)]
+        assert {r.request_id for r in a2.engine.stats().requests} == {"small"}
+        # a request that moved once stays when the command allows one move per request
+        back = MigrateOut(epoch=2, destination_id="a1", target_freeness=99.0, max_moves_per_request=1)
+        assert "small" in {r.request_id for r in a2.engine.stats().requests}  # still there to move
+        assert (await cluster.call("a2", "migrate_out", back)).accepted
+        await asyncio.sleep(0.2)
+        assert a2.migration.outcomes == [] and a2.migration.command is None  # not even tried
+        assert "small" not in {r.request_id for r in a1.engine.stats().requests}
+
+
 async def test_migration_needs_matching_model_and_kv_layout(nats_url: str) -> None:
     async with agent_cluster(nats_url) as cluster:
         a1 = await cluster.add(sim_engine(time_scale=4.0), fast_agent_config("a1"))

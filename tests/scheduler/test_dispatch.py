@@ -15,6 +15,7 @@ from scheduler.policy import (
     make_dispatcher,
     order_pending,
 )
+from scheduler.policy.load import queue_aware_score
 from schemas.decisions import Dispatched, LoadPosition
 from schemas.load import PriorityLoad
 
@@ -154,3 +155,43 @@ def test_same_inputs_same_decision() -> None:
         assert first is not None and again is not None
         assert (first.instance_id, first.score) == (again.instance_id, again.score)
         assert sorted(first.considered) == sorted(again.considered)
+
+
+def test_queue_aware_sees_the_whole_queue_where_freeness_sees_its_head() -> None:
+    # A: 300 used, 4 queued holding 500 blocks of demand (head of line 100): freeness sees
+    # (1000 - 400) / 3 = 200; shoal's rule counts every queued request's demand and slot:
+    # (1000 - 300 - 500 - 1) / (3 + 4 + 1) = 24.9. B: 6 running, 600 used: (1000 - 601) / 7 = 57.
+    a = load("a", (3, 300), head_of_line_demand=100, num_waiting=4, waiting_demand=500)
+    b = load("b", (6, 600))
+    assert queue_aware_score(a, 1, CONFIG) == pytest.approx(199 / 8)
+    assert queue_aware_score(b, 1, CONFIG) == pytest.approx(399 / 7)
+    assert choose(DispatchPolicy.FREENESS, [a, b]) == "a"
+    assert choose(DispatchPolicy.QUEUE_AWARE, [a, b]) == "b"
+    assert DispatchPolicy.QUEUE_AWARE.migrates
+
+
+def test_queue_aware_ranks_overcommitted_instances_by_their_deficit_not_their_batch() -> None:
+    # Both queue more than they can hold. Divided by the batch, the paper's freeness makes the
+    # bigger batch look better (-50 / 10 > -40 / 2); the deficit in blocks says A is closer to room.
+    a = load("a", (2, 900), head_of_line_demand=140, num_waiting=1, waiting_demand=140)  # deficit 40
+    b = load("b", (10, 950), head_of_line_demand=100, num_waiting=1, waiting_demand=100)  # deficit 50
+    assert choose(DispatchPolicy.FREENESS, [a, b]) == "b"
+    assert queue_aware_score(a, 1, CONFIG) == -41 and queue_aware_score(b, 1, CONFIG) == -51
+    assert choose(DispatchPolicy.QUEUE_AWARE, [a, b]) == "a"
+    # any instance that can hold its queue beats every one that cannot
+    c = load("c", (40, 990))
+    assert queue_aware_score(c, 1, CONFIG) == pytest.approx(9 / 41)
+    assert choose(DispatchPolicy.QUEUE_AWARE, [a, b, c]) == "c"
+    assert choose(DispatchPolicy.QUEUE_AWARE, [a.as_terminating(), b]) == "b"
+
+
+def test_queue_aware_lets_a_high_priority_request_skip_a_queue_of_normal_ones() -> None:
+    # A queues 500 blocks of normal requests behind 300 used; B runs 600 blocks with no queue.
+    a = load("a", (3, 300), head_of_line_demand=100, head_of_line_priority=0, num_waiting=4,
+             waiting_demand=500)
+    b = load("b", (6, 600))
+    # a normal request waits behind A's queue: B is better ((1000-601)/7 = 57 > (1000-801)/8 = 25)
+    assert choose(DispatchPolicy.QUEUE_AWARE, [a, b]) == "b"
+    # a high-priority one (lower value) is served before A's queue: (1000 - 301) / 4 = 175 > 57
+    assert queue_aware_score(a, 1, CONFIG, priority=-1) == pytest.approx(699 / 4)
+    assert choose(DispatchPolicy.QUEUE_AWARE, [a, b], priority=-1) == "a"

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from scheduler.config import PairingConfig, PolicyConfig
+from scheduler.config import PairingConfig, PolicyConfig, shoal_pairing
 from scheduler.policy import (
     InstanceLoad,
     Pairing,
@@ -17,6 +17,7 @@ from scheduler.policy import (
     pair_instances,
     select_requests_to_migrate,
 )
+from scheduler.policy.load import room_blocks
 from schemas.decisions import Paired, Unpaired
 from schemas.load import PriorityLoad
 
@@ -145,3 +146,50 @@ def test_selection_respects_exclusions_limits_and_drains_a_terminating_instance(
     assert select(100, exclude={"r4"}) == ["r2"]  # without r2: V = 700, B = 3, F = 100
     assert select(10_000, max_requests=2) == ["r4", "r2"]
     assert select(-10**9, terminating=True) == ["r4", "r2", "r1", "r3"]
+
+
+ROOM = PolicyConfig(pairing=shoal_pairing(3.0, 30.0))  # the paper's band, to compare with CONFIG
+
+
+def test_room_check_pairs_only_destinations_with_room_and_the_pair_carries_it() -> None:
+    # "big" runs one request holding 965 of 1000 blocks: freeness 35, above the band, and room 35.
+    # "roomy" has 10 requests on 500 blocks: freeness 50, room 500.
+    big = InstanceLoad(instance_id="big", num_total_blocks=1000, reported=True, migration_group="m",
+                       running=(PriorityLoad(priority=0, num_running=1, num_blocks=965),))
+    full = InstanceLoad(instance_id="full", num_total_blocks=1000, reported=True, migration_group="m",
+                        running=(PriorityLoad(priority=0, num_running=4, num_blocks=960),),
+                        head_of_line_demand=40, waiting_demand=40, num_waiting=1)  # F = 0: a source
+    roomy = with_freeness("roomy", 50)
+    assert room_blocks(big, ROOM) == 35 and room_blocks(roomy, ROOM) == 500
+    paper = pair_instances([full, big], [], CONFIG)
+    assert [(p.source_id, p.destination_id, p.destination_room_blocks) for p in paper.paired] == [
+        ("full", "big", -1)
+    ]
+    # with the room check "big" cannot hold full's mean request (240 blocks)
+    assert pair_instances([full, big], [], ROOM).paired == ()
+    checked = pair_instances([full, big, roomy], [], ROOM)
+    assert [(p.source_id, p.destination_id) for p in checked.paired] == [("full", "roomy")]
+    assert checked.paired[0].to_event(1).destination_room_blocks == 500
+
+
+def test_selection_sends_only_what_fits_in_the_destinations_room() -> None:
+    running = [RunningRequest(priority=0, num_blocks=b, request_id=f"r{b}", num_tokens=16 * b)
+               for b in (10, 40, 300)]
+    kwargs = dict(num_total_blocks=400, head_of_line_demand=0, target_freeness=1000.0, config=CONFIG)
+    assert [r.request_id for r in select_requests_to_migrate(running, **kwargs)] == ["r10", "r40", "r300"]  # type: ignore[arg-type]
+    # 100 blocks of room, 2 blocks of margin each: r10 (12) and r40 (42) fit, r300 does not
+    fits = select_requests_to_migrate(running, room_blocks=100, margin_blocks=2, **kwargs)  # type: ignore[arg-type]
+    assert [r.request_id for r in fits] == ["r10", "r40"]
+    # the room is shared: 50 blocks take r10 (12), then r40 needs 42 > 38 left
+    shared = select_requests_to_migrate(running, room_blocks=50, margin_blocks=2, **kwargs)  # type: ignore[arg-type]
+    assert [r.request_id for r in shared] == ["r10"]
+    assert select_requests_to_migrate(running, room_blocks=0, **kwargs) == ()  # type: ignore[arg-type]
+
+
+def test_shoals_default_band_receives_only_into_instances_above_freeness_60() -> None:
+    assert (shoal_pairing().low_freeness, shoal_pairing().high_freeness) == (3.0, 60.0)
+    default = PolicyConfig(pairing=shoal_pairing())
+    source = with_freeness("s", 1)
+    assert pair_instances([source, with_freeness("d", 50)], [], default).paired == ()
+    plan = pair_instances([source, with_freeness("d", 61)], [], default)
+    assert [p.destination_id for p in plan.paired] == ["d"]

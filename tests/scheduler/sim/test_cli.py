@@ -11,6 +11,7 @@ from click.testing import CliRunner
 from agents.engines.profile import PROFILES_DIR
 from frontend.cli import cli
 from scheduler.sim.metrics import LATENCY_KEYS
+from scheduler.sim.sweep import knee
 
 SINGLE_RUN_KEYS = {
     *LATENCY_KEYS, "preemptions", "preemption_loss_s", "fragmentation_mean", "migrations", "churn",
@@ -80,3 +81,30 @@ def test_several_policies_compare_on_one_workload(tmp_path: Path) -> None:
     assert set(data) == {"infaas", "shoal"}
     assert data["infaas"]["migrations"] == 0
     assert "infaas" in result.output and "shoal" in result.output
+
+
+def test_sweep_over_seeds_writes_medians_and_finds_the_knee(tmp_path: Path) -> None:
+    prefix = tmp_path / "seeds" / "mm"
+    result = CliRunner().invoke(cli, [
+        "simulate", "sweep", "--workload", "M-M", "--rates", "2,40", "--policies", "infaas",
+        "--requests", "60", "--instances", "2", "--seeds", "0,1,2", "--out", str(prefix), "--quiet",
+        "--no-plot",
+    ])
+    assert result.exit_code == 0, result.output
+    runs = json.loads(prefix.with_suffix(".json").read_text())
+    assert sorted((p["rate"], p["seed"]) for p in runs) == [(r, s) for r in (2.0, 40.0) for s in (0, 1, 2)]
+    medians = json.loads((tmp_path / "seeds" / "mm-median.json").read_text())
+    light = [p for p in runs if p["rate"] == 2.0]
+    [median] = [p for p in medians if p["rate"] == 2.0]
+    assert median["seeds"] == [0, 1, 2]
+    assert median["ttft_p99_s"] == sorted(p["ttft_p99_s"] for p in light)[1]
+    assert "knee (M-M; P99 TTFT within 3x of the lightest rate's): infaas " in result.output
+
+
+def test_the_knee_is_the_last_rate_before_p99_ttft_leaves_three_times_the_lightest() -> None:
+    curve = {2.0: 1.0, 4.0: 1.4, 6.0: 2.9, 8.0: 9.0, 10.0: 2.0}  # 10 is noise past the knee
+    points: list[dict[str, object]] = [
+        {"workload": "w", "policy": "p", "rate": r, "ttft_p99_s": v} for r, v in curve.items()
+    ]
+    assert knee(points, "w", "p") == 6.0
+    assert knee(points, "w", "other") is None

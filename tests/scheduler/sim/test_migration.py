@@ -11,7 +11,7 @@ from agents.migration.fsm.source import SourcePhase
 from scheduler.config import PairingConfig
 from scheduler.sim.config import MigrationModel, SimConfig, policy_setup
 from scheduler.sim.instance import SimInstance
-from scheduler.sim.simulator import Simulator
+from scheduler.sim.simulator import Simulator, simulate
 from scheduler.sim.workload import SimRequest, Workload, synthetic_workload
 from schemas.reasons import MigrationAbortReason
 
@@ -92,3 +92,16 @@ def test_a_run_reports_started_aborted_reasons_and_bytes_copied() -> None:
     document = result.to_dict(series=False)
     for key in ("migrations_started", "migration_abort_reasons", "migration_bytes"):
         assert key in document
+
+
+def test_shoal_pairs_only_destinations_with_room_and_moves_a_request_at_most_three_times() -> None:
+    workload = synthetic_workload(400, 12.0, mix="L-L", seed=3)
+    no_room = (MigrationAbortReason.OUT_OF_BLOCKS, MigrationAbortReason.TOO_MANY_INCOMING)
+    paper = simulate(SimConfig(setup=policy_setup("llumnix"), num_instances=4), workload)
+    shoal = simulate(SimConfig(setup=policy_setup("shoal"), num_instances=4), workload)
+    assert sum(paper.migration_abort_reasons.get(r, 0) for r in no_room) > 0
+    assert shoal.migrations > 0 and shoal.num_finished == 400
+    assert sum(shoal.migration_abort_reasons.get(r, 0) for r in no_room) == 0
+    assert shoal.max_migrations_per_request <= 3 and shoal.churn == 0
+    assert sum(shoal.migrations_per_request.values()) == 400
+    assert sum(int(k) * n for k, n in shoal.migrations_per_request.items()) == shoal.migrations

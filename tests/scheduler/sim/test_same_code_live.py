@@ -23,7 +23,7 @@ from agents.agent import Agent, AgentConfig
 from agents.engines.sim import SimEngine
 from agents.migration.fsm.config import MigrationConfig
 from bus.protocol import Bus
-from scheduler.config import PairingConfig, PolicyConfig
+from scheduler.config import DispatchPolicy, PairingConfig, PolicyConfig, shoal_pairing
 from scheduler.logfile import RecordedLog, read_bus_log
 from scheduler.replay import ReplayOptions, replay_log
 from scheduler.service import SchedulerConfig, SchedulerService
@@ -53,6 +53,10 @@ AGENT = AgentConfig(
     ),
 )
 POLICY = PolicyConfig(pairing=PairingConfig(low_freeness=35, high_freeness=70))
+#: shoal's default policy (queue-aware dispatch, pairing with the room check) on the same band.
+SHOAL_POLICY = PolicyConfig(
+    dispatch_policy=DispatchPolicy.QUEUE_AWARE, pairing=shoal_pairing(low_freeness=35, high_freeness=70)
+)
 NUM_REQUESTS = 48
 
 
@@ -106,7 +110,9 @@ async def _start_agent(bus: Bus, instance_id: str) -> Agent:
     return agent
 
 
-async def _live_run(url: str, prefix: str) -> tuple[RecordedLog, list[DispatchReply], list[str]]:
+async def _live_run(
+    url: str, prefix: str, policy: PolicyConfig
+) -> tuple[RecordedLog, list[DispatchReply], list[str]]:
     """Two agents filled by a concurrent burst, then a third joins (a pair forms), then more waves."""
     agents: list[Agent] = []
     async with connected(url, prefix) as client, connected(url, prefix) as sched_bus:
@@ -115,7 +121,7 @@ async def _live_run(url: str, prefix: str) -> tuple[RecordedLog, list[DispatchRe
             service = SchedulerService(
                 sched_bus,
                 SchedulerConfig(
-                    policy=POLICY,
+                    policy=policy,
                     scheduler_id="live",
                     lease_ttl_s=2.0,
                     pairing_interval_s=0.1,
@@ -152,12 +158,13 @@ async def _live_run(url: str, prefix: str) -> tuple[RecordedLog, list[DispatchRe
     return log, replies, finished
 
 
+@pytest.mark.parametrize("policy", [POLICY, SHOAL_POLICY], ids=["paper-rules", "shoal"])
 async def test_live_recorded_log_through_the_simulators_policy_layer_gives_identical_decisions(
-    nats_url: str,
+    nats_url: str, policy: PolicyConfig
 ) -> None:
     prefix = new_prefix()
     try:
-        log, replies, finished = await _live_run(nats_url, prefix)
+        log, replies, finished = await _live_run(nats_url, prefix, policy)
     finally:
         await delete_streams(nats_url, prefix)
     assert sorted(finished) == sorted(f"q{k}" for k in range(NUM_REQUESTS))
@@ -172,7 +179,11 @@ async def test_live_recorded_log_through_the_simulators_policy_layer_gives_ident
     assert len({d.instance_id for d in recorded_dispatches}) > 1
     assert any(isinstance(b, Paired) for b in recorded_pairings)  # the burst formed at least one pair
 
-    replayed = replay_recorded_log(events, loads, POLICY)
+    # shoal's pairs carry the destination's room (recomputed below with the rest of the decision)
+    rooms = [b.destination_room_blocks for b in recorded_pairings if isinstance(b, Paired)]
+    assert all(r >= 1 for r in rooms) if policy.pairing.room_check else all(r == -1 for r in rooms)
+    assert {d.policy for d in recorded_dispatches} == {policy.dispatch_policy.value}
+    replayed = replay_recorded_log(events, loads, policy)
 
     mismatches = [row for row in replayed if not row.matches]
     assert mismatches == []
@@ -187,7 +198,7 @@ async def test_live_recorded_log_through_the_simulators_policy_layer_gives_ident
     ]
     assert [_pair_of(r.recomputed) for r in pairing_rows] == [_pair_of(b) for b in recorded_pairings]
     # the scheduler's own replay agrees on the same log (two implementations, one answer)
-    own = replay_log(log, ReplayOptions(policy=POLICY))
+    own = replay_log(log, ReplayOptions(policy=policy))
     assert own.mismatches == []
     # the comparison is real: a recorded dispatch moved to another instance is not reproduced
     index, moved = next((i, b) for i, (_, b) in enumerate(events) if isinstance(b, Dispatched))
@@ -195,7 +206,7 @@ async def test_live_recorded_log_through_the_simulators_policy_layer_gives_ident
     other = next(i for i in sorted({d.instance_id for d in recorded_dispatches}) if i != moved.instance_id)
     tampered = list(events)
     tampered[index] = (events[index][0], msgspec.structs.replace(moved, instance_id=other))
-    assert [row.seq for row in replay_recorded_log(tampered, loads, POLICY) if not row.matches][:1] == [
+    assert [row.seq for row in replay_recorded_log(tampered, loads, policy) if not row.matches][:1] == [
         events[index][0]
     ]
     kinds = [type(row.recorded).__name__ for row in pairing_rows]

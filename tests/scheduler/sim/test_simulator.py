@@ -53,6 +53,12 @@ def test_prompts_beyond_capacity_are_rejected_and_counted() -> None:
     workload = _workload((0.0, 100, 5), (0.1, 300, 5), (0.2, 50, 5))  # 300 > 256 tokens of capacity
     result = simulate(SimConfig(setup=policy_setup("shoal"), profile=TINY, num_instances=2), workload)
     assert result.rejected == 1 and result.num_finished == 2
+    assert result.rejected_share == pytest.approx(1 / 3)
+    assert result.warnings == ["1 of 3 requests (33.33%) rejected: prompt beyond every instance's capacity; "
+                               "they are in no latency metric"]
+    clean = simulate(SimConfig(setup=policy_setup("shoal"), profile=TINY, num_instances=2),
+                     _workload((0.0, 100, 5), (0.2, 50, 5)))
+    assert clean.rejected == 0 and clean.warnings == []
 
 
 def test_preemptions_are_counted_with_their_loss() -> None:
@@ -147,3 +153,16 @@ def test_begin_and_end_step_give_what_step_gives() -> None:
         return seen
 
     assert drive(split=True) == drive(split=False)
+
+
+def test_a_long_context_profile_serves_prompts_the_a10_rejects() -> None:
+    h100 = load_profile("llama-3.1-8b-h100")
+    assert h100.kv_bytes_per_block == 2 * 32 * 8 * 128 * 2 * 16  # config.json: 32 layers, 8 KV heads, bf16
+    assert load_profile("llama-3.1-70b-tp4-h100").kv_bytes_per_block == 2 * 80 * 8 * 128 * 2 * 16
+    workload = _workload((0.0, 20_000, 4), (0.5, 60_000, 4), (1.0, 500, 4))
+    a10 = simulate(SimConfig(setup=policy_setup("shoal"), num_instances=2), workload)
+    assert a10.rejected == 2 and a10.num_finished == 1
+    served = simulate(SimConfig(setup=policy_setup("shoal"), profile=h100, num_instances=2), workload)
+    assert served.rejected == 0 and served.num_finished == 3
+    # a 60k-token prefill takes seconds even on an H100 (~28k tokens/s here, quadratic attention)
+    assert 2.0 < served.ttft_p99_s < 10.0

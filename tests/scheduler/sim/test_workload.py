@@ -76,3 +76,16 @@ def test_build_workload_names_traces_and_mixes() -> None:
         build_workload("M-M", num_requests=10)
     with pytest.raises(ValueError, match="no trace"):
         build_workload("nope.csv", num_requests=10)
+
+
+def test_a_trace_shorter_than_asked_is_announced() -> None:
+    whole = load_trace("azure-code")
+    assert whole.warnings == ()
+    asked = len(whole.requests) + 500
+    truncated = load_trace("azure-code", num_requests=asked)
+    assert len(truncated.requests) == len(whole.requests)
+    assert truncated.warnings == (
+        f"trace truncated: {asked} requests asked for, the trace has {len(whole.requests)} usable rows "
+        f"from row 0; simulating {len(whole.requests)}",
+    )
+    assert load_trace("azure-code", num_requests=100).warnings == ()
