@@ -470,8 +470,13 @@ class VllmEngine:
         return events
 
     def shutdown(self) -> None:
-        """Stop vLLM's executor (frees the KV cache and the worker)."""
-        self.core.shutdown()
+        """Stop vLLM's executor (frees the KV cache and the worker).
+
+        Waits for a model execution still in flight (a step whose awaiting task
+        was cancelled, as when its agent is killed, keeps computing in its thread).
+        """
+        with _EXECUTE_LOCK:
+            self.core.shutdown()
 
     # ---------------------------------------------------------- migration
 

@@ -27,6 +27,8 @@ from agents.engines.protocol import EngineInfo, KVBuffer, MigrationError, Unknow
 from agents.engines.vllm_engine.kv_blocks import KVBlocks
 from schemas import SamplingParams
 
+__all__ = ["MigrationSupport"]
+
 
 class EngineInternals(Protocol):
     """What migration uses of :class:`~.engine.VllmEngine` (its vLLM scheduler and core, its bookkeeping)."""
@@ -55,7 +57,6 @@ class EngineInternals(Protocol):
         output_token_ids: Sequence[int] = (),
     ) -> bool: ...
 
-__all__ = ["MigrationSupport"]
 
 class MigrationSupport:
     """Reservations and block copies of one vllm engine; see the module docstring."""
