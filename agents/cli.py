@@ -45,7 +45,7 @@ def build_engine(
     profile: str,
     num_blocks: int | None,
     kv_cache_bytes: int | None,
-    block_size: int,
+    block_size: int | None,
     max_batch_size: int,
     max_model_len: int | None,
     seed: int,
@@ -54,7 +54,11 @@ def build_engine(
     vllm_options: dict[str, Any] | None = None,
     max_step_tokens: int | None = 1024,
 ) -> Any:
-    """The engine the options describe (torch is imported only when chosen)."""
+    """The engine the options describe (torch is imported only when chosen).
+
+    ``block_size`` None: the engine's default (torch 16, vllm 32). Bad vllm
+    options (tensor parallelism with migration, say) are a usage error.
+    """
     if engine == "sim":
         from agents.engines.sim import SimEngine
 
@@ -67,7 +71,7 @@ def build_engine(
                 model=model,
                 seed=seed,
                 device=device,
-                block_size=block_size,
+                block_size=16 if block_size is None else block_size,
                 num_blocks=num_blocks,
                 kv_cache_bytes=kv_cache_bytes,
                 max_model_len=max_model_len,
@@ -76,14 +80,13 @@ def build_engine(
             )
         )
     if engine == "vllm":
-        from agents.engines.vllm_engine.config import VllmEngineConfig
-        from agents.engines.vllm_engine.engine import VllmEngine
+        from agents.engines.vllm_engine.config import DEFAULT_BLOCK_SIZE, VllmEngineConfig
 
         extra = vllm_options or {}
-        return VllmEngine(
-            VllmEngineConfig(
+        try:
+            config = VllmEngineConfig(
                 model=model,
-                block_size=block_size,
+                block_size=DEFAULT_BLOCK_SIZE if block_size is None else block_size,
                 num_blocks=num_blocks,
                 kv_cache_bytes=kv_cache_bytes,
                 max_model_len=max_model_len,
@@ -91,7 +94,11 @@ def build_engine(
                 seed=seed,
                 **{k: v for k, v in extra.items() if v is not None},
             )
-        )
+        except ValueError as exc:
+            raise click.UsageError(f"--engine vllm: {exc}") from exc
+        from agents.engines.vllm_engine.engine import VllmEngine
+
+        return VllmEngine(config)
     raise click.BadParameter(f"unknown engine {engine!r}", param_hint="--engine")
 
 
@@ -108,8 +115,9 @@ def build_engine(
 @click.option("--profile", default="tiny-test", show_default=True, help="sim: timing profile.")
 @click.option("--time-scale", type=float, default=1.0, show_default=True, help="sim: step time multiplier.")
 @click.option("--num-blocks", type=int, default=None, help="KV blocks (default: engine's choice).")
-@click.option("--kv-cache-bytes", type=int, default=None, help="torch: KV budget instead of --num-blocks.")
-@click.option("--block-size", type=int, default=16, show_default=True)
+@click.option("--kv-cache-bytes", type=int, default=None,
+              help="KV budget instead of --num-blocks (vllm on CPU: 1 GiB unless VLLM_CPU_KVCACHE_SPACE).")
+@click.option("--block-size", type=int, default=None, help="KV block size [default: torch 16, vllm 32].")
 @click.option("--max-batch-size", type=int, default=256, show_default=True)
 @click.option("--max-step-tokens", type=click.IntRange(min=0), default=1024, show_default=True,
               help="torch: tokens per step; a longer prompt is prefilled in chunks (0: in one step).")
@@ -206,6 +214,17 @@ async def _run(options: dict[str, Any]) -> None:
     from transport import TransportConfig
 
     instance_id = options["instance_id"] or f"agent-{uuid.uuid4().hex[:8]}"
+    if options["engine"] == "vllm":
+        from agents.engines.vllm_engine import vllm_version
+        from agents.engines.vllm_engine.config import default_kv_cache_bytes
+
+        kv_cache_bytes = default_kv_cache_bytes(options["kv_cache_bytes"], vllm_version(), os.environ)
+        if kv_cache_bytes != options["kv_cache_bytes"]:
+            log.info(
+                "vllm on CPU: %g GiB of KV space (--kv-cache-bytes; vLLM's own default is 90%% of RAM)",
+                (kv_cache_bytes or 0) / 2**30,
+            )
+            options = {**options, "kv_cache_bytes": kv_cache_bytes}
     engine = build_engine(
         options["engine"],
         model=options["model"],

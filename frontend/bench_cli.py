@@ -22,6 +22,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "recovery": ("scheduler.bench_recovery:bench_recovery", "Scheduler recovery time by log size."),
     "serve": ("frontend.bench_serve:bench_serve", "Streaming throughput through shoal vs direct."),
     "tracing": ("frontend.bench_tracing:bench_tracing", "Streaming throughput with tracing on vs off."),
+    "vllm-serve": ("frontend.bench_vllm_serve:bench_vllm_serve", "shoal up --engine vllm vs vllm serve."),
 }
 
 

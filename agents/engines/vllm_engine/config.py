@@ -2,9 +2,32 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["VllmEngineConfig"]
+__all__ = ["CPU_KV_CACHE_BYTES", "DEFAULT_BLOCK_SIZE", "VllmEngineConfig", "default_kv_cache_bytes"]
+
+#: vLLM's CPU attention wants a block size that is a multiple of 32 (the torch engine's default is 16).
+DEFAULT_BLOCK_SIZE = 32
+
+#: KV space per vLLM engine on CPU when none is given: vLLM's own CPU default is 90% of the RAM per
+#: process, so two agents on one machine would not start.
+CPU_KV_CACHE_BYTES = 2**30
+
+
+def default_kv_cache_bytes(
+    kv_cache_bytes: int | None, vllm_version: str | None, environ: Mapping[str, str]
+) -> int | None:
+    """The KV space to give a vllm engine: the one asked for, else :data:`CPU_KV_CACHE_BYTES` on CPU.
+
+    None leaves the choice to vLLM: on a GPU (``gpu_memory_utilization``), or
+    on CPU when ``VLLM_CPU_KVCACHE_SPACE`` (GiB, read by vLLM) is set.
+    """
+    if kv_cache_bytes is not None or environ.get("VLLM_CPU_KVCACHE_SPACE"):
+        return kv_cache_bytes
+    if (vllm_version or "").endswith("+cpu"):
+        return CPU_KV_CACHE_BYTES
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,11 +41,12 @@ class VllmEngineConfig:
     sizes it from ``gpu_memory_utilization`` (GPU) or its CPU default.
     ``block_size``: vLLM's CPU attention wants a multiple of 32.
     ``migration`` turns prefix caching off (migrated requests get their blocks
-    handed over, unhashed) and needs one in-process worker (``tensor_parallel_size`` 1).
+    handed over, unhashed; the engine logs it) and needs one in-process worker
+    (``tensor_parallel_size`` 1: anything else is refused with a ValueError).
     """
 
     model: str
-    block_size: int = 32
+    block_size: int = DEFAULT_BLOCK_SIZE
     num_blocks: int | None = None
     kv_cache_bytes: int | None = None
     max_model_len: int | None = None
@@ -40,5 +64,8 @@ class VllmEngineConfig:
             raise ValueError("block_size and max_batch_size must be positive")
         if self.migration and self.tensor_parallel_size != 1:
             raise ValueError(
-                "migration with the vllm engine needs tensor_parallel_size 1 (one in-process worker)"
+                f"tensor_parallel_size {self.tensor_parallel_size}: live migration with the vllm engine "
+                "needs tensor_parallel_size 1 (shoal reads and writes the KV blocks of one in-process "
+                "worker; tensor parallelism would need vLLM's collective_rpc for export, import and "
+                "hand-over, not built)"
             )

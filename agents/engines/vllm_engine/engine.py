@@ -30,6 +30,7 @@ import asyncio
 import dataclasses
 import hashlib
 import itertools
+import logging
 import os
 import threading
 import time
@@ -61,6 +62,8 @@ from agents.engines.vllm_engine.sampling import migration_blocker, to_vllm_sampl
 from schemas import FinishReason, KVLayout, ModelIdentity, SamplingParams
 
 __all__ = ["VllmEngine"]
+
+log = logging.getLogger(__name__)
 
 #: vLLM keeps the forward pass's context (attention metadata, KV tensors per layer) in a module global
 #: (``vllm.forward_context._forward_context``), so two engines in one process must never run their
@@ -161,6 +164,11 @@ class VllmEngine:
         from agents.engines.vllm_engine.migration import MigrationSupport
 
         self.migration = MigrationSupport(self) if config.migration else None
+        if config.migration:
+            log.info(
+                "vllm engine: prefix caching is off (live migration hands KV blocks over unhashed; "
+                "an engine built with migration=False keeps vLLM's prefix caching and cannot migrate)"
+            )
 
     # ----------------------------------------------------------- identity
 
@@ -470,8 +478,13 @@ class VllmEngine:
         return events
 
     def shutdown(self) -> None:
-        """Stop vLLM's executor (frees the KV cache and the worker)."""
-        self.core.shutdown()
+        """Stop vLLM's executor (frees the KV cache and the worker).
+
+        Waits for a model execution still in flight (a step whose awaiting task
+        was cancelled, as when its agent is killed, keeps computing in its thread).
+        """
+        with _EXECUTE_LOCK:
+            self.core.shutdown()
 
     # ---------------------------------------------------------- migration
 

@@ -6,11 +6,13 @@
 #
 # 1. makes its own virtualenv (.venv-gpu) with the CUDA `vllm` wheel (the `vllm` extra; pip
 #    resolves the CUDA torch that vLLM pins) and `ucxx-cu12` (the `ucx` extra);
-# 2. runs the vLLM engine's correctness tests: engine level, and a request migrated between two
-#    vLLM agents over TCP and UCX, its tokens equal to an unmigrated greedy run (junit XML);
+# 2. runs the vLLM engine's correctness tests: engine level, a request migrated between two
+#    vLLM agents over TCP and UCX, its tokens equal to an unmigrated greedy run, and the abort
+#    paths (finished / preempted mid-copy, source / destination killed) (junit XML);
 # 3. runs `shoal bench migration --engine vllm --transport ucx` and `--transport tcp` on a random
 #    checkpoint of the torch `kv-heavy` shape (128 KiB of KV per token), whose KV lives in GPU
 #    memory: UCX moves CUDA tensors device to device (GPUDirect where UCX finds it);
+#    then `shoal bench vllm-serve` (shoal up --engine vllm vs vllm serve, with vllm bench serve);
 # 4. writes OUT_DIR/gpu-check.json: the machine (nvidia-smi), the versions, each step's exit
 #    status and wall time, and the paths of the test report and the two benchmark JSONs.
 # Every step runs even if an earlier one failed; the exit status is 1 if any failed.
@@ -39,7 +41,9 @@ step install "$venv/bin/python" -m pip install -q --upgrade pip
 step install_shoal "$venv/bin/python" -m pip install -q -e ".[dev,vllm,ucx]"
 step tests env UCX_TLS=all "$venv/bin/python" -m pytest -q -p no:cacheprovider \
   --junitxml="$out/tests.xml" \
-  tests/agents/engines/test_vllm_engine.py tests/agents/migration/test_vllm.py
+  tests/agents/engines/test_vllm_engine.py tests/agents/engines/test_vllm_config.py \
+  tests/agents/engines/test_vllm_cli.py tests/agents/migration/test_vllm.py \
+  tests/agents/migration/test_engine_aborts.py
 step checkpoint "$venv/bin/python" -c "
 from agents.engines.vllm_engine.checkpoint import CheckpointSpec, build_checkpoint
 build_checkpoint('$out/kv-heavy-checkpoint', CheckpointSpec(
@@ -51,6 +55,8 @@ for transport in ucx tcp; do
     --repeats 5 --transport "$transport" --json "$out/migration-vllm-gpu-$transport.json" \
     --plot "$out/migration-vllm-gpu-$transport.png"
 done
+step bench_serve "$venv/bin/shoal" bench vllm-serve --num-prompts 100 --concurrency 8 --concurrency 32 \
+  --log-dir "$out/vllm-serve" --json "$out/vllm-serve-gpu.json"
 failed=0
 {
   printf '{\n "machine": %s,\n' "$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | "$venv/bin/python" -c 'import json,sys; print(json.dumps(sys.stdin.read().strip()))')"
@@ -66,15 +72,15 @@ for name in names:
 print(json.dumps(found))')"
   printf ' "steps": {\n'
   first=1
-  for name in install install_shoal tests checkpoint bench_ucx bench_tcp; do
+  for name in install install_shoal tests checkpoint bench_ucx bench_tcp bench_serve; do
     [ "$first" = 1 ] || printf ',\n'
     first=0
     printf '  "%s": {"exit": %s, "seconds": %s, "log": "%s"}' "$name" "${status[$name]:-null}" \
       "${seconds[$name]:-null}" "$out/$name.log"
     [ "${status[$name]:-1}" = 0 ] || failed=1
   done
-  printf '\n },\n "tests": "%s",\n "bench": ["%s", "%s"]\n}\n' "$out/tests.xml" \
-    "$out/migration-vllm-gpu-ucx.json" "$out/migration-vllm-gpu-tcp.json"
+  printf '\n },\n "tests": "%s",\n "bench": ["%s", "%s", "%s"]\n}\n' "$out/tests.xml" \
+    "$out/migration-vllm-gpu-ucx.json" "$out/migration-vllm-gpu-tcp.json" "$out/vllm-serve-gpu.json"
 } > "$out/gpu-check.json"
 echo "wrote $out/gpu-check.json"
 exit "$failed"

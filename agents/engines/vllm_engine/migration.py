@@ -27,6 +27,8 @@ from agents.engines.protocol import EngineInfo, KVBuffer, MigrationError, Unknow
 from agents.engines.vllm_engine.kv_blocks import KVBlocks
 from schemas import SamplingParams
 
+__all__ = ["MigrationSupport"]
+
 
 class EngineInternals(Protocol):
     """What migration uses of :class:`~.engine.VllmEngine` (its vLLM scheduler and core, its bookkeeping)."""
@@ -55,7 +57,6 @@ class EngineInternals(Protocol):
         output_token_ids: Sequence[int] = (),
     ) -> bool: ...
 
-__all__ = ["MigrationSupport"]
 
 class MigrationSupport:
     """Reservations and block copies of one vllm engine; see the module docstring."""
@@ -183,6 +184,8 @@ class MigrationSupport:
         its scheduler then skips the cache lookup and allocates only the
         blocks still missing. No copy, and admission needs no second set of
         free blocks. Reserved blocks beyond the computed tokens go back to the pool.
+        The request waits in the queue vLLM drains first (requests holding blocks),
+        ahead of requests that have none yet.
         """
         engine = self.engine
         request = engine.scheduler.requests[request_id]
@@ -195,3 +198,13 @@ class MigrationSupport:
         if held[needed:]:
             self.pool.free_blocks(held[needed:])
         request.num_computed_tokens = computed
+        # vLLM schedules waiting requests that hold KV blocks (async loads) before the waiting
+        # queue, whose FCFS scan stops at a head it cannot admit: the migrated request goes there,
+        # so it continues at the next step (as in Llumnix) rather than behind queued requests.
+        scheduler = engine.scheduler
+        scheduler.waiting.remove_request(request)
+        holding = getattr(scheduler, "kv_holding_waiting", None)  # in vLLM 0.32; older: the queue head
+        if holding is not None:
+            holding.add_request(request)
+        else:
+            scheduler.waiting.prepend_request(request)

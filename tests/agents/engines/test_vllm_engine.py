@@ -267,3 +267,43 @@ def test_a_migrated_request_aborted_before_its_first_step_frees_its_blocks(engin
     assert destination.stats().num_reserved_blocks == 0
     assert destination.abort("early")  # still waiting in vLLM's queue
     assert destination.stats().num_free_blocks == NUM_BLOCKS == source.stats().num_free_blocks
+
+
+@needs_vllm
+def test_a_migrated_request_runs_ahead_of_the_destinations_waiting_queue(engines: Any) -> None:
+    """As in Llumnix, a migrated request continues at the destination's next step.
+
+    It holds its KV blocks, so it must not wait behind a queued request the
+    destination cannot admit yet (vLLM's FCFS queue stops at its head).
+    """
+    source, destination = engines
+    for index in range(3):  # 450 tokens each: 15 blocks each, 45 of 48
+        destination.add_request(f"fill{index}", tuple(3 + (i * 7 + index) % 400 for i in range(450)), GREEDY)
+    destination.step()
+    destination.add_request("queued", tuple(3 + i % 400 for i in range(200)), GREEDY)  # 7 blocks: no room
+    destination.step()
+    assert destination.request_stats("queued").status is RequestStatus.WAITING
+    source.add_request("moved", PROMPT, GREEDY)
+    tokens: dict[str, list[int]] = {}
+    _step_collect(source, tokens, 20)
+    source.suspend("moved")
+    held = source.request_stats("moved").num_blocks
+    reservation = destination.reserve(held)
+    destination.import_blocks(reservation.block_ids, source.export_blocks("moved", range(held)))
+    generated = source.output_token_ids("moved")
+    destination.admit_migrated("moved", PROMPT, generated, GREEDY, 0, [reservation])
+    source.release_request("moved")
+    _step_collect(destination, tokens)
+    assert len(tokens["moved"]) == len(generated) + 1  # it ran this step
+    assert destination.request_stats("queued").status is RequestStatus.WAITING  # the queue did not move
+    for request_id in ("moved", "queued", "fill0", "fill1", "fill2"):
+        assert destination.abort(request_id)
+    assert destination.stats().num_free_blocks == NUM_BLOCKS == source.stats().num_free_blocks
+
+
+@needs_vllm
+def test_prefix_caching_is_off_when_the_engine_migrates(engines: Any) -> None:
+    """Blocks handed over by a migration are not hashed: a prefix-cache hit on them is never offered."""
+    engine, _ = engines
+    assert engine.migration is not None
+    assert engine.vllm_config.cache_config.enable_prefix_caching is False

