@@ -38,9 +38,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     installed = require_vllm()
     importlib.metadata.version = version_lookup(importlib.metadata.version, installed)  # type: ignore[assignment]
     sys.argv = ["vllm", *(sys.argv[1:] if argv is None else argv)]
-    from vllm.entrypoints.cli.main import main as vllm_main
+    from vllm.entrypoints.cli import main as cli
 
-    vllm_main()  # type: ignore[no-untyped-call]
+    vllm_main: Callable[[], object] = cli.main  # untyped in vLLM; typed here (mypy with or without vLLM)
+    vllm_main()
 
 
 if __name__ == "__main__":
