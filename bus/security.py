@@ -5,8 +5,9 @@ subscribe to, written against the subject layout of :class:`schemas.subjects.Sub
 and the JetStream API subjects nats-py uses:
 
 * **frontend** — request dispatch from the scheduler, send ``generate`` /
-  ``abort`` / ``resend`` to any agent, read every token subject, append
-  request lifecycle events, read the events and loads streams;
+  ``abort`` / ``resend`` to any agent, read every token subject (a
+  request's, and the frontends' per-step batch subjects), append request
+  lifecycle events, read the events and loads streams;
 * **agent** (one user per instance) — append its own instance events and
   load reports, migration steps and request events (admission, preemption),
   publish token deltas, probes and migration handshakes, serve only its own
@@ -120,7 +121,7 @@ def role_permissions(role: Role, subjects: Subjects, instance_id: str | None = N
                 f"{p}.rpc.agent.*.resend",
                 f"{p}.ev.req.>",
             ),
-            subscribe=(*inbox, f"{p}.tok.>"),
+            subscribe=(*inbox, f"{p}.tok.>", f"{p}.tokb.>"),
         )
     if role is Role.SCHEDULER:
         return Permissions(
@@ -149,6 +150,7 @@ def role_permissions(role: Role, subjects: Subjects, instance_id: str | None = N
                 f"{p}.ev.mig.>",
                 f"{p}.ev.req.>",
                 f"{p}.tok.>",
+                f"{p}.tokb.>",
                 f"{p}.rpc.mig.*",
             ),
             subscribe=(*inbox, f"{p}.rpc.agent.{instance_id}.>", subjects.rpc_mig(instance_id)),
