@@ -42,7 +42,7 @@ from agents.migration.fsm.destination import DestinationState
 from agents.migration.fsm.record import DestinationStart
 from agents.migration.host import DriverContext
 from agents.tracing import parent_context
-from schemas.migration import Abort, Ack, Commit, StageWritten
+from schemas.migration import Ack, Commit, StageWritten
 from schemas.reasons import MigrationAbortReason
 from transport import PendingTransfer, TransportError
 
@@ -91,17 +91,6 @@ class DestinationDriver(MachineDriver):
                 "shoal.migration.side": "destination",
             },
         )
-
-    def _log_abandoned(self, action: ReportFailed) -> None:
-        """A peer that failed cannot record the outcome, and nothing was sent to it: log our Abort.
-
-        Every migration then has an outcome in the log (drills check it), even when its peer died.
-        """
-        if action.reason is MigrationAbortReason.PEER_FAILED:
-            self.manager.log.record(Abort(
-                migration_id=self.migration_id, reason=action.reason,
-                sender_id=self.manager.agent.instance_id, detail=action.detail or "peer failed",
-            ))
 
     # -- actions ----------------------------------------------------------------------
 

@@ -20,12 +20,14 @@ import time
 from typing import Any
 
 from agents.migration.fsm import Input, is_final, step
-from agents.migration.fsm.actions import Action
+from agents.migration.fsm.actions import Action, ReportFailed
 from agents.migration.fsm.config import MigrationConfig
 from agents.migration.fsm.destination import DestinationState
 from agents.migration.fsm.record import DestinationStart, MachineRecord, SourceStart
 from agents.migration.fsm.source import SourceState
 from agents.migration.host import DriverContext
+from schemas.migration import Abort
+from schemas.reasons import MigrationAbortReason
 
 __all__ = ["Input", "MachineDriver"]
 
@@ -54,6 +56,17 @@ class MachineDriver:
     @property
     def migration_id(self) -> str:
         return self.state.migration_id
+
+    def _log_abandoned(self, action: ReportFailed) -> None:
+        """A peer that failed cannot record the outcome, and nothing was sent to it: log our Abort.
+
+        Every migration then has an outcome in the log (drills check it), even when its peer died.
+        """
+        if action.reason is MigrationAbortReason.PEER_FAILED:
+            self.manager.log.record(Abort(
+                migration_id=self.migration_id, reason=action.reason,
+                sender_id=self.manager.agent.instance_id, detail=action.detail or "peer failed",
+            ))
 
     @property
     def is_final(self) -> bool:

@@ -43,7 +43,7 @@ from agents.migration.fsm.config import MigrationConfig
 from agents.migration.fsm.record import SourceStart
 from agents.migration.fsm.source import SourceState, start_source
 from agents.migration.host import DriverContext
-from schemas.migration import Abort, Ack, Commit, CommitAck
+from schemas.migration import Ack, Commit, CommitAck
 from schemas.reasons import MigrationAbortReason
 from transport import TransferHeader
 
@@ -193,17 +193,6 @@ class SourceDriver(MachineDriver):
             self._log_abandoned(action)
             self._report(migrated=False, reason=action.reason, detail=action.detail)
         return None
-
-    def _log_abandoned(self, action: ReportFailed) -> None:
-        """A peer that failed cannot record the outcome, and nothing was sent to it: log our Abort.
-
-        Every migration then has an outcome in the log (drills check it), even when its peer died.
-        """
-        if action.reason is MigrationAbortReason.PEER_FAILED:
-            self.manager.log.record(Abort(
-                migration_id=self.migration_id, reason=action.reason,
-                sender_id=self.manager.agent.instance_id, detail=action.detail or "peer failed",
-            ))
 
     def _commit(self) -> Commit:
         record = self.agent.request_record(self.request_id)

@@ -200,10 +200,12 @@ async def test_request_preempted_mid_copy_rolls_back(nats_url: str, make_engine:
 
 
 async def test_destination_killed_mid_copy(nats_url: str, make_engine: MakeEngine) -> None:
-    sampling = SamplingParams(max_tokens=300, ignore_eos=True)
+    # the longest request the model allows, and a short hold: the copy must fail (the destination is
+    # gone) before the request finishes, also with a fast engine
+    sampling = SamplingParams(max_tokens=350, ignore_eos=True)
     expected = _unmigrated(make_engine, sampling)
     async with agent_cluster(nats_url) as cluster:
-        source = await cluster.add(make_engine(), _config("s", FaultPlan(copy_delay_s=0.5)))
+        source = await cluster.add(make_engine(), _config("s", FaultPlan(copy_delay_s=0.2)))
         destination = await cluster.add(make_engine(), _config("d"))
         watcher = await _start(cluster, "moving", sampling)
         migration = asyncio.ensure_future(source.migrate("moving", "d"))
