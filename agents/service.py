@@ -119,6 +119,9 @@ class Agent:
         #: requests aborted because nobody listened to their tokens any more (their frontend died)
         self.num_orphans_aborted = 0
         self.terminating = False
+        #: set by :meth:`drain`: the step loop stops the agent once it is empty (``terminating`` alone
+        #: only refuses new requests)
+        self._draining = False
         self._replies: OrderedDict[tuple[str, int], GenerateReply] = OrderedDict()
         self._transport: KVTransport | None = None
         self._services: list[Service] = []
@@ -278,7 +281,7 @@ class Agent:
             if not engine.has_unfinished():
                 await self._flush_deltas()
                 self._work.clear()
-                if self.terminating and self.migration.is_idle:
+                if self._draining and self.migration.is_idle:
                     self.spawn(self._finish_drain())
                     return
                 with contextlib.suppress(TimeoutError):
@@ -776,7 +779,7 @@ class Agent:
         """Terminate: refuse new requests, report terminating, stop once every request has left."""
         if self.terminating:
             return
-        self.terminating = True
+        self.terminating = self._draining = True
         self._last_signature = None
         await self._append_instance_event(InstanceTerminating(instance_id=self.instance_id, reason=reason))
         self.wake()
