@@ -31,6 +31,7 @@ import json
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -236,6 +237,17 @@ def up(**options: Any) -> None:
         click.echo("stopped", err=True)
 
 
+def _check_port_free(host: str, port: int) -> None:
+    """A clear error now, rather than a frontend that cannot bind (and another server's ``/health``)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            why = f"cannot serve on {host}:{port}: {exc.strerror} (--port picks another)"
+            raise click.ClickException(why) from None
+
+
 def _start(
     cluster: ClusterProcesses, options: dict[str, Any], log_dir: Path, stopping: Callable[[], bool]
 ) -> bool:
@@ -244,6 +256,7 @@ def _start(
         raise click.UsageError("--engine vllm needs --model CHECKPOINT_FOLDER")
     if options["autoscale"] and options["no_scheduler"]:
         raise click.UsageError("--autoscale needs the scheduler (drop --no-scheduler)")
+    _check_port_free(options["host"], options["port"])
     nats_url = options["nats_url"]
     replicas = options["nats_replicas"] or min(3, options["nats_cluster"])
     if nats_url is not None and (options["secure"] or options["nats_cluster"] > 1):
@@ -329,6 +342,8 @@ def _start(
     deadline = time.monotonic() + options["ready_timeout"]
     while not stopping():
         health = _health(url)
+        if health is not None and health.get("pid") != child.pid:
+            health = None  # another server answers on that port, not this frontend (it may fail to bind)
         ready = health.get("instances", []) if health is not None and health.get("status") == "ok" else []
         if len(ready) >= max(1, options["instances"]):  # ready: a request would be placed on each
             break

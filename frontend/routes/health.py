@@ -13,6 +13,7 @@ balancers, ``shoal up`` and Prometheus poll them.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from fastapi import APIRouter
@@ -47,7 +48,8 @@ def health_body(board: LoadBoard, now: float) -> tuple[int, dict[str, Any]]:
 @router.get("/health")
 async def health(gateway: GatewayDep) -> Response:
     status, body = health_body(gateway.board, gateway.clock())
-    return json_response(status, body)
+    # which process answers: ``shoal up`` checks that it is its own frontend, not another server's
+    return json_response(status, {**body, "pid": os.getpid()})
 
 
 @router.get("/metrics")

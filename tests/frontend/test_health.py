@@ -9,6 +9,7 @@ after the last agent is killed.
 from __future__ import annotations
 
 import asyncio
+import os
 
 import httpx
 
@@ -81,7 +82,7 @@ async def test_health_is_503_before_the_first_agent_200_while_one_serves_503_aft
         reply = await client.get("/health")
         assert reply.status_code == 503
         assert reply.json() == {"status": "unavailable", "reason": NO_INSTANCE_KNOWN, "instances": [],
-                                "states": {}}
+                                "states": {}, "pid": os.getpid()}
 
         await cluster.add_agent("i0")
         body = await _health_until(client, 200)

@@ -234,3 +234,39 @@ async def test_a_completion_sent_the_moment_shoal_up_says_serving_succeeds(tmp_p
             process.wait(30)
         finally:
             process.stdout.close()
+
+
+def test_up_does_not_call_another_servers_health_its_own(tmp_path: Path) -> None:
+    """A foreign server on the port answers ``/health`` with "ok": ``shoal up`` says the port is taken
+    and exits instead of printing that it serves."""
+    import http.server
+    import json
+    import threading
+
+    class Foreign(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps({"status": "ok", "instances": ["agent-0"], "states": {}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    foreign = http.server.HTTPServer(("127.0.0.1", 0), Foreign)
+    threading.Thread(target=foreign.serve_forever, daemon=True).start()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", "from frontend.cli import main; main()", "up", "--engine", "sim",
+             "--instances", "1", "--no-scheduler", "--port", str(foreign.server_port),
+             "--log-dir", str(tmp_path / "logs"), "--ready-timeout", "60"],
+            capture_output=True, text=True, timeout=120,
+        )
+    finally:
+        foreign.shutdown()
+        foreign.server_close()
+    output = done.stdout + done.stderr
+    assert done.returncode != 0, output
+    assert "shoal is serving" not in output
+    assert f"cannot serve on 127.0.0.1:{foreign.server_port}" in output, output
