@@ -25,14 +25,14 @@ from schemas.rpc import DispatchReply, DispatchRequest, GenerateReply, GenerateR
 LAYOUT = KVLayout(num_layers=2, num_kv_heads=2, head_dim=8, block_size=16, dtype="float32")
 
 
-def bus_config(url: str, prefix: str) -> BusConfig:
+def bus_config(url: str, prefix: str, loads_max_msgs_per_subject: int = 100_000) -> BusConfig:
     return BusConfig(
         url=url,
         subjects=Subjects(prefix),
         ack_timeout=0.5,
         append_timeout=5.0,
         heartbeat=0.5,
-        streams=StreamConfig(duplicate_window=10.0, loads_max_msgs_per_subject=100_000),
+        streams=StreamConfig(duplicate_window=10.0, loads_max_msgs_per_subject=loads_max_msgs_per_subject),
     )
 
 

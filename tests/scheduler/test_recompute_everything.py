@@ -28,16 +28,15 @@ from agents.engines.sim import SimEngine
 from agents.migration.fsm.config import MigrationConfig
 from bus import BusConfig, JetStreamBus
 from bus.errors import BusError
-from bus.protocol import StreamConfig
 from scheduler.cluster_state import ClusterState, encode_snapshot
 from scheduler.config import PairingConfig, PolicyConfig, ScalingConfig
 from scheduler.logfile import read_bus_log
 from scheduler.recompute import Cursor
 from scheduler.replay import ReplayOptions, replay_log
 from scheduler.service import SchedulerConfig, SchedulerService
-from schemas import Codec, Subjects
+from schemas import Codec
 from schemas.rpc import DispatchReply, DispatchRequest, GenerateRequest, SamplingParams
-from tests.scheduler.service_helpers import delete_streams, new_prefix
+from tests.scheduler.service_helpers import bus_config, delete_streams, new_prefix
 
 pytestmark = pytest.mark.slow
 
@@ -68,14 +67,7 @@ POLICY = PolicyConfig(
 
 
 def _config(url: str, prefix: str) -> BusConfig:
-    return BusConfig(
-        url=url,
-        subjects=Subjects(prefix),
-        ack_timeout=0.5,
-        append_timeout=5.0,
-        heartbeat=0.5,
-        streams=StreamConfig(duplicate_window=10.0, loads_max_msgs_per_subject=20),
-    )
+    return bus_config(url, prefix, loads_max_msgs_per_subject=20)  # a short loads stream: the archive counts
 
 
 class SimAgents:
