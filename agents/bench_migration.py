@@ -46,6 +46,7 @@ import click
 
 from bus import event_loop
 from bus.options import nats_option
+from schemas import TokenDelta
 
 __all__ = ["bench_migration", "run_benchmark"]
 
@@ -116,7 +117,7 @@ class Client:
         async def collect() -> None:
             async for message in subscription:
                 envelope = self.codec.decode_or_none(message.data)
-                if envelope is not None:
+                if envelope is not None and isinstance(envelope.body, TokenDelta):  # not an agent's probe
                     delta = envelope.body
                     self.arrivals.append(
                         (time.perf_counter(), delta.first_index, delta.owner_epoch, envelope.time)
@@ -330,6 +331,8 @@ def run_benchmark(
     def make(instance_id: str) -> AgentThread:
         config = AgentConfig(
             instance_id=instance_id,
+            # the background requests have no listener on purpose: no abort of "orphans" here
+            orphan_check_interval_s=0.0,
             migration=MigrationConfig(
                 copy_timeout_s=120.0,
                 destination_idle_timeout_s=300.0,
