@@ -31,6 +31,19 @@ def load_frontend_tokenizer(model: str) -> TextTokenizer:
     return load_tokenizer(model)
 
 
+def _encode(tokenizer: TextTokenizer, text: str, param: str, *, add_special_tokens: bool = True) -> list[int]:
+    """``tokenizer.encode`` of valid Unicode only: JSON can carry a lone surrogate, UTF-8 cannot."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = text[exc.start]
+        raise invalid_parameter(
+            f"{param} is not valid Unicode: a lone surrogate (U+{ord(bad):04X}) at character {exc.start}",
+            param,
+        ) from exc
+    return tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+
 def completion_prompt_ids(tokenizer: TextTokenizer, prompt: Any) -> list[int]:
     """Token ids of a completions ``prompt``: a string, token ids, or a list of exactly one of those."""
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
@@ -38,7 +51,7 @@ def completion_prompt_ids(tokenizer: TextTokenizer, prompt: Any) -> list[int]:
             raise invalid_parameter("only one prompt per request is supported (batch prompts: n/a)", "prompt")
         prompt = prompt[0]
     if isinstance(prompt, str):
-        ids = tokenizer.encode(prompt)
+        ids = _encode(tokenizer, prompt, "prompt")
     elif isinstance(prompt, list):
         ids = [int(t) for t in prompt]
         vocab = tokenizer.vocab_size
@@ -73,7 +86,7 @@ def chat_prompt_ids(
         text = render_chat(tokenizer, rendered, add_generation_prompt=add_generation_prompt)
     except Exception as exc:  # a template error is the messages' fault (e.g. roles out of order)
         raise APIError(400, f"the chat template rejected the messages: {exc}", param="messages") from exc
-    ids = tokenizer.encode(text, add_special_tokens=False)
+    ids = _encode(tokenizer, text, "messages", add_special_tokens=False)
     if not ids:
         raise invalid_parameter("the rendered chat prompt is empty", "messages")
     return ids

@@ -64,6 +64,12 @@ BAD_INPUTS = [
      "invalid_parameter"),
     ("bad priority header", "/v1/completions", {"model": "sim:tiny-test", "prompt": "x"}, 400,
      "invalid_parameter"),
+    # JSON may carry a lone surrogate; no tokenizer can take it (it crashed the byte tokenizer before).
+    ("lone surrogate in prompt", "/v1/completions", b'{"model": "sim:tiny-test", "prompt": "a\\ud800b"}', 400,
+     "invalid_parameter"),
+    ("lone surrogate in chat", "/v1/chat/completions",
+     b'{"model": "sim:tiny-test", "messages": [{"role": "user", "content": "x\\udfff"}]}', 400,
+     "invalid_parameter"),
     ("unknown route", "/v1/nothing", {"model": "sim:tiny-test"}, 404, "not_found"),
 ]
 
