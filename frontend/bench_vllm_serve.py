@@ -6,7 +6,10 @@ would share the cores):
 * **vllm**: ``vllm serve DIR`` (vLLM's OpenAI server, its engine core in a
   child process);
 * **shoal**: ``shoal up --engine vllm --model DIR --instances 1`` (embedded
-  NATS, scheduler, one agent with an in-process vLLM engine, the frontend).
+  NATS, scheduler, one agent with an in-process vLLM engine, the frontend);
+* **shoal-torch** (with ``--servers vllm,shoal,shoal-torch``): ``shoal up
+  --engine torch --model DIR --instances 1``, shoal's built-in engine on the
+  same checkpoint (one torch thread, as vLLM's CPU worker gets one core here).
 
 Against each, for every ``--concurrency``, ``vllm bench serve --backend openai
 --dataset-name random --random-input-len 256 --random-output-len 128
@@ -16,8 +19,8 @@ Against each, for every ``--concurrency``, ``vllm bench serve --backend openai
 get the engine options shoal's vllm engine uses: block size, context length,
 dtype, KV space (1 GiB by default), eager mode, no prefix caching. With
 ``--rounds`` > 1 the servers alternate and each figure is the median over
-rounds. Reported per concurrency: output tokens/s of each and shoal's share
-(``ratio``), median TTFT and TPOT of each, the load average around each run
+rounds. Reported per concurrency and shoal server: output tokens/s of each and
+shoal's share of vLLM's (``ratio``), median TTFT and TPOT of each, the load average around each run
 (the machine may be shared). Every child runs in its own process group, dies
 with this process and is stopped (SIGINT, then SIGKILL) when a run ends or
 the benchmark is interrupted.
@@ -48,6 +51,8 @@ from frontend.up import _health
 __all__ = ["Server", "bench_vllm_serve", "client_command", "parse_result", "server_command", "summarize"]
 
 _SHOAL = [sys.executable, "-c", "from frontend.cli import main; main()"]
+#: the servers this benchmark knows; ``vllm`` is the baseline every other one is compared with
+SERVERS = ("vllm", "shoal", "shoal-torch")
 _VLLM = [sys.executable, "-m", "agents.engines.vllm_engine.vllm_cli"]
 #: what each run's saved JSON is reduced to (``vllm bench serve``'s key -> ours)
 _METRICS = {
@@ -76,7 +81,7 @@ class EngineOptions:
 
 
 def server_command(kind: str, options: EngineOptions, port: int, log_dir: Path) -> list[str]:
-    """The command line of one server: ``vllm`` (``vllm serve``) or ``shoal`` (``shoal up``)."""
+    """One server's command line: ``vllm`` (``vllm serve``), ``shoal`` or ``shoal-torch`` (``shoal up``)."""
     if kind == "vllm":
         return [
             *_VLLM, "serve", str(options.model), "--host", "127.0.0.1", "--port", str(port),
@@ -91,7 +96,25 @@ def server_command(kind: str, options: EngineOptions, port: int, log_dir: Path) 
             "--block-size", str(options.block_size), "--kv-cache-bytes", str(options.kv_cache_bytes),
             "--dtype", options.dtype, "--log-dir", str(log_dir / "shoal-up"), "--ready-timeout", "600",
         ]  # fmt: skip
+    if kind == "shoal-torch":  # the built-in engine: its KV default (256 MiB) holds this load's sequences
+        return [
+            *_SHOAL, "up", "--engine", "torch", "--model", str(options.model), "--instances", "1",
+            "--threads", "1", "--port", str(port), "--log-dir", str(log_dir / "shoal-torch-up"),
+            "--ready-timeout", "600",
+        ]  # fmt: skip
     raise ValueError(f"unknown server {kind!r}")
+
+
+def parse_servers(text: str) -> tuple[str, ...]:
+    """``--servers``: known names, vllm (the baseline) among them, no repeats."""
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    unknown = [name for name in names if name not in SERVERS]
+    if unknown:
+        known = ", ".join(SERVERS)
+        raise click.BadParameter(f"unknown {unknown}; choose from {known}", param_hint="--servers")
+    if "vllm" not in names or len(names) < 2 or len(set(names)) != len(names):
+        raise click.BadParameter("list vllm and at least one shoal server, each once", param_hint="--servers")
+    return names
 
 
 def client_command(
@@ -149,7 +172,7 @@ class Server:
         return cls(kind, process, f"http://127.0.0.1:{port}", log_path)
 
     def ready(self) -> bool:
-        if self.kind == "shoal":  # the frontend answers before the agent has joined
+        if self.kind.startswith("shoal"):  # the frontend answers before the agent has joined
             health = _health(self.url)
             return bool(health and health.get("instances"))
         try:
@@ -251,6 +274,12 @@ def _terminate_on_sigterm() -> None:
     show_default=True,
     help="Alternating vllm/shoal servers per figure; medians over rounds are reported.",
 )
+@click.option(
+    "--servers",
+    default="vllm,shoal",
+    show_default=True,
+    help=f"Comma-separated, from {', '.join(SERVERS)}; vllm is the baseline of every ratio.",
+)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--ready-timeout", type=float, default=600.0, show_default=True, help="Per server start, s.")
 @click.option("--client-timeout", type=float, default=1800.0, show_default=True, help="Per client run, s.")
@@ -263,8 +292,8 @@ def _terminate_on_sigterm() -> None:
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None)
 def bench_vllm_serve(
     model: Path | None, concurrencies: tuple[int, ...], num_prompts: int, input_len: int, output_len: int,
-    max_model_len: int, block_size: int, kv_cache_bytes: int, dtype: str, rounds: int, seed: int,
-    ready_timeout: float, client_timeout: float, log_dir: Path | None, json_path: Path | None,
+    max_model_len: int, block_size: int, kv_cache_bytes: int, dtype: str, rounds: int, servers: str,
+    seed: int, ready_timeout: float, client_timeout: float, log_dir: Path | None, json_path: Path | None,
 ) -> None:  # fmt: skip
     """Output tokens/s, TTFT and TPOT of shoal up --engine vllm vs vllm serve, with vllm bench serve."""
     from agents.engines.vllm_engine import vllm_unavailable_reason, vllm_version
@@ -276,6 +305,7 @@ def bench_vllm_serve(
         raise click.UsageError("--rounds, --num-prompts and --concurrency must be positive")
     if input_len + output_len > max_model_len:
         raise click.UsageError("--input-len + --output-len must fit in --max-model-len")
+    kinds = parse_servers(servers)
     _terminate_on_sigterm()
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="shoal-bench-vllm-serve-"))
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -289,11 +319,11 @@ def bench_vllm_serve(
         f"model {options.model}, {num_prompts} prompts of {input_len} random tokens, {output_len} "
         f"output tokens (ignore_eos), vLLM {vllm_version()}, {os.cpu_count()} CPUs; logs in {log_dir}"
     )
-    runs: dict[str, dict[int, list[dict[str, float]]]] = {"vllm": {}, "shoal": {}}
-    startup: dict[str, list[float]] = {"vllm": [], "shoal": []}
+    runs: dict[str, dict[int, list[dict[str, float]]]] = {kind: {} for kind in kinds}
+    startup: dict[str, list[float]] = {kind: [] for kind in kinds}
     for round_index in range(rounds):
-        order = ("vllm", "shoal") if round_index % 2 == 0 else ("shoal", "vllm")
-        for kind in order:
+        shift = round_index % len(kinds)  # each server goes first in turn
+        for kind in kinds[shift:] + kinds[:shift]:
             with _serving(kind, options, log_dir, ready_timeout) as server:
                 startup[kind].append(server.startup_s)
                 for concurrency in levels:
@@ -309,33 +339,37 @@ def bench_vllm_serve(
                     result["load_before"], result["load_after"] = load_before, os.getloadavg()[0]
                     runs[kind].setdefault(concurrency, []).append(result)
                     click.echo(
-                        f"{kind:>5} c={concurrency:<3} {result['output_tps']:8.1f} tok/s  TTFT p50 "
+                        f"{kind:>11} c={concurrency:<3} {result['output_tps']:8.1f} tok/s  TTFT p50 "
                         f"{result['ttft_p50_ms']:7.1f} ms  TPOT p50 {result['tpot_p50_ms']:6.1f} ms  "
                         f"load {load_before:.1f}->{result['load_after']:.1f}"
                     )
     results: dict[str, Any] = {}
     click.echo(
-        f"\n{'conc':>5} {'vllm tok/s':>11} {'shoal tok/s':>12} {'ratio':>6} {'TTFT p50 vllm':>14} "
-        f"{'shoal':>7} {'TPOT p50 vllm':>14} {'shoal':>7} {'load':>10}"
+        f"\n{'conc':>5} {'server':>11} {'vllm tok/s':>11} {'tok/s':>9} {'ratio':>6} {'TTFT p50 vllm':>14} "
+        f"{'server':>7} {'TPOT p50 vllm':>14} {'server':>7} {'load':>10}"
     )
     for concurrency in levels:
-        v, s = summarize(runs["vllm"][concurrency]), summarize(runs["shoal"][concurrency])
-        ratio = s["output_tps"] / v["output_tps"] if v["output_tps"] else float("nan")
-        results[str(concurrency)] = {"vllm": v, "shoal": s, "ratio": ratio}
-        load = f"{min(v['load_before'], s['load_before']):.1f}-{max(v['load_after'], s['load_after']):.1f}"
-        click.echo(
-            f"{concurrency:>5} {v['output_tps']:>11.1f} {s['output_tps']:>12.1f} {ratio:>6.2f} "
-            f"{v['ttft_p50_ms']:>11.1f} ms {s['ttft_p50_ms']:>7.1f} {v['tpot_p50_ms']:>11.1f} ms "
-            f"{s['tpot_p50_ms']:>7.1f} {load:>10}"
-        )
+        v = summarize(runs["vllm"][concurrency])
+        results[str(concurrency)] = {"vllm": v}
+        for kind in (k for k in kinds if k != "vllm"):
+            s = summarize(runs[kind][concurrency])
+            ratio = s["output_tps"] / v["output_tps"] if v["output_tps"] else float("nan")
+            results[str(concurrency)][kind] = s
+            results[str(concurrency)][f"ratio_{kind}" if kind != "shoal" else "ratio"] = ratio
+            low, high = min(v["load_before"], s["load_before"]), max(v["load_after"], s["load_after"])
+            load = f"{low:.1f}-{high:.1f}"
+            click.echo(
+                f"{concurrency:>5} {kind:>11} {v['output_tps']:>11.1f} {s['output_tps']:>9.1f} {ratio:>6.2f} "
+                f"{v['ttft_p50_ms']:>11.1f} ms {s['ttft_p50_ms']:>7.1f} {v['tpot_p50_ms']:>11.1f} ms "
+                f"{s['tpot_p50_ms']:>7.1f} {load:>10}"
+            )
     meta = {
         "model": str(options.model), "num_prompts": num_prompts, "input_len": input_len,
         "output_len": output_len, "max_model_len": max_model_len, "block_size": block_size,
-        "kv_cache_bytes": kv_cache_bytes, "dtype": dtype, "rounds": rounds, "seed": seed,
+        "kv_cache_bytes": kv_cache_bytes, "dtype": dtype, "rounds": rounds, "seed": seed, "servers": kinds,
         "vllm_version": vllm_version(), "cpus": os.cpu_count(), "load_average_end": os.getloadavg(),
         "startup_s": startup, "commands": {
-            "vllm": server_command("vllm", options, 0, log_dir),
-            "shoal": server_command("shoal", options, 0, log_dir),
+            **{kind: server_command(kind, options, 0, log_dir) for kind in kinds},
             "client": client_command("URL", options, concurrency=0, num_prompts=num_prompts,
                                      input_len=input_len, output_len=output_len, result_dir=log_dir,
                                      result_name="R", seed=seed),

@@ -1,0 +1,36 @@
+"""``shoal bench vllm-serve``'s server list and command lines (no vLLM needed; the runs need it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+import pytest
+
+from frontend.bench_vllm_serve import EngineOptions, parse_servers, server_command
+
+OPTIONS = EngineOptions(Path("/ckpt"), max_model_len=1024, block_size=32, kv_cache_bytes=2**30, dtype="auto")
+
+
+def test_servers_default_pair_and_the_built_in_engine() -> None:
+    assert parse_servers("vllm,shoal") == ("vllm", "shoal")
+    assert parse_servers(" vllm , shoal-torch,shoal ") == ("vllm", "shoal-torch", "shoal")
+
+
+@pytest.mark.parametrize("text", ["shoal", "vllm", "vllm,vllm", "vllm,shoal,tgi", ""])
+def test_a_list_without_the_baseline_or_with_unknown_names_is_refused(text: str) -> None:
+    with pytest.raises(click.BadParameter):
+        parse_servers(text)
+
+
+def test_each_shoal_server_runs_one_agent_of_its_engine_on_the_same_checkpoint(tmp_path: Path) -> None:
+    vllm_engine = server_command("shoal", OPTIONS, 8001, tmp_path)
+    torch_engine = server_command("shoal-torch", OPTIONS, 8002, tmp_path)
+    for command, engine in ((vllm_engine, "vllm"), (torch_engine, "torch")):
+        assert command[command.index("--engine") + 1] == engine
+        assert command[command.index("--model") + 1] == "/ckpt"
+        assert command[command.index("--instances") + 1] == "1"
+    assert torch_engine[torch_engine.index("--threads") + 1] == "1"
+    assert "/ckpt" in server_command("vllm", OPTIONS, 8000, tmp_path)
+    with pytest.raises(ValueError, match="unknown server"):
+        server_command("tgi", OPTIONS, 8003, tmp_path)
