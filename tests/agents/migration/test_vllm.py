@@ -123,21 +123,25 @@ async def test_migrated_request_matches_an_unmigrated_run(nats_url: str, engines
         assert a2.transport.stats().transfers_received == outcome.num_stages
 
 
+@pytest.mark.parametrize("abort_lost", [False, True], ids=["abort-arrives", "abort-lost"])
 async def test_destination_out_of_blocks_aborts_and_the_request_finishes_on_its_source(
-    nats_url: str, engines: Any
+    nats_url: str, engines: Any, abort_lost: bool
 ) -> None:
+    """The destination's refusal aborts at pre-allocation; lost, the source's ack timeout does."""
     first, _, small = engines
     expected = _unmigrated(first)
+    refusal = FaultPlan(drop_outgoing=frozenset({"Abort"})) if abort_lost else FaultPlan()
     async with agent_cluster(nats_url) as cluster:
         a1 = await cluster.add(first, fast_agent_config("v1"))
-        a3 = await cluster.add(small, fast_agent_config("v3"))
+        a3 = await cluster.add(small, fast_agent_config("v3", faults=refusal))
         watcher = await cluster.watch("stuck")
         request = GenerateRequest(request_id="stuck", token_ids=PROMPT, sampling=GREEDY)
         assert (await cluster.generate("v1", request)).accepted
         while len(watcher.tokens()) < 30:
             await asyncio.sleep(0.005)
         outcome = await a1.migrate("stuck", "v3")
-        assert not outcome.migrated and outcome.reason is MigrationAbortReason.OUT_OF_BLOCKS
+        reason = MigrationAbortReason.ACK_TIMEOUT if abort_lost else MigrationAbortReason.OUT_OF_BLOCKS
+        assert not outcome.migrated and outcome.reason is reason
         assert a3.engine.stats().num_free_blocks == 2 and a3.engine.stats().num_reserved_blocks == 0
         await watcher.wait_finished(timeout=60)
         await asyncio.sleep(0.2)
@@ -150,12 +154,20 @@ async def test_destination_out_of_blocks_aborts_and_the_request_finishes_on_its_
         assert a3.engine.stats().num_free_blocks == 2
 
 
-#: (message type, the agent that drops or repeats it, fault, whether the migration still succeeds)
+#: (message type, the agent that drops or repeats it, fault, whether the migration still succeeds): every
+#: handshake message lost and repeated once, as test_faults runs on sim engines. On vLLM engines the
+#: repeats matter most: a second PreAllocate must not reserve twice, a second Commit must not admit twice.
 MESSAGE_FAULTS = [
+    ("PreAllocate", "v1", "drop", False),
+    ("PreAllocate", "v1", "duplicate", True),
     ("Ack", "v2", "drop", False),
+    ("Ack", "v2", "duplicate", True),
+    ("StageDone", "v1", "drop", True),
     ("StageDone", "v1", "duplicate", True),
     ("Commit", "v1", "drop", False),
+    ("Commit", "v1", "duplicate", True),
     ("CommitAck", "v2", "drop", True),
+    ("CommitAck", "v2", "duplicate", True),
 ]
 
 
