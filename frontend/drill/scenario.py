@@ -243,7 +243,7 @@ BUILTIN: dict[str, Scenario] = {
             "greedy answer equals the no-fault one.",
             FaultSpec(kind=FaultKind.KILL, target=Target.AGENT),
             cluster={"engine": "torch", "instances": 2},
-            load={"rate": 3.0, "output_tokens": 128},
+            load={"rate": 3.0, "output_tokens": 400},  # long enough to still run when the kill lands
             phases={"steady_s": 3.0, "fault_s": 1.0, "recovery_s": 3.0},
             verdicts={"expect_rescue": True},
         ),
