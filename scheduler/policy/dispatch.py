@@ -12,9 +12,11 @@ Four policies, chosen by :class:`~scheduler.config.DispatchPolicy` through
   ``n mod k``-th (``n`` comes from the cluster state, so replays agree);
 * ``infaas++``: the least memory load, counting used blocks and the demand of
   every queued request (the paper's INFaaS++ baseline; run without migration);
-* ``queue_aware`` (shoal's default): freeness after admission counting every
-  queued request's demand and batch slot, and an instance that cannot hold its
-  queue ranked by its deficit (see :func:`~scheduler.policy.load.queue_aware_score`).
+* ``queue_aware`` (shoal's default): the instance where the request would wait
+  least, in blocks ahead of it (queued and pending prompts' demand plus any memory
+  deficit); among those where it starts at once, the freeness after admission
+  counting every queued request's demand and batch slot
+  (see :func:`~scheduler.policy.load.queue_aware_score`).
 
 Every policy skips terminating instances, excluded ones and instances whose
 model length or whole capacity cannot hold the prompt. Dispatches not yet

@@ -221,18 +221,25 @@ def room_blocks(load: InstanceLoad, config: PolicyConfig) -> int:
 def queue_aware_score(
     load: InstanceLoad, demand_blocks: int, config: PolicyConfig, *, priority: int = 0
 ) -> float:
-    """shoal's dispatch score: freeness after admission with the whole queue counted.
+    """shoal's dispatch score: where the request would start soonest, then the most room per request.
 
-    ``(M - sum V - rest of the queue - demand) / (B + queued + 1)``: every waiting request's
-    demand is usage and its slot is batch (the paper's virtual usage counts only the head
-    of line, so once every instance queues, freeness stops seeing queue lengths). When that
-    numerator is negative the instance cannot hold its queue and this request; it then
-    scores its deficit in blocks (negative, below every instance that can), so among
-    over-committed instances the least over-committed wins, as INFaaS++ would choose.
+    An instance where the request would wait scores minus the blocks ahead of it (negative):
+    the demand of every request queued ahead (prompts it waits to see prefilled; vLLM prefills
+    whatever is admitted before it decodes), plus the demand of dispatches no report reflects yet
+    (queued, as far as the scheduler knows), plus the memory deficit if the instance cannot hold
+    its queue and this request (blocks that must be freed first). So once every instance queues,
+    the least work ahead wins, in tokens, not in requests (a queue of three long prompts is not
+    as short as a queue of three short ones).
+
+    An instance where it would start at once (nothing queued ahead or pending, room for it)
+    scores its freeness after admission with the whole queue counted (non-negative):
+    ``(M - sum V - rest of the queue - demand) / (B + queued + 1)`` (the paper's virtual usage
+    counts only the head of line, so once every instance queues freeness stops seeing queue
+    lengths; dividing by the batch spreads prefills and decode slots, which keeps TPOT low).
 
     The queue is served in priority order, so a request of a higher priority (a lower
     value) than the instance's head of line has nobody queued ahead of it: for it the
-    queue counts neither as usage nor as batch, only what runs and what was dispatched.
+    queue counts neither as usage, nor as batch, nor as work ahead.
     """
     usage, batch = _usage_and_batch(load, config)
     if load.terminating:
@@ -242,8 +249,9 @@ def queue_aware_score(
     if load.num_waiting > 0 and priority < load.head_of_line_priority:
         queued, num_queued = 0, 0
     room = load.num_total_blocks - (usage - load.head_of_line_demand) - queued - demand_blocks
-    if room < 0:
-        return float(room)
+    ahead = (queued if num_queued > 0 else 0) + load.pending_blocks + max(-room, 0)
+    if ahead > 0:
+        return -float(ahead)
     return room / (batch + num_queued + 1)
 
 
