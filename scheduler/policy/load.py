@@ -223,19 +223,21 @@ def queue_aware_score(
 ) -> float:
     """shoal's dispatch score: where the request would start soonest, then the most room per request.
 
-    An instance where the request would wait scores minus the blocks ahead of it (negative):
-    the demand of every request queued ahead (prompts it waits to see prefilled; vLLM prefills
-    whatever is admitted before it decodes), plus the demand of dispatches no report reflects yet
-    (queued, as far as the scheduler knows), plus the memory deficit if the instance cannot hold
-    its queue and this request (blocks that must be freed first). So once every instance queues,
-    the least work ahead wins, in tokens, not in requests (a queue of three long prompts is not
-    as short as a queue of three short ones).
+    An instance where the request would wait scores minus the blocks ahead of it (negative),
+    the larger of two bottlenecks, both in blocks: the prompts it waits to see prefilled (every
+    request queued ahead of it plus the dispatches no report reflects yet; an engine prefills what
+    it admits before it decodes), and the memory that must be freed before its queue and it fit
+    (the deficit; INFaaS++'s load, shifted by the capacity). So once every instance queues, the
+    least work ahead wins, counted in tokens, not requests (a queue of three long prompts is not
+    as short as three short ones): where memory binds that is INFaaS++'s choice, where prefill
+    binds (big memory, long prompts) the shortest prefill backlog.
 
     An instance where it would start at once (nothing queued ahead or pending, room for it)
-    scores its freeness after admission with the whole queue counted (non-negative):
-    ``(M - sum V - rest of the queue - demand) / (B + queued + 1)`` (the paper's virtual usage
-    counts only the head of line, so once every instance queues freeness stops seeing queue
-    lengths; dividing by the batch spreads prefills and decode slots, which keeps TPOT low).
+    scores its freeness after admission with the whole queue counted (non-negative, above every
+    instance where it would wait): ``(M - sum V - rest of the queue - demand) / (B + queued + 1)``
+    (the paper's virtual usage counts only the head of line, so once every instance queues
+    freeness stops seeing queue lengths; dividing by the batch spreads prefills and decode slots,
+    which keeps TPOT low).
 
     The queue is served in priority order, so a request of a higher priority (a lower
     value) than the instance's head of line has nobody queued ahead of it: for it the
@@ -249,7 +251,7 @@ def queue_aware_score(
     if load.num_waiting > 0 and priority < load.head_of_line_priority:
         queued, num_queued = 0, 0
     room = load.num_total_blocks - (usage - load.head_of_line_demand) - queued - demand_blocks
-    ahead = (queued if num_queued > 0 else 0) + load.pending_blocks + max(-room, 0)
+    ahead = max(queued + load.pending_blocks, -room)
     if ahead > 0:
         return -float(ahead)
     return room / (batch + num_queued + 1)

@@ -186,20 +186,25 @@ def test_queue_aware_ranks_queued_instances_by_work_ahead_in_blocks_not_requests
 
 
 def test_queue_aware_counts_a_memory_deficit_as_work_ahead() -> None:
-    # Both queue more than they can hold: A 140 queued + 41 blocks short, B 100 queued + 51 short.
-    # Divided by the batch, the paper's freeness makes the bigger batch look better; shoal's rule
-    # counts the blocks ahead: A 181, B 151.
+    # Both queue more than they can hold: A 140 queued and 41 blocks short, B 100 queued and 51
+    # short. Divided by the batch, the paper's freeness makes the bigger batch look better
+    # (-50 / 10 > -40 / 2); shoal's rule takes the larger bottleneck in blocks: A 140, B 100.
     a = load("a", (2, 900), head_of_line_demand=140, num_waiting=1, waiting_demand=140)
     b = load("b", (10, 950), head_of_line_demand=100, num_waiting=1, waiting_demand=100)
-    assert queue_aware_score(a, 1, CONFIG) == -181 and queue_aware_score(b, 1, CONFIG) == -151
+    assert choose(DispatchPolicy.FREENESS, [a, b]) == "b"
+    assert queue_aware_score(a, 1, CONFIG) == -140 and queue_aware_score(b, 1, CONFIG) == -100
     assert choose(DispatchPolicy.QUEUE_AWARE, [a, b]) == "b"
+    # where memory binds harder than the queue, the deficit counts: C is 451 blocks short
+    c = load("c", (10, 1350), head_of_line_demand=100, num_waiting=1, waiting_demand=100)
+    assert queue_aware_score(c, 1, CONFIG) == -451
+    assert choose(DispatchPolicy.QUEUE_AWARE, [a, c]) == "a"
     # an instance with no queue but no room for the prompt: the request waits for the deficit
     full = load("f", (2, 990))
     assert queue_aware_score(full, 20, CONFIG) == -10
     # any instance where the request starts at once beats every one where it waits
-    c = load("c", (40, 990))
-    assert queue_aware_score(c, 1, CONFIG) == pytest.approx(9 / 41)
-    assert choose(DispatchPolicy.QUEUE_AWARE, [a, b, c]) == "c"
+    d = load("d", (40, 990))
+    assert queue_aware_score(d, 1, CONFIG) == pytest.approx(9 / 41)
+    assert choose(DispatchPolicy.QUEUE_AWARE, [a, b, d]) == "d"
     assert choose(DispatchPolicy.QUEUE_AWARE, [a, b.as_terminating()]) == "a"
 
 

@@ -24,17 +24,21 @@ def _no_room(point: dict[str, object]) -> float:
 
 
 def _load(path: Path) -> list[dict[str, object]]:
-    """The sweep's points, with shoal's re-runs (``*_shoal60``, destination threshold 60, the
-    default) as ``shoal`` and the first runs (threshold 30) as ``shoal-30``."""
+    """The sweep's points, shoal's under its current default: the runs with the blocks-ahead
+    dispatch (``*_shoal2``) as ``shoal``, the former default (queue-aware freeness by request
+    count, destination threshold 60: ``*_shoal60``, or the first runs where no ``_shoal60`` file
+    exists) as ``shoal-prev``; the 30-threshold ablation stays in the JSON only."""
     points: list[dict[str, object]] = json.loads(path.read_text())
     stem = path.name.removesuffix("-median.json").removesuffix(".json")
-    median = path.name.endswith("-median.json")
-    again = path.with_name(stem + "_shoal60" + ("-median.json" if median else ".json"))
+    suffix = "-median.json" if path.name.endswith("-median.json") else ".json"
+    again, now = path.with_name(stem + "_shoal60" + suffix), path.with_name(stem + "_shoal2" + suffix)
     if again.exists():
+        points = [p for p in points if p["policy"] != "shoal"] + json.loads(again.read_text())
+    if now.exists():
         for p in points:
             if p["policy"] == "shoal":
-                p["policy"] = "shoal-30"
-        points += json.loads(again.read_text())
+                p["policy"] = "shoal-prev"
+        points += json.loads(now.read_text())
     return points
 
 
@@ -139,10 +143,10 @@ def priorities(path: Path) -> None:
 
 def main() -> None:
     for path in sorted(HERE.glob("*-median.json")):
-        if "_shoal60" not in path.name:
+        if "_shoal60" not in path.name and "_shoal2" not in path.name:
             table(path)
     for path in sorted(HERE.glob("priorities*.json")):
-        if not path.stem.endswith("-median") and "_shoal60" not in path.name:
+        if not path.stem.endswith("-median") and "_shoal60" not in path.name and "_shoal2" not in path.name:
             priorities(path)
 
 
