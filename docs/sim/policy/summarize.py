@@ -141,12 +141,17 @@ def priorities(path: Path) -> None:
         )
 
 
+def _rerun(path: Path) -> bool:
+    """A re-run or ablation file, folded into its base file's table (or kept as JSON only)."""
+    return any(tag in path.name for tag in ("_shoal60", "_shoal2", "_sumahead"))
+
+
 def main() -> None:
     for path in sorted(HERE.glob("*-median.json")):
-        if "_shoal60" not in path.name and "_shoal2" not in path.name:
+        if not _rerun(path):
             table(path)
     for path in sorted(HERE.glob("priorities*.json")):
-        if not path.stem.endswith("-median") and "_shoal60" not in path.name and "_shoal2" not in path.name:
+        if not path.stem.endswith("-median") and not _rerun(path):
             priorities(path)
 
 
