@@ -70,6 +70,9 @@ def _cluster_options(func: Callable[..., Any]) -> Callable[..., Any]:
                      help="A migration outcome's claim in the event log, append to answer."),
         click.option("--max-migrations", default=1, show_default=True,
                      help="Concurrent migrations per instance (as source and as destination each)."),
+        click.option("--max-step-tokens", type=click.IntRange(min=1), default=None,
+                     help="Engines' per-step token budget (chunked prefill); default: none, a prompt "
+                     "prefills in one step."),
         click.option("--report-ms", default=100.0, show_default=True, help="Load-report interval (virtual)."),
         click.option("--pairing-ms", default=100.0, show_default=True, help="Pairing interval (virtual)."),
         click.option("--autoscale/--no-autoscale", default=False, show_default=True, help="Auto-scaling."),
@@ -109,6 +112,7 @@ def _base_config(opts: dict[str, Any]) -> SimConfig:
         pairing_interval_s=opts["pairing_ms"] / 1000.0,
         autoscale=opts["autoscale"],
         startup_delay_s=opts["startup_delay_s"],
+        max_step_tokens=opts["max_step_tokens"],
     )
 
 

@@ -110,7 +110,7 @@ class Simulator:
         return instance_id
 
     def _join(self, instance_id: str, launched_s: float) -> SimInstance:
-        engine = SimEngine(self.config.profile)
+        engine = SimEngine(self.config.profile, max_step_tokens=self.config.max_step_tokens)
         instance = SimInstance(instance_id, engine, launched_s=launched_s, joined_s=self.now)
         self.instances[instance_id] = instance
         self.joins.append((instance_id, launched_s, self.now))
@@ -207,6 +207,7 @@ class Simulator:
             "report_interval_s": config.report_interval_s,
             "pairing_interval_s": config.pairing_interval_s,
             "autoscale": config.autoscale,
+            "max_step_tokens": config.max_step_tokens,
         }
         if config.autoscale:
             scaling = setup.policy.scaling
