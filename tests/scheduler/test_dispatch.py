@@ -218,3 +218,21 @@ def test_queue_aware_lets_a_high_priority_request_skip_a_queue_of_normal_ones() 
     # a high-priority one (lower value) is served before A's queue: (1000 - 301) / 4 = 175 > 57
     assert queue_aware_score(a, 1, CONFIG, priority=-1) == pytest.approx(699 / 4)
     assert choose(DispatchPolicy.QUEUE_AWARE, [a, b], priority=-1) == "a"
+
+
+def test_a_queued_request_moves_only_where_it_would_start_at_once() -> None:
+    from scheduler.policy.dispatch import requeue_choice
+
+    request = PendingRequest(request_id="q", num_prompt_tokens=160)  # 10 blocks
+    stalled = load("s", (5, 990), head_of_line_demand=50, num_waiting=3, waiting_demand=80)
+    busy = load("b", (4, 950), head_of_line_demand=40, num_waiting=1, waiting_demand=40)
+    free = load("f", (4, 600))
+    queue_aware = make_dispatcher(DispatchPolicy.QUEUE_AWARE, CONFIG)
+    decision = requeue_choice(queue_aware, request, "s", [stalled, busy, free])
+    assert decision is not None and decision.instance_id == "f" and decision.score >= 0
+    # where it would wait anyway it stays (no churn between queues), and never goes back to itself
+    assert requeue_choice(queue_aware, request, "s", [stalled, busy]) is None
+    assert requeue_choice(queue_aware, request, "f", [free]) is None
+    # only shoal's dispatch says "starts at once"
+    infaas = make_dispatcher(DispatchPolicy.INFAAS, CONFIG)
+    assert requeue_choice(infaas, request, "s", [stalled, busy, free]) is None

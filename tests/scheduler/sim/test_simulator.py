@@ -193,3 +193,18 @@ def test_a_per_step_token_budget_interleaves_a_long_prefill_with_decodes() -> No
     assert whole_ttft_s + 0.1 < chunked_ttft_s < whole_ttft_s + 1.0
     with pytest.raises(ValueError, match="max_step_tokens"):
         SimConfig(max_step_tokens=0)
+
+
+def test_moving_queued_requests_off_a_stalled_queue_cuts_the_tail() -> None:
+    # L-L overloads 4 A10s: long prompts queue behind each other while another instance frees
+    # up. Off by default; with requeue_after_s a stalled queue's newest request moves (no KV)
+    # to an instance where it starts at once, each at most once.
+    workload = synthetic_workload(300, 9.0, mix="L-L", seed=3)
+    off = simulate(SimConfig(setup=policy_setup("shoal"), num_instances=4), workload)
+    on = simulate(SimConfig(setup=policy_setup("shoal"), num_instances=4, requeue_after_s=1.0), workload)
+    assert off.requeues == 0 and on.requeues > 10
+    assert on.num_finished == off.num_finished == 300
+    assert on.ttft_p99_s * 2 < off.ttft_p99_s and on.ttft_mean_s < off.ttft_mean_s
+    assert on.parameters["requeue_after_s"] == 1.0
+    with pytest.raises(ValueError, match="requeue_after_s"):
+        SimConfig(requeue_after_s=0.0)
