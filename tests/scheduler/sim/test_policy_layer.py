@@ -111,7 +111,9 @@ def test_a_run_that_moves_queued_requests_replays_to_identical_decisions() -> No
     # L-L overloads 4 instances: queues stall and queued requests move (each logged as a dispatch
     # of the request with its stalled instance excluded); the replay recomputes every decision.
     workload = synthetic_workload(300, 9.0, mix="L-L", seed=3)
-    config = SimConfig(setup=policy_setup("shoal"), num_instances=4, record_policy_log=True, requeue_after_s=1.0)
+    config = SimConfig(
+        setup=policy_setup("shoal"), num_instances=4, record_policy_log=True, requeue_after_s=1.0
+    )
     sim = Simulator(config, workload)
     result = sim.run()
     assert result.requeues > 0 and result.num_finished == 300
