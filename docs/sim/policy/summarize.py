@@ -39,6 +39,12 @@ def _load(path: Path) -> list[dict[str, object]]:
             if p["policy"] == "shoal":
                 p["policy"] = "shoal-prev"
         points += json.loads(now.read_text())
+    moved = path.with_name(stem + "_requeue" + suffix)
+    if moved.exists():
+        extra: list[dict[str, object]] = json.loads(moved.read_text())
+        for p in extra:
+            p["policy"] = "shoal-rq"
+        points += extra
     return points
 
 
@@ -67,8 +73,8 @@ def table(path: Path) -> None:
             if p is None:
                 continue
             extra = ["", "", "", ""]
-            s, i, ll = by.get((rate, "shoal")), by.get((rate, "infaas")), by.get((rate, "llumnix"))
-            if name == "shoal" and s and i:
+            s, i, ll = by.get((rate, name)), by.get((rate, "infaas")), by.get((rate, "llumnix"))
+            if name in ("shoal", "shoal-rq") and s and i:
                 extra = [
                     f"{float(i['ttft_p99_s']) / float(s['ttft_p99_s']):.2f}x",
                     f"{float(s['ttft_mean_s']) / float(i['ttft_mean_s']):.2f}",
@@ -85,15 +91,17 @@ def table(path: Path) -> None:
                 + " |"
             )
     _must_show(by, rates, knees.get("infaas"))
+    _must_show(by, rates, knees.get("infaas"), "shoal-rq")
 
 
 def _must_show(
-    by: dict[tuple[float, str], dict[str, object]], rates: list[float], knee_rate: float | None
+    by: dict[tuple[float, str], dict[str, object]],
+    rates: list[float],
+    knee_rate: float | None,
+    name: str = "shoal",
 ) -> None:
-    """The issue's thresholds for shoal against INFaaS++ and Llumnix, as counts over the rates."""
-    rows = [
-        (r, by[(r, "shoal")], by[(r, "infaas")]) for r in rates if (r, "shoal") in by and (r, "infaas") in by
-    ]
+    """The issue's thresholds for ``name`` against INFaaS++ and Llumnix, as counts over the rates."""
+    rows = [(r, by[(r, name)], by[(r, "infaas")]) for r in rates if (r, name) in by and (r, "infaas") in by]
     if not rows:
         return
     p99 = sum(float(s["ttft_p99_s"]) <= float(i["ttft_p99_s"]) for _, s, i in rows)
@@ -102,11 +110,11 @@ def _must_show(
     attempts = sum(float(s["migrations_started"]) for _, s, _ in rows)
     no_room = sum(_no_room(s) for _, s, _ in rows)
     line = (
-        f"\nMust show (shoal, {len(rows)} rates): P99 TTFT <= INFaaS++ at {p99}; mean TTFT <= 1.05x at "
+        f"\nMust show ({name}, {len(rows)} rates): P99 TTFT <= INFaaS++ at {p99}; mean TTFT <= 1.05x at "
         f"{mean}; P99 TPOT <= 1.05x at {tpot}; no-room aborts {no_room:.0f} of {attempts:.0f} attempts"
     )
-    if knee_rate is not None and (knee_rate, "shoal") in by:
-        s, i = by[(knee_rate, "shoal")], by[(knee_rate, "infaas")]
+    if knee_rate is not None and (knee_rate, name) in by:
+        s, i = by[(knee_rate, name)], by[(knee_rate, "infaas")]
         ratio = float(i["ttft_p99_s"]) / float(s["ttft_p99_s"])
         line += f"; at INFaaS++'s knee ({knee_rate:g}): INFaaS++/shoal {ratio:.2f}x"
         if (knee_rate, "llumnix") in by:
@@ -143,7 +151,7 @@ def priorities(path: Path) -> None:
 
 def _rerun(path: Path) -> bool:
     """A re-run or ablation file, folded into its base file's table (or kept as JSON only)."""
-    return any(tag in path.name for tag in ("_shoal60", "_shoal2", "_sumahead"))
+    return any(tag in path.name for tag in ("_shoal60", "_shoal2", "_sumahead", "_requeue"))
 
 
 def main() -> None:
