@@ -336,6 +336,16 @@ class LocalScheduler:
         heapq.heappush(self._waiting, (request.priority, request.arrival_seq, request))
         self._num_waiting += 1
 
+    def waiting_requests(self) -> list[Request]:
+        """The queued requests in the order they would be admitted (priority, then arrival)."""
+        requests = self._requests
+        live = {
+            id(request): (priority, seq, request)
+            for priority, seq, request in self._waiting
+            if request.status.is_queued and requests.get(request.request_id) is request
+        }  # a request queued again after a preemption may have a stale twin in the heap
+        return [entry[2] for entry in sorted(live.values(), key=lambda entry: (entry[0], entry[1]))]
+
     def _head(self) -> Request | None:
         """The head of the queue, dropping stale heap entries on the way."""
         waiting = self._waiting

@@ -97,9 +97,14 @@ class SimEngine(ScheduledEngine):
         num_blocks: int | None = None,
         max_batch_size: int | None = None,
         max_prefill_tokens: int | None = None,
+        max_step_tokens: int | None = None,
         time_scale: float = 1.0,
     ) -> None:
-        """``time_scale`` multiplies every modeled duration (0.1 runs ten times faster than modeled)."""
+        """``time_scale`` multiplies every modeled duration (0.1 runs ten times faster than modeled).
+
+        ``max_step_tokens``: chunked prefill, at most that many tokens computed per step (the
+        local scheduler's rule, as the torch engine runs it); None: a prompt prefills in one step.
+        """
         if not isinstance(profile, EngineProfile):
             profile = load_profile(profile)
         if time_scale < 0:
@@ -130,6 +135,7 @@ class SimEngine(ScheduledEngine):
                 eos_token_id=profile.eos_token_id,
                 max_batch_size=max_batch_size,
                 max_prefill_tokens=max_prefill_tokens,
+                max_step_tokens=max_step_tokens,
             )
         )
         self._imported: dict[int, int] = {}  # reserved block id -> fingerprint written into it
@@ -167,9 +173,19 @@ class SimEngine(ScheduledEngine):
         return self._result(plan, outputs)
 
     def modeled_duration_s(self, plan: SchedulerOutput) -> float:
-        """The profile's time for a planned step, times ``time_scale``."""
+        """The profile's time for a planned step, times ``time_scale``.
+
+        A later chunk of a chunked prefill (``max_step_tokens``) also pays its attention over the
+        prefix already computed: ``prefill(end) - prefill(start) - prefill(chunk)`` on top of the
+        chunk's own time, so chunking spreads a prompt's work over steps without making it cheaper.
+        """
         timing = self.timing
         seconds = timing.step_s(len(plan.decodes), plan.num_decode_context_tokens, plan.num_prefill_tokens)
+        for chunk in plan.prefills:
+            if chunk.start > 0:  # a later chunk of a chunked prefill also attends to the prefix
+                whole_ms = timing.prefill_ms(chunk.end) - timing.prefill_ms(chunk.start)
+                prefix_ms = whole_ms - timing.prefill_ms(chunk.num_tokens)
+                seconds += max(prefix_ms, 0.0) / 1000.0
         return seconds * self.time_scale
 
     def _sample(self, plan: SchedulerOutput) -> dict[str, int]:

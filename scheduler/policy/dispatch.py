@@ -12,9 +12,11 @@ Four policies, chosen by :class:`~scheduler.config.DispatchPolicy` through
   ``n mod k``-th (``n`` comes from the cluster state, so replays agree);
 * ``infaas++``: the least memory load, counting used blocks and the demand of
   every queued request (the paper's INFaaS++ baseline; run without migration);
-* ``queue_aware`` (shoal's default): freeness after admission counting every
-  queued request's demand and batch slot, and an instance that cannot hold its
-  queue ranked by its deficit (see :func:`~scheduler.policy.load.queue_aware_score`).
+* ``queue_aware`` (shoal's default): the instance where the request would wait
+  least, in blocks ahead of it (queued and pending prompts' demand plus any memory
+  deficit); among those where it starts at once, the freeness after admission
+  counting every queued request's demand and batch slot
+  (see :func:`~scheduler.policy.load.queue_aware_score`).
 
 Every policy skips terminating instances, excluded ones and instances whose
 model length or whole capacity cannot hold the prompt. Dispatches not yet
@@ -55,6 +57,7 @@ __all__ = [
     "make_dispatcher",
     "order_pending",
     "pending_order_key",
+    "requeue_choice",
 ]
 
 
@@ -279,3 +282,27 @@ def dispatch_pending(
         i = index[decision.instance_id]
         views[i] = views[i].with_dispatch(decision.demand_blocks)
     return DispatchRound(decisions=tuple(decisions), unplaced=tuple(unplaced), loads=tuple(views))
+
+
+def requeue_choice(
+    dispatcher: Dispatcher,
+    request: PendingRequest,
+    source: str,
+    loads: Sequence[InstanceLoad],
+    *,
+    num_dispatched: int = 0,
+) -> DispatchDecision | None:
+    """Where a request still queued on ``source`` (no KV yet) should go, or None to leave it.
+
+    shoal's rule for a stalled queue: move the request, not KV, and only to an instance where
+    it would start at once (the ``queue_aware`` score is non-negative there: nothing queued
+    ahead of it, room for its prompt), never back to ``source``. Only the ``queue_aware``
+    dispatcher's scores say "starts at once", so any other policy leaves the request.
+    """
+    if dispatcher.policy is not DispatchPolicy.QUEUE_AWARE:
+        return None
+    moved = msgspec.structs.replace(request, exclude=(*request.exclude, source))
+    decision = dispatcher.choose(moved, loads, num_dispatched=num_dispatched)
+    if decision is None or decision.score < 0:
+        return None
+    return decision

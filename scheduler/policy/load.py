@@ -221,18 +221,27 @@ def room_blocks(load: InstanceLoad, config: PolicyConfig) -> int:
 def queue_aware_score(
     load: InstanceLoad, demand_blocks: int, config: PolicyConfig, *, priority: int = 0
 ) -> float:
-    """shoal's dispatch score: freeness after admission with the whole queue counted.
+    """shoal's dispatch score: where the request would start soonest, then the most room per request.
 
-    ``(M - sum V - rest of the queue - demand) / (B + queued + 1)``: every waiting request's
-    demand is usage and its slot is batch (the paper's virtual usage counts only the head
-    of line, so once every instance queues, freeness stops seeing queue lengths). When that
-    numerator is negative the instance cannot hold its queue and this request; it then
-    scores its deficit in blocks (negative, below every instance that can), so among
-    over-committed instances the least over-committed wins, as INFaaS++ would choose.
+    An instance where the request would wait scores minus the blocks ahead of it (negative),
+    the larger of two bottlenecks, both in blocks: the prompts it waits to see prefilled (every
+    request queued ahead of it plus the dispatches no report reflects yet; an engine prefills what
+    it admits before it decodes), and the memory that must be freed before its queue and it fit
+    (the deficit; INFaaS++'s load, shifted by the capacity). So once every instance queues, the
+    least work ahead wins, counted in tokens, not requests (a queue of three long prompts is not
+    as short as three short ones): where memory binds that is INFaaS++'s choice, where prefill
+    binds (big memory, long prompts) the shortest prefill backlog.
+
+    An instance where it would start at once (nothing queued ahead or pending, room for it)
+    scores its freeness after admission with the whole queue counted (non-negative, above every
+    instance where it would wait): ``(M - sum V - rest of the queue - demand) / (B + queued + 1)``
+    (the paper's virtual usage counts only the head of line, so once every instance queues
+    freeness stops seeing queue lengths; dividing by the batch spreads prefills and decode slots,
+    which keeps TPOT low).
 
     The queue is served in priority order, so a request of a higher priority (a lower
     value) than the instance's head of line has nobody queued ahead of it: for it the
-    queue counts neither as usage nor as batch, only what runs and what was dispatched.
+    queue counts neither as usage, nor as batch, nor as work ahead.
     """
     usage, batch = _usage_and_batch(load, config)
     if load.terminating:
@@ -242,8 +251,9 @@ def queue_aware_score(
     if load.num_waiting > 0 and priority < load.head_of_line_priority:
         queued, num_queued = 0, 0
     room = load.num_total_blocks - (usage - load.head_of_line_demand) - queued - demand_blocks
-    if room < 0:
-        return float(room)
+    ahead = max(queued + load.pending_blocks, -room)
+    if ahead > 0:
+        return -float(ahead)
     return room / (batch + num_queued + 1)
 
 

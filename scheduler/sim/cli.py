@@ -70,6 +70,13 @@ def _cluster_options(func: Callable[..., Any]) -> Callable[..., Any]:
                      help="A migration outcome's claim in the event log, append to answer."),
         click.option("--max-migrations", default=1, show_default=True,
                      help="Concurrent migrations per instance (as source and as destination each)."),
+        click.option("--max-step-tokens", type=click.IntRange(min=1), default=None,
+                     help="Engines' per-step token budget (chunked prefill); default: none, a prompt "
+                     "prefills in one step."),
+        click.option("--requeue-after-s", type=click.FloatRange(min=0, min_open=True), default=None,
+                     help="Move queued requests (no KV) off an instance whose head of line waited "
+                     "this long, to one where they start at once (queue_aware dispatch only; "
+                     "simulator only). Default: off."),
         click.option("--report-ms", default=100.0, show_default=True, help="Load-report interval (virtual)."),
         click.option("--pairing-ms", default=100.0, show_default=True, help="Pairing interval (virtual)."),
         click.option("--autoscale/--no-autoscale", default=False, show_default=True, help="Auto-scaling."),
@@ -109,6 +116,8 @@ def _base_config(opts: dict[str, Any]) -> SimConfig:
         pairing_interval_s=opts["pairing_ms"] / 1000.0,
         autoscale=opts["autoscale"],
         startup_delay_s=opts["startup_delay_s"],
+        max_step_tokens=opts["max_step_tokens"],
+        requeue_after_s=opts["requeue_after_s"],
     )
 
 
@@ -168,6 +177,7 @@ def _result_table(results: Sequence[SimResult]) -> Table:
         ("downtime mean (ms)", lambda r: f"{1000 * r.migration_downtime_mean_s:.1f}"),
         ("KV copied (GB)", lambda r: f"{r.migration_bytes / 1e9:.1f}"),
         ("churn (>3 moves) / most moves", lambda r: f"{100 * r.churn:.2f}% / {r.max_migrations_per_request}"),
+        ("queued requests moved", lambda r: f"{r.requeues}"),
         ("rejected (share)", lambda r: f"{r.rejected} ({100 * r.rejected_share:.2f}%)"),
         ("instances mean", lambda r: f"{r.instances_mean:.2f}"),
         ("finished / requests", lambda r: f"{r.num_finished} / {r.num_requests}"),

@@ -176,6 +176,11 @@ class SimConfig:
       (when ``autoscale``); a launched instance joins ``startup_delay_s`` later;
     * ``sample_interval_s``: fragmentation and instance counts are sampled this often;
     * ``max_virtual_s``: give up (and say so) past this much virtual time;
+    * ``max_step_tokens``: the engines' per-step token budget (chunked prefill, as vLLM V1
+      and the torch engine run it); None: every admitted prompt prefills in one step;
+    * ``requeue_after_s``: shoal's move of queued requests (no KV: the request moves, not its
+      cache) off an instance whose head of line waited this long, to one where it starts at
+      once; None (the default): off. Simulator only: the live agents do not do it yet;
     * ``record_policy_log`` / ``record_migrations``: keep the policy layer's
       inputs and decisions / every finished migration with its machines'
       records (for tests and replays).
@@ -192,6 +197,8 @@ class SimConfig:
     startup_delay_s: float = 20.0
     sample_interval_s: float = 1.0
     max_virtual_s: float = 1e6
+    max_step_tokens: int | None = None
+    requeue_after_s: float | None = None
     record_policy_log: bool = False
     record_migrations: bool = False
 
@@ -203,3 +210,7 @@ class SimConfig:
                 raise ValueError(f"{name} must be > 0")
         if self.startup_delay_s < 0:
             raise ValueError("startup_delay_s must be >= 0")
+        if self.requeue_after_s is not None and self.requeue_after_s <= 0:
+            raise ValueError(f"requeue_after_s must be > 0 or None, got {self.requeue_after_s}")
+        if self.max_step_tokens is not None and self.max_step_tokens < 1:
+            raise ValueError(f"max_step_tokens must be >= 1 or None, got {self.max_step_tokens}")

@@ -167,6 +167,7 @@ class SimResult(msgspec.Struct, kw_only=True):
     rejected_share: float = 0.0
     max_migrations_per_request: int = 0
     migrations_per_request: dict[str, int] = msgspec.field(default_factory=dict)
+    requeues: int = 0
     warnings: list[str] = msgspec.field(default_factory=list)
     instances_mean: float
     virtual_s: float
@@ -206,6 +207,7 @@ def summarize(
     wall_s: float,
     parameters: dict[str, object],
     warnings: Sequence[str] = (),
+    requeues: int = 0,
 ) -> SimResult:
     """Fold the per-request records and series into a :class:`SimResult`."""
     overall = summarize_latency(records)
@@ -253,6 +255,7 @@ def summarize(
         rejected_share=rejected / len(records) if records else 0.0,
         max_migrations_per_request=max(moves, default=0),
         migrations_per_request={str(k): moves[k] for k in sorted(moves)},
+        requeues=requeues,
         warnings=notes,
         instances_mean=instance_seconds / virtual_s if virtual_s > 0 else float(num_instances),
         virtual_s=virtual_s,

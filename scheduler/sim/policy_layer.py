@@ -50,6 +50,7 @@ from scheduler.policy import (
     make_dispatcher,
     pair_instances,
 )
+from scheduler.policy.dispatch import requeue_choice
 from scheduler.recompute import Cursor, fold_point_of, scheduler_epoch
 from schemas.decisions import Dispatched, Paired, ScaleDown, ScaleUp, Unpaired
 from schemas.envelope import Body
@@ -197,6 +198,22 @@ class PolicyLayer:
             self._fold_decision(event)
         if self.log is not None:
             self.log.entries.append(DispatchCall(request=request, decision=event))
+        return decision
+
+    def requeue(self, request: PendingRequest, source: str) -> DispatchDecision | None:
+        """Move a request still queued on ``source`` where it would start at once
+        (:func:`~scheduler.policy.dispatch.requeue_choice`); a move is folded and logged as a
+        ``Dispatched`` (recomputing it as a dispatch gives the same instance), no move is not logged."""
+        decision = requeue_choice(
+            self._dispatcher, request, source, self.loads(), num_dispatched=self.state.num_dispatched
+        )
+        if decision is None:
+            return None
+        event = decision.to_event(self.epoch)
+        self._fold_decision(event)
+        if self.log is not None:
+            moved = msgspec.structs.replace(request, exclude=(*request.exclude, source))
+            self.log.entries.append(DispatchCall(request=moved, decision=event))
         return decision
 
     def pair(self) -> PairingPlan:

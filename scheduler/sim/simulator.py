@@ -98,6 +98,8 @@ class Simulator:
         self.instances_series: list[tuple[float, int]] = []
         self.migrations = MigrationDriver(self, config.migration, record=config.record_migrations)
         self._by_id: dict[str, SimRequest] = {r.request_id: r for r in workload.requests}
+        self._queued_at: dict[str, float] = {}  # request id -> when it was placed on its instance
+        self._requeued: set[str] = set()  # requests moved once while queued (requeue_after_s)
 
     # ------------------------------------------------------------ plumbing
 
@@ -110,7 +112,7 @@ class Simulator:
         return instance_id
 
     def _join(self, instance_id: str, launched_s: float) -> SimInstance:
-        engine = SimEngine(self.config.profile)
+        engine = SimEngine(self.config.profile, max_step_tokens=self.config.max_step_tokens)
         instance = SimInstance(instance_id, engine, launched_s=launched_s, joined_s=self.now)
         self.instances[instance_id] = instance
         self.joins.append((instance_id, launched_s, self.now))
@@ -207,6 +209,8 @@ class Simulator:
             "report_interval_s": config.report_interval_s,
             "pairing_interval_s": config.pairing_interval_s,
             "autoscale": config.autoscale,
+            "max_step_tokens": config.max_step_tokens,
+            "requeue_after_s": config.requeue_after_s,
         }
         if config.autoscale:
             scaling = setup.policy.scaling
@@ -234,6 +238,7 @@ class Simulator:
             wall_s=wall_s,
             parameters=parameters,
             warnings=self.workload.warnings,
+            requeues=len(self._requeued),
         )
 
     # ------------------------------------------------------------ requests
@@ -278,6 +283,53 @@ class Simulator:
         instance.num_accepted += 1
         instance.request_ids[request.request_id] = None
         instance.dirty = True
+        self._queued_at[request.request_id] = self.now
+        self.kick(instance)
+
+    def _requeue_stalled(self) -> None:
+        """Move queued requests (no KV yet) off instances whose queue stalled (``requeue_after_s``).
+
+        An instance stalls when its head of line has waited that long since it was placed there.
+        Its newest queued request that never ran (the one that would wait longest; the head only
+        when it is alone) goes where it would start at once, if anywhere
+        (:meth:`PolicyLayer.requeue`); one per instance per report tick, once per request.
+        """
+        after = self.config.requeue_after_s
+        if after is None:
+            return
+        for instance in list(self.instances.values()):
+            scheduler = instance.engine.scheduler
+            if instance.terminating or scheduler.num_waiting == 0:
+                continue
+            waiting = scheduler.waiting_requests()
+            if not waiting or self.now - self._queued_at.get(waiting[0].request_id, self.now) < after:
+                continue
+            for queued in reversed(waiting[1:] or waiting):
+                request_id = queued.request_id
+                if request_id in self._requeued or queued.num_computed_tokens or queued.num_output_tokens:
+                    continue  # moved before, or preempted after it ran: it stays
+                request = self._by_id[request_id]
+                pending = PendingRequest(
+                    request_id=request_id, num_prompt_tokens=request.num_prompt_tokens,
+                    priority=queued.priority, arrival=request.arrival_s,
+                )
+                decision = self.layer.requeue(pending, instance.instance_id)
+                if decision is None:
+                    break
+                instance.engine.release_request(request_id)
+                del instance.request_ids[request_id]
+                instance.dirty = True
+                self._requeued.add(request_id)
+                self._place_on(self.instances[decision.instance_id], request, queued.priority)
+                break
+
+    def _place_on(self, instance: SimInstance, request: SimRequest, priority: int) -> None:
+        sampling = SamplingParams(max_tokens=request.num_output_tokens, ignore_eos=True)
+        instance.engine.add_request(request.request_id, [1] * request.num_prompt_tokens, sampling, priority)
+        instance.num_accepted += 1
+        instance.request_ids[request.request_id] = None
+        instance.dirty = True
+        self._queued_at[request.request_id] = self.now
         self.kick(instance)
 
     def _retry_unplaced(self) -> None:
@@ -347,6 +399,7 @@ class Simulator:
         if reports:
             self.layer.fold(reports)
         self._retry_unplaced()
+        self._requeue_stalled()
         self.push((tick + 1) * self.config.report_interval_s, REPORT, tick + 1)
 
     def _on_pair(self, tick: int) -> None:

@@ -159,30 +159,53 @@ def test_same_inputs_same_decision() -> None:
 
 def test_queue_aware_sees_the_whole_queue_where_freeness_sees_its_head() -> None:
     # A: 300 used, 4 queued holding 500 blocks of demand (head of line 100): freeness sees
-    # (1000 - 400) / 3 = 200; shoal's rule counts every queued request's demand and slot:
-    # (1000 - 300 - 500 - 1) / (3 + 4 + 1) = 24.9. B: 6 running, 600 used: (1000 - 601) / 7 = 57.
+    # (1000 - 400) / 3 = 200 and picks A; shoal's rule sees 500 blocks of prompts ahead of the
+    # request at A (-500). B: 6 running, 600 used, no queue: it starts at once, scored by its
+    # freeness after admission (1000 - 601) / 7 = 57.
     a = load("a", (3, 300), head_of_line_demand=100, num_waiting=4, waiting_demand=500)
     b = load("b", (6, 600))
-    assert queue_aware_score(a, 1, CONFIG) == pytest.approx(199 / 8)
+    assert queue_aware_score(a, 1, CONFIG) == -500
     assert queue_aware_score(b, 1, CONFIG) == pytest.approx(399 / 7)
     assert choose(DispatchPolicy.FREENESS, [a, b]) == "a"
     assert choose(DispatchPolicy.QUEUE_AWARE, [a, b]) == "b"
     assert DispatchPolicy.QUEUE_AWARE.migrates
 
 
-def test_queue_aware_ranks_overcommitted_instances_by_their_deficit_not_their_batch() -> None:
-    # Both queue more than they can hold. Divided by the batch, the paper's freeness makes the
-    # bigger batch look better (-50 / 10 > -40 / 2); the deficit in blocks says A is closer to room.
-    a = load("a", (2, 900), head_of_line_demand=140, num_waiting=1, waiting_demand=140)  # deficit 40
-    b = load("b", (10, 950), head_of_line_demand=100, num_waiting=1, waiting_demand=100)  # deficit 50
+def test_queue_aware_ranks_queued_instances_by_work_ahead_in_blocks_not_requests() -> None:
+    # A big instance (prefill-bound, memory never binds): both queue. A has 2 long prompts queued
+    # (600 blocks), B 6 short ones (120 blocks). Counting requests favours A; the request waits
+    # for less prefill work at B.
+    a = load("a", (4, 400), total=26000, head_of_line_demand=300, num_waiting=2, waiting_demand=600)
+    b = load("b", (4, 400), total=26000, head_of_line_demand=20, num_waiting=6, waiting_demand=120)
+    assert (queue_aware_score(a, 1, CONFIG), queue_aware_score(b, 1, CONFIG)) == (-600, -120)
+    assert choose(DispatchPolicy.QUEUE_AWARE, [a, b]) == "b"
+    # a dispatch no report reflects yet is work ahead too (120 + 130 pending = 250 < 600;
+    # with 500 pending B has 620 ahead, more than A)
+    assert queue_aware_score(b.with_dispatch(130), 1, CONFIG) == -250
+    assert choose(DispatchPolicy.QUEUE_AWARE, [a, b.with_dispatch(500)]) == "a"
+
+
+def test_queue_aware_counts_a_memory_deficit_as_work_ahead() -> None:
+    # Both queue more than they can hold: A 140 queued and 41 blocks short, B 100 queued and 51
+    # short. Divided by the batch, the paper's freeness makes the bigger batch look better
+    # (-50 / 10 > -40 / 2); shoal's rule takes the larger bottleneck in blocks: A 140, B 100.
+    a = load("a", (2, 900), head_of_line_demand=140, num_waiting=1, waiting_demand=140)
+    b = load("b", (10, 950), head_of_line_demand=100, num_waiting=1, waiting_demand=100)
     assert choose(DispatchPolicy.FREENESS, [a, b]) == "b"
-    assert queue_aware_score(a, 1, CONFIG) == -41 and queue_aware_score(b, 1, CONFIG) == -51
-    assert choose(DispatchPolicy.QUEUE_AWARE, [a, b]) == "a"
-    # any instance that can hold its queue beats every one that cannot
-    c = load("c", (40, 990))
-    assert queue_aware_score(c, 1, CONFIG) == pytest.approx(9 / 41)
-    assert choose(DispatchPolicy.QUEUE_AWARE, [a, b, c]) == "c"
-    assert choose(DispatchPolicy.QUEUE_AWARE, [a.as_terminating(), b]) == "b"
+    assert queue_aware_score(a, 1, CONFIG) == -140 and queue_aware_score(b, 1, CONFIG) == -100
+    assert choose(DispatchPolicy.QUEUE_AWARE, [a, b]) == "b"
+    # where memory binds harder than the queue, the deficit counts: C is 451 blocks short
+    c = load("c", (10, 1350), head_of_line_demand=100, num_waiting=1, waiting_demand=100)
+    assert queue_aware_score(c, 1, CONFIG) == -451
+    assert choose(DispatchPolicy.QUEUE_AWARE, [a, c]) == "a"
+    # an instance with no queue but no room for the prompt: the request waits for the deficit
+    full = load("f", (2, 990))
+    assert queue_aware_score(full, 20, CONFIG) == -10
+    # any instance where the request starts at once beats every one where it waits
+    d = load("d", (40, 990))
+    assert queue_aware_score(d, 1, CONFIG) == pytest.approx(9 / 41)
+    assert choose(DispatchPolicy.QUEUE_AWARE, [a, b, d]) == "d"
+    assert choose(DispatchPolicy.QUEUE_AWARE, [a, b.as_terminating()]) == "a"
 
 
 def test_queue_aware_lets_a_high_priority_request_skip_a_queue_of_normal_ones() -> None:
@@ -190,8 +213,26 @@ def test_queue_aware_lets_a_high_priority_request_skip_a_queue_of_normal_ones() 
     a = load("a", (3, 300), head_of_line_demand=100, head_of_line_priority=0, num_waiting=4,
              waiting_demand=500)
     b = load("b", (6, 600))
-    # a normal request waits behind A's queue: B is better ((1000-601)/7 = 57 > (1000-801)/8 = 25)
+    # a normal request waits behind A's queue (500 blocks ahead, -500); at B it starts at once (57)
     assert choose(DispatchPolicy.QUEUE_AWARE, [a, b]) == "b"
     # a high-priority one (lower value) is served before A's queue: (1000 - 301) / 4 = 175 > 57
     assert queue_aware_score(a, 1, CONFIG, priority=-1) == pytest.approx(699 / 4)
     assert choose(DispatchPolicy.QUEUE_AWARE, [a, b], priority=-1) == "a"
+
+
+def test_a_queued_request_moves_only_where_it_would_start_at_once() -> None:
+    from scheduler.policy.dispatch import requeue_choice
+
+    request = PendingRequest(request_id="q", num_prompt_tokens=160)  # 10 blocks
+    stalled = load("s", (5, 990), head_of_line_demand=50, num_waiting=3, waiting_demand=80)
+    busy = load("b", (4, 950), head_of_line_demand=40, num_waiting=1, waiting_demand=40)
+    free = load("f", (4, 600))
+    queue_aware = make_dispatcher(DispatchPolicy.QUEUE_AWARE, CONFIG)
+    decision = requeue_choice(queue_aware, request, "s", [stalled, busy, free])
+    assert decision is not None and decision.instance_id == "f" and decision.score >= 0
+    # where it would wait anyway it stays (no churn between queues), and never goes back to itself
+    assert requeue_choice(queue_aware, request, "s", [stalled, busy]) is None
+    assert requeue_choice(queue_aware, request, "f", [free]) is None
+    # only shoal's dispatch says "starts at once"
+    infaas = make_dispatcher(DispatchPolicy.INFAAS, CONFIG)
+    assert requeue_choice(infaas, request, "s", [stalled, busy, free]) is None

@@ -24,17 +24,27 @@ def _no_room(point: dict[str, object]) -> float:
 
 
 def _load(path: Path) -> list[dict[str, object]]:
-    """The sweep's points, with shoal's re-runs (``*_shoal60``, destination threshold 60, the
-    default) as ``shoal`` and the first runs (threshold 30) as ``shoal-30``."""
+    """The sweep's points, shoal's under its current default: the runs with the blocks-ahead
+    dispatch (``*_shoal2``) as ``shoal``, the former default (queue-aware freeness by request
+    count, destination threshold 60: ``*_shoal60``, or the first runs where no ``_shoal60`` file
+    exists) as ``shoal-prev``; the 30-threshold ablation stays in the JSON only."""
     points: list[dict[str, object]] = json.loads(path.read_text())
     stem = path.name.removesuffix("-median.json").removesuffix(".json")
-    median = path.name.endswith("-median.json")
-    again = path.with_name(stem + "_shoal60" + ("-median.json" if median else ".json"))
+    suffix = "-median.json" if path.name.endswith("-median.json") else ".json"
+    again, now = path.with_name(stem + "_shoal60" + suffix), path.with_name(stem + "_shoal2" + suffix)
     if again.exists():
+        points = [p for p in points if p["policy"] != "shoal"] + json.loads(again.read_text())
+    if now.exists():
         for p in points:
             if p["policy"] == "shoal":
-                p["policy"] = "shoal-30"
-        points += json.loads(again.read_text())
+                p["policy"] = "shoal-prev"
+        points += json.loads(now.read_text())
+    moved = path.with_name(stem + "_requeue" + suffix)
+    if moved.exists():
+        extra: list[dict[str, object]] = json.loads(moved.read_text())
+        for p in extra:
+            p["policy"] = "shoal-rq"
+        points += extra
     return points
 
 
@@ -63,8 +73,8 @@ def table(path: Path) -> None:
             if p is None:
                 continue
             extra = ["", "", "", ""]
-            s, i, ll = by.get((rate, "shoal")), by.get((rate, "infaas")), by.get((rate, "llumnix"))
-            if name == "shoal" and s and i:
+            s, i, ll = by.get((rate, name)), by.get((rate, "infaas")), by.get((rate, "llumnix"))
+            if name in ("shoal", "shoal-rq") and s and i:
                 extra = [
                     f"{float(i['ttft_p99_s']) / float(s['ttft_p99_s']):.2f}x",
                     f"{float(s['ttft_mean_s']) / float(i['ttft_mean_s']):.2f}",
@@ -81,15 +91,17 @@ def table(path: Path) -> None:
                 + " |"
             )
     _must_show(by, rates, knees.get("infaas"))
+    _must_show(by, rates, knees.get("infaas"), "shoal-rq")
 
 
 def _must_show(
-    by: dict[tuple[float, str], dict[str, object]], rates: list[float], knee_rate: float | None
+    by: dict[tuple[float, str], dict[str, object]],
+    rates: list[float],
+    knee_rate: float | None,
+    name: str = "shoal",
 ) -> None:
-    """The issue's thresholds for shoal against INFaaS++ and Llumnix, as counts over the rates."""
-    rows = [
-        (r, by[(r, "shoal")], by[(r, "infaas")]) for r in rates if (r, "shoal") in by and (r, "infaas") in by
-    ]
+    """The issue's thresholds for ``name`` against INFaaS++ and Llumnix, as counts over the rates."""
+    rows = [(r, by[(r, name)], by[(r, "infaas")]) for r in rates if (r, name) in by and (r, "infaas") in by]
     if not rows:
         return
     p99 = sum(float(s["ttft_p99_s"]) <= float(i["ttft_p99_s"]) for _, s, i in rows)
@@ -98,11 +110,11 @@ def _must_show(
     attempts = sum(float(s["migrations_started"]) for _, s, _ in rows)
     no_room = sum(_no_room(s) for _, s, _ in rows)
     line = (
-        f"\nMust show (shoal, {len(rows)} rates): P99 TTFT <= INFaaS++ at {p99}; mean TTFT <= 1.05x at "
+        f"\nMust show ({name}, {len(rows)} rates): P99 TTFT <= INFaaS++ at {p99}; mean TTFT <= 1.05x at "
         f"{mean}; P99 TPOT <= 1.05x at {tpot}; no-room aborts {no_room:.0f} of {attempts:.0f} attempts"
     )
-    if knee_rate is not None and (knee_rate, "shoal") in by:
-        s, i = by[(knee_rate, "shoal")], by[(knee_rate, "infaas")]
+    if knee_rate is not None and (knee_rate, name) in by:
+        s, i = by[(knee_rate, name)], by[(knee_rate, "infaas")]
         ratio = float(i["ttft_p99_s"]) / float(s["ttft_p99_s"])
         line += f"; at INFaaS++'s knee ({knee_rate:g}): INFaaS++/shoal {ratio:.2f}x"
         if (knee_rate, "llumnix") in by:
@@ -137,12 +149,17 @@ def priorities(path: Path) -> None:
         )
 
 
+def _rerun(path: Path) -> bool:
+    """A re-run or ablation file, folded into its base file's table (or kept as JSON only)."""
+    return any(tag in path.name for tag in ("_shoal60", "_shoal2", "_sumahead", "_requeue"))
+
+
 def main() -> None:
     for path in sorted(HERE.glob("*-median.json")):
-        if "_shoal60" not in path.name:
+        if not _rerun(path):
             table(path)
     for path in sorted(HERE.glob("priorities*.json")):
-        if not path.stem.endswith("-median") and "_shoal60" not in path.name:
+        if not path.stem.endswith("-median") and not _rerun(path):
             priorities(path)
 
 

@@ -105,3 +105,19 @@ def test_log_entries_keep_the_order_of_calls() -> None:
     layer.pair()
     layer.scale(1.0)
     assert [type(e) for e in layer.log.entries] == [FoldInputs, DispatchCall, PairCall, ScaleCall]
+
+
+def test_a_run_that_moves_queued_requests_replays_to_identical_decisions() -> None:
+    # L-L overloads 4 instances: queues stall and queued requests move (each logged as a dispatch
+    # of the request with its stalled instance excluded); the replay recomputes every decision.
+    workload = synthetic_workload(300, 9.0, mix="L-L", seed=3)
+    config = SimConfig(
+        setup=policy_setup("shoal"), num_instances=4, record_policy_log=True, requeue_after_s=1.0
+    )
+    sim = Simulator(config, workload)
+    result = sim.run()
+    assert result.requeues > 0 and result.num_finished == 300
+    assert sim.log is not None
+    moves = [e for e in sim.log.entries if isinstance(e, DispatchCall) and e.request.exclude]
+    assert len(moves) == result.requeues
+    assert replay_policy_log(sim.log.entries, config.setup.policy).decisions() == sim.log.decisions()

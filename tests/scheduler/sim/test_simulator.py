@@ -166,3 +166,45 @@ def test_a_long_context_profile_serves_prompts_the_a10_rejects() -> None:
     assert served.rejected == 0 and served.num_finished == 3
     # a 60k-token prefill takes seconds even on an H100 (~28k tokens/s here, quadratic attention)
     assert 2.0 < served.ttft_p99_s < 10.0
+
+
+def test_a_per_step_token_budget_interleaves_a_long_prefill_with_decodes() -> None:
+    # One H100: a request decoding 200 tokens, then a 60k-token prompt arrives. Prefilled in one
+    # step, the prompt stalls the decode for ~4 s; with a budget of 2,048 tokens per step it is
+    # computed in ~30 chunks, each step also decoding (vLLM V1's chunked prefill). The work is
+    # the same (each chunk attends to the prefix before it), so the decoder finishes at about the
+    # same time, and the long prompt's first token comes later by the decode steps in between.
+    h100 = load_profile("llama-3.1-8b-h100")
+    workload = _workload((0.0, 100, 200), (0.5, 60_000, 4))
+
+    def run(budget: int | None) -> tuple[float, float]:
+        config = SimConfig(setup=policy_setup("shoal"), profile=h100, num_instances=1, max_step_tokens=budget)
+        sim = Simulator(config, workload)
+        result = sim.run()
+        assert result.num_finished == 2 and result.parameters["max_step_tokens"] == budget
+        decoder, long = sim.records["r0"], sim.records["r1"]
+        return decoder.finish_s, long.first_token_s - long.arrival_s
+
+    whole_finish_s, whole_ttft_s = run(None)
+    chunked_finish_s, chunked_ttft_s = run(2048)
+    assert 3.0 < whole_ttft_s < 5.0
+    assert chunked_finish_s == pytest.approx(whole_finish_s, rel=0.05)
+    # ~30 steps each with a decode (~6 ms) and a step's overhead, and no cheaper attention
+    assert whole_ttft_s + 0.1 < chunked_ttft_s < whole_ttft_s + 1.0
+    with pytest.raises(ValueError, match="max_step_tokens"):
+        SimConfig(max_step_tokens=0)
+
+
+def test_moving_queued_requests_off_a_stalled_queue_cuts_the_tail() -> None:
+    # L-L overloads 4 A10s: long prompts queue behind each other while another instance frees
+    # up. Off by default; with requeue_after_s a stalled queue's newest request moves (no KV)
+    # to an instance where it starts at once, each at most once.
+    workload = synthetic_workload(300, 9.0, mix="L-L", seed=3)
+    off = simulate(SimConfig(setup=policy_setup("shoal"), num_instances=4), workload)
+    on = simulate(SimConfig(setup=policy_setup("shoal"), num_instances=4, requeue_after_s=1.0), workload)
+    assert off.requeues == 0 and on.requeues > 10
+    assert on.num_finished == off.num_finished == 300
+    assert on.ttft_p99_s * 2 < off.ttft_p99_s and on.ttft_mean_s < off.ttft_mean_s
+    assert on.parameters["requeue_after_s"] == 1.0
+    with pytest.raises(ValueError, match="requeue_after_s"):
+        SimConfig(requeue_after_s=0.0)
