@@ -453,12 +453,13 @@ def run_benchmark(
                 for seq_len in seq_lens:
                     row = Row(seq_len)
                     rows.append(row)
-                    for method in methods:
-                        count = repeats
-                        if method == "recompute" and seq_len >= long_from:
-                            count = recompute_long_repeats
-                        samples = row.samples.setdefault(method, [])
-                        for _ in range(count):
+                    # rounds alternate the methods, so a change in the machine's load hits them alike
+                    for round_index in range(repeats):
+                        for method in methods:
+                            samples = row.samples.setdefault(method, [])
+                            long = method == "recompute" and seq_len >= long_from
+                            if long and round_index >= recompute_long_repeats:
+                                continue
                             try:
                                 sample = await _one_run(
                                     method,
