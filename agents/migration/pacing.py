@@ -8,7 +8,12 @@ chunks instead, each sized to cost about ``s`` of one engine step (from the
 measured cost of the chunks so far and the recent step times), and at most
 one chunk per step: a chunk starts once a step has completed since the last
 one ended, and no sooner than its work time x ``(1 - s) / s`` after it (the
-duty cycle, which also paces an engine that is not stepping). The last stage
+duty cycle, which also paces a step that does not come). What a chunk's own
+timing misses (the receiver's work, contention for the interpreter lock)
+shows in the steps: while a step beside the copy runs more than ``1 + s``
+times the step before the copy, the chunks are spaced further apart (up to
+16x). An engine that has not stepped yet has nothing to stall: its copy goes
+at full speed. The last stage
 (the request is suspended: the downtime) is never paced, and a stage whose
 paced copy would not finish within half its ``copy_timeout_s`` goes at full
 speed, so pacing never turns into a copy timeout.
@@ -30,6 +35,8 @@ __all__ = ["CopyPacer", "StepClock", "splits_by_block"]
 
 #: Steps whose durations the step-time estimate takes the median of.
 _STEP_WINDOW = 8
+#: The most a pacer spaces chunks beyond its duty cycle.
+_MAX_STRETCH = 16.0
 
 
 def splits_by_block(engine_name: str) -> bool:
@@ -57,6 +64,11 @@ class StepClock:
         for waiter in waiters:
             if not waiter.done():
                 waiter.set_result(None)
+
+    @property
+    def last_step_s(self) -> float | None:
+        """The latest step's time (None before any step)."""
+        return self._durations[-1] if self._durations else None
 
     @property
     def step_s(self) -> float | None:
@@ -102,6 +114,10 @@ class CopyPacer:
         self.num_chunks = 0
         self.largest_chunk = 0
         self.unpaced = False  # went at full speed to stay within the time limit
+        #: the step time before the copy began, which the chunks must not stretch by more than ``share``
+        self.baseline_s = clock.step_s
+        #: how much longer than the duty cycle says the chunks are spaced (grows while steps run slow)
+        self.stretch = 1.0
         self._started = time.perf_counter()
         self._units_per_s: float | None = None
         self._chunk_started: float | None = None
@@ -130,12 +146,25 @@ class CopyPacer:
         if self.unpaced:
             return
         steps = self.clock.num_steps
-        rest = work * (1 - self.share) / self.share
+        rest = work * (1 - self.share) / self.share * self.stretch
         step = self.clock.step_s
         await self.clock.wait_step(steps, max(rest, 2 * step) if step is not None else rest)
         left = rest - (time.perf_counter() - ended)
         if left > 0:
             await asyncio.sleep(left)
+        self._adjust()
+
+    def _adjust(self) -> None:
+        """Space the chunks out further while the steps beside them run slower than ``1 + share``
+        times the step before the copy (costs the chunk's own timing misses: the receiver's
+        work, lock contention); come back towards the duty cycle while they do not."""
+        last, baseline = self.clock.last_step_s, self.baseline_s
+        if last is None or baseline is None:
+            return
+        if last > baseline * (1 + self.share):
+            self.stretch = min(self.stretch * 1.5, _MAX_STRETCH)
+        else:
+            self.stretch = max(1.0, self.stretch / 1.25)
 
     def _size(self, remaining: int) -> int:
         step = self.clock.step_s
@@ -148,4 +177,6 @@ class CopyPacer:
         if self.unpaced or elapsed + remaining / rate / self.share > self.time_limit_s:
             self.unpaced = True
             return remaining
+        if self.baseline_s is not None:
+            step = min(step, self.baseline_s)  # the budget comes from the step the copy must not slow
         return max(1, min(remaining, int(rate * step * self.share)))

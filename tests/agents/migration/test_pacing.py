@@ -52,6 +52,25 @@ async def test_without_steps_the_duty_cycle_spaces_the_chunks() -> None:
     assert time.perf_counter() - started >= 0.05
 
 
+async def test_chunks_space_out_while_the_steps_beside_them_run_slow() -> None:
+    clock = _clock(0.1)  # the step before the copy: 100 ms
+    pacer = CopyPacer(clock, share=0.5, total=100, time_limit_s=60.0)
+    await pacer.next_chunk(0)
+    await asyncio.sleep(0.005)
+    waiting = asyncio.ensure_future(pacer.next_chunk(1))
+    await asyncio.sleep(0.01)
+    clock.step_done(0.3)  # 3x the step before the copy, more than 1 + share
+    await waiting
+    assert pacer.stretch > 1
+    slowed = pacer.stretch
+    await asyncio.sleep(0.005)
+    waiting = asyncio.ensure_future(pacer.next_chunk(2))
+    await asyncio.sleep(0.01)
+    clock.step_done(0.1)  # back to normal: the spacing relaxes again
+    await waiting
+    assert pacer.stretch < slowed
+
+
 async def test_a_copy_that_would_miss_its_time_limit_goes_at_full_speed() -> None:
     clock = _clock(0.2)
     pacer = CopyPacer(clock, share=0.1, total=50, time_limit_s=0.05)
