@@ -275,10 +275,16 @@ async def _move(
         if method == "blocking":
             config = replace(config, max_stages=1)
         elif method == "paced":  # both sides pace: the destination's drivers read its manager's config
-            config = replace(config, copy_step_share=copy_share)
+            # catch up to the partial block before suspending: paced stages take long, and what
+            # decodes meanwhile would otherwise go in the last stage (the downtime)
+            config = replace(config, copy_step_share=copy_share, last_stage_max_blocks=0)
         unpaced = destination.agent.migration.config
-        share = config.copy_step_share
-        destination.call(lambda a: setattr(a.migration, "config", replace(unpaced, copy_step_share=share)))
+        paced = replace(
+            unpaced,
+            copy_step_share=config.copy_step_share,
+            last_stage_max_blocks=config.last_stage_max_blocks,
+        )
+        destination.call(lambda a: setattr(a.migration, "config", paced))
         try:
             outcome = await asyncio.to_thread(
                 source.call, lambda a: a.migrate(request_id, destination.agent.instance_id, config=config)

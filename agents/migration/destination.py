@@ -201,7 +201,7 @@ class DestinationDriver(MachineDriver):
         engine = self.agent.engine
         num_blocks = len(action.block_ids)
         buffer = KVBuffer(num_blocks, num_blocks * engine.info.bytes_per_block, payload)  # type: ignore[arg-type]
-        if self._paced(num_blocks, buffer):
+        if self._paced(num_blocks):
             self.writes.append(
                 asyncio.ensure_future(self._write_paced(action.stage, action.block_ids, buffer))
             )
@@ -216,15 +216,11 @@ class DestinationDriver(MachineDriver):
             "stage-written", {"shoal.migration.stage": action.stage, "shoal.blocks": num_blocks}
         )
 
-    def _paced(self, num_blocks: int, buffer: KVBuffer) -> bool:
+    def _paced(self, num_blocks: int) -> bool:
         """Whether to write this stage in paced chunks: pacing is on, the engine's buffers split
         by block, and the stage is bigger than a last stage is (so a suspended request's last
         stage is written at once; only a last stage forced by ``max_stages`` may be paced)."""
-        return (
-            self.config.copy_step_share > 0
-            and splits_by_block(self.agent.engine.info.engine)
-            and num_blocks > self.config.last_stage_max_blocks + 1
-        )
+        return self.config.paces(num_blocks) and splits_by_block(self.agent.engine.info.engine)
 
     async def _write_paced(self, stage: int, block_ids: tuple[int, ...], buffer: KVBuffer) -> None:
         """Write the stage in chunks of about ``copy_step_share`` of a step each, one per step

@@ -261,9 +261,8 @@ class SourceDriver(MachineDriver):
             if delay:
                 await asyncio.sleep(delay)
             written = self._written_future(action.stage)
-            share = self.config.copy_step_share
-            if share > 0 and not self.state.last_stage and num_blocks > 1:
-                buffer, pacer = await self._send_paced(action, share)
+            if self.config.paces(num_blocks) and not self.state.last_stage:
+                buffer, pacer = await self._send_paced(action, self.config.copy_step_share)
                 span.set_attribute("shoal.migration.chunks", pacer.num_chunks)
                 span.set_attribute("shoal.migration.largest_chunk_blocks", pacer.largest_chunk)
                 chunks, largest = pacer.num_chunks, pacer.largest_chunk

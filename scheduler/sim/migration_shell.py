@@ -10,8 +10,8 @@ ones and modelled time in place of the network:
   round trip) to reach the peer; messages between two sides stay in order;
 * ``CopyBlocks`` exports the blocks at once and the data lands at the
   destination ``bytes / bandwidth`` later (``BlocksReceived``; divided by
-  ``MigrationConfig.copy_step_share`` for a paced stage, every stage but the
-  last when it is > 0, as the agents pace them); the
+  ``MigrationConfig.copy_step_share`` for a stage the agents pace:
+  :meth:`MigrationConfig.paces`, not the last); the
   destination writes it on ``WriteBlocks`` and confirms with ``StageWritten``,
   and only that confirmation becomes the source's ``CopyDone`` (``RejectBlocks``
   becomes its ``CopyFailed``); a cancelled copy never lands;
@@ -395,10 +395,9 @@ class SimMigration:
         self.num_stages += 1
         self.copies[action.stage] = (self.host.now, buffer)
         copy_s = self.model.copy_s(buffer.num_blocks, self.source.bytes_per_block)
-        share = self.config.copy_step_share
         last = self.source_state is not None and self.source_state.last_stage
-        if share > 0 and not last and buffer.num_blocks > 1:  # paced as the agents pace it
-            copy_s /= share
+        if self.config.paces(buffer.num_blocks) and not last:  # paced as the agents pace it
+            copy_s /= self.config.copy_step_share
         self.feed(Side.DESTINATION, Landed(action.stage, buffer), after=copy_s)
 
     def _copy_done(self, stage: int) -> CopyDone | None:

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["MigrationConfig"]
+__all__ = ["MIN_PACED_BLOCKS", "MigrationConfig"]
+
+#: Stages of at most this many blocks are never paced (:meth:`MigrationConfig.paces`).
+MIN_PACED_BLOCKS = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +42,17 @@ class MigrationConfig:
     max_concurrent_per_instance: int = 1
     #: Pace stage copies to this share of the engine's step time (0: copy at full speed).
     copy_step_share: float = 0.0
+
+    def paces(self, num_blocks: int) -> bool:
+        """Whether a stage of ``num_blocks`` blocks is copied paced: pacing is on and the stage is
+        bigger than a last stage is (``last_stage_max_blocks`` + the partial block) and than
+        ``MIN_PACED_BLOCKS``. Smaller stages are cheap and go at once (so a catch-up stage
+        before the suspend is quick, and the last stage stays small); so does the last stage,
+        which the source knows. The destination, which does not, goes by this size rule alone
+        (only a last stage forced by ``max_stages`` may be written paced), and so does the
+        simulator."""
+        threshold = max(self.last_stage_max_blocks + 1, MIN_PACED_BLOCKS)
+        return self.copy_step_share > 0 and num_blocks > threshold
 
     def __post_init__(self) -> None:
         if self.last_stage_max_blocks < 0:
