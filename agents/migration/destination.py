@@ -233,7 +233,8 @@ class DestinationDriver(MachineDriver):
             self.manager.step_clock,
             share=self.config.copy_step_share,
             total=len(block_ids),
-            time_limit_s=self.config.copy_timeout_s / 2,
+            # the source's send may have used half of the stage's copy_timeout_s already
+            time_limit_s=self.config.copy_timeout_s / 4,
         )
         done = 0
         while done < len(block_ids):

@@ -13,10 +13,11 @@ timing misses (the receiver's work, contention for the interpreter lock)
 shows in the steps: while a step beside the copy runs more than ``1 + s``
 times the step before the copy, the chunks are spaced further apart (up to
 16x). An engine that has not stepped yet has nothing to stall: its copy goes
-at full speed. The last stage
-(the request is suspended: the downtime) is never paced, and a stage whose
-paced copy would not finish within half its ``copy_timeout_s`` goes at full
-speed, so pacing never turns into a copy timeout.
+at full speed. Which stages are paced is :meth:`MigrationConfig.paces`: never
+the last one (the request is suspended: the downtime), nor one of a few
+blocks. A stage whose paced copy would not finish within half its
+``copy_timeout_s`` (the destination's write: a quarter) goes at full speed,
+so pacing does not turn into a copy timeout.
 
 :class:`StepClock` is the agent's record of its steps (the migration manager
 feeds it); :class:`CopyPacer` sizes and spaces one stage's chunks. Both are

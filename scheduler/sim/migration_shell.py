@@ -397,7 +397,8 @@ class SimMigration:
         copy_s = self.model.copy_s(buffer.num_blocks, self.source.bytes_per_block)
         last = self.source_state is not None and self.source_state.last_stage
         if self.config.paces(buffer.num_blocks) and not last:  # paced as the agents pace it
-            copy_s /= self.config.copy_step_share
+            # ... who go at full speed rather than past half the copy timeout
+            copy_s = min(copy_s / self.config.copy_step_share, max(copy_s, self.config.copy_timeout_s / 2))
         self.feed(Side.DESTINATION, Landed(action.stage, buffer), after=copy_s)
 
     def _copy_done(self, stage: int) -> CopyDone | None:
