@@ -12,8 +12,8 @@ duty cycle, which also paces a step that does not come). What a chunk's own
 timing misses (the receiver's work, contention for the interpreter lock)
 shows in the steps: while a step beside the copy runs more than ``1 + s``
 times the step before the copy, the chunks are spaced further apart (up to
-16x). An engine that has not stepped yet has nothing to stall: its copy goes
-at full speed. Which stages are paced is :meth:`MigrationConfig.paces`: never
+16x). An idle engine (no step for 4 step times, at least 1 s) has nothing to
+stall: the rest of its copy goes at full speed. Which stages are paced is :meth:`MigrationConfig.paces`: never
 the last one (the request is suspended: the downtime), nor one of a few
 blocks. A stage whose paced copy would not finish within half its
 ``copy_timeout_s`` (the destination's write: a quarter) goes at full speed,
@@ -54,17 +54,25 @@ class StepClock:
 
     def __init__(self) -> None:
         self.num_steps = 0
+        self.last_step_at = -float("inf")  # perf_counter() when the latest step completed
         self._durations: deque[float] = deque(maxlen=_STEP_WINDOW)
         self._waiters: list[asyncio.Future[None]] = []
 
     def step_done(self, duration_s: float) -> None:
         self.num_steps += 1
+        self.last_step_at = time.perf_counter()
         if duration_s > 0:
             self._durations.append(duration_s)
         waiters, self._waiters = self._waiters, []
         for waiter in waiters:
             if not waiter.done():
                 waiter.set_result(None)
+
+    @property
+    def stepping(self) -> bool:
+        """Whether the engine is stepping now: a step completed within 4 step times (at least 1 s)."""
+        step = self.step_s
+        return step is not None and time.perf_counter() - self.last_step_at <= max(1.0, 4 * step)
 
     @property
     def last_step_s(self) -> float | None:
@@ -169,7 +177,7 @@ class CopyPacer:
 
     def _size(self, remaining: int) -> int:
         step = self.clock.step_s
-        if step is None:  # the engine has not stepped yet: nothing to stall
+        if step is None or not self.clock.stepping:  # an idle engine: nothing to stall
             return remaining
         rate = self._units_per_s
         if rate is None:  # the first chunk: one unit, to measure the cost of one

@@ -86,6 +86,13 @@ async def test_an_engine_that_never_stepped_is_not_paced() -> None:
     assert await pacer.next_chunk(0) == 40
 
 
+async def test_an_engine_that_stopped_stepping_is_not_paced() -> None:
+    clock = _clock(0.2)
+    clock.last_step_at -= 5.0  # its last step ended 5 s ago: an idle destination, say
+    pacer = CopyPacer(clock, share=0.1, total=40, time_limit_s=60.0)
+    assert await pacer.next_chunk(0) == 40
+
+
 def test_the_share_is_validated() -> None:
     with pytest.raises(ValueError, match="copy_step_share"):
         MigrationConfig(copy_step_share=1.5)
