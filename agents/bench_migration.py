@@ -48,7 +48,10 @@ from bus import event_loop
 from bus.options import nats_option
 from schemas import TokenDelta
 
-__all__ = ["bench_migration", "run_benchmark"]
+__all__ = ["METHODS", "bench_migration", "run_benchmark"]
+
+#: live: unpaced multi-stage; paced: the same with MigrationConfig.copy_step_share (both sides).
+METHODS = ("live", "paced", "blocking", "recompute")
 
 _PATH = click.Path(dir_okay=False, path_type=Path)
 
@@ -66,6 +69,10 @@ class Sample:
     stage_seconds: float = 0.0
     step_ms_idle: float | None = None
     step_ms_migrating: float | None = None
+    gap_ms_idle: float | None = None
+    gap_ms_migrating: float | None = None
+    copy_s: float | None = None
+    chunks: int = 0
 
 
 @dataclass
@@ -83,6 +90,7 @@ class Row:
         live = self.samples.get("live", [])
         blocking = self.samples.get("blocking", [])
         copies = [s for s in live + blocking if s.stage_seconds > 0]
+        paced = self.samples.get("paced", [])
         bandwidth = (
             statistics.median(s.stage_bytes / s.stage_seconds / 1e9 for s in copies) if copies else None
         )
@@ -98,9 +106,35 @@ class Row:
             "transport_gb_per_s": bandwidth,
             "colocated_step_ms_idle": self.median("live", "step_ms_idle"),
             "colocated_step_ms_migrating": self.median("live", "step_ms_migrating"),
+            "colocated_gap_ms_idle": self.median("live", "gap_ms_idle"),
+            "colocated_gap_ms_migrating": self.median("live", "gap_ms_migrating"),
+            "live_copy_s": self.median("live", "copy_s"),
+            "paced_ms": self.median("paced", "client_ms"),
+            "paced_agent_ms": self.median("paced", "agent_ms"),
+            "paced_stages": self.median("paced", "stages"),
+            "paced_chunks": self.median("paced", "chunks"),
+            "paced_copy_s": self.median("paced", "copy_s"),
+            "paced_step_ms_idle": self.median("paced", "step_ms_idle"),
+            "paced_step_ms_migrating": self.median("paced", "step_ms_migrating"),
+            "paced_gap_ms_idle": self.median("paced", "gap_ms_idle"),
+            "paced_gap_ms_migrating": self.median("paced", "gap_ms_migrating"),
+            "step_ratio_live": _ratio(live, "step_ms_migrating", "step_ms_idle"),
+            "step_ratio_paced": _ratio(paced, "step_ms_migrating", "step_ms_idle"),
+            "gap_ratio_live": _ratio(live, "gap_ms_migrating", "gap_ms_idle"),
+            "gap_ratio_paced": _ratio(paced, "gap_ms_migrating", "gap_ms_idle"),
             "repeats": {method: len(samples) for method, samples in sorted(self.samples.items())},
             "failures": self.failures,
         }
+
+
+def _ratio(samples: list[Sample], during: str, idle: str) -> float | None:
+    """The median over runs of one run's ``during / idle`` (each run's own baseline)."""
+    ratios = [
+        getattr(s, during) / getattr(s, idle)
+        for s in samples
+        if getattr(s, during) is not None and getattr(s, idle)
+    ]
+    return statistics.median(ratios) if ratios else None
 
 
 class Client:
@@ -138,14 +172,30 @@ async def _wait(predicate: Any, timeout: float, what: str) -> None:
 
 
 async def _one_run(
-    method: str, seq_len: int, source: Any, destination: Any, client: Client, *, background: int, gaps: int
+    method: str,
+    seq_len: int,
+    source: Any,
+    destination: Any,
+    client: Client,
+    *,
+    background: int,
+    gaps: int,
+    copy_share: float = 0.1,
 ) -> Sample:
     from agents.bench_harness import drop_everything, is_empty
 
     run_id = uuid.uuid4().hex[:8]
     try:
         return await _measure(
-            method, seq_len, source, destination, client, run_id, background=background, gaps=gaps
+            method,
+            seq_len,
+            source,
+            destination,
+            client,
+            run_id,
+            background=background,
+            gaps=gaps,
+            copy_share=copy_share,
         )
     finally:
         for agent in (source, destination):
@@ -164,6 +214,7 @@ async def _measure(
     *,
     background: int,
     gaps: int,
+    copy_share: float,
 ) -> Sample:
     from agents.bench_harness import admit_filled
 
@@ -174,14 +225,24 @@ async def _measure(
     subscription, collector = await client.watch(source.agent.subjects.tok(request_id))
     client.arrivals = []
     try:
-        return await _move(method, seq_len, source, destination, client, request_id, gaps=gaps)
+        return await _move(
+            method, seq_len, source, destination, client, request_id, gaps=gaps, copy_share=copy_share
+        )
     finally:
         await subscription.unsubscribe()
         collector.cancel()
 
 
 async def _move(
-    method: str, seq_len: int, source: Any, destination: Any, client: Client, request_id: str, *, gaps: int
+    method: str,
+    seq_len: int,
+    source: Any,
+    destination: Any,
+    client: Client,
+    request_id: str,
+    *,
+    gaps: int,
+    copy_share: float,
 ) -> Sample:
     from agents.bench_harness import admit_filled, drop_request
     from schemas import GenerateRequest, SamplingParams
@@ -213,9 +274,23 @@ async def _move(
         config = source.agent.config.migration
         if method == "blocking":
             config = replace(config, max_stages=1)
-        outcome = await asyncio.to_thread(
-            source.call, lambda a: a.migrate(request_id, destination.agent.instance_id, config=config)
+        elif method == "paced":  # both sides pace: the destination's drivers read its manager's config
+            # catch up to the partial block before suspending: paced stages take long, and what
+            # decodes meanwhile would otherwise go in the last stage (the downtime)
+            config = replace(config, copy_step_share=copy_share, last_stage_max_blocks=0)
+        unpaced = destination.agent.migration.config
+        paced = replace(
+            unpaced,
+            copy_step_share=config.copy_step_share,
+            last_stage_max_blocks=config.last_stage_max_blocks,
         )
+        destination.call(lambda a: setattr(a.migration, "config", paced))
+        try:
+            outcome = await asyncio.to_thread(
+                source.call, lambda a: a.migrate(request_id, destination.agent.instance_id, config=config)
+            )
+        finally:
+            destination.call(lambda a: setattr(a.migration, "config", unpaced))
         if not outcome.migrated:
             why = f"{outcome.reason} ({outcome.detail})"
             raise MigrationFailed(f"{method} migration of {seq_len} tokens failed: {why}")
@@ -232,13 +307,25 @@ async def _move(
         sample.stages = outcome.num_stages
         sample.stage_bytes = sum(s.num_bytes for s in outcome.stages)
         sample.stage_seconds = sum(s.duration_s for s in outcome.stages)
-        idle = [s.duration_s for s in source.steps[:steps_before][-gaps:]]
+        sample.chunks = sum(s.num_chunks for s in outcome.stages)
+        sample.copy_s = (outcome.suspended_at or time.time()) - outcome.started_at
+        idle_steps = source.steps[:steps_before][-gaps - 1 :]
         suspended = outcome.suspended_at or time.time()
         window_end = moved_at + (suspended - outcome.started_at)
-        during = [s.duration_s for s in source.steps[steps_before:] if s.ended_at <= window_end]
+        during_steps = [s for s in source.steps[steps_before - 1 :] if s.ended_at <= window_end]
+        idle = [s.duration_s for s in idle_steps[1:]]
+        during = [s.duration_s for s in during_steps[1:]]
         sample.step_ms_idle = statistics.median(idle) * 1e3 if idle else None
         sample.step_ms_migrating = statistics.median(during) * 1e3 if during else None
+        sample.gap_ms_idle = _median_gap_ms(idle_steps)
+        sample.gap_ms_migrating = _median_gap_ms(during_steps)
     return sample
+
+
+def _median_gap_ms(steps: Sequence[Any]) -> float | None:
+    """The median time from one step's end to the next's: the co-located requests' token period."""
+    gaps = [b.ended_at - a.ended_at for a, b in itertools.pairwise(steps)]
+    return statistics.median(gaps) * 1e3 if gaps else None
 
 
 async def _logged_downtime_ms(client: Client, subjects: Any, migration_id: str) -> float | None:
@@ -275,6 +362,8 @@ def run_benchmark(
     engine: str = "torch",
     model: str | None = None,
     max_model_len: int = 2048,
+    methods: Sequence[str] = METHODS,
+    copy_share: float = 0.1,
 ) -> dict[str, Any]:
     """Run every (length, method, repeat) and return the JSON document.
 
@@ -370,12 +459,13 @@ def run_benchmark(
                 for seq_len in seq_lens:
                     row = Row(seq_len)
                     rows.append(row)
-                    for method in ("live", "blocking", "recompute"):
-                        count = repeats
-                        if method == "recompute" and seq_len >= long_from:
-                            count = recompute_long_repeats
-                        samples = row.samples.setdefault(method, [])
-                        for _ in range(count):
+                    # rounds alternate the methods, so a change in the machine's load hits them alike
+                    for round_index in range(repeats):
+                        for method in methods:
+                            samples = row.samples.setdefault(method, [])
+                            long = method == "recompute" and seq_len >= long_from
+                            if long and round_index >= recompute_long_repeats:
+                                continue
                             try:
                                 sample = await _one_run(
                                     method,
@@ -385,6 +475,7 @@ def run_benchmark(
                                     client,
                                     background=background,
                                     gaps=gaps,
+                                    copy_share=copy_share,
                                 )
                             except MigrationFailed as exc:
                                 row.failures.append(str(exc))
@@ -416,6 +507,9 @@ def run_benchmark(
             "event_loop": event_loop.loop_name(),
             "background_requests_per_instance": background,
             "repeats": repeats,
+            "methods": list(methods),
+            "paced_copy_step_share": copy_share,
+            "load_average": list(__import__("os").getloadavg()),
             "recompute_repeats_from_long": {"from_seq_len": long_from, "repeats": recompute_long_repeats},
             "machine": platform.platform(),
             "cpu_count": __import__("os").cpu_count(),
@@ -445,6 +539,29 @@ def _table(rows: list[dict[str, Any]]) -> str:
             f"{_fmt(row['transport_gb_per_s'], 2):>5} {_fmt(row['colocated_step_ms_idle']):>9} "
             f"{_fmt(row['colocated_step_ms_migrating']):>8}"
         )
+    return "\n".join(lines)
+
+
+def _pacing_table(rows: list[dict[str, Any]]) -> str:
+    """The source's co-located decoding while a live migration copies: unpaced (live) and paced."""
+    header = (
+        f"{'seq_len':>7} {'method':>6} {'step idle':>9} {'step mig':>8} {'ratio':>5} "
+        f"{'gap idle':>8} {'gap mig':>8} {'ratio':>5} {'copy s':>6} {'downtime':>8}"
+    )
+    lines = ["co-located decode steps on the source (ms; ratio = median of each run's mig/idle)", header]
+    for row in rows:
+        for method, prefix in (("live", "colocated_"), ("paced", "paced_")):
+            step_idle = row.get(f"{prefix}step_ms_idle")
+            if step_idle is None:
+                continue
+            gap = "colocated_gap" if method == "live" else "paced_gap"
+            lines.append(
+                f"{row['seq_len']:>7} {method:>6} {_fmt(step_idle):>9} "
+                f"{_fmt(row[f'{prefix}step_ms_migrating']):>8} {_fmt(row[f'step_ratio_{method}'], 2):>5} "
+                f"{_fmt(row[f'{gap}_ms_idle']):>8} {_fmt(row[f'{gap}_ms_migrating']):>8} "
+                f"{_fmt(row[f'gap_ratio_{method}'], 2):>5} {_fmt(row[f'{method}_copy_s'], 2):>6} "
+                f"{_fmt(row[f'{method}_ms']):>8}"
+            )
     return "\n".join(lines)
 
 
@@ -496,6 +613,19 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
 @click.option("--model", default=None, help="vllm: a local checkpoint folder.")
 @click.option("--max-model-len", default=2048, show_default=True, help="vllm: context length.")
 @click.option("--transport", type=click.Choice(["tcp", "ucx"]), default="tcp", show_default=True)
+@click.option(
+    "--methods",
+    default=",".join(METHODS),
+    show_default=True,
+    help="Comma-separated: live (unpaced), paced (copy_step_share = --copy-share), blocking, recompute.",
+)
+@click.option(
+    "--copy-share",
+    default=0.1,
+    show_default=True,
+    type=click.FloatRange(0.0, 1.0, min_open=True),
+    help="paced: the share of an engine step each copy chunk may cost.",
+)
 @click.option("--background", default=2, show_default=True, help="Co-located decoding requests per instance.")
 @click.option("--gaps", default=6, show_default=True, help="Tokens observed before each move.")
 @nats_option(None, help="Use this NATS server instead of an embedded one.")
@@ -514,11 +644,17 @@ def bench_migration(
     engine: str,
     model: str | None,
     max_model_len: int,
+    methods: str,
+    copy_share: float,
 ) -> None:
     """Live vs blocking vs recompute downtime by sequence length (torch or vllm engine, two agents)."""
     if engine == "vllm" and model is None:
         raise click.UsageError("--engine vllm needs --model CHECKPOINT_FOLDER")
     lengths = [int(part) for part in seq_lens.split(",") if part.strip()]
+    chosen = [part.strip() for part in methods.split(",") if part.strip()]
+    unknown = sorted(set(chosen) - set(METHODS))
+    if unknown or not chosen:
+        raise click.UsageError(f"--methods: unknown {unknown}; choose from {', '.join(METHODS)}")
     result = run_benchmark(
         seq_lens=lengths,
         repeats=repeats,
@@ -533,9 +669,12 @@ def bench_migration(
         engine=engine,
         model=model,
         max_model_len=max_model_len,
+        methods=chosen,
+        copy_share=copy_share,
     )
     click.echo(json.dumps(result["setup"], indent=1))
     click.echo(_table(result["rows"]))
+    click.echo(_pacing_table(result["rows"]))
     if json_path is not None:
         rows = [{**row, "setup": result["setup"]} for row in result["rows"]]
         json_path.write_text(json.dumps(rows, indent=1))

@@ -149,6 +149,9 @@ def build_engine(
 @click.option("--max-concurrent-migrations", type=int, default=1, show_default=True)
 @click.option("--migration-copy-timeout", type=float, default=30.0, show_default=True,
               help="Seconds one stage's KV copy may take before the migration aborts.")
+@click.option("--migration-copy-share", type=click.FloatRange(0.0, 1.0), default=0.0, show_default=True,
+              help="Pace stage copies to this share of an engine step (e.g. 0.1: co-located decoding "
+                   "barely slows, the copy takes ~10x longer); 0: copy at full speed.")
 @click.option("--migration-idle-timeout", type=float, default=60.0, show_default=True,
               help="Seconds a destination keeps a reservation it hears nothing about (> copy timeout).")
 @click.option("--orphan-check-interval", type=float, default=2.0, show_default=True,
@@ -254,6 +257,7 @@ async def _run(options: dict[str, Any]) -> None:
             max_stages=options["max_stages"],
             max_concurrent_per_instance=options["max_concurrent_migrations"],
             copy_timeout_s=options["migration_copy_timeout"],
+            copy_step_share=options["migration_copy_share"],
             destination_idle_timeout_s=options["migration_idle_timeout"],
         ),
         faults=options["faults"],

@@ -360,7 +360,7 @@ class Agent:
                 self.migration.request_gone(output.request_id, MigrationAbortReason.REQUEST_FINISHED)
         for request_id in result.preempted:
             self.migration.request_gone(request_id, MigrationAbortReason.REQUEST_PREEMPTED)
-        self.migration.step_done()
+        self.migration.step_done(result.duration_s)
         for listener in self.step_listeners:
             listener(result)
 

@@ -236,6 +236,7 @@ async def run_cluster_bench(
                         "loads_eps": round(ld, 1),
                         "streaming": "off: one message per finished request",
                         "event_loop": event_loop.loop_name(),
+                        "load_average": list(os.getloadavg()),  # 1, 5, 15 min, at the end of the phase
                     }
                 )
                 await asyncio.sleep(1.0)

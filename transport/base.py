@@ -23,11 +23,13 @@ them (``transport.factory``).
 from __future__ import annotations
 
 import enum
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeAlias
 
 import msgspec
 
 __all__ = [
+    "ChunkSource",
     "Payload",
     "RejectReason",
     "TransferHeader",
@@ -38,6 +40,10 @@ __all__ = [
 Payload: TypeAlias = Any
 """What ``send`` takes: ``bytes``, ``bytearray``, ``memoryview``, a numpy array or a torch
 tensor (any dtype, contiguous; CUDA tensors go device-to-device over UCX)."""
+
+ChunkSource: TypeAlias = Callable[[int], Awaitable[bytes | bytearray | memoryview]]
+"""What ``send_paced`` takes: called with the bytes sent so far, it waits as long as the sender
+wants and returns the next bytes of the buffer (at least one, at most what is left)."""
 
 WritableBuffer: TypeAlias = Any
 """What ``expect(into=...)`` takes: ``bytearray``, a writable ``memoryview``, a numpy array

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from transport.base import Payload, TransferHeader, TransportStats, WritableBuffer
+from transport.base import ChunkSource, Payload, TransferHeader, TransportStats, WritableBuffer
 from transport.receiving import PendingTransfer
 
 __all__ = ["KVTransport"]
@@ -48,6 +48,19 @@ class KVTransport(Protocol):
         Raises ``TransferRejected`` (refused, with ``.reason``), ``PeerUnreachable``,
         ``TransferTimeout``, ``InvalidAddress``, ``TransportClosed``; ``ValueError`` if
         ``header.nbytes`` differs from the payload's size.
+        """
+        ...
+
+    async def send_paced(
+        self, address: str, header: TransferHeader, next_chunk: ChunkSource, *, timeout: float | None = None
+    ) -> None:
+        """Send one buffer of ``header.nbytes`` bytes that ``next_chunk`` hands out piece by piece.
+
+        The receiver sees one buffer, as from :meth:`send`. The TCP transport puts each piece on
+        the wire as it comes, so the sender decides when the bytes move (a migration copy paced
+        to the engine's steps); the others gather the pieces, then send (only their
+        production is paced), and so does TCP when it must checksum the whole buffer first.
+        Raises what :meth:`send` raises; ``ValueError`` if the pieces overrun ``header.nbytes``.
         """
         ...
 

@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any, Self
 
-from transport.base import RejectReason, TransferHeader, TransportStats, WritableBuffer
+from transport.base import ChunkSource, Payload, RejectReason, TransferHeader, TransportStats, WritableBuffer
 from transport.buffers import Landing
 from transport.errors import TransferCancelled, TransferRejected, TransferTimeout, TransportClosed
 from transport.wire import PROTOCOL_VERSION, Control, Offer, landed_for, verdict_for
@@ -285,6 +285,18 @@ class TransportBase:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
+    async def send(
+        self, address: str, header: TransferHeader, payload: Payload, *, timeout: float | None = None
+    ) -> None:
+        raise NotImplementedError(f"{type(self).__name__} does not implement send")
+
+    async def send_paced(
+        self, address: str, header: TransferHeader, next_chunk: ChunkSource, *, timeout: float | None = None
+    ) -> None:
+        """Gather the pieces into one buffer, then :meth:`send` it (only their production is paced)."""
+        buffer = await gather_chunks(header.nbytes, next_chunk)
+        await self.send(address, header, buffer, timeout=timeout)
+
     def expect(
         self,
         migration_id: str,
@@ -315,6 +327,24 @@ class TransportBase:
             self._table.count_send_rejected()
             raise
         self._table.count_sent(size)
+
+
+async def gather_chunks(nbytes: int, next_chunk: ChunkSource) -> bytearray:
+    """Ask ``next_chunk`` for the pieces of an ``nbytes`` buffer and put them together."""
+    buffer = bytearray(nbytes)
+    offset = 0
+    while offset < nbytes:
+        offset = _place(buffer, offset, await next_chunk(offset))
+    return buffer
+
+
+def _place(buffer: bytearray, offset: int, chunk: bytes | bytearray | memoryview) -> int:
+    view = memoryview(chunk).cast("B")
+    end = offset + view.nbytes
+    if not view.nbytes or end > len(buffer):
+        raise ValueError(f"a piece of {view.nbytes} bytes at {offset} does not fit {len(buffer)} bytes")
+    buffer[offset:end] = view
+    return end
 
 
 async def serve_offer(

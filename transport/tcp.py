@@ -24,7 +24,7 @@ import socket
 import msgspec
 
 from transport.address import format_address, parse_host_port
-from transport.base import Payload, TransferHeader
+from transport.base import ChunkSource, Payload, TransferHeader
 from transport.buffers import checksum_of, host_readable, is_device_tensor, payload_nbytes
 from transport.config import TransportConfig
 from transport.errors import (
@@ -183,6 +183,24 @@ class TcpTransport(TransportBase):
         )
         await self._send_counted(address, size, limit, sending)
 
+    async def send_paced(
+        self, address: str, header: TransferHeader, next_chunk: ChunkSource, *, timeout: float | None = None
+    ) -> None:
+        """Put each piece on the wire as ``next_chunk`` hands it out (gathered first if checksummed)."""
+        if self._config.checksum and header.checksum is None:
+            await super().send_paced(address, header, next_chunk, timeout=timeout)
+            return
+        if not self._address:
+            raise TransportClosed("tcp transport is not started")
+        peer = parse_host_port(address, "tcp")
+        limit = self._config.send_timeout_s if timeout is None else timeout
+        sending = self._pools.run(
+            peer,
+            lambda conn, reused: _transfer(conn, header, next_chunk, reused=reused),
+            keep=self._is_open,
+        )
+        await self._send_counted(address, header.nbytes, limit, sending)
+
     def _is_open(self) -> bool:
         return bool(self._address)
 
@@ -212,7 +230,10 @@ async def _discard(conn: socket.socket) -> None:
     conn.close()
 
 
-async def _transfer(conn: socket.socket, header: TransferHeader, view: memoryview, *, reused: bool) -> None:
+async def _transfer(
+    conn: socket.socket, header: TransferHeader, payload: memoryview | ChunkSource, *, reused: bool
+) -> None:
+    """One transfer: offer, verdict, the payload (one view, or the pieces ``payload`` hands out), landed."""
     loop = asyncio.get_running_loop()
     try:
         await loop.sock_sendall(conn, frame_control(Offer(header=header)))
@@ -223,11 +244,26 @@ async def _transfer(conn: socket.socket, header: TransferHeader, view: memoryvie
         raise PeerUnreachable(f"connection lost before the offer was answered: {exc}") from exc
     raise_if_refused(verdict)
     try:
-        await loop.sock_sendall(conn, view)
+        if isinstance(payload, memoryview):
+            await loop.sock_sendall(conn, payload)
+        else:
+            await _send_pieces(loop, conn, header.nbytes, payload)
         landed = expect_reply(await _recv_control(loop, conn), Landed)
     except OSError as exc:
         raise PeerUnreachable(f"connection lost during the transfer: {exc}") from exc
     raise_if_refused(landed)
+
+
+async def _send_pieces(
+    loop: asyncio.AbstractEventLoop, conn: socket.socket, nbytes: int, next_chunk: ChunkSource
+) -> None:
+    sent = 0
+    while sent < nbytes:
+        view = memoryview(await next_chunk(sent)).cast("B")
+        if not view.nbytes or sent + view.nbytes > nbytes:
+            raise ValueError(f"a piece of {view.nbytes} bytes at {sent} does not fit {nbytes} bytes")
+        await loop.sock_sendall(conn, view)
+        sent += view.nbytes
 
 
 def _tune(conn: socket.socket) -> None:

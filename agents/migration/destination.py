@@ -41,6 +41,7 @@ from agents.migration.fsm.actions import (
 from agents.migration.fsm.destination import DestinationState
 from agents.migration.fsm.record import DestinationStart
 from agents.migration.host import DriverContext
+from agents.migration.pacing import CopyPacer, splits_by_block
 from agents.tracing import parent_context
 from schemas.migration import Ack, Commit, StageWritten
 from schemas.reasons import MigrationAbortReason
@@ -80,6 +81,9 @@ class DestinationDriver(MachineDriver):
         self.received: dict[int, object] = {}
         self.delivered: set[int] = set()
         self.writes: list[asyncio.Future[None]] = []
+        self._stop_writes = False
+        #: stage -> (chunks, largest chunk in blocks) of the stages written paced
+        self.write_chunks: dict[int, tuple[int, int]] = {}
         self.span = manager.tracer.start_span(
             "migration.destination",
             context=parent_context(headers),
@@ -197,7 +201,11 @@ class DestinationDriver(MachineDriver):
         engine = self.agent.engine
         num_blocks = len(action.block_ids)
         buffer = KVBuffer(num_blocks, num_blocks * engine.info.bytes_per_block, payload)  # type: ignore[arg-type]
-        if buffer.nbytes > _THREAD_IMPORT_BYTES:
+        if self._paced(num_blocks):
+            self.writes.append(
+                asyncio.ensure_future(self._write_paced(action.stage, action.block_ids, buffer))
+            )
+        elif buffer.nbytes > _THREAD_IMPORT_BYTES:
             self.writes.append(
                 asyncio.ensure_future(self._write_in_thread(action.stage, action.block_ids, buffer))
             )
@@ -207,6 +215,47 @@ class DestinationDriver(MachineDriver):
         self.span.add_event(
             "stage-written", {"shoal.migration.stage": action.stage, "shoal.blocks": num_blocks}
         )
+
+    def _paced(self, num_blocks: int) -> bool:
+        """Whether to write this stage in paced chunks: pacing is on, the engine's buffers split
+        by block, and the stage is bigger than a last stage is (so a suspended request's last
+        stage is written at once; only a last stage forced by ``max_stages`` may be paced)."""
+        return self.config.paces(num_blocks) and splits_by_block(self.agent.engine.info.engine)
+
+    async def _write_paced(self, stage: int, block_ids: tuple[int, ...], buffer: KVBuffer) -> None:
+        """Write the stage in chunks of about ``copy_step_share`` of a step each, one per step
+        (:mod:`agents.migration.pacing`); stops between chunks once the reservation is released."""
+        engine = self.agent.engine
+        info = engine.info
+        per_block = payload_bytes_per_block(info.engine, info.bytes_per_block)
+        payload = memoryview(buffer.payload).cast("B")
+        pacer = CopyPacer(
+            self.manager.step_clock,
+            share=self.config.copy_step_share,
+            total=len(block_ids),
+            # the source's send may have used half of the stage's copy_timeout_s already
+            time_limit_s=self.config.copy_timeout_s / 4,
+        )
+        done = 0
+        while done < len(block_ids):
+            units = await pacer.next_chunk(done)
+            if self._stop_writes:
+                return
+            chunk = KVBuffer(
+                units, units * info.bytes_per_block, payload[done * per_block : (done + units) * per_block]
+            )
+            ids = block_ids[done : done + units]
+            if chunk.nbytes > _THREAD_IMPORT_BYTES:
+                await asyncio.to_thread(engine.import_blocks, ids, chunk)
+            else:
+                engine.import_blocks(ids, chunk)
+            done += units
+        self.write_chunks[stage] = (pacer.num_chunks, pacer.largest_chunk)
+        self.span.add_event(
+            "stage-written-paced",
+            {"shoal.migration.stage": stage, "shoal.migration.chunks": pacer.num_chunks},
+        )
+        await self._confirm(stage)
 
     async def _write_in_thread(self, stage: int, block_ids: tuple[int, ...], buffer: KVBuffer) -> None:
         await asyncio.to_thread(self.agent.engine.import_blocks, block_ids, buffer)
@@ -225,6 +274,7 @@ class DestinationDriver(MachineDriver):
 
     async def _release(self) -> None:
         self.agent.transport.cancel(self.migration_id)
+        self._stop_writes = True  # paced writes stop at their next chunk
         await self._writes_done()
         for reservation in self.reservations.values():
             self.agent.engine.release_reservation(reservation)

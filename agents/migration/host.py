@@ -27,6 +27,7 @@ from agents.deltas import RequestTokens
 from agents.engines.protocol import Engine
 from agents.migration.fsm.config import MigrationConfig
 from agents.migration.log import MigrationLog
+from agents.migration.pacing import StepClock
 from bus import Bus
 from schemas import Codec, Subjects
 from schemas.load import LoadReport
@@ -123,6 +124,11 @@ class DriverContext(Protocol):
 
     @property
     def num_incoming(self) -> int: ...
+
+    @property
+    def step_clock(self) -> StepClock:
+        """The engine's steps, which paced stage copies follow."""
+        ...
 
     async def send(self, peer_id: str, message: MigrationMessage, span: Span | None) -> None:
         """Send a handshake message to ``peer_id`` and append it to the migration's log."""

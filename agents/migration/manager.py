@@ -38,6 +38,7 @@ from agents.migration.fsm.destination import start_destination
 from agents.migration.fsm.record import DestinationStart
 from agents.migration.host import MigrationHost
 from agents.migration.log import MigrationLog
+from agents.migration.pacing import StepClock
 from agents.migration.source import MigrationOutcome, SourceDriver
 from agents.reporting import running_requests
 from agents.tracing import headers_for, tracer_from
@@ -101,6 +102,8 @@ class MigrationManager:
         self._command: MigrateOut | None = None
         self._command_failures: set[str] = set()
         self._command_sent = 0  # blocks (plus margins) sent under the command, against its room
+        #: the engine's steps, which paced stage copies follow (agents.migration.pacing)
+        self.step_clock = StepClock()
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -230,7 +233,9 @@ class MigrationManager:
         if driver is not None:
             driver.feed(RequestGone(reason=reason))
 
-    def step_done(self) -> None:
+    def step_done(self, duration_s: float = 0.0) -> None:
+        """An engine step completed (it took ``duration_s``)."""
+        self.step_clock.step_done(duration_s)
         for driver in list(self.sources.values()):
             driver.on_step_done()
 

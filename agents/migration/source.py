@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from opentelemetry import trace
 
 from agents.engines.protocol import InvalidRequestState, KVBuffer, MigrationError, UnknownRequest
+from agents.migration.destination import payload_bytes_per_block
 from agents.migration.driver import Input, MachineDriver
 from agents.migration.fsm.actions import (
     Action,
@@ -43,6 +44,7 @@ from agents.migration.fsm.config import MigrationConfig
 from agents.migration.fsm.record import SourceStart
 from agents.migration.fsm.source import SourceState, start_source
 from agents.migration.host import DriverContext
+from agents.migration.pacing import CopyPacer, splits_by_block
 from schemas.migration import Ack, Commit, CommitAck
 from schemas.reasons import MigrationAbortReason
 from transport import TransferHeader
@@ -59,6 +61,9 @@ class StageRecord:
     num_blocks: int
     num_bytes: int
     duration_s: float
+    #: how the copy was cut (paced copies: agents.migration.pacing)
+    num_chunks: int = 1
+    largest_chunk_blocks: int = 0
 
 
 @dataclass
@@ -255,25 +260,21 @@ class SourceDriver(MachineDriver):
             delay = self.agent.config.faults.copy_delay_s
             if delay:
                 await asyncio.sleep(delay)
-            indices = list(range(action.first_block, action.end_block))
-            if num_blocks * engine.info.bytes_per_block > _THREAD_EXPORT_BYTES:
-                buffer: KVBuffer = await asyncio.to_thread(engine.export_blocks, self.request_id, indices)
-            else:
-                buffer = engine.export_blocks(self.request_id, indices)
-            payload = buffer.payload
-            header = TransferHeader(
-                migration_id=self.migration_id,
-                stage=action.stage,
-                nbytes=memoryview(payload).nbytes,
-                reservation_id=self.transfer_tokens.get(action.stage, ""),
-            )
             written = self._written_future(action.stage)
-            await self.agent.transport.send(
-                self.destination_address,
-                header,
-                payload,
-                timeout=self.config.copy_timeout_s,
-            )
+            if self.config.paces(num_blocks) and not self.state.last_stage:
+                buffer, pacer = await self._send_paced(action, self.config.copy_step_share)
+                span.set_attribute("shoal.migration.chunks", pacer.num_chunks)
+                span.set_attribute("shoal.migration.largest_chunk_blocks", pacer.largest_chunk)
+                chunks, largest = pacer.num_chunks, pacer.largest_chunk
+            else:
+                buffer = await self._export(range(action.first_block, action.end_block))
+                await self.agent.transport.send(
+                    self.destination_address,
+                    self._header(action.stage, memoryview(buffer.payload).nbytes),
+                    buffer.payload,
+                    timeout=self.config.copy_timeout_s,
+                )
+                chunks, largest = 1, num_blocks
             remaining = self.config.copy_timeout_s - (time.perf_counter() - started)
             await asyncio.wait_for(written, max(remaining, 0.001))
         except asyncio.CancelledError:
@@ -293,12 +294,65 @@ class SourceDriver(MachineDriver):
         span.set_attribute("shoal.migration.bytes", buffer.nbytes)
         span.set_attribute("shoal.migration.duration_ms", duration * 1e3)
         span.end()
-        self.outcome.stages.append(StageRecord(action.stage, num_blocks, buffer.nbytes, duration))
+        self.outcome.stages.append(
+            StageRecord(action.stage, num_blocks, buffer.nbytes, duration, chunks, largest)
+        )
         stats = engine.request_stats(self.request_id)
         full = 0 if stats is None else stats.num_computed_tokens // engine.info.block_size
         self.feed(
             CopyDone(stage=action.stage, num_full_blocks=full, num_bytes=buffer.nbytes, duration_s=duration)
         )
+
+    async def _export(self, indices: range) -> KVBuffer:
+        engine = self.agent.engine
+        if len(indices) * engine.info.bytes_per_block > _THREAD_EXPORT_BYTES:
+            return await asyncio.to_thread(engine.export_blocks, self.request_id, list(indices))
+        return engine.export_blocks(self.request_id, list(indices))
+
+    def _header(self, stage: int, nbytes: int) -> TransferHeader:
+        return TransferHeader(
+            migration_id=self.migration_id,
+            stage=stage,
+            nbytes=nbytes,
+            reservation_id=self.transfer_tokens.get(stage, ""),
+        )
+
+    async def _send_paced(self, action: CopyBlocks, share: float) -> tuple[KVBuffer, CopyPacer]:
+        """Export and send the stage in chunks of about ``share`` of a step each, one per step.
+
+        Engines whose buffers are block-major (:func:`splits_by_block`) export chunk by
+        chunk; the others export the stage at once and only its sending is paced.
+        """
+        engine = self.agent.engine
+        info = engine.info
+        num_blocks = action.end_block - action.first_block
+        per_block = payload_bytes_per_block(info.engine, info.bytes_per_block)
+        pacer = CopyPacer(
+            self.manager.step_clock,
+            share=share,
+            total=num_blocks,
+            time_limit_s=self.config.copy_timeout_s / 2,
+        )
+        whole: KVBuffer | None = None
+        if not splits_by_block(info.engine):
+            whole = await self._export(range(action.first_block, action.end_block))
+
+        async def next_chunk(offset: int) -> memoryview:
+            done = offset // per_block
+            units = await pacer.next_chunk(done)
+            if whole is not None:
+                return memoryview(whole.payload).cast("B")[offset : offset + units * per_block]
+            first = action.first_block + done
+            chunk = await self._export(range(first, first + units))
+            return memoryview(chunk.payload).cast("B")
+
+        await self.agent.transport.send_paced(
+            self.destination_address,
+            self._header(action.stage, num_blocks * per_block),
+            next_chunk,
+            timeout=self.config.copy_timeout_s,
+        )
+        return whole or KVBuffer(num_blocks, num_blocks * info.bytes_per_block, b""), pacer
 
     def _written_future(self, stage: int) -> asyncio.Future[None]:
         future = self.written.get(stage)

@@ -9,7 +9,9 @@ ones and modelled time in place of the network:
 * a handshake message takes ``MigrationModel.message_s`` (half the handshake
   round trip) to reach the peer; messages between two sides stay in order;
 * ``CopyBlocks`` exports the blocks at once and the data lands at the
-  destination ``bytes / bandwidth`` later (``BlocksReceived``); the
+  destination ``bytes / bandwidth`` later (``BlocksReceived``; divided by
+  ``MigrationConfig.copy_step_share`` for a stage the agents pace:
+  :meth:`MigrationConfig.paces`, not the last); the
   destination writes it on ``WriteBlocks`` and confirms with ``StageWritten``,
   and only that confirmation becomes the source's ``CopyDone`` (``RejectBlocks``
   becomes its ``CopyFailed``); a cancelled copy never lands;
@@ -393,6 +395,10 @@ class SimMigration:
         self.num_stages += 1
         self.copies[action.stage] = (self.host.now, buffer)
         copy_s = self.model.copy_s(buffer.num_blocks, self.source.bytes_per_block)
+        last = self.source_state is not None and self.source_state.last_stage
+        if self.config.paces(buffer.num_blocks) and not last:  # paced as the agents pace it
+            # ... who go at full speed rather than past half the copy timeout
+            copy_s = min(copy_s / self.config.copy_step_share, max(copy_s, self.config.copy_timeout_s / 2))
         self.feed(Side.DESTINATION, Landed(action.stage, buffer), after=copy_s)
 
     def _copy_done(self, stage: int) -> CopyDone | None:

@@ -232,3 +232,30 @@ async def test_close_fails_pending_expectations_and_later_sends(kind: str) -> No
 async def test_header_must_match_the_payload_size(pair: Pair) -> None:
     with pytest.raises(ValueError, match="payload has 3"):
         await pair.sender.send(pair.address, header("mig-v", 0, 4), b"abc")
+
+
+async def test_a_paced_send_lands_as_one_buffer_and_asks_for_each_piece_in_order(pair: Pair) -> None:
+    payload = os.urandom(2 * MiB + 5)
+    asked: list[int] = []
+
+    async def next_chunk(offset: int) -> memoryview:
+        asked.append(offset)
+        await asyncio.sleep(0.001)  # the sender decides when the next piece goes
+        return memoryview(payload)[offset : offset + 300_000]
+
+    pending = pair.receiver.expect("mig-paced", 0, len(payload), reservation_id="r")
+    await pair.sender.send_paced(
+        pair.address, header("mig-paced", 0, len(payload), reservation_id="r"), next_chunk
+    )
+    assert bytes(await pending.wait(timeout=10)) == payload
+    assert asked == list(range(0, len(payload), 300_000))
+    assert pair.sender.stats().bytes_sent == len(payload)
+
+
+async def test_a_paced_send_whose_pieces_overrun_the_header_fails(pair: Pair) -> None:
+    async def too_much(offset: int) -> bytes:
+        return b"x" * 700
+
+    pair.receiver.expect("mig-over", 0, 1000)
+    with pytest.raises(ValueError, match="does not fit"):
+        await pair.sender.send_paced(pair.address, header("mig-over", 0, 1000), too_much)

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["MigrationConfig"]
+__all__ = ["MIN_PACED_BLOCKS", "MigrationConfig"]
+
+#: Stages of at most this many blocks are never paced (:meth:`MigrationConfig.paces`).
+MIN_PACED_BLOCKS = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,6 +23,11 @@ class MigrationConfig:
     reaching ``max_stages``. The destination gives up a reservation it has not
     heard about for ``destination_idle_timeout_s``: keep it well above the
     source's ``copy_timeout_s`` so blocks are never released under a running copy.
+
+    ``copy_step_share`` (0 = off) is read by the shells only, never by the machines: the
+    share of an engine step that each chunk of a stage copy may cost, the last stage
+    excepted (see :mod:`agents.migration.pacing`); the simulator stretches a paced
+    stage's copy time by ``1 / copy_step_share``.
     """
 
     last_stage_max_blocks: int = 2
@@ -32,12 +40,27 @@ class MigrationConfig:
     destination_idle_timeout_s: float = 60.0
     #: Migrations one instance takes part in at once, as source and as destination each.
     max_concurrent_per_instance: int = 1
+    #: Pace stage copies to this share of the engine's step time (0: copy at full speed).
+    copy_step_share: float = 0.0
+
+    def paces(self, num_blocks: int) -> bool:
+        """Whether a stage of ``num_blocks`` blocks is copied paced: pacing is on and the stage is
+        bigger than a last stage is (``last_stage_max_blocks`` + the partial block) and than
+        ``MIN_PACED_BLOCKS``. Smaller stages are cheap and go at once (so a catch-up stage
+        before the suspend is quick, and the last stage stays small); so does the last stage,
+        which the source knows. The destination, which does not, goes by this size rule alone
+        (only a last stage forced by ``max_stages`` may be written paced), and so does the
+        simulator."""
+        threshold = max(self.last_stage_max_blocks + 1, MIN_PACED_BLOCKS)
+        return self.copy_step_share > 0 and num_blocks > threshold
 
     def __post_init__(self) -> None:
         if self.last_stage_max_blocks < 0:
             raise ValueError("last_stage_max_blocks must be >= 0")
         if self.max_concurrent_per_instance < 1:
             raise ValueError("max_concurrent_per_instance must be >= 1")
+        if not 0 <= self.copy_step_share <= 1:
+            raise ValueError("copy_step_share must be in [0, 1]")
         if self.max_stages < 1:
             raise ValueError("max_stages must be >= 1")
         timeouts = (

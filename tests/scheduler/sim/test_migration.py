@@ -105,3 +105,32 @@ def test_shoal_pairs_only_destinations_with_room_and_moves_a_request_at_most_thr
     assert shoal.max_migrations_per_request <= 3 and shoal.churn == 0
     assert sum(shoal.migrations_per_request.values()) == 400
     assert sum(int(k) * n for k, n in shoal.migrations_per_request.items()) == shoal.migrations
+
+
+def test_a_paced_stage_copy_takes_one_over_the_share_longer_and_the_downtime_does_not_change() -> None:
+    # the agents pace every stage but the last to copy_step_share of a step: the model stretches them alike
+    def run(share: float) -> tuple[list[float], list[float]]:
+        model = MigrationModel(
+            bandwidth_bytes_per_s=1e7,  # 1 KiB blocks: ~0.1 ms each
+            handshake_latency_s=0.010,
+            commit_latency_s=0.020,
+            config=MigrationConfig(max_stages=2, copy_step_share=share, copy_timeout_s=60.0),
+        )
+        sim = Simulator(_long_request_config(model), _long_request())
+        sim.run()
+        committed = [m for m in sim.migrations.finished if m.migrated and m.source_record is not None]
+        assert committed
+        first = [
+            next(t.input for t in m.source_record.transitions if isinstance(t.input, CopyDone))
+            for m in committed
+            if m.source_record is not None
+        ]
+        # a stage's copy ends with the destination's StageWritten message (message_s)
+        per_byte = [(c.duration_s - model.message_s) / c.num_bytes for c in first]
+        return per_byte, [m.downtime_s for m in committed]
+
+    unpaced_s_per_byte, unpaced_downtime = run(0.0)
+    paced_s_per_byte, paced_downtime = run(0.25)
+    assert unpaced_s_per_byte == pytest.approx([1e-7] * len(unpaced_s_per_byte))
+    assert paced_s_per_byte == pytest.approx([4e-7] * len(paced_s_per_byte))  # 1 / 0.25 times longer
+    assert max(paced_downtime) == pytest.approx(max(unpaced_downtime), abs=0.01)

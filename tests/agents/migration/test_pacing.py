@@ -1,0 +1,148 @@
+"""Paced stage copies (``MigrationConfig.copy_step_share``): chunk sizes follow the step budget,
+one chunk per engine step, never past the copy's time limit; and a paced live migration between
+two torch agents on a real nats-server still yields exactly the tokens of an unmigrated run."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import replace
+
+import pytest
+
+from agents.engines.torch_engine import TorchEngine
+from agents.migration.fsm.config import MigrationConfig
+from agents.migration.pacing import CopyPacer, StepClock
+from schemas import GenerateRequest, SamplingParams
+from tests.agents.agent_cluster import agent_cluster, fast_agent_config
+
+SAMPLING = SamplingParams(max_tokens=40, temperature=1.0, seed=11, ignore_eos=True)
+PROMPT = tuple((i * 53) % 300 + 1 for i in range(150))  # 9 full blocks of 16 at the move
+
+
+def _clock(step_s: float) -> StepClock:
+    clock = StepClock()
+    for _ in range(3):
+        clock.step_done(step_s)
+    return clock
+
+
+async def test_a_chunk_waits_for_a_step_and_is_sized_to_the_step_budget() -> None:
+    clock = _clock(0.2)
+    pacer = CopyPacer(clock, share=0.5, total=100, time_limit_s=60.0)
+    assert await pacer.next_chunk(0) == 1  # the first chunk measures what one unit costs
+    await asyncio.sleep(0.01)  # its work: ~10 ms a unit
+    waiting = asyncio.ensure_future(pacer.next_chunk(1))
+    await asyncio.sleep(0.1)
+    assert not waiting.done()  # no step has completed since the chunk ended
+    clock.step_done(0.2)
+    units = await asyncio.wait_for(waiting, 1.0)
+    # the budget is share x step = 100 ms of work: about 10 units at ~10 ms each, never more
+    assert 3 <= units <= 10
+    assert (pacer.num_chunks, pacer.largest_chunk) == (2, units)
+
+
+async def test_without_steps_the_duty_cycle_spaces_the_chunks() -> None:
+    clock = _clock(0.01)
+    pacer = CopyPacer(clock, share=0.25, total=10, time_limit_s=60.0)
+    await pacer.next_chunk(0)
+    await asyncio.sleep(0.02)
+    started = time.perf_counter()
+    await pacer.next_chunk(1)  # no step comes: the chunk waits work x (1 - s) / s = ~60 ms
+    assert time.perf_counter() - started >= 0.05
+
+
+async def test_chunks_space_out_while_the_steps_beside_them_run_slow() -> None:
+    clock = _clock(0.1)  # the step before the copy: 100 ms
+    pacer = CopyPacer(clock, share=0.5, total=100, time_limit_s=60.0)
+    await pacer.next_chunk(0)
+    await asyncio.sleep(0.005)
+    waiting = asyncio.ensure_future(pacer.next_chunk(1))
+    await asyncio.sleep(0.01)
+    clock.step_done(0.3)  # 3x the step before the copy, more than 1 + share
+    await waiting
+    assert pacer.stretch > 1
+    slowed = pacer.stretch
+    await asyncio.sleep(0.005)
+    waiting = asyncio.ensure_future(pacer.next_chunk(2))
+    await asyncio.sleep(0.01)
+    clock.step_done(0.1)  # back to normal: the spacing relaxes again
+    await waiting
+    assert pacer.stretch < slowed
+
+
+async def test_a_copy_that_would_miss_its_time_limit_goes_at_full_speed() -> None:
+    clock = _clock(0.2)
+    pacer = CopyPacer(clock, share=0.1, total=50, time_limit_s=0.05)
+    await pacer.next_chunk(0)
+    await asyncio.sleep(0.01)  # 49 units at 10 ms, paced to 10%: ~5 s, far past 50 ms
+    clock.step_done(0.2)
+    assert await pacer.next_chunk(1) == 49
+    assert pacer.unpaced
+
+
+async def test_an_engine_that_never_stepped_is_not_paced() -> None:
+    pacer = CopyPacer(StepClock(), share=0.1, total=40, time_limit_s=60.0)
+    assert await pacer.next_chunk(0) == 40
+
+
+async def test_an_engine_that_stopped_stepping_is_not_paced() -> None:
+    clock = _clock(0.2)
+    clock.last_step_at -= 5.0  # its last step ended 5 s ago: an idle destination, say
+    pacer = CopyPacer(clock, share=0.1, total=40, time_limit_s=60.0)
+    assert await pacer.next_chunk(0) == 40
+
+
+def test_the_share_is_validated() -> None:
+    with pytest.raises(ValueError, match="copy_step_share"):
+        MigrationConfig(copy_step_share=1.5)
+    with pytest.raises(ValueError, match="share"):
+        CopyPacer(StepClock(), share=0.0, total=1, time_limit_s=1.0)
+
+
+def _engine() -> TorchEngine:
+    return TorchEngine("tiny", num_blocks=64, batch_invariant=True)
+
+
+def _reference_tokens() -> list[int]:
+    engine = _engine()
+    engine.add_request("moving", PROMPT, SAMPLING)
+    tokens: list[int] = []
+    while engine.has_unfinished():
+        for output in engine.step().outputs:
+            tokens.extend(output.token_ids)
+    return tokens
+
+
+async def test_a_paced_migration_moves_the_request_exactly_in_chunks(nats_url: str) -> None:
+    expected = _reference_tokens()
+    async with agent_cluster(nats_url) as cluster:
+        agents = []
+        for name in ("p1", "p2"):
+            config = fast_agent_config(name)
+            migration = replace(config.migration, copy_step_share=0.5, copy_timeout_s=20.0)
+            agents.append(await cluster.add(_engine(), replace(config, migration=migration)))
+        source, destination = agents
+        for instance, name in (("p1", "bg1"), ("p2", "bg2")):  # co-located requests on both sides
+            background = GenerateRequest(
+                request_id=name, token_ids=(3, 4, 5), sampling=SamplingParams(max_tokens=150, ignore_eos=True)
+            )
+            assert (await cluster.generate(instance, background)).accepted
+        watcher = await cluster.watch("moving")
+        request = GenerateRequest(request_id="moving", token_ids=PROMPT, sampling=SAMPLING)
+        assert (await cluster.generate("p1", request)).accepted
+        while len(watcher.tokens()) < 5:
+            await asyncio.sleep(0.005)
+        outcome = await source.migrate("moving", "p2")
+        assert outcome.migrated, (outcome.reason, outcome.detail)
+        first = outcome.stages[0]
+        assert first.num_blocks >= 9
+        # the first stage went in several chunks, none of them the whole stage; the last at once
+        assert 2 <= first.num_chunks <= first.num_blocks
+        assert first.largest_chunk_blocks < first.num_blocks
+        assert outcome.stages[-1].num_chunks == 1
+        written = destination.migration.finished_destinations[outcome.migration_id].write_chunks
+        assert written[0][0] >= 2 and written[0][1] < first.num_blocks  # written paced too
+        await watcher.wait_finished(timeout=30)
+        assert watcher.tokens() == expected
+        await watcher.close()
