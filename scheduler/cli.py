@@ -53,11 +53,11 @@ def policy_options(function: F) -> F:
             click.option(
                 "--policy",
                 type=click.Choice([p.value for p in DispatchPolicy]),
-                default=DispatchPolicy.QUEUE_AWARE.value,
+                default=DispatchPolicy.BLOCKS_AHEAD.value,
                 show_default=True,
-                help="Dispatch policy. queue_aware (the default) is shoal's policy and brings its "
-                "migration rules (room check, no retry of an aborted request for 2 s, at most 3 moves "
-                "per request); the others pair by the paper's rules.",
+                help="Dispatch policy. blocks_ahead (the default) is shoal's policy (queue_aware: its "
+                "former rule) and brings its migration rules (room check, no retry of an aborted request "
+                "for 2 s, at most 3 moves per request); the others pair by the paper's rules.",
             ),
             click.option(
                 "--low-freeness",
@@ -71,8 +71,8 @@ def policy_options(function: F) -> F:
                 type=float,
                 default=None,
                 help="Migration destinations are above this freeness "
-                f"[default: {SHOAL_HIGH_FREENESS:g} for queue_aware, {PairingConfig().high_freeness:g} "
-                "for the others].",
+                f"[default: {SHOAL_HIGH_FREENESS:g} for blocks_ahead and queue_aware, "
+                f"{PairingConfig().high_freeness:g} for the others].",
             ),
             click.option(
                 "--target-freeness",
@@ -124,7 +124,7 @@ def policy_from_options(
     scaling: ScalingConfig | None = None,
 ) -> PolicyConfig:
     dispatch = DispatchPolicy(policy)
-    if dispatch is DispatchPolicy.QUEUE_AWARE:
+    if dispatch.is_shoal:
         high = SHOAL_HIGH_FREENESS if high_freeness is None else high_freeness
         pairing = shoal_pairing(low_freeness, high, target_freeness)
     else:

@@ -49,16 +49,29 @@ class DispatchPolicy(enum.StrEnum):
     ROUND_ROBIN = "round_robin"
     #: INFaaS++: least memory load, counting the demand of every queued request (baseline).
     INFAAS = "infaas++"
-    #: shoal's default: freeness after admission counting *every* queued request's demand and
-    #: batch slot; an instance that cannot hold its queue is ranked by its deficit in blocks.
+    #: shoal's default until 2026-12-02: freeness after admission counting *every* queued
+    #: request's demand and batch slot; an instance that cannot hold its queue is ranked by its
+    #: deficit in blocks. Kept unchanged so logs recorded with it recompute exactly.
     QUEUE_AWARE = "queue_aware"
+    #: shoal's default: where the request would start soonest (the blocks of prefill or memory
+    #: ahead of it), then as ``queue_aware`` among instances where it starts at once.
+    BLOCKS_AHEAD = "blocks_ahead"
 
     @property
     def migrates(self) -> bool:
         """Whether the paper runs this policy with migration (the baselines do not)."""
         return self in (
-            DispatchPolicy.FREENESS, DispatchPolicy.FREENESS_AFTER_ADMIT, DispatchPolicy.QUEUE_AWARE
+            DispatchPolicy.FREENESS, DispatchPolicy.FREENESS_AFTER_ADMIT, *SHOAL_DISPATCH
         )
+
+    @property
+    def is_shoal(self) -> bool:
+        """One of shoal's own rules (they bring :func:`shoal_pairing` and may move queued requests)."""
+        return self in SHOAL_DISPATCH
+
+
+#: shoal's dispatch rules, the current default first.
+SHOAL_DISPATCH: tuple[DispatchPolicy, ...] = (DispatchPolicy.BLOCKS_AHEAD, DispatchPolicy.QUEUE_AWARE)
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,11 +12,13 @@ Four policies, chosen by :class:`~scheduler.config.DispatchPolicy` through
   ``n mod k``-th (``n`` comes from the cluster state, so replays agree);
 * ``infaas++``: the least memory load, counting used blocks and the demand of
   every queued request (the paper's INFaaS++ baseline; run without migration);
-* ``queue_aware`` (shoal's default): the instance where the request would wait
+* ``blocks_ahead`` (shoal's default): the instance where the request would wait
   least, in blocks ahead of it (queued and pending prompts' demand plus any memory
   deficit); among those where it starts at once, the freeness after admission
   counting every queued request's demand and batch slot
-  (see :func:`~scheduler.policy.load.queue_aware_score`).
+  (see :func:`~scheduler.policy.load.queue_aware_score`);
+* ``queue_aware`` (the default until 2026-12-02, kept so its logs recompute): that
+  freeness wherever the instance has room, else its memory deficit.
 
 Every policy skips terminating instances, excluded ones and instances whose
 model length or whole capacity cannot hold the prompt. Dispatches not yet
@@ -194,7 +196,10 @@ class _InfaasDispatcher(_ScoringDispatcher):
 
 class _QueueAwareDispatcher(_ScoringDispatcher):
     def _score(self, load: InstanceLoad, demand_blocks: int, priority: int) -> float:
-        return queue_aware_score(load, demand_blocks, self._config, priority=priority)
+        return queue_aware_score(
+            load, demand_blocks, self._config, priority=priority,
+            blocks_ahead=self.policy is DispatchPolicy.BLOCKS_AHEAD,
+        )
 
 
 class _RoundRobinDispatcher:
@@ -235,7 +240,7 @@ def make_dispatcher(policy: DispatchPolicy | str, config: PolicyConfig | None = 
         return _FreenessAfterAdmitDispatcher(kind, config)
     if kind is DispatchPolicy.INFAAS:
         return _InfaasDispatcher(kind, config)
-    if kind is DispatchPolicy.QUEUE_AWARE:
+    if kind.is_shoal:
         return _QueueAwareDispatcher(kind, config)
     return _RoundRobinDispatcher(config)
 
@@ -295,11 +300,11 @@ def requeue_choice(
     """Where a request still queued on ``source`` (no KV yet) should go, or None to leave it.
 
     shoal's rule for a stalled queue: move the request, not KV, and only to an instance where
-    it would start at once (the ``queue_aware`` score is non-negative there: nothing queued
-    ahead of it, room for its prompt), never back to ``source``. Only the ``queue_aware``
+    it would start at once (the ``blocks_ahead`` score is non-negative there: nothing queued
+    ahead of it, room for its prompt), never back to ``source``. Only the ``blocks_ahead``
     dispatcher's scores say "starts at once", so any other policy leaves the request.
     """
-    if dispatcher.policy is not DispatchPolicy.QUEUE_AWARE:
+    if dispatcher.policy is not DispatchPolicy.BLOCKS_AHEAD:
         return None
     moved = msgspec.structs.replace(request, exclude=(*request.exclude, source))
     decision = dispatcher.choose(moved, loads, num_dispatched=num_dispatched)

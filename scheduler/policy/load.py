@@ -219,7 +219,12 @@ def room_blocks(load: InstanceLoad, config: PolicyConfig) -> int:
 
 
 def queue_aware_score(
-    load: InstanceLoad, demand_blocks: int, config: PolicyConfig, *, priority: int = 0
+    load: InstanceLoad,
+    demand_blocks: int,
+    config: PolicyConfig,
+    *,
+    priority: int = 0,
+    blocks_ahead: bool = True,
 ) -> float:
     """shoal's dispatch score: where the request would start soonest, then the most room per request.
 
@@ -242,6 +247,10 @@ def queue_aware_score(
     The queue is served in priority order, so a request of a higher priority (a lower
     value) than the instance's head of line has nobody queued ahead of it: for it the
     queue counts neither as usage, nor as batch, nor as work ahead.
+
+    ``blocks_ahead=False`` is the ``queue_aware`` rule (the default until 2026-12-02): a waiting
+    instance scores only its memory deficit, and one with room scores its freeness even when
+    prompts are queued ahead.
     """
     usage, batch = _usage_and_batch(load, config)
     if load.terminating:
@@ -251,6 +260,10 @@ def queue_aware_score(
     if load.num_waiting > 0 and priority < load.head_of_line_priority:
         queued, num_queued = 0, 0
     room = load.num_total_blocks - (usage - load.head_of_line_demand) - queued - demand_blocks
+    if not blocks_ahead:
+        if room < 0:
+            return float(room)
+        return room / (batch + num_queued + 1)
     ahead = max(queued + load.pending_blocks, -room)
     if ahead > 0:
         return -float(ahead)

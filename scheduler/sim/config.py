@@ -16,7 +16,7 @@ name            dispatch                     migration  priorities
                 (the default)                room check
 ==============  ===========================  =========  ==========
 
-``shoal`` is the default policy, live and here: :data:`DispatchPolicy.QUEUE_AWARE
+``shoal`` is the default policy, live and here: :data:`DispatchPolicy.BLOCKS_AHEAD
 <scheduler.config.DispatchPolicy>` dispatch and :func:`~scheduler.config.shoal_pairing`
 (pairs only destinations with room, sends only what fits, no retry of an aborted
 request for 2 s, at most 3 moves per request). ``shoal-v1`` is the former default.
@@ -84,7 +84,7 @@ _DISPATCH: dict[PolicyName, DispatchPolicy] = {
     PolicyName.LLUMNIX_BASE: DispatchPolicy.FREENESS,
     PolicyName.LLUMNIX: DispatchPolicy.FREENESS,
     PolicyName.SHOAL_V1: DispatchPolicy.FREENESS_AFTER_ADMIT,
-    PolicyName.SHOAL: DispatchPolicy.QUEUE_AWARE,
+    PolicyName.SHOAL: DispatchPolicy.BLOCKS_AHEAD,
 }
 
 

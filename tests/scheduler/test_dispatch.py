@@ -167,8 +167,27 @@ def test_queue_aware_sees_the_whole_queue_where_freeness_sees_its_head() -> None
     assert queue_aware_score(a, 1, CONFIG) == -500
     assert queue_aware_score(b, 1, CONFIG) == pytest.approx(399 / 7)
     assert choose(DispatchPolicy.FREENESS, [a, b]) == "a"
-    assert choose(DispatchPolicy.QUEUE_AWARE, [a, b]) == "b"
-    assert DispatchPolicy.QUEUE_AWARE.migrates
+    assert choose(DispatchPolicy.BLOCKS_AHEAD, [a, b]) == "b"
+    assert DispatchPolicy.BLOCKS_AHEAD.migrates
+
+
+def test_the_former_default_keeps_its_rule_so_its_logs_recompute() -> None:
+    """``queue_aware`` (recorded in logs until 2026-12-02) still scores as it did: an instance with
+    room scores its freeness after admission even with prompts queued ahead, one without room its
+    deficit. ``blocks_ahead`` (the default now) scores the queue ahead instead."""
+    a = load("a", (3, 300), head_of_line_demand=100, num_waiting=4, waiting_demand=500)
+    b = load("b", (6, 600))
+    old = queue_aware_score(a, 1, CONFIG, blocks_ahead=False)
+    assert old == pytest.approx((1000 - 400 - 400 - 1) / (3 + 4 + 1))  # room 199 over 8 slots
+    assert queue_aware_score(a, 1, CONFIG) == -500
+    assert choose(DispatchPolicy.QUEUE_AWARE, [a, b]) == "b"  # 199/8 < 399/7
+    crowded = load("c", (3, 300), head_of_line_demand=100, num_waiting=4, waiting_demand=1200)
+    assert queue_aware_score(crowded, 1, CONFIG, blocks_ahead=False) == -501  # 300 + 1200 + 1 - 1000
+    assert DispatchPolicy.QUEUE_AWARE.migrates and DispatchPolicy.QUEUE_AWARE.is_shoal
+    from scheduler.policy.dispatch import requeue_choice
+
+    request = PendingRequest(request_id="q", num_prompt_tokens=16)
+    assert requeue_choice(make_dispatcher(DispatchPolicy.QUEUE_AWARE, CONFIG), request, "a", [a, b]) is None
 
 
 def test_queue_aware_ranks_queued_instances_by_work_ahead_in_blocks_not_requests() -> None:
@@ -178,11 +197,11 @@ def test_queue_aware_ranks_queued_instances_by_work_ahead_in_blocks_not_requests
     a = load("a", (4, 400), total=26000, head_of_line_demand=300, num_waiting=2, waiting_demand=600)
     b = load("b", (4, 400), total=26000, head_of_line_demand=20, num_waiting=6, waiting_demand=120)
     assert (queue_aware_score(a, 1, CONFIG), queue_aware_score(b, 1, CONFIG)) == (-600, -120)
-    assert choose(DispatchPolicy.QUEUE_AWARE, [a, b]) == "b"
+    assert choose(DispatchPolicy.BLOCKS_AHEAD, [a, b]) == "b"
     # a dispatch no report reflects yet is work ahead too (120 + 130 pending = 250 < 600;
     # with 500 pending B has 620 ahead, more than A)
     assert queue_aware_score(b.with_dispatch(130), 1, CONFIG) == -250
-    assert choose(DispatchPolicy.QUEUE_AWARE, [a, b.with_dispatch(500)]) == "a"
+    assert choose(DispatchPolicy.BLOCKS_AHEAD, [a, b.with_dispatch(500)]) == "a"
 
 
 def test_queue_aware_counts_a_memory_deficit_as_work_ahead() -> None:
@@ -193,19 +212,19 @@ def test_queue_aware_counts_a_memory_deficit_as_work_ahead() -> None:
     b = load("b", (10, 950), head_of_line_demand=100, num_waiting=1, waiting_demand=100)
     assert choose(DispatchPolicy.FREENESS, [a, b]) == "b"
     assert queue_aware_score(a, 1, CONFIG) == -140 and queue_aware_score(b, 1, CONFIG) == -100
-    assert choose(DispatchPolicy.QUEUE_AWARE, [a, b]) == "b"
+    assert choose(DispatchPolicy.BLOCKS_AHEAD, [a, b]) == "b"
     # where memory binds harder than the queue, the deficit counts: C is 451 blocks short
     c = load("c", (10, 1350), head_of_line_demand=100, num_waiting=1, waiting_demand=100)
     assert queue_aware_score(c, 1, CONFIG) == -451
-    assert choose(DispatchPolicy.QUEUE_AWARE, [a, c]) == "a"
+    assert choose(DispatchPolicy.BLOCKS_AHEAD, [a, c]) == "a"
     # an instance with no queue but no room for the prompt: the request waits for the deficit
     full = load("f", (2, 990))
     assert queue_aware_score(full, 20, CONFIG) == -10
     # any instance where the request starts at once beats every one where it waits
     d = load("d", (40, 990))
     assert queue_aware_score(d, 1, CONFIG) == pytest.approx(9 / 41)
-    assert choose(DispatchPolicy.QUEUE_AWARE, [a, b, d]) == "d"
-    assert choose(DispatchPolicy.QUEUE_AWARE, [a, b.as_terminating()]) == "a"
+    assert choose(DispatchPolicy.BLOCKS_AHEAD, [a, b, d]) == "d"
+    assert choose(DispatchPolicy.BLOCKS_AHEAD, [a, b.as_terminating()]) == "a"
 
 
 def test_queue_aware_lets_a_high_priority_request_skip_a_queue_of_normal_ones() -> None:
@@ -214,10 +233,10 @@ def test_queue_aware_lets_a_high_priority_request_skip_a_queue_of_normal_ones() 
              waiting_demand=500)
     b = load("b", (6, 600))
     # a normal request waits behind A's queue (500 blocks ahead, -500); at B it starts at once (57)
-    assert choose(DispatchPolicy.QUEUE_AWARE, [a, b]) == "b"
+    assert choose(DispatchPolicy.BLOCKS_AHEAD, [a, b]) == "b"
     # a high-priority one (lower value) is served before A's queue: (1000 - 301) / 4 = 175 > 57
     assert queue_aware_score(a, 1, CONFIG, priority=-1) == pytest.approx(699 / 4)
-    assert choose(DispatchPolicy.QUEUE_AWARE, [a, b], priority=-1) == "a"
+    assert choose(DispatchPolicy.BLOCKS_AHEAD, [a, b], priority=-1) == "a"
 
 
 def test_a_queued_request_moves_only_where_it_would_start_at_once() -> None:
@@ -227,7 +246,7 @@ def test_a_queued_request_moves_only_where_it_would_start_at_once() -> None:
     stalled = load("s", (5, 990), head_of_line_demand=50, num_waiting=3, waiting_demand=80)
     busy = load("b", (4, 950), head_of_line_demand=40, num_waiting=1, waiting_demand=40)
     free = load("f", (4, 600))
-    queue_aware = make_dispatcher(DispatchPolicy.QUEUE_AWARE, CONFIG)
+    queue_aware = make_dispatcher(DispatchPolicy.BLOCKS_AHEAD, CONFIG)
     decision = requeue_choice(queue_aware, request, "s", [stalled, busy, free])
     assert decision is not None and decision.instance_id == "f" and decision.score >= 0
     # where it would wait anyway it stays (no churn between queues), and never goes back to itself

@@ -75,7 +75,7 @@ def test_layer_dispatch_is_make_dispatcher_over_the_folded_views() -> None:
     layer.fold([_joined("b"), _joined("a"), _joined("c")])
     layer.fold([_report("a", 1, 40, 2, 2), _report("b", 1, 10, 1, 1), _report("c", 1, 10, 1, 1)])
     request = PendingRequest(request_id="q", num_prompt_tokens=160, arrival=1.0)
-    expected = make_dispatcher("queue_aware", layer.config).choose(
+    expected = make_dispatcher("blocks_ahead", layer.config).choose(
         request, live_loads(layer.state), num_dispatched=0,
     )
     decision = layer.dispatch(request)

@@ -55,7 +55,7 @@ AGENT = AgentConfig(
 POLICY = PolicyConfig(pairing=PairingConfig(low_freeness=35, high_freeness=70))
 #: shoal's default policy (queue-aware dispatch, pairing with the room check) on the same band.
 SHOAL_POLICY = PolicyConfig(
-    dispatch_policy=DispatchPolicy.QUEUE_AWARE, pairing=shoal_pairing(low_freeness=35, high_freeness=70)
+    dispatch_policy=DispatchPolicy.BLOCKS_AHEAD, pairing=shoal_pairing(low_freeness=35, high_freeness=70)
 )
 NUM_REQUESTS = 48
 
