@@ -6,7 +6,10 @@ would share the cores):
 * **vllm**: ``vllm serve DIR`` (vLLM's OpenAI server, its engine core in a
   child process);
 * **shoal**: ``shoal up --engine vllm --model DIR --instances 1`` (embedded
-  NATS, scheduler, one agent with an in-process vLLM engine, the frontend).
+  NATS, scheduler, one agent with an in-process vLLM engine, the frontend);
+* with ``--with-nobind``, **shoal-nobind**: the same with
+  ``VLLM_CPU_OMP_THREADS_BIND=nobind`` (the agent's model thread neither pinned
+  nor limited to one OpenMP thread per CPU: what binding brings, side by side).
 
 Against each, for every ``--concurrency``, ``vllm bench serve --backend openai
 --dataset-name random --random-input-len 256 --random-output-len 128
@@ -84,12 +87,12 @@ def server_command(kind: str, options: EngineOptions, port: int, log_dir: Path) 
             "--kv-cache-memory-bytes", str(options.kv_cache_bytes), "--dtype", options.dtype,
             "--enforce-eager", "--no-enable-prefix-caching", "--disable-log-stats",
         ]  # fmt: skip
-    if kind == "shoal":
+    if kind in ("shoal", "shoal-nobind"):
         return [
             *_SHOAL, "up", "--engine", "vllm", "--model", str(options.model), "--instances", "1",
             "--port", str(port), "--max-model-len", str(options.max_model_len),
             "--block-size", str(options.block_size), "--kv-cache-bytes", str(options.kv_cache_bytes),
-            "--dtype", options.dtype, "--log-dir", str(log_dir / "shoal-up"), "--ready-timeout", "600",
+            "--dtype", options.dtype, "--log-dir", str(log_dir / f"{kind}-up"), "--ready-timeout", "600",
         ]  # fmt: skip
     raise ValueError(f"unknown server {kind!r}")
 
@@ -140,16 +143,17 @@ class Server:
         log_path = log_dir / f"{kind}-{port}.log"
         log: IO[bytes] = open(log_path, "ab")
         try:
+            env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "nobind"} if kind == "shoal-nobind" else None
             process = subprocess.Popen(
                 server_command(kind, options, port, log_dir), stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=die_with_parent,
+                stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=die_with_parent, env=env,
             )  # fmt: skip
         finally:
             log.close()
         return cls(kind, process, f"http://127.0.0.1:{port}", log_path)
 
     def ready(self) -> bool:
-        if self.kind == "shoal":  # the frontend answers before the agent has joined
+        if self.kind.startswith("shoal"):  # the frontend answers before the agent has joined
             health = _health(self.url)
             return bool(health and health.get("instances"))
         try:
@@ -188,7 +192,7 @@ def _serving(kind: str, options: EngineOptions, log_dir: Path, ready_timeout_s: 
     server = Server.start(kind, options, log_dir)
     try:
         startup = server.wait_ready(ready_timeout_s)
-        click.echo(f"{kind:>5} server ready in {startup:.0f} s ({server.url})")
+        click.echo(f"{kind:>12} server ready in {startup:.0f} s ({server.url})")
         yield server
     finally:
         server.stop()
@@ -260,11 +264,17 @@ def _terminate_on_sigterm() -> None:
     default=None,
     help="Server and client logs, saved results (default: a temporary folder, kept).",
 )
+@click.option(
+    "--with-nobind",
+    is_flag=True,
+    help="Also run shoal with VLLM_CPU_OMP_THREADS_BIND=nobind (its model thread unpinned) each round.",
+)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None)
 def bench_vllm_serve(
     model: Path | None, concurrencies: tuple[int, ...], num_prompts: int, input_len: int, output_len: int,
     max_model_len: int, block_size: int, kv_cache_bytes: int, dtype: str, rounds: int, seed: int,
-    ready_timeout: float, client_timeout: float, log_dir: Path | None, json_path: Path | None,
+    ready_timeout: float, client_timeout: float, log_dir: Path | None, with_nobind: bool,
+    json_path: Path | None,
 ) -> None:  # fmt: skip
     """Output tokens/s, TTFT and TPOT of shoal up --engine vllm vs vllm serve, with vllm bench serve."""
     from agents.engines.vllm_engine import vllm_unavailable_reason, vllm_version
@@ -289,10 +299,11 @@ def bench_vllm_serve(
         f"model {options.model}, {num_prompts} prompts of {input_len} random tokens, {output_len} "
         f"output tokens (ignore_eos), vLLM {vllm_version()}, {os.cpu_count()} CPUs; logs in {log_dir}"
     )
-    runs: dict[str, dict[int, list[dict[str, float]]]] = {"vllm": {}, "shoal": {}}
-    startup: dict[str, list[float]] = {"vllm": [], "shoal": []}
+    kinds = ("vllm", "shoal", "shoal-nobind") if with_nobind else ("vllm", "shoal")
+    runs: dict[str, dict[int, list[dict[str, float]]]] = {kind: {} for kind in kinds}
+    startup: dict[str, list[float]] = {kind: [] for kind in kinds}
     for round_index in range(rounds):
-        order = ("vllm", "shoal") if round_index % 2 == 0 else ("shoal", "vllm")
+        order = kinds if round_index % 2 == 0 else kinds[::-1]
         for kind in order:
             with _serving(kind, options, log_dir, ready_timeout) as server:
                 startup[kind].append(server.startup_s)
@@ -309,7 +320,7 @@ def bench_vllm_serve(
                     result["load_before"], result["load_after"] = load_before, os.getloadavg()[0]
                     runs[kind].setdefault(concurrency, []).append(result)
                     click.echo(
-                        f"{kind:>5} c={concurrency:<3} {result['output_tps']:8.1f} tok/s  TTFT p50 "
+                        f"{kind:>12} c={concurrency:<3} {result['output_tps']:8.1f} tok/s  TTFT p50 "
                         f"{result['ttft_p50_ms']:7.1f} ms  TPOT p50 {result['tpot_p50_ms']:6.1f} ms  "
                         f"load {load_before:.1f}->{result['load_after']:.1f}"
                     )
@@ -328,6 +339,14 @@ def bench_vllm_serve(
             f"{v['ttft_p50_ms']:>11.1f} ms {s['ttft_p50_ms']:>7.1f} {v['tpot_p50_ms']:>11.1f} ms "
             f"{s['tpot_p50_ms']:>7.1f} {load:>10}"
         )
+        if with_nobind:
+            n = summarize(runs["shoal-nobind"][concurrency])
+            ratio_nobind = n["output_tps"] / v["output_tps"] if v["output_tps"] else float("nan")
+            results[str(concurrency)].update(shoal_nobind=n, ratio_nobind=ratio_nobind)
+            click.echo(
+                f"{'':>5} {'nobind':>11} {n['output_tps']:>12.1f} {ratio_nobind:>6.2f} "
+                f"{'':>11}    {n['ttft_p50_ms']:>7.1f} {'':>11}    {n['tpot_p50_ms']:>7.1f}"
+            )
     meta = {
         "model": str(options.model), "num_prompts": num_prompts, "input_len": input_len,
         "output_len": output_len, "max_model_len": max_model_len, "block_size": block_size,
@@ -336,6 +355,9 @@ def bench_vllm_serve(
         "startup_s": startup, "commands": {
             "vllm": server_command("vllm", options, 0, log_dir),
             "shoal": server_command("shoal", options, 0, log_dir),
+            **({"shoal-nobind": ["VLLM_CPU_OMP_THREADS_BIND=nobind",
+                                 *server_command("shoal-nobind", options, 0, log_dir)]}
+               if with_nobind else {}),
             "client": client_command("URL", options, concurrency=0, num_prompts=num_prompts,
                                      input_len=input_len, output_len=output_len, result_dir=log_dir,
                                      result_name="R", seed=seed),
