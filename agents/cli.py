@@ -193,12 +193,13 @@ def _vllm_cpus(requested: str | None, on_cpu: bool) -> tuple[int, ...]:
     Only vLLM's CPU build binds (as vLLM itself); elsewhere only an explicit ``--cpu-bind`` does.
     Bad input is a usage error.
     """
-    from agents.engines.vllm_engine.cpu_binding import plan_cpu_binding
+    from agents.engines.vllm_engine.cpu_binding import physical_cores, plan_cpu_binding
 
     if not on_cpu and not requested:
         return ()
+    allowed = sorted(os.sched_getaffinity(0))
     try:
-        binding = plan_cpu_binding(sorted(os.sched_getaffinity(0)), os.environ, requested)
+        binding = plan_cpu_binding(allowed, os.environ, requested, physical_cores(allowed))
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--cpu-bind") from None
     log.info("%s", binding.describe())

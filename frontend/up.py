@@ -239,12 +239,13 @@ def up(**options: Any) -> None:
 
 def _vllm_cpu_binds(instances: int, version: str | None) -> list[str]:
     """Each vllm agent's ``--cpu-bind`` (vLLM's CPU build only: own cores when there are enough), echoed."""
-    from agents.engines.vllm_engine.cpu_binding import split_for_instances
+    from agents.engines.vllm_engine.cpu_binding import physical_cores, split_for_instances
 
     if not (version or "").endswith("+cpu"):
         return []
+    allowed = sorted(os.sched_getaffinity(0))
     try:
-        binds = split_for_instances(sorted(os.sched_getaffinity(0)), instances, os.environ)
+        binds = split_for_instances(allowed, instances, os.environ, physical_cores(allowed))
     except ValueError as exc:
         raise click.UsageError(f"VLLM_CPU_OMP_THREADS_BIND: {exc}") from None
     click.echo(f"cpu binding     vllm model thread CPUs per agent: {' / '.join(binds)}")

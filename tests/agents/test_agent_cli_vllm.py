@@ -18,7 +18,7 @@ import pytest
 
 from agents.engines.vllm_engine import vllm_unavailable_reason, vllm_version
 from agents.engines.vllm_engine.checkpoint import build_checkpoint
-from agents.engines.vllm_engine.cpu_binding import plan_cpu_binding
+from agents.engines.vllm_engine.cpu_binding import physical_cores, plan_cpu_binding
 from schemas import InstanceJoined, InstanceLeft
 from tests.agents.agent_cluster import agent_cluster
 
@@ -56,7 +56,8 @@ async def test_shoal_agent_vllm_alone_gets_one_gib_of_kv_on_cpu(nats_url: str, t
         assert process.returncode == 0, log[-3000:]
         assert "vllm on CPU: 1 GiB of KV space" in log
         # vLLM's CPU binding, done in-process: the model thread on all allowed CPUs but the last
-        binding = plan_cpu_binding(sorted(os.sched_getaffinity(0)), env)
+        allowed = sorted(os.sched_getaffinity(0))
+        binding = plan_cpu_binding(allowed, env, None, physical_cores(allowed))
         assert binding.describe() in log
         if binding.cpus:
             cpus = list(binding.cpus)

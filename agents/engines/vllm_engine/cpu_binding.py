@@ -13,13 +13,13 @@ with that many torch (OpenMP) threads: one OpenMP team, never a pool of
 threads each with its own. :func:`split_for_instances` gives each agent of
 ``shoal up`` its own cores when there are enough.
 
-Pure functions: no torch or vLLM import (Linux thread affinity is applied by
-the engine).
+No torch or vLLM import; all pure but :func:`physical_cores`, which reads
+Linux's CPU topology (the thread affinity is applied by the engine).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
 __all__ = [
@@ -27,7 +27,9 @@ __all__ = [
     "RESERVED_ENV",
     "CpuBinding",
     "format_cpu_list",
+    "one_per_core",
     "parse_cpu_list",
+    "physical_cores",
     "plan_cpu_binding",
     "split_for_instances",
 ]
@@ -103,16 +105,33 @@ def _reserve_count(environ: Mapping[str, str]) -> int:
     return count
 
 
+def one_per_core(cpus: Sequence[int], cores: Mapping[int, Hashable] | None) -> tuple[int, ...]:
+    """The last logical CPU of each physical core (vLLM's ``auto`` on x86: no SMT siblings), sorted.
+
+    ``cores`` maps a CPU id to its physical core (say ``(package, core_id)``);
+    None, or a CPU it does not know, counts as a core of its own.
+    """
+    last: dict[Hashable, int] = {}
+    for cpu in sorted(set(cpus)):
+        key = ("cpu", cpu) if cores is None or cpu not in cores else cores[cpu]
+        last[key] = cpu
+    return tuple(sorted(last.values()))
+
+
 def plan_cpu_binding(
-    allowed: Sequence[int], environ: Mapping[str, str], requested: str | None = None
+    allowed: Sequence[int],
+    environ: Mapping[str, str],
+    requested: str | None = None,
+    cores: Mapping[int, Hashable] | None = None,
 ) -> CpuBinding:
     """The binding of one in-process vLLM worker, chosen as vLLM's ``OMPProcessManager`` would.
 
     ``allowed``: the CPUs this process may use (``os.sched_getaffinity(0)``);
     ``requested``: shoal's ``--cpu-bind`` (wins over ``VLLM_CPU_OMP_THREADS_BIND``):
-    ``auto``, ``nobind`` or a CPU list. ``auto`` keeps the last
-    ``VLLM_CPU_NUM_OF_RESERVED_CPU`` (default 1) allowed CPUs for the agent's
-    loop when more than that are allowed, else binds to all of them. Bad
+    ``auto``, ``nobind`` or a CPU list. ``auto`` takes one logical CPU per
+    physical core (``cores``: CPU -> physical core, see :func:`one_per_core`)
+    and keeps the last ``VLLM_CPU_NUM_OF_RESERVED_CPU`` (default 1) of them for
+    the agent's loop when there are more than that, else binds to all. Bad
     input (a malformed list, CPUs outside ``allowed``, several lists for the
     one worker of an agent) is a ValueError saying so.
     """
@@ -130,9 +149,10 @@ def plan_cpu_binding(
         return CpuBinding((), (), source)
     if spec == "auto":
         reserve = _reserve_count(environ)
-        if 0 < reserve < len(cpus):
-            return CpuBinding(cpus[:-reserve], cpus[-reserve:], source)
-        return CpuBinding(cpus, (), source)
+        chosen = one_per_core(cpus, cores)
+        if 0 < reserve < len(chosen):
+            return CpuBinding(chosen[:-reserve], chosen[-reserve:], source)
+        return CpuBinding(chosen, (), source)
     if "|" in spec:
         raise ValueError(
             f"{source}: one CPU list per agent (an agent runs one vLLM worker); "
@@ -148,12 +168,18 @@ def plan_cpu_binding(
     return CpuBinding(chosen, tuple(c for c in cpus if c not in chosen), source)
 
 
-def split_for_instances(allowed: Sequence[int], instances: int, environ: Mapping[str, str]) -> list[str]:
+def split_for_instances(
+    allowed: Sequence[int],
+    instances: int,
+    environ: Mapping[str, str],
+    cores: Mapping[int, Hashable] | None = None,
+) -> list[str]:
     """``--cpu-bind`` for each of ``shoal up``'s ``instances`` vllm agents.
 
     ``VLLM_CPU_OMP_THREADS_BIND``: ``nobind`` -> ``nobind`` for all; CPU lists
     separated by ``|`` -> agent i gets list i (modulo their number). Otherwise
-    (``auto``): with more CPUs than agents, the last
+    (``auto``, one logical CPU per physical core as :func:`plan_cpu_binding`):
+    with more CPUs than agents, the last
     ``VLLM_CPU_NUM_OF_RESERVED_CPU`` (default 1, at most what leaves each agent
     one) stay free for the frontend, scheduler and the agents' loops, and the
     rest is cut into contiguous shares, one per agent; with as many or fewer
@@ -170,7 +196,7 @@ def split_for_instances(allowed: Sequence[int], instances: int, environ: Mapping
         for part in lists:
             parse_cpu_list(part)  # a malformed list is refused here, before anything starts
         return [lists[i % len(lists)] for i in range(instances)]
-    cpus = sorted(set(allowed))
+    cpus = list(one_per_core(allowed, cores))
     if not cpus:
         raise ValueError("no CPU is allowed to this process")
     if len(cpus) <= instances:
@@ -184,3 +210,17 @@ def split_for_instances(allowed: Sequence[int], instances: int, environ: Mapping
         result.append(format_cpu_list(usable[start : start + size]))
         start += size
     return result
+
+
+def physical_cores(cpus: Sequence[int], sysfs: str = "/sys/devices/system/cpu") -> dict[int, Hashable]:
+    """CPU id -> (package, core id) from Linux's sysfs topology; CPUs it does not describe are left out."""
+    cores: dict[int, Hashable] = {}
+    for cpu in cpus:
+        try:
+            with open(f"{sysfs}/cpu{cpu}/topology/physical_package_id") as package_file:
+                package = package_file.read().strip()
+            with open(f"{sysfs}/cpu{cpu}/topology/core_id") as core_file:
+                cores[cpu] = (package, core_file.read().strip())
+        except OSError:
+            continue
+    return cores

@@ -18,7 +18,9 @@ from agents.cli import agent
 from agents.engines.vllm_engine.cpu_binding import (
     CpuBinding,
     format_cpu_list,
+    one_per_core,
     parse_cpu_list,
+    physical_cores,
     plan_cpu_binding,
     split_for_instances,
 )
@@ -91,3 +93,22 @@ def test_shoal_agent_refuses_cpus_it_may_not_use_before_starting_anything(tmp_pa
     assert result.exit_code == 2, result.output
     assert "--cpu-bind 100000: CPU 100000 not allowed to this process" in result.output
     assert "Traceback" not in result.output
+
+
+def test_auto_takes_one_logical_cpu_per_physical_core_as_vllm_on_x86(tmp_path: Path) -> None:
+    # 4 logical CPUs, 2 cores with 2 SMT siblings each (0/2 and 1/3), as Linux's sysfs describes them
+    for cpu, core in ((0, 0), (1, 1), (2, 0), (3, 1)):
+        topology = tmp_path / f"cpu{cpu}" / "topology"
+        topology.mkdir(parents=True)
+        (topology / "physical_package_id").write_text("0\n")
+        (topology / "core_id").write_text(f"{core}\n")
+    cores = physical_cores([0, 1, 2, 3, 9], str(tmp_path))
+    assert cores == {0: ("0", "0"), 1: ("0", "1"), 2: ("0", "0"), 3: ("0", "1")}  # CPU 9: not described
+    assert one_per_core([0, 1, 2, 3], cores) == (2, 3)  # the last sibling of each core, as vLLM
+    assert one_per_core([0, 1, 2, 3], None) == (0, 1, 2, 3)
+    binding = plan_cpu_binding([0, 1, 2, 3], {}, None, cores)
+    assert (binding.cpus, binding.reserved) == ((2,), (3,))
+    assert split_for_instances([0, 1, 2, 3], 1, {}, cores) == ["2"]
+    assert split_for_instances([0, 1, 2, 3], 2, {}, cores) == ["2", "3"]
+    # an explicit list is taken as given, siblings included
+    assert plan_cpu_binding([0, 1, 2, 3], {}, "0,2", cores).cpus == (0, 2)
