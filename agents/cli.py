@@ -130,7 +130,7 @@ def build_engine(
 @click.option("--threads", type=int, default=1, show_default=True, help="torch.set_num_threads (CPU).")
 @click.option("--cpu-bind", default=None, metavar="auto|nobind|CPUS",
               help="vllm on CPU: the model thread's CPUs, one OpenMP thread each (e.g. 0-2) [default: "
-                   "VLLM_CPU_OMP_THREADS_BIND, else auto: all allowed CPUs but the last, as vLLM's worker].")
+                   "VLLM_CPU_OMP_THREADS_BIND, else auto: one CPU per core, all but the last, as vLLM].")
 @click.option(
     "--transport",
     "transport_kind",

@@ -8,8 +8,9 @@ on the caller's thread, the model execution (``execute_model`` and
 event loop keeps serving during ``step_async``, and one OpenMP team does all
 the model's work). That thread is pinned to ``config.cpus`` with one torch
 thread per CPU when they are given (:mod:`.cpu_binding`: vLLM's own CPU
-binding, which it sets up only for worker processes). Calls that would change the batch or free blocks while a
-step computes (abort, release, suspend, resume) are applied when it
+binding, which it sets up only for worker processes). Calls that would
+change the batch or free blocks while a step computes (abort, release,
+suspend, resume) are applied when it
 completes, as in the torch engine; the aborted requests' outputs of that step
 are dropped.
 
