@@ -128,6 +128,9 @@ def build_engine(
 @click.option("--gpu-memory-utilization", type=float, default=None, help="vllm: GPU memory share.")
 @click.option("--tensor-parallel-size", type=int, default=None, help="vllm: TP degree (1 with migration).")
 @click.option("--threads", type=int, default=1, show_default=True, help="torch.set_num_threads (CPU).")
+@click.option("--cpu-bind", default=None, metavar="auto|nobind|CPUS",
+              help="vllm on CPU: the model thread's CPUs, one OpenMP thread each (e.g. 0-2) [default: "
+                   "VLLM_CPU_OMP_THREADS_BIND, else auto: one CPU per core, all but the last, as vLLM].")
 @click.option(
     "--transport",
     "transport_kind",
@@ -187,6 +190,25 @@ def agent(**options: Any) -> None:
     event_loop.run(_run({**options, "faults": faults}))
 
 
+def _vllm_cpus(requested: str | None, on_cpu: bool) -> tuple[int, ...]:
+    """The vllm model thread's CPUs (see :mod:`~agents.engines.vllm_engine.cpu_binding`), logged.
+
+    Only vLLM's CPU build binds (as vLLM itself); elsewhere only an explicit ``--cpu-bind`` does.
+    Bad input is a usage error.
+    """
+    from agents.engines.vllm_engine.cpu_binding import physical_cores, plan_cpu_binding
+
+    if not on_cpu and not requested:
+        return ()
+    allowed = sorted(os.sched_getaffinity(0))
+    try:
+        binding = plan_cpu_binding(allowed, os.environ, requested, physical_cores(allowed))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--cpu-bind") from None
+    log.info("%s", binding.describe())
+    return binding.cpus
+
+
 def fault_plan(options: dict[str, Any]) -> Any:
     """The :class:`~agents.config.FaultPlan` the ``--fault-*`` options describe (bad ones: a usage error)."""
     from agents.config import FaultPlan
@@ -228,6 +250,8 @@ async def _run(options: dict[str, Any]) -> None:
                 (kv_cache_bytes or 0) / 2**30,
             )
             options = {**options, "kv_cache_bytes": kv_cache_bytes}
+        on_cpu = (vllm_version() or "").endswith("+cpu")
+        options = {**options, "cpus": _vllm_cpus(options["cpu_bind"], on_cpu)}
     engine = build_engine(
         options["engine"],
         model=options["model"],
@@ -245,6 +269,7 @@ async def _run(options: dict[str, Any]) -> None:
             "dtype": options["dtype"],
             "gpu_memory_utilization": options["gpu_memory_utilization"],
             "tensor_parallel_size": options["tensor_parallel_size"],
+            "cpus": options.get("cpus"),
         },
     )
     config = AgentConfig(

@@ -9,7 +9,10 @@ would share the cores):
   NATS, scheduler, one agent with an in-process vLLM engine, the frontend);
 * **shoal-torch** (with ``--servers vllm,shoal,shoal-torch``): ``shoal up
   --engine torch --model DIR --instances 1``, shoal's built-in engine on the
-  same checkpoint (one torch thread, as vLLM's CPU worker gets one core here).
+  same checkpoint (one torch thread, as vLLM's CPU worker gets one core here);
+* **shoal-nobind** (``--with-nobind``, or in ``--servers``): ``shoal`` with
+  ``VLLM_CPU_OMP_THREADS_BIND=nobind`` (the agent's model thread neither pinned
+  nor limited to one OpenMP thread per CPU: what binding brings, side by side).
 
 Against each, for every ``--concurrency``, ``vllm bench serve --backend openai
 --dataset-name random --random-input-len 256 --random-output-len 128
@@ -52,7 +55,7 @@ __all__ = ["Server", "bench_vllm_serve", "client_command", "parse_result", "serv
 
 _SHOAL = [sys.executable, "-c", "from frontend.cli import main; main()"]
 #: the servers this benchmark knows; ``vllm`` is the baseline every other one is compared with
-SERVERS = ("vllm", "shoal", "shoal-torch")
+SERVERS = ("vllm", "shoal", "shoal-torch", "shoal-nobind")
 _VLLM = [sys.executable, "-m", "agents.engines.vllm_engine.vllm_cli"]
 #: what each run's saved JSON is reduced to (``vllm bench serve``'s key -> ours)
 _METRICS = {
@@ -89,12 +92,12 @@ def server_command(kind: str, options: EngineOptions, port: int, log_dir: Path) 
             "--kv-cache-memory-bytes", str(options.kv_cache_bytes), "--dtype", options.dtype,
             "--enforce-eager", "--no-enable-prefix-caching", "--disable-log-stats",
         ]  # fmt: skip
-    if kind == "shoal":
+    if kind in ("shoal", "shoal-nobind"):
         return [
             *_SHOAL, "up", "--engine", "vllm", "--model", str(options.model), "--instances", "1",
             "--port", str(port), "--max-model-len", str(options.max_model_len),
             "--block-size", str(options.block_size), "--kv-cache-bytes", str(options.kv_cache_bytes),
-            "--dtype", options.dtype, "--log-dir", str(log_dir / "shoal-up"), "--ready-timeout", "600",
+            "--dtype", options.dtype, "--log-dir", str(log_dir / f"{kind}-up"), "--ready-timeout", "600",
         ]  # fmt: skip
     if kind == "shoal-torch":  # the built-in engine: its KV default (256 MiB) holds this load's sequences
         return [
@@ -163,9 +166,10 @@ class Server:
         log_path = log_dir / f"{kind}-{port}.log"
         log: IO[bytes] = open(log_path, "ab")
         try:
+            env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "nobind"} if kind == "shoal-nobind" else None
             process = subprocess.Popen(
                 server_command(kind, options, port, log_dir), stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=die_with_parent,
+                stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=die_with_parent, env=env,
             )  # fmt: skip
         finally:
             log.close()
@@ -211,7 +215,7 @@ def _serving(kind: str, options: EngineOptions, log_dir: Path, ready_timeout_s: 
     server = Server.start(kind, options, log_dir)
     try:
         startup = server.wait_ready(ready_timeout_s)
-        click.echo(f"{kind:>5} server ready in {startup:.0f} s ({server.url})")
+        click.echo(f"{kind:>12} server ready in {startup:.0f} s ({server.url})")
         yield server
     finally:
         server.stop()
@@ -289,11 +293,17 @@ def _terminate_on_sigterm() -> None:
     default=None,
     help="Server and client logs, saved results (default: a temporary folder, kept).",
 )
+@click.option(
+    "--with-nobind",
+    is_flag=True,
+    help="Also run shoal with VLLM_CPU_OMP_THREADS_BIND=nobind (its model thread unpinned) each round.",
+)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None)
 def bench_vllm_serve(
     model: Path | None, concurrencies: tuple[int, ...], num_prompts: int, input_len: int, output_len: int,
     max_model_len: int, block_size: int, kv_cache_bytes: int, dtype: str, rounds: int, servers: str,
-    seed: int, ready_timeout: float, client_timeout: float, log_dir: Path | None, json_path: Path | None,
+    seed: int, ready_timeout: float, client_timeout: float, log_dir: Path | None, with_nobind: bool,
+    json_path: Path | None,
 ) -> None:  # fmt: skip
     """Output tokens/s, TTFT and TPOT of shoal up --engine vllm vs vllm serve, with vllm bench serve."""
     from agents.engines.vllm_engine import vllm_unavailable_reason, vllm_version
@@ -306,6 +316,8 @@ def bench_vllm_serve(
     if input_len + output_len > max_model_len:
         raise click.UsageError("--input-len + --output-len must fit in --max-model-len")
     kinds = parse_servers(servers)
+    if with_nobind and "shoal-nobind" not in kinds:
+        kinds = (*kinds, "shoal-nobind")
     _terminate_on_sigterm()
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="shoal-bench-vllm-serve-"))
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -369,7 +381,8 @@ def bench_vllm_serve(
         "kv_cache_bytes": kv_cache_bytes, "dtype": dtype, "rounds": rounds, "seed": seed, "servers": kinds,
         "vllm_version": vllm_version(), "cpus": os.cpu_count(), "load_average_end": os.getloadavg(),
         "startup_s": startup, "commands": {
-            **{kind: server_command(kind, options, 0, log_dir) for kind in kinds},
+            **{kind: (["VLLM_CPU_OMP_THREADS_BIND=nobind"] if kind == "shoal-nobind" else [])
+               + server_command(kind, options, 0, log_dir) for kind in kinds},
             "client": client_command("URL", options, concurrency=0, num_prompts=num_prompts,
                                      input_len=input_len, output_len=output_len, result_dir=log_dir,
                                      result_name="R", seed=seed),

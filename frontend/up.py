@@ -237,6 +237,21 @@ def up(**options: Any) -> None:
         click.echo("stopped", err=True)
 
 
+def _vllm_cpu_binds(instances: int, version: str | None) -> list[str]:
+    """Each vllm agent's ``--cpu-bind`` (vLLM's CPU build only: own cores when there are enough), echoed."""
+    from agents.engines.vllm_engine.cpu_binding import physical_cores, split_for_instances
+
+    if not (version or "").endswith("+cpu"):
+        return []
+    allowed = sorted(os.sched_getaffinity(0))
+    try:
+        binds = split_for_instances(allowed, instances, os.environ, physical_cores(allowed))
+    except ValueError as exc:
+        raise click.UsageError(f"VLLM_CPU_OMP_THREADS_BIND: {exc}") from None
+    click.echo(f"cpu binding     vllm model thread CPUs per agent: {' / '.join(binds)}")
+    return binds
+
+
 def _check_port_free(host: str, port: int) -> None:
     """A clear error now, rather than a frontend that cannot bind (and another server's ``/health``)."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
@@ -289,6 +304,7 @@ def _start(
 
     common = ["--nats", nats_url, "--prefix", options["prefix"], "--nats-replicas", str(replicas)]
     engine = options["engine"]
+    cpu_binds: list[str] = []
     if engine == "vllm":  # vLLM on CPU would size each agent's KV to 90% of RAM: 1 GiB unless told
         from agents.engines.vllm_engine import vllm_version
         from agents.engines.vllm_engine.config import default_kv_cache_bytes
@@ -298,6 +314,7 @@ def _start(
             options = {**options, "kv_cache_bytes": kv_cache_bytes}
             click.echo(f"kv cache        {(kv_cache_bytes or 0) / 2**30:g} GiB per agent "
                        "(vLLM on CPU; --kv-cache-bytes)")
+        cpu_binds = _vllm_cpu_binds(options["instances"], vllm_version())
     model = options["model"] or ("small" if engine == "torch" else "tiny-test")
 
     def agent_args(instance_id: str) -> list[str]:
@@ -328,7 +345,9 @@ def _start(
     for index in range(options["instances"]):
         instance_id = f"agent-{index}"
         metrics_port = free_port()
-        child = cluster.spawn(instance_id, [*agent_args(instance_id), "--metrics-port", str(metrics_port)])
+        bind = ["--cpu-bind", cpu_binds[index]] if cpu_binds else []
+        child = cluster.spawn(instance_id, [*agent_args(instance_id), *bind, "--metrics-port",
+                                            str(metrics_port)])
         click.echo(f"agent           {instance_id} pid {child.pid}  metrics http://127.0.0.1:{metrics_port}/metrics")
     tokenizer = model if engine != "sim" else f"sim:{model}"
     serve_args = ["serve", *common, *auth_args("frontend"), "--model", tokenizer, "--host", options["host"],

@@ -1,4 +1,4 @@
-"""``shoal agent --engine vllm`` on its own, as a user runs it: vLLM's block size and 1 GiB of KV on CPU.
+"""``shoal agent --engine vllm`` alone, as a user runs it: vLLM's block size, 1 GiB of KV and CPU binding.
 
 Without ``--kv-cache-bytes`` (and without ``VLLM_CPU_KVCACHE_SPACE``) vLLM on
 CPU would give each process 90% of the RAM for KV; the agent gives it 1 GiB,
@@ -18,6 +18,7 @@ import pytest
 
 from agents.engines.vllm_engine import vllm_unavailable_reason, vllm_version
 from agents.engines.vllm_engine.checkpoint import build_checkpoint
+from agents.engines.vllm_engine.cpu_binding import physical_cores, plan_cpu_binding
 from schemas import InstanceJoined, InstanceLeft
 from tests.agents.agent_cluster import agent_cluster
 
@@ -54,6 +55,13 @@ async def test_shoal_agent_vllm_alone_gets_one_gib_of_kv_on_cpu(nats_url: str, t
         assert ready.exists(), log[-3000:]
         assert process.returncode == 0, log[-3000:]
         assert "vllm on CPU: 1 GiB of KV space" in log
+        # vLLM's CPU binding, done in-process: the model thread on all allowed CPUs but the last
+        allowed = sorted(os.sched_getaffinity(0))
+        binding = plan_cpu_binding(allowed, env, None, physical_cores(allowed))
+        assert binding.describe() in log
+        if binding.cpus:
+            cpus = list(binding.cpus)
+            assert f"model thread pinned to CPUs {cpus} with {len(cpus)} torch thread(s)" in log
         events = [env.body for _, env in await cluster.stored(cluster.subjects.instance("v1"))]
         joined = events[0]
         assert isinstance(joined, InstanceJoined) and joined.engine == "vllm"

@@ -27,6 +27,7 @@ import pytest
 
 from agents.engines.vllm_engine import vllm_unavailable_reason
 from agents.engines.vllm_engine.checkpoint import build_checkpoint
+from agents.engines.vllm_engine.cpu_binding import parse_cpu_list, physical_cores, split_for_instances
 from bus.server import free_port
 from tests.processes import alive
 
@@ -74,6 +75,15 @@ def shoal_up(checkpoint: Path, tmp_path: Path, request: pytest.FixtureRequest) -
         assert {f"agent-{i}" for i in range(request.param)} | {"nats-server", "frontend"} <= set(pids)
         defaulted = any(line.startswith("kv cache        1 GiB per agent") for line in lines)
         assert defaulted == (request.param == 1)
+        # each agent's model thread is pinned to its own share of the CPUs (vLLM's CPU binding, in-process)
+        allowed = sorted(os.sched_getaffinity(0))
+        binds = split_for_instances(allowed, request.param, env, physical_cores(allowed))
+        assert f"cpu binding     vllm model thread CPUs per agent: {' / '.join(binds)}" in lines
+        for index, bind in enumerate(binds):
+            agent_log = (tmp_path / "logs" / f"agent-{index}.log").read_text()
+            if bind != "nobind":
+                cpus = list(parse_cpu_list(bind))
+                assert f"model thread pinned to CPUs {cpus} with {len(cpus)} torch thread(s)" in agent_log
         yield port, str(checkpoint)
     finally:
         process.send_signal(signal.SIGINT)

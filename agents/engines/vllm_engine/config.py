@@ -43,6 +43,10 @@ class VllmEngineConfig:
     ``migration`` turns prefix caching off (migrated requests get their blocks
     handed over, unhashed; the engine logs it) and needs one in-process worker
     (``tensor_parallel_size`` 1: anything else is refused with a ValueError).
+    ``cpus``: the CPUs the model thread is pinned to, with one torch (OpenMP)
+    thread each (see :mod:`.cpu_binding`; ``shoal agent`` picks them as vLLM's
+    CPU worker would); empty leaves the thread unpinned and torch's thread
+    count as it is.
     """
 
     model: str
@@ -58,10 +62,13 @@ class VllmEngineConfig:
     seed: int = 0
     enforce_eager: bool = True
     migration: bool = True
+    cpus: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.max_batch_size <= 0:
             raise ValueError("block_size and max_batch_size must be positive")
+        if any(cpu < 0 for cpu in self.cpus):
+            raise ValueError(f"cpus {self.cpus}: CPU ids are >= 0")
         if self.migration and self.tensor_parallel_size != 1:
             raise ValueError(
                 f"tensor_parallel_size {self.tensor_parallel_size}: live migration with the vllm engine "

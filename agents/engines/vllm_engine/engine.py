@@ -4,9 +4,13 @@ vLLM owns admission, batching, preemption and the KV blocks; this adapter
 feeds it token ids, runs its loop and reports what it sees. A step is
 ``EngineCore.step``'s three parts: ``schedule()`` and ``update_from_output()``
 on the caller's thread, the model execution (``execute_model`` and
-``sample_tokens``) in a worker thread for ``step_async`` so the agent's event
-loop keeps serving. Calls that would change the batch or free blocks while a
-step computes (abort, release, suspend, resume) are applied when it
+``sample_tokens``) always on the engine's one model thread (so the agent's
+event loop keeps serving during ``step_async``, and one OpenMP team does all
+the model's work). That thread is pinned to ``config.cpus`` with one torch
+thread per CPU when they are given (:mod:`.cpu_binding`: vLLM's own CPU
+binding, which it sets up only for worker processes). Calls that would
+change the batch or free blocks while a step computes (abort, release,
+suspend, resume) are applied when it
 completes, as in the torch engine; the aborted requests' outputs of that step
 are dropped.
 
@@ -27,6 +31,7 @@ holds the serving half and delegates to them.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import hashlib
 import itertools
@@ -94,6 +99,38 @@ class _Tracked:
     deferred: set[str] = field(default_factory=set)
 
 
+def _bind_model_thread(cpus: tuple[int, ...]) -> None:
+    """Runs first on the model thread: pin it to ``cpus`` with one torch (OpenMP) thread per CPU.
+
+    Linux affinity is per thread (``sched_setaffinity(0, ...)`` in this thread)
+    and inherited by the OpenMP threads it starts; the agent's event loop stays
+    free to run elsewhere. The thread count is set on this thread and fixed by
+    its first use (``get_num_threads``); the caller puts torch's process-wide
+    default back (:func:`_pin_model_thread`). ``torch._C.set_num_threads`` is
+    ``torch.set_num_threads``, which vLLM's CPU worker replaces with a no-op.
+    """
+    import torch
+
+    os.sched_setaffinity(0, cpus)
+    torch._C.set_num_threads(len(cpus))
+    if torch.get_num_threads() != len(cpus):
+        raise RuntimeError(f"vllm engine: the model thread got {torch.get_num_threads()} torch threads")
+
+
+def _pin_model_thread(model_thread: concurrent.futures.ThreadPoolExecutor, cpus: tuple[int, ...]) -> None:
+    """Pin the model thread to ``cpus`` (nothing without CPUs), leaving the other threads as they were."""
+    if not cpus:
+        return
+    import torch
+
+    previous = torch.get_num_threads()
+    try:
+        model_thread.submit(_bind_model_thread, cpus).result()
+    finally:
+        torch._C.set_num_threads(previous)  # this thread's and new threads' count; not the model thread's
+    log.info("vllm engine: model thread pinned to CPUs %s with %d torch thread(s)", list(cpus), len(cpus))
+
+
 def _engine_args(config: VllmEngineConfig) -> Any:
     from vllm.engine.arg_utils import EngineArgs
 
@@ -143,6 +180,10 @@ class VllmEngine:
         # vLLM's CPU platform swaps the in-process executor for worker processes unless told not to
         # by this variable (vllm/platforms/cpu.py); shoal needs the worker in this process.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        # every model execution runs on this one thread, bound before vLLM's CPU worker starts (it
+        # replaces torch.set_num_threads with a no-op once it has set up its device)
+        self._model_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="vllm-model")
+        _pin_model_thread(self._model_thread, config.cpus)
         vllm_config = _engine_args(config).create_engine_config(UsageContext.ENGINE_CONTEXT)
         self.vllm_config = vllm_config
         self.core: Any = EngineCore(vllm_config, Executor.get_class(vllm_config), log_stats=False)
@@ -289,16 +330,16 @@ class VllmEngine:
     def step(self) -> StepResult:
         started = time.perf_counter()
         plan = self.scheduler.schedule()
-        return self._complete(plan, self._execute(plan), started)
+        return self._complete(plan, self._model_thread.submit(self._execute, plan).result(), started)
 
     async def step_async(self, *, exclusive: bool = False) -> StepResult:
         started = time.perf_counter()
         plan = self.scheduler.schedule()
         if plan.total_num_scheduled_tokens == 0 or exclusive:
-            return self._complete(plan, self._execute(plan), started)
+            return self._complete(plan, self._model_thread.submit(self._execute, plan).result(), started)
         self._in_step = True
         try:
-            output = await asyncio.to_thread(self._execute, plan)
+            output = await asyncio.wrap_future(self._model_thread.submit(self._execute, plan))
         finally:
             self._in_step = False
         return self._complete(plan, output, started)
@@ -485,6 +526,7 @@ class VllmEngine:
         """
         with _EXECUTE_LOCK:
             self.core.shutdown()
+        self._model_thread.shutdown(wait=False)
 
     # ---------------------------------------------------------- migration
 

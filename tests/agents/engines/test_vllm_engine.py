@@ -11,6 +11,9 @@ the torch engine too: both engines load it.
 
 from __future__ import annotations
 
+import asyncio
+import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -39,11 +42,20 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_checkpoint(tmp_path_factory.mktemp("llama"))
 
 
-def _vllm(checkpoint: Path) -> Any:
+#: the first engine's model thread is pinned to this CPU (as ``shoal agent`` pins it), the second is not
+PINNED_CPU = min(os.sched_getaffinity(0))
+
+
+def _vllm(checkpoint: Path, **overrides: Any) -> Any:
     from agents.engines.vllm_engine.engine import VllmEngine
 
     return VllmEngine(
-        str(checkpoint), num_blocks=NUM_BLOCKS, kv_cache_bytes=64 * 2**20, max_model_len=512, dtype="float32"
+        str(checkpoint),
+        num_blocks=NUM_BLOCKS,
+        kv_cache_bytes=64 * 2**20,
+        max_model_len=512,
+        dtype="float32",
+        **overrides,
     )
 
 
@@ -72,7 +84,7 @@ def vllm_reference(checkpoint: Path) -> list[int]:
 
 @pytest.fixture(scope="module")
 def engines(checkpoint: Path, vllm_reference: list[int]) -> Any:
-    first, second = _vllm(checkpoint), _vllm(checkpoint)
+    first, second = _vllm(checkpoint, cpus=(PINNED_CPU,)), _vllm(checkpoint)
     yield first, second
     first.shutdown()
     second.shutdown()
@@ -307,3 +319,42 @@ def test_prefix_caching_is_off_when_the_engine_migrates(engines: Any) -> None:
     engine, _ = engines
     assert engine.migration is not None
     assert engine.vllm_config.cache_config.enable_prefix_caching is False
+
+
+@needs_vllm
+def test_every_model_step_runs_on_one_thread_pinned_to_the_engines_cpus(
+    engines: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM binds its CPU worker only in worker processes; in-process, the engine pins one model thread."""
+    import torch
+
+    pinned, unpinned = engines
+    threads_before = torch.get_num_threads()
+    seen: list[tuple[int, set[int], int]] = []
+    executor = pinned.core.model_executor
+    original = executor.execute_model
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        seen.append((threading.get_ident(), os.sched_getaffinity(0), torch.get_num_threads()))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(executor, "execute_model", recording)
+    tokens: dict[str, list[int]] = {"pin": []}
+    pinned.add_request("pin", PROMPT, SamplingParams(max_tokens=6, ignore_eos=True))
+
+    async def steps() -> None:
+        for _ in range(3):
+            tokens["pin"].extend(t for out in (await pinned.step_async()).outputs for t in out.token_ids)
+
+    asyncio.run(steps())
+    while pinned.has_unfinished():
+        tokens["pin"].extend(t for out in pinned.step().outputs for t in out.token_ids)
+    assert len(tokens["pin"]) == 6
+    assert len(seen) == 6  # step_async and step alike
+    assert {ident for ident, _, _ in seen} != {threading.get_ident()}
+    assert len({ident for ident, _, _ in seen}) == 1, "model steps ran on more than one thread"
+    assert all(cpus == {PINNED_CPU} and num == 1 for _, cpus, num in seen), seen
+    # the caller's thread (the agent's event loop) and torch's default elsewhere are left alone
+    assert torch.get_num_threads() == threads_before
+    assert PINNED_CPU in os.sched_getaffinity(0)
+    assert unpinned.config.cpus == ()
