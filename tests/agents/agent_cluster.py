@@ -196,5 +196,17 @@ class TokenWatcher:
         return [d.owner_epoch for d in self.deltas]
 
 
+def unmigrated_tokens(
+    engine: Any, prompt: tuple[int, ...], sampling: SamplingParams, request_id: str = "reference"
+) -> list[int]:
+    """The tokens ``engine`` generates for one request run alone to the end (a migrated run equals them)."""
+    engine.add_request(request_id, prompt, sampling)
+    tokens: list[int] = []
+    while engine.has_unfinished():
+        for output in engine.step().outputs:
+            tokens.extend(output.token_ids)
+    return tokens
+
+
 def greedy(max_tokens: int, **changes: Any) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, ignore_eos=True, **changes)

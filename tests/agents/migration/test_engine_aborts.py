@@ -25,7 +25,7 @@ from agents.agent import Agent, AgentConfig, FaultPlan
 from agents.engines.vllm_engine import vllm_unavailable_reason
 from schemas import GenerateRequest, SamplingParams
 from schemas.reasons import MigrationAbortReason
-from tests.agents.agent_cluster import TokenWatcher, agent_cluster, fast_agent_config
+from tests.agents.agent_cluster import TokenWatcher, agent_cluster, fast_agent_config, unmigrated_tokens
 
 _VLLM_REASON = vllm_unavailable_reason()
 pytestmark = pytest.mark.filterwarnings(  # vLLM's import warns about its own dependencies
@@ -88,13 +88,7 @@ def make_engine(request: pytest.FixtureRequest) -> Iterator[MakeEngine]:
 
 
 def _unmigrated(make: MakeEngine, sampling: SamplingParams, prompt: tuple[int, ...] = PROMPT) -> list[int]:
-    engine = make()
-    engine.add_request("reference", prompt, sampling)
-    tokens: list[int] = []
-    while engine.has_unfinished():
-        for output in engine.step().outputs:
-            tokens.extend(output.token_ids)
-    return tokens
+    return unmigrated_tokens(make(), prompt, sampling)
 
 
 def _config(name: str, faults: FaultPlan | None = None, **migration: float) -> AgentConfig:

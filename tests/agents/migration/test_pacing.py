@@ -14,7 +14,7 @@ from agents.engines.torch_engine import TorchEngine
 from agents.migration.fsm.config import MigrationConfig
 from agents.migration.pacing import CopyPacer, StepClock
 from schemas import GenerateRequest, SamplingParams
-from tests.agents.agent_cluster import agent_cluster, fast_agent_config
+from tests.agents.agent_cluster import agent_cluster, fast_agent_config, unmigrated_tokens
 
 SAMPLING = SamplingParams(max_tokens=40, temperature=1.0, seed=11, ignore_eos=True)
 PROMPT = tuple((i * 53) % 300 + 1 for i in range(150))  # 9 full blocks of 16 at the move
@@ -105,13 +105,7 @@ def _engine() -> TorchEngine:
 
 
 def _reference_tokens() -> list[int]:
-    engine = _engine()
-    engine.add_request("moving", PROMPT, SAMPLING)
-    tokens: list[int] = []
-    while engine.has_unfinished():
-        for output in engine.step().outputs:
-            tokens.extend(output.token_ids)
-    return tokens
+    return unmigrated_tokens(_engine(), PROMPT, SAMPLING, "moving")
 
 
 async def test_a_paced_migration_moves_the_request_exactly_in_chunks(nats_url: str) -> None:

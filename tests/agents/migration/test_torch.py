@@ -15,7 +15,7 @@ import pytest
 
 from agents.engines.torch_engine import TorchEngine
 from schemas import GenerateRequest, SamplingParams
-from tests.agents.agent_cluster import agent_cluster, fast_agent_config
+from tests.agents.agent_cluster import agent_cluster, fast_agent_config, unmigrated_tokens
 from transport import TransportConfig
 from transport.ucx import ucx_available
 
@@ -28,13 +28,7 @@ def _engine() -> TorchEngine:
 
 
 def _reference_tokens() -> list[int]:
-    engine = _engine()
-    engine.add_request("moving", PROMPT, SAMPLING)
-    tokens: list[int] = []
-    while engine.has_unfinished():
-        for output in engine.step().outputs:
-            tokens.extend(output.token_ids)
-    return tokens
+    return unmigrated_tokens(_engine(), PROMPT, SAMPLING, "moving")
 
 
 @pytest.mark.parametrize(("kind", "secure"), [("tcp", False), ("ucx", False), ("tcp", True)])

@@ -25,7 +25,7 @@ from agents.engines.vllm_engine import vllm_unavailable_reason
 from agents.engines.vllm_engine.checkpoint import build_checkpoint
 from schemas import GenerateRequest, SamplingParams
 from schemas.reasons import MigrationAbortReason
-from tests.agents.agent_cluster import agent_cluster, fast_agent_config
+from tests.agents.agent_cluster import agent_cluster, fast_agent_config, unmigrated_tokens
 from transport import TransportConfig
 from transport.ucx import ucx_available
 
@@ -70,12 +70,7 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Any
 
 
 def _unmigrated(engine: Any) -> list[int]:
-    engine.add_request("reference", PROMPT, GREEDY)
-    tokens: list[int] = []
-    while engine.has_unfinished():
-        for output in engine.step().outputs:
-            tokens.extend(output.token_ids)
-    return tokens
+    return unmigrated_tokens(engine, PROMPT, GREEDY)
 
 
 async def _idle(*agents: Any) -> None:
