@@ -428,10 +428,19 @@ class JetStreamBus:
         return subscription
 
     async def _settle(self, nc: NatsClient) -> None:
-        """Round-trip to the server so a new subscription is in place when the call returns."""
+        """Round-trip to the server so a new (or ended) subscription is in place when the call returns.
+
+        nats-py's ``flush()`` writes its PING straight to the socket, ahead of the commands still
+        queued for its flusher task (the SUB or UNSUB just sent): its PONG alone does not prove
+        the server has the subscription, and a request from another client right after could get
+        "no responders". So the queued commands go to the socket first, then the PING.
+        """
         if nc.is_connected:
+            timeout = max(1, int(self._config.api_timeout))
             try:
-                await nc.flush(timeout=max(1, int(self._config.api_timeout)))
+                async with asyncio.timeout(timeout):
+                    await nc._flush_pending(force_flush=True)
+                await nc.flush(timeout=timeout)
             except (nats.errors.Error, TimeoutError):
                 pass  # it is registered on (re)connect anyway
 

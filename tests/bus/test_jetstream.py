@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from nats.js import api
 
-from bus import AppendTimeout, JetStreamBus, StreamConfig
+from bus import AppendTimeout, JetStreamBus, NoResponders, StreamConfig
 from bus.server import EmbeddedNats
 from schemas import Subjects
 from tests.bus.helpers import collect, short_config, take
@@ -155,3 +155,62 @@ async def test_a_long_replay_with_a_slow_reader_is_complete_and_ordered(
         assert seqs == list(range(1, 3001))
         for stream in (subjects.events_stream, subjects.loads_stream, f"KV_{subjects.kv_bucket}"):
             await bus.client.jsm().delete_stream(stream)
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, hold: float) -> None:
+    """Relay in order; a SUB or UNSUB line, and all after it in its chunk, waits ``hold`` seconds."""
+    try:
+        while data := await reader.read(65536):
+            found = data.find(b"SUB ") if hold else -1
+            if found >= 0:
+                newline = data.rfind(b"\r\n", 0, found)
+                line_start = newline + 2 if newline >= 0 else 0
+                writer.write(data[:line_start])
+                await writer.drain()
+                await asyncio.sleep(hold)
+                data = data[line_start:]
+            writer.write(data)
+            await writer.drain()
+    except ConnectionError:
+        pass
+    finally:
+        writer.close()
+
+
+async def test_serve_returns_once_a_slow_server_has_the_subscription(
+    nats_url: str, subjects: Subjects
+) -> None:
+    # a server slow to read the serving client's SUB (a loaded machine), through a relay that holds it back
+    upstream = nats_url.removeprefix("nats://").rsplit(":", 1)
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def relay(client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        server_reader, server_writer = await asyncio.open_connection(upstream[0], int(upstream[1]))
+        for task in (_pipe(client_reader, server_writer, 0.5), _pipe(server_reader, client_writer, 0.0)):
+            tasks.add(asyncio.create_task(task))
+
+    proxy = await asyncio.start_server(relay, "127.0.0.1", 0)
+    port = proxy.sockets[0].getsockname()[1]
+    server = JetStreamBus(short_config(f"nats://127.0.0.1:{port}", subjects))
+    client = JetStreamBus(short_config(nats_url, subjects))
+    try:
+        await server.connect()
+        await client.connect()
+        subject = subjects.rpc_dispatch
+        service = await server.serve(subject, _echo)
+        # the other client's request right away finds the responder ...
+        assert (await client.request(subject, b"here?", timeout=5)).data == b"here?"
+        await service.stop()
+        # ... and, once stop() returns, finds none
+        with pytest.raises(NoResponders):
+            await client.request(subject, b"gone?", timeout=5)
+    finally:
+        await client.close()
+        await server.close()
+        proxy.close()
+        for task in tasks:
+            task.cancel()
+
+
+async def _echo(data: bytes, headers: dict[str, str]) -> bytes:
+    return data

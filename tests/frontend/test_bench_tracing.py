@@ -15,7 +15,10 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(30)]  # ~10 s on 2 idle cores
+# ~10 s on 2 idle cores; its nine CPU-bound children (two shoals of four processes, an OTLP
+# receiver) share the cores, so a loaded runner takes several times that. The limit only catches
+# a hang (speed is the bench's to measure, never asserted); the suite's own limit is 300 s.
+pytestmark = [pytest.mark.slow]
 
 
 def test_bench_tracing_reports_a_ratio_and_the_spans_its_receiver_took(tmp_path: Path) -> None:
@@ -24,7 +27,7 @@ def test_bench_tracing_reports_a_ratio_and_the_spans_its_receiver_took(tmp_path:
         [sys.executable, "-c", "from frontend.cli import main; main()", "bench", "tracing",
          "--preset", "tiny", "--concurrency", "2", "--prompt-tokens", "8", "--max-tokens", "8",
          "--rounds", "1", "--export-delay-ms", "100", "--json", str(out)],
-        capture_output=True, text=True, timeout=28, check=False,
+        capture_output=True, text=True, timeout=240, check=False,
     )
     assert completed.returncode == 0, completed.stdout + completed.stderr
     result = json.loads(out.read_text())["results"]["2"]

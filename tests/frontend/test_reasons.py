@@ -14,7 +14,7 @@ from typing import Any
 from agents.engines.protocol import RequestRejected
 from frontend.gateway import Job
 from schemas import AbortRequest, CloseReason, RejectReason, RequestAborted, SamplingParams
-from tests.frontend.cluster import frontend_cluster
+from tests.frontend.cluster import Cluster, frontend_cluster
 
 #: The answer the client gets for each refusal: client faults are 400s; the instance's own
 #: refusals are tried elsewhere, and with no other instance the cluster is unavailable.
@@ -60,12 +60,26 @@ async def test_each_generate_refusal_gets_its_openai_error(nats_url: str) -> Non
                 assert f"the test refuses with {reason}" in error["message"]  # the detail, for people
             else:
                 assert "Retry-After" in response.headers
-        assert (await client.post("/v1/completions", json=body)).status_code == 200
+            if reason is RejectReason.TERMINATING:
+                # a load report sent (or still on its way) while the flag was up tells the frontend
+                # the instance terminates, and it places nothing there until a later report says
+                # otherwise: wait until the frontend has one built after the flag came down
+                await _frontend_has_report_after(cluster, "i0", agent.load_report().seq)
+        response = await client.post("/v1/completions", json=body)
+        assert response.status_code == 200, response.text
         metrics = (await client.get("/metrics")).text
         for reason in RejectReason:  # Prometheus label values are the enum values
             assert f'shoal_generate_refusals_total{{reason="{reason.value}"}} 1.0' in metrics, reason
         unplaced = len(EXPECTED)  # every refused request closed without an owner
         assert f'shoal_requests_aborted_total{{reason="unplaced"}} {float(unplaced)}' in metrics
+
+
+async def _frontend_has_report_after(cluster: Cluster, instance_id: str, seq: int) -> None:
+    gateway = cluster.gateway
+    assert gateway is not None
+    async with asyncio.timeout(10):
+        while gateway.board.state.instances[instance_id].load.report_seq <= seq:
+            await asyncio.sleep(0.02)
 
 
 async def test_a_stream_closed_before_it_finishes_tells_its_owner_why(nats_url: str) -> None:
