@@ -38,15 +38,14 @@ from bus.errors import BusError
 from bus.options import nats_option
 from bus.protocol import StreamConfig
 from bus.server import EmbeddedNats
-from scheduler.bench_retention import measure_retention
+from scheduler.bench_retention import finished_request, measure_retention
 from scheduler.lease import LEASE_KEY
 from scheduler.service import SchedulerConfig, SchedulerService
 from schemas import Codec, Subjects
 from schemas.decisions import Dispatched, LoadPosition, SchedulerTick
 from schemas.instance import InstanceJoined, KVLayout, ModelIdentity
 from schemas.load import LoadReport, PriorityLoad
-from schemas.reasons import FinishReason
-from schemas.requests import RequestArrived, RequestFinished
+from schemas.requests import RequestArrived
 from schemas.rpc import DispatchReply, DispatchRequest
 
 __all__ = ["bench_recovery", "measure_recovery", "write_synthetic_log"]
@@ -136,13 +135,7 @@ async def write_synthetic_log(bus: JetStreamBus, num_events: int, *, epoch: int 
             accepted[instance_id] += 1
             await event(
                 subjects.req(request_id),
-                RequestFinished(
-                    request_id=request_id,
-                    finish_reason=FinishReason.LENGTH,
-                    num_prompt_tokens=128,
-                    num_output_tokens=32,
-                    e2e_s=1.0,
-                ),
+                finished_request(request_id),
             )
             if request % 4 == 0:
                 await report(ids[(request // 4) % NUM_INSTANCES])

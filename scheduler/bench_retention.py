@@ -85,6 +85,14 @@ class _Instance:
         )
 
 
+def finished_request(request_id: str) -> RequestFinished:
+    """A synthetic request's end: 128 prompt tokens, 32 output tokens in a second (the benches' shape)."""
+    return RequestFinished(
+        request_id=request_id, finish_reason=FinishReason.LENGTH, num_prompt_tokens=128, num_output_tokens=32,
+        e2e_s=1.0,
+    )
+
+
 def bus_config(url: str, subjects: Subjects) -> BusConfig:
     """The production retention of the loads stream (100 reports per instance)."""
     return BusConfig(url=url, subjects=subjects, streams=StreamConfig())
@@ -170,13 +178,7 @@ async def write_busy_log(bus: JetStreamBus, busy_s: int, rate: int, *, seed: int
                     )
                     await event(
                         subjects.req(request_id),
-                        RequestFinished(
-                            request_id=request_id,
-                            finish_reason=FinishReason.LENGTH,
-                            num_prompt_tokens=128,
-                            num_output_tokens=32,
-                            e2e_s=1.0,
-                        ),
+                        finished_request(request_id),
                         at,
                     )
                 if tenth % 5 == 4:
