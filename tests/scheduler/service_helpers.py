@@ -37,6 +37,27 @@ def bus_config(url: str, prefix: str, loads_max_msgs_per_subject: int = 100_000)
     )
 
 
+def live_agent_config(instance_id: str = "x", heartbeat_interval_s: float = 0.5) -> Any:
+    """A real agent's config for the scheduler's live tests: quick reports, short migration timeouts."""
+    from agents.agent import AgentConfig
+    from agents.migration.fsm.config import MigrationConfig
+
+    return AgentConfig(
+        instance_id=instance_id,
+        report_interval_s=0.05,
+        heartbeat_interval_s=heartbeat_interval_s,
+        tick_interval_s=0.02,
+        migration=MigrationConfig(
+            ack_timeout_s=0.5,
+            copy_timeout_s=2.0,
+            suspend_timeout_s=1.0,
+            commit_timeout_s=0.5,
+            claim_retry_s=0.3,
+            destination_idle_timeout_s=3.0,
+        ),
+    )
+
+
 def new_prefix() -> str:
     return f"t{uuid.uuid4().hex[:10]}"
 

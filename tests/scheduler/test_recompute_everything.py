@@ -23,9 +23,8 @@ from dataclasses import replace
 
 import pytest
 
-from agents.agent import Agent, AgentConfig
+from agents.agent import Agent
 from agents.engines.sim import SimEngine
-from agents.migration.fsm.config import MigrationConfig
 from bus import BusConfig, JetStreamBus
 from bus.errors import BusError
 from scheduler.cluster_state import ClusterState, encode_snapshot
@@ -36,7 +35,7 @@ from scheduler.replay import ReplayOptions, replay_log
 from scheduler.service import SchedulerConfig, SchedulerService
 from schemas import Codec
 from schemas.rpc import DispatchReply, DispatchRequest, GenerateRequest, SamplingParams
-from tests.scheduler.service_helpers import bus_config, delete_streams, new_prefix
+from tests.scheduler.service_helpers import bus_config, delete_streams, live_agent_config, new_prefix
 
 pytestmark = pytest.mark.slow
 
@@ -44,20 +43,7 @@ pytestmark = pytest.mark.slow
 CYCLES = 60
 #: Seconds of cycling at most (the test's whole budget is pytest-timeout's 300 s).
 DEADLINE_S = 150.0
-AGENT = AgentConfig(
-    instance_id="x",
-    report_interval_s=0.05,
-    heartbeat_interval_s=0.1,
-    tick_interval_s=0.02,
-    migration=MigrationConfig(
-        ack_timeout_s=0.5,
-        copy_timeout_s=2.0,
-        suspend_timeout_s=1.0,
-        commit_timeout_s=0.5,
-        claim_retry_s=0.3,
-        destination_idle_timeout_s=3.0,
-    ),
-)
+AGENT = live_agent_config(heartbeat_interval_s=0.1)
 POLICY = PolicyConfig(
     pairing=PairingConfig(low_freeness=35, high_freeness=70),
     scaling=ScalingConfig(

@@ -23,9 +23,8 @@ from dataclasses import replace
 
 import pytest
 
-from agents.agent import Agent, AgentConfig
+from agents.agent import Agent
 from agents.engines.sim import SimEngine
-from agents.migration.fsm.config import MigrationConfig
 from bus.errors import BusError
 from scheduler.config import PairingConfig, PolicyConfig
 from scheduler.logfile import read_bus_log
@@ -35,24 +34,11 @@ from schemas import Codec
 from schemas.decisions import Dispatched, Paired
 from schemas.rpc import DispatchReply, DispatchRequest, GenerateRequest, SamplingParams
 from schemas.tokens import TokenDelta
-from tests.scheduler.service_helpers import connected, delete_streams, new_prefix
+from tests.scheduler.service_helpers import connected, delete_streams, live_agent_config, new_prefix
 
 pytestmark = pytest.mark.slow
 
-AGENT = AgentConfig(
-    instance_id="x",
-    report_interval_s=0.05,
-    heartbeat_interval_s=0.5,
-    tick_interval_s=0.02,
-    migration=MigrationConfig(
-        ack_timeout_s=0.5,
-        copy_timeout_s=2.0,
-        suspend_timeout_s=1.0,
-        commit_timeout_s=0.5,
-        claim_retry_s=0.3,
-        destination_idle_timeout_s=3.0,
-    ),
-)
+AGENT = live_agent_config()
 BAND = ("--low-freeness", "35", "--high-freeness", "70")
 
 

@@ -19,9 +19,8 @@ from dataclasses import replace
 import msgspec
 import pytest
 
-from agents.agent import Agent, AgentConfig
+from agents.agent import Agent
 from agents.engines.sim import SimEngine
-from agents.migration.fsm.config import MigrationConfig
 from bus.protocol import Bus
 from scheduler.config import DispatchPolicy, PairingConfig, PolicyConfig, shoal_pairing
 from scheduler.logfile import RecordedLog, read_bus_log
@@ -34,24 +33,11 @@ from schemas.envelope import Body
 from schemas.load import LoadReport
 from schemas.rpc import DispatchReply, DispatchRequest, GenerateRequest, SamplingParams
 from schemas.tokens import TokenDelta
-from tests.scheduler.service_helpers import connected, delete_streams, new_prefix
+from tests.scheduler.service_helpers import connected, delete_streams, live_agent_config, new_prefix
 
 pytestmark = pytest.mark.slow
 
-AGENT = AgentConfig(
-    instance_id="x",
-    report_interval_s=0.05,
-    heartbeat_interval_s=0.5,
-    tick_interval_s=0.02,
-    migration=MigrationConfig(
-        ack_timeout_s=0.5,
-        copy_timeout_s=2.0,
-        suspend_timeout_s=1.0,
-        commit_timeout_s=0.5,
-        claim_retry_s=0.3,
-        destination_idle_timeout_s=3.0,
-    ),
-)
+AGENT = live_agent_config()
 POLICY = PolicyConfig(pairing=PairingConfig(low_freeness=35, high_freeness=70))
 #: shoal's default policy (queue-aware dispatch, pairing with the room check) on the same band.
 SHOAL_POLICY = PolicyConfig(
