@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # shoal's runs again after its dispatch became "least blocks ahead, then freeness" (blocks_ahead
 # ranks instances where the request would wait by the larger of the queued and pending prompt
-# blocks and the memory deficit ahead of it; the former rule keeps the name queue_aware). INFaaS++ and Llumnix do not change: their runs in run.sh stand.
+# blocks and the memory deficit ahead of it; the former rule keeps the name queue_aware).
+# INFaaS++ and Llumnix do not change: their runs in run.sh stand.
 # The former default's runs (*_shoal60*) stay as "shoal-prev" in the tables.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
