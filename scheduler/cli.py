@@ -157,14 +157,7 @@ def policy_from_options(
     type=float,
     default=3.0,
     show_default=True,
-    help="Seconds without a load report before a silent instance is probed (failed if it does not answer).",
-)
-@click.option(
-    "--failure-probe-timeout",
-    type=float,
-    default=1.0,
-    show_default=True,
-    help="Seconds a silent instance has to answer a direct probe before it is marked failed (0: no probe).",
+    help="Seconds without a load report before an instance is marked failed.",
 )
 @click.option(
     "--lease-ttl", type=float, default=3.0, show_default=True, help="Lease time-to-live in seconds."
@@ -215,7 +208,6 @@ def scheduler(**options: Any) -> None:
         standby=options["standby"],
         pairing_interval_s=options["pairing_interval"],
         failure_timeout_s=options["failure_timeout"],
-        failure_probe_timeout_s=options["failure_probe_timeout"],
         lease_ttl_s=options["lease_ttl"],
         snapshot_every_events=options["snapshot_every"],
         snapshot_every_s=options["snapshot_interval"],

@@ -43,7 +43,7 @@ from typing import Any
 from opentelemetry import trace
 
 from bus import tracing as bus_tracing
-from bus.errors import BusError, BusTimeout, NoResponders, NotConnected
+from bus.errors import BusError, NotConnected
 from bus.protocol import Bus, StoredMessage
 from scheduler.cluster_state import ClusterState, InstanceStatus, initial_state, live_loads
 from scheduler.config import encode_policy
@@ -142,8 +142,6 @@ class SchedulerService:
         self._last_seen: dict[str, float] = {}
         #: The loads-stream sequence of the last report received per instance (0: none since joining).
         self._last_report_seq: dict[str, int] = {}
-        #: Liveness probes of silent instances: in flight (None) or answered (True: alive, False: not).
-        self._probes: dict[str, bool | None] = {}
         self._scaling = ScalingState()
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[Any]] = set()
@@ -380,7 +378,6 @@ class SchedulerService:
                 if not isinstance(body, LoadReport):
                     continue
                 self._last_seen[body.instance_id] = self._clock()
-                self._probes.pop(body.instance_id, None)  # it spoke: a probe's answer is moot
                 self._last_report_seq[body.instance_id] = message.position.seq
                 assert self.shadow is not None
                 self.shadow.on_load(message.position.seq, body)
@@ -549,8 +546,6 @@ class SchedulerService:
                 self.view(), instance_id, epoch=self.epoch, inputs=inputs,
                 last_heartbeat=self._wall() - (now - seen),
             )
-            if failed is not None and not self._confirmed_silent(instance_id, now - seen):
-                continue
             if failed is not None:
                 emitted.append(failed)
                 self._emit(failed)
@@ -642,56 +637,6 @@ class SchedulerService:
                 return
             except BusError as exc:
                 log.warning("lease renewal failed: %s", exc)
-
-    # -- failure detection -------------------------------------------------------------------
-    def _confirmed_silent(self, instance_id: str, silence_s: float) -> bool:
-        """Whether a silent instance may be marked failed: it did not answer a direct probe.
-
-        The first call starts the probe (its ``stats`` RPC) and says no; later calls say no while it
-        is in flight. An answer means the instance is alive and only its reports are late (the loads
-        stream may have lost its leader): its silence starts over, and the next failure needs a new
-        probe. No responders or a timeout confirm the silence; a bus error on our side asks again.
-        """
-        if self.config.failure_probe_timeout_s <= 0:
-            return True
-        if instance_id not in self._probes:
-            self._probes[instance_id] = None
-            self._spawn(self._probe(instance_id, silence_s))
-            return False
-        answer = self._probes[instance_id]
-        if answer is None:
-            return False
-        del self._probes[instance_id]
-        if answer:
-            self._last_seen[instance_id] = self._clock()
-            self.stats.failures_averted += 1
-            return False
-        return True
-
-    async def _probe(self, instance_id: str, silence_s: float) -> None:
-        subject = self.subjects.rpc_agent(instance_id, "stats")
-        try:
-            await self.bus.request(subject, b"", timeout=self.config.failure_probe_timeout_s)
-        except NoResponders:
-            result = "no_responders"
-        except BusTimeout:
-            result = "timeout"
-        except BusError as exc:  # our own connection, say: that says nothing about the instance
-            log.info("liveness probe of %s failed on the bus: %s", instance_id, exc)
-            self.metrics.failure_probes.labels(result="error").inc()
-            self._probes.pop(instance_id, None)  # ask again at the next tick
-            return
-        else:
-            result = "alive"
-            log.warning(
-                "instance %s sent no load report for %.1fs but answers: alive, its reports are late "
-                "(is the loads stream without a leader?); not marking it failed",
-                instance_id, silence_s,
-            )
-        self.metrics.failure_probes.labels(result=result).inc()
-        if instance_id in self._probes:
-            self._probes[instance_id] = result == "alive"
-        self._changed.set()
 
     # -- side effects ------------------------------------------------------------------------
     def _spawn(self, coroutine: Coroutine[Any, Any, Any]) -> None:

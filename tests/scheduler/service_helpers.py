@@ -14,7 +14,6 @@ import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
 
 from bus import BusConfig, BusError, JetStreamBus
 from bus.protocol import StreamConfig
@@ -95,11 +94,8 @@ class FakeAgent:
         report_interval: float = 0.05,
         lifetime_reports: int = 6,
         hog_blocks: int = 0,
-        answers_probes: bool = False,
     ) -> None:
         self.bus = bus
-        #: Serve the ``stats`` RPC the scheduler probes a silent instance with (a real agent does).
-        self.answers_probes = answers_probes
         self.instance_id = instance_id
         self.num_blocks = num_blocks
         self.report_interval = report_interval
@@ -112,7 +108,7 @@ class FakeAgent:
         self.accepted: set[str] = set()
         self.seq = 0
         self._tasks: list[asyncio.Task[None]] = []
-        self._services: list[Any] = []
+        self._service = None
 
     async def start(self) -> None:
         joined = InstanceJoined(
@@ -127,17 +123,10 @@ class FakeAgent:
         await self.bus.append(
             self.subjects.instance(self.instance_id), self.codec.encode(joined, time=time.time())
         )
-        self._services.append(
-            await self.bus.serve(self.subjects.rpc_agent(self.instance_id, "generate"), self._generate)
+        self._service = await self.bus.serve(
+            self.subjects.rpc_agent(self.instance_id, "generate"), self._generate
         )
-        if self.answers_probes:
-            self._services.append(
-                await self.bus.serve(self.subjects.rpc_agent(self.instance_id, "stats"), self._stats)
-            )
         self._tasks.append(asyncio.create_task(self._report_loop()))
-
-    async def _stats(self, data: bytes, headers: dict[str, str]) -> bytes:
-        return b"{}"
 
     async def _generate(self, data: bytes, headers: dict[str, str]) -> bytes:
         envelope = self.codec.decode(data)
@@ -188,24 +177,15 @@ class FakeAgent:
                     del self.running[request_id]
             await asyncio.sleep(self.report_interval)
 
-    async def pause_reports(self) -> None:
-        """Stop reporting but keep serving (what a loads stream without a leader looks like)."""
+    async def stop(self) -> None:
+        """Stop reporting and serving (looks like a crash to the scheduler)."""
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        self._tasks.clear()
-
-    def resume_reports(self) -> None:
-        self._tasks.append(asyncio.create_task(self._report_loop()))
-
-    async def stop(self) -> None:
-        """Stop reporting and serving (looks like a crash to the scheduler)."""
-        await self.pause_reports()
-        for service in self._services:
-            await service.stop()
-        self._services.clear()
+        if self._service is not None:
+            await self._service.stop()
 
 
 async def dispatch(
