@@ -14,6 +14,7 @@ import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 from bus import BusConfig, BusError, JetStreamBus
 from bus.protocol import StreamConfig
