@@ -10,8 +10,10 @@ for all of them (keeping a short buffer for ``resend``; a step's deltas go
 out just before the next step starts),
 appends load reports (which are the liveness heartbeat), serves the RPCs of
 the contract (``generate``, ``abort``, ``resend``, ``migrate_out``,
-``stop_migration``, ``drain``, and ``stats``: a fresh load report, for drills
-and operators checking that no block is left reserved) and hands migration messages to
+``stop_migration``, ``drain``, ``stats``: a fresh load report, for drills
+and operators checking that no block is left reserved, and ``liveness``: whether
+its reports are still being sent, asked by the scheduler before it marks a silent
+instance failed) and hands migration messages to
 :class:`agents.migration.manager.MigrationManager`.
 
 Requests whose frontend is gone are aborted: every ``orphan_check_interval_s``
@@ -68,6 +70,7 @@ from schemas import (
     InstanceJoined,
     InstanceLeft,
     InstanceTerminating,
+    Liveness,
     LoadReport,
     MigrateOut,
     MigrationAbortReason,
@@ -140,6 +143,11 @@ class Agent:
         self._last_urgent: tuple[object, ...] | None = None
         self.num_reports = 0
         self._last_report_at = 0.0
+        #: loop times: when the report loop last began a report, and when one was last stored
+        self._report_attempt_at: float | None = None
+        self._report_stored_at: float | None = None
+        self._report_error = ""
+        self._report_task: asyncio.Task[Any] | None = None
         self._epoch_seen = -1
         self._started = False
         self.last_engine_stats: EngineStats | None = None
@@ -203,13 +211,14 @@ class Agent:
             "stop_migration": self._serve_stop_migration,
             "drain": self._serve_drain,
             "stats": self._serve_stats,
+            "liveness": self._serve_liveness,
         }
         for method, handler in sorted(handlers.items(), key=lambda item: item[0]):
             self._services.append(
                 await self.bus.serve(self.subjects.rpc_agent(self.instance_id, method), handler)
             )
         self.spawn(self._step_loop())
-        self.spawn(self._report_loop())
+        self._report_task = self.spawn(self._report_loop())
         if self.config.orphan_check_interval_s > 0:
             self.spawn(self._orphan_loop())
 
@@ -524,7 +533,7 @@ class Agent:
             report = self.load_report()
             signature = load_signature(report)
             urgent = urgent_signature(report)
-            now = loop.time()
+            now = self._report_attempt_at = loop.time()
             since = now - self._last_report_at
             if since >= heartbeat or (
                 signature != self._last_signature
@@ -544,9 +553,11 @@ class Agent:
                     )
                 except BusError as exc:
                     log.warning("agent %s: load report failed: %s", self.instance_id, exc)
+                    self._report_error = str(exc) or type(exc).__name__
                 else:
                     self._last_signature, self._last_urgent = signature, urgent
                     self._last_report_at = now
+                    self._report_stored_at, self._report_error = loop.time(), ""
                     self.num_reports += 1
             await asyncio.sleep(interval)
 
@@ -774,6 +785,30 @@ class Agent:
     async def _serve_stats(self, data: bytes, headers: dict[str, str]) -> bytes:
         """The engine's usage now (any request body): a :class:`~schemas.LoadReport` built on the spot."""
         return self._reply(self.load_report())
+
+    def liveness(self) -> Liveness:
+        """Whether this agent still sends load reports (the scheduler's probe of a silent instance).
+
+        ``reporting`` holds while the report loop runs and began a report within twice the append
+        timeout plus the report interval: a loop blocked on a stream without a leader qualifies, a
+        loop that died or was stopped does not.
+        """
+        now = asyncio.get_running_loop().time()
+        config = self.config
+        bound = 2 * (max(1.0, config.heartbeat_interval_s) + config.report_interval_s)
+        attempt, stored = self._report_attempt_at, self._report_stored_at
+        running = self._report_task is not None and not self._report_task.done()
+        return Liveness(
+            instance_id=self.instance_id,
+            reporting=running and attempt is not None and now - attempt <= bound,
+            seconds_since_attempt=None if attempt is None else round(now - attempt, 3),
+            seconds_since_stored=None if stored is None else round(now - stored, 3),
+            last_error=self._report_error,
+        )
+
+    async def _serve_liveness(self, data: bytes, headers: dict[str, str]) -> bytes:
+        """:meth:`liveness` (any request body)."""
+        return self._reply(self.liveness())
 
     async def drain(self, reason: TerminateReason = TerminateReason.SCALE_DOWN) -> None:
         """Terminate: refuse new requests, report terminating, stop once every request has left."""

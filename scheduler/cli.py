@@ -157,7 +157,14 @@ def policy_from_options(
     type=float,
     default=3.0,
     show_default=True,
-    help="Seconds without a load report before an instance is marked failed.",
+    help="Seconds without a load report before a silent instance is probed (failed unless still reporting).",
+)
+@click.option(
+    "--failure-probe-timeout",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="Seconds a silent instance has to answer its liveness probe (0: no probe, silence decides).",
 )
 @click.option(
     "--lease-ttl", type=float, default=3.0, show_default=True, help="Lease time-to-live in seconds."
@@ -208,6 +215,7 @@ def scheduler(**options: Any) -> None:
         standby=options["standby"],
         pairing_interval_s=options["pairing_interval"],
         failure_timeout_s=options["failure_timeout"],
+        failure_probe_timeout_s=options["failure_probe_timeout"],
         lease_ttl_s=options["lease_ttl"],
         snapshot_every_events=options["snapshot_every"],
         snapshot_every_s=options["snapshot_interval"],

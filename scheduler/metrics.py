@@ -89,6 +89,14 @@ class SchedulerMetrics:
             "A message stored in the log until the scheduler read it (after catching up), by stream",
             ["stream"], buckets=_APPEND_BUCKETS, registry=r,
         )
+        self.failure_probes = Counter(
+            "shoal_scheduler_failure_probes",
+            "Silent instances asked directly before being marked failed, by answer (alive: still sending "
+            "reports; not_reporting, no_responders, timeout: failed; error: the scheduler's bus)",
+            ["result"], registry=r,
+        )
+        for result in ("alive", "not_reporting", "no_responders", "timeout", "error"):
+            self.failure_probes.labels(result=result)
         for kind in sorted(set(_KINDS.values())):
             self.decisions.labels(kind=kind)
         for reason in DispatchFailReason:

@@ -43,7 +43,7 @@ from typing import Any
 from opentelemetry import trace
 
 from bus import tracing as bus_tracing
-from bus.errors import BusError, NotConnected
+from bus.errors import BusError, BusTimeout, NoResponders, NotConnected
 from bus.protocol import Bus, StoredMessage
 from scheduler.cluster_state import ClusterState, InstanceStatus, initial_state, live_loads
 from scheduler.config import encode_policy
@@ -77,7 +77,7 @@ from schemas.envelope import Body, Codec
 from schemas.instance import FailureInputs, InstanceFailed, InstanceJoined
 from schemas.load import LoadReport
 from schemas.reasons import DispatchFailReason, RpcErrorCode
-from schemas.rpc import DispatchReply, DispatchRequest, Drain, MigrateOut, RpcError, StopMigration
+from schemas.rpc import DispatchReply, DispatchRequest, Drain, Liveness, MigrateOut, RpcError, StopMigration
 
 __all__ = [
     "SENT_HEADER",
@@ -142,6 +142,8 @@ class SchedulerService:
         self._last_seen: dict[str, float] = {}
         #: The loads-stream sequence of the last report received per instance (0: none since joining).
         self._last_report_seq: dict[str, int] = {}
+        #: Liveness probes of silent instances: in flight (None) or answered (True: alive, False: not).
+        self._probes: dict[str, bool | None] = {}
         self._scaling = ScalingState()
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[Any]] = set()
@@ -378,6 +380,7 @@ class SchedulerService:
                 if not isinstance(body, LoadReport):
                     continue
                 self._last_seen[body.instance_id] = self._clock()
+                self._probes.pop(body.instance_id, None)  # it spoke: a probe's answer is moot
                 self._last_report_seq[body.instance_id] = message.position.seq
                 assert self.shadow is not None
                 self.shadow.on_load(message.position.seq, body)
@@ -546,6 +549,8 @@ class SchedulerService:
                 self.view(), instance_id, epoch=self.epoch, inputs=inputs,
                 last_heartbeat=self._wall() - (now - seen),
             )
+            if failed is not None and not self._confirmed_silent(instance_id, now - seen):
+                continue
             if failed is not None:
                 emitted.append(failed)
                 self._emit(failed)
@@ -637,6 +642,68 @@ class SchedulerService:
                 return
             except BusError as exc:
                 log.warning("lease renewal failed: %s", exc)
+
+    # -- failure detection -------------------------------------------------------------------
+    def _confirmed_silent(self, instance_id: str, silence_s: float) -> bool:
+        """Whether a silent instance may be marked failed: its probe did not show it still reporting.
+
+        The first call starts the probe (the agent's ``liveness`` RPC) and says no; later calls say
+        no while it is in flight. An agent that answers that its report loop is running and sending
+        is alive and only its reports are late (the loads stream may have lost its leader): its
+        silence starts over, and the next failure needs a new probe. Anything else confirms the
+        silence: no responders, a timeout, or an answer that its reports stopped (a report loop that
+        died, an agent stuck in its shutdown). A bus error on our side asks again.
+        """
+        if self.config.failure_probe_timeout_s <= 0:
+            return True
+        if instance_id not in self._probes:
+            self._probes[instance_id] = None
+            self._spawn(self._probe(instance_id, silence_s))
+            return False
+        answer = self._probes[instance_id]
+        if answer is None:
+            return False
+        del self._probes[instance_id]
+        if answer:
+            self._last_seen[instance_id] = self._clock()
+            self.stats.failures_averted += 1
+            return False
+        return True
+
+    async def _probe(self, instance_id: str, silence_s: float) -> None:
+        subject = self.subjects.rpc_agent(instance_id, "liveness")
+        try:
+            reply = await self.bus.request(subject, b"", timeout=self.config.failure_probe_timeout_s)
+        except NoResponders:
+            result = "no_responders"
+        except BusTimeout:
+            result = "timeout"
+        except BusError as exc:  # our own connection, say: that says nothing about the instance
+            log.info("liveness probe of %s failed on the bus: %s", instance_id, exc)
+            self.metrics.failure_probes.labels(result="error").inc()
+            self._probes.pop(instance_id, None)  # ask again at the next tick
+            return
+        else:
+            envelope = self.codec.decode_or_none(reply.data)
+            body = None if envelope is None else envelope.body
+            if isinstance(body, Liveness) and body.reporting:
+                result = "alive"
+                log.warning(
+                    "instance %s sent no load report the scheduler received for %.1fs, but it is sending "
+                    "them (last stored %s s ago, last error %r): the loads stream is late (no leader?); "
+                    "not marking it failed", instance_id, silence_s, body.seconds_since_stored,
+                    body.last_error,
+                )
+            else:
+                result = "not_reporting"
+                log.warning(
+                    "instance %s answers but sends no load reports (%s): marking it failed",
+                    instance_id, body if isinstance(body, Liveness) else "unexpected reply",
+                )
+        self.metrics.failure_probes.labels(result=result).inc()
+        if instance_id in self._probes:
+            self._probes[instance_id] = result == "alive"
+        self._changed.set()
 
     # -- side effects ------------------------------------------------------------------------
     def _spawn(self, coroutine: Coroutine[Any, Any, Any]) -> None:

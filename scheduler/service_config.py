@@ -42,6 +42,12 @@ class SchedulerConfig:
     standby: bool = False
     pairing_interval_s: float = 0.5
     failure_timeout_s: float = 3.0
+    #: Before an instance silent past ``failure_timeout_s`` is marked failed, the scheduler asks it
+    #: directly (its ``liveness`` RPC, core NATS) and waits this long for an answer. An instance whose
+    #: report loop is still sending is alive and only its load reports are late (say, the loads stream
+    #: has no leader for a few seconds on a NATS cluster); one that does not answer, or answers that
+    #: its reports stopped, is failed. 0: no probe (the silence alone decides).
+    failure_probe_timeout_s: float = 1.0
     lease_ttl_s: float = 3.0
     snapshot_every_events: int = 20_000
     snapshot_every_s: float = 10.0
@@ -66,6 +72,8 @@ class SchedulerConfig:
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
+        if self.failure_probe_timeout_s < 0:
+            raise ValueError("failure_probe_timeout_s must be >= 0")
         if self.snapshot_every_events < 1:
             raise ValueError("snapshot_every_events must be >= 1")
 
@@ -75,6 +83,8 @@ class SchedulerStats(msgspec.Struct):
     dispatch_errors: int = 0
     ticks: int = 0
     failures_detected: int = 0
+    #: silent instances whose liveness probe said they still send reports (the reports were late, not they)
+    failures_averted: int = 0
     commands_sent: int = 0
     command_errors: int = 0
     snapshots: int = 0

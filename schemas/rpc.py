@@ -23,6 +23,7 @@ __all__ = [
     "Drain",
     "GenerateReply",
     "GenerateRequest",
+    "Liveness",
     "MigrateOut",
     "ResendRequest",
     "RpcError",
@@ -165,6 +166,26 @@ class TokenProbe(Message, frozen=True, kw_only=True, tag="token_probe"):
     instance_id: str
 
 
+class Liveness(Message, frozen=True, kw_only=True, tag="liveness"):
+    """An agent's answer to the scheduler's liveness probe (its ``liveness`` RPC, core NATS).
+
+    The scheduler asks an instance whose load reports stopped arriving before it marks it failed.
+    Answering is not enough to stay in service: ``reporting`` says the agent's report loop is still
+    running and began a report within its own bound (twice the append timeout plus the report
+    interval). Reports then stop somewhere on the bus (a loads stream without a leader, say), not in
+    the agent. An agent whose loop died or stopped answers ``reporting=False`` and is marked failed.
+    """
+
+    instance_id: str
+    reporting: bool
+    #: Seconds since the report loop last began a report; None: it never did.
+    seconds_since_attempt: float | None = None
+    #: Seconds since a report was last stored in the loads stream; None: none was.
+    seconds_since_stored: float | None = None
+    #: Why the last report append failed ('' when it succeeded).
+    last_error: str = ""
+
+
 RpcMessage = (
     GenerateRequest
     | GenerateReply
@@ -179,4 +200,6 @@ RpcMessage = (
     | RpcError
     | CommandReply
     | TokenProbe
+    | Liveness
 )
+

@@ -12,6 +12,7 @@ from schemas import (
     GenerateRequest,
     InstanceLeft,
     InstanceTerminating,
+    Liveness,
     LoadReport,
     MigrateOut,
     MigrationAbortReason,
@@ -163,3 +164,24 @@ async def test_drain_migrates_everything_away_then_leaves(nats_url: str) -> None
             assert watcher.deltas[-1].instance_id == "a2", rid
             await watcher.close()
         assert not a2.engine.has_unfinished()
+
+
+async def test_liveness_says_whether_reports_are_still_being_sent(nats_url: str) -> None:
+    """The scheduler's probe of a silent instance: an agent whose appends fail (its loads stream is
+    gone) still says it is reporting, with the error; one whose report loop stopped says it is not."""
+    async with agent_cluster(nats_url) as cluster:
+        agent = await cluster.add(sim_engine(), fast_agent_config("a1"))
+        await asyncio.sleep(0.3)
+        answer = await cluster.call("a1", "liveness", Drain(epoch=0))
+        assert isinstance(answer, Liveness) and answer.reporting and answer.last_error == ""
+        assert answer.seconds_since_stored is not None and answer.seconds_since_stored < 1.0
+        await cluster.bus.client.jsm().delete_stream(cluster.subjects.loads_stream)
+        async with asyncio.timeout(10):
+            while not (answer := await cluster.call("a1", "liveness", Drain(epoch=0))).last_error:
+                await asyncio.sleep(0.1)
+        assert answer.reporting  # still trying: the reports stop on the bus, not in the agent
+        assert agent._report_task is not None
+        agent._report_task.cancel()  # the loop dies, the RPCs still answer
+        await asyncio.sleep(0.05)
+        answer = await cluster.call("a1", "liveness", Drain(epoch=0))
+        assert not answer.reporting and answer.seconds_since_attempt is not None

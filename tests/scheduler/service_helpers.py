@@ -21,7 +21,7 @@ from bus.protocol import StreamConfig
 from schemas import Codec, Subjects
 from schemas.instance import InstanceJoined, KVLayout, ModelIdentity
 from schemas.load import LoadReport, PriorityLoad
-from schemas.rpc import DispatchReply, DispatchRequest, GenerateReply, GenerateRequest
+from schemas.rpc import DispatchReply, DispatchRequest, GenerateReply, GenerateRequest, Liveness
 
 LAYOUT = KVLayout(num_layers=2, num_kv_heads=2, head_dim=8, block_size=16, dtype="float32")
 
@@ -95,8 +95,15 @@ class FakeAgent:
         report_interval: float = 0.05,
         lifetime_reports: int = 6,
         hog_blocks: int = 0,
+        answers_probes: bool = False,
     ) -> None:
         self.bus = bus
+        #: Serve the ``liveness`` RPC the scheduler probes a silent instance with (a real agent does).
+        self.answers_probes = answers_probes
+        #: False: the report loop runs but its reports never reach the loads stream (a stream without
+        #: a leader, as the scheduler sees it).
+        self.reports_land = True
+        self._attempt_at: float | None = None
         self.instance_id = instance_id
         self.num_blocks = num_blocks
         self.report_interval = report_interval
@@ -109,7 +116,7 @@ class FakeAgent:
         self.accepted: set[str] = set()
         self.seq = 0
         self._tasks: list[asyncio.Task[None]] = []
-        self._service = None
+        self._services: list[Any] = []
 
     async def start(self) -> None:
         joined = InstanceJoined(
@@ -124,10 +131,20 @@ class FakeAgent:
         await self.bus.append(
             self.subjects.instance(self.instance_id), self.codec.encode(joined, time=time.time())
         )
-        self._service = await self.bus.serve(
-            self.subjects.rpc_agent(self.instance_id, "generate"), self._generate
+        self._services.append(
+            await self.bus.serve(self.subjects.rpc_agent(self.instance_id, "generate"), self._generate)
         )
+        if self.answers_probes:
+            self._services.append(
+                await self.bus.serve(self.subjects.rpc_agent(self.instance_id, "liveness"), self._liveness)
+            )
         self._tasks.append(asyncio.create_task(self._report_loop()))
+
+    async def _liveness(self, data: bytes, headers: dict[str, str]) -> bytes:
+        running = any(not task.done() for task in self._tasks)
+        recent = self._attempt_at is not None and time.monotonic() - self._attempt_at < 2.5  # as an agent's
+        answer = Liveness(instance_id=self.instance_id, reporting=running and recent)
+        return self.codec.encode(answer, time=time.time())
 
     async def _generate(self, data: bytes, headers: dict[str, str]) -> bytes:
         envelope = self.codec.decode(data)
@@ -167,9 +184,14 @@ class FakeAgent:
     async def _report_loop(self) -> None:
         while self.bus.is_connected:
             report = self.report()
+            self._attempt_at = time.monotonic()
             with contextlib.suppress(BusError):
+                if not self.reports_land:
+                    raise BusError("simulated: the loads stream has no leader")
                 await self.bus.append(
-                    self.subjects.load(self.instance_id), self.codec.encode(report, time=time.time())
+                    self.subjects.load(self.instance_id),
+                    self.codec.encode(report, time=time.time()),
+                    timeout=1.0,
                 )
             for request_id in list(self.running):
                 entry = self.running[request_id]
@@ -178,15 +200,24 @@ class FakeAgent:
                     del self.running[request_id]
             await asyncio.sleep(self.report_interval)
 
-    async def stop(self) -> None:
-        """Stop reporting and serving (looks like a crash to the scheduler)."""
+    async def pause_reports(self) -> None:
+        """Stop the report loop but keep serving (an agent whose reporting died)."""
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        if self._service is not None:
-            await self._service.stop()
+        self._tasks.clear()
+
+    def resume_reports(self) -> None:
+        self._tasks.append(asyncio.create_task(self._report_loop()))
+
+    async def stop(self) -> None:
+        """Stop reporting and serving (looks like a crash to the scheduler)."""
+        await self.pause_reports()
+        for service in self._services:
+            await service.stop()
+        self._services.clear()
 
 
 async def dispatch(

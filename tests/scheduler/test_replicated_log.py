@@ -52,11 +52,12 @@ async def test_r3_log_loses_no_acknowledged_event_when_the_stream_leader_is_kill
         subjects = writer.config.subjects
         info = await writer.client.jsm().stream_info(subjects.events_stream)
         assert info.config.num_replicas == 3 and len(info.cluster.replicas or []) == 2
-        agents = [FakeAgent(agent_bus, "i0"), FakeAgent(agent_bus, "i1")]
+        agents = [FakeAgent(agent_bus, f"i{k}", answers_probes=True) for k in range(2)]
         for agent in agents:
             await agent.start()
-        # failure_timeout above the outage: load reports pause while the stream has no leader
-        config = SchedulerConfig(**{**FAST, "lease_ttl_s": 3.0, "failure_timeout_s": 15.0})  # type: ignore[arg-type]
+        # the default failure timeout (3 s), shorter than the outage: load reports pause while a stream has no
+        # leader, and the scheduler must ask the agents before it calls them failed
+        config = SchedulerConfig(**{**FAST, "lease_ttl_s": 3.0, "failure_timeout_s": 3.0})  # type: ignore[arg-type]
         service = SchedulerService(sched_bus, config)
         acked: dict[int, bytes] = {}
         ack_times: list[float] = []
@@ -131,8 +132,11 @@ async def test_r3_log_loses_no_acknowledged_event_when_the_stream_leader_is_kill
         f"\nR3 leader kill: {len(acked)} appends acknowledged, {len(failures)} failed, "
         f"longest time without an ack {longest:.2f} s (kill at +{killed_at - started:.1f} s, "
         f"leader {leader} -> {new_leader}); dispatches placed {len(placed)}, not placed {len(unplaced)}; "
-        f"scheduler epoch {epoch_before} -> {epoch_after}, bus restarts {service.stats.bus_restarts}"
+        f"scheduler epoch {epoch_before} -> {epoch_after}, bus restarts {service.stats.bus_restarts}; "
+        f"agents failed {service.stats.failures_detected}, failures averted by a probe "
+        f"{service.stats.failures_averted}"
     )
+    assert service.stats.failures_detected == 0  # both agents lived throughout
     assert not failures, failures[:5]
     assert acked and all(stored.get(seq) == data for seq, data in acked.items())  # nothing acknowledged lost
     assert len({data for data in stored.values()}) == len(stored)  # resends stored once (message ids)

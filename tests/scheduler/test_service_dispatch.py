@@ -113,6 +113,43 @@ async def test_silent_instance_is_marked_failed_and_no_longer_chosen(cluster: tu
         await alive.stop()
 
 
+async def test_an_instance_whose_reports_stall_on_the_bus_is_not_failed(cluster: tuple[str, str]) -> None:
+    """Reports lost on the way for 3 failure timeouts (a loads stream without a leader): the scheduler
+    asks the instance, it says it is still sending them, so it stays live. Once its report loop stops
+    while it still answers (an agent stuck in its shutdown), the answer no longer saves it."""
+    url, prefix = cluster
+    async with connected(url, prefix) as agent_bus, connected(url, prefix) as sched_bus:
+        alive, stalled = FakeAgent(agent_bus, "a"), FakeAgent(agent_bus, "b", answers_probes=True)
+        await alive.start()
+        await stalled.start()
+        service = SchedulerService(sched_bus, SchedulerConfig(**FAST))  # type: ignore[arg-type]
+        async with running(service):
+            await service.wait_active(10)
+            await asyncio.sleep(0.3)
+            stalled.reports_land = False
+            await asyncio.sleep(3.5 * FAST["failure_timeout_s"])
+            assert service.view().instances["b"].status is not InstanceStatus.FAILED
+            assert service.stats.failures_averted >= 2
+            metrics = service.metrics.render().decode()
+            assert 'shoal_scheduler_failure_probes_total{result="alive"} 0.0' not in metrics
+            stalled.reports_land = True
+            await asyncio.sleep(0.5)
+            assert service.view().instances["b"].status is not InstanceStatus.FAILED
+            await stalled.pause_reports()  # answers probes, sends nothing: not doing its job
+            for _ in range(60):
+                await asyncio.sleep(0.1)
+                if service.view().instances["b"].status is InstanceStatus.FAILED:
+                    break
+            assert service.view().instances["b"].status is InstanceStatus.FAILED
+            metrics = service.metrics.render().decode()
+            assert 'shoal_scheduler_failure_probes_total{result="not_reporting"} 1.0' in metrics
+            assert service.view().instances["a"].status is not InstanceStatus.FAILED
+        bodies = await _decisions(agent_bus)
+        assert [b.instance_id for b in bodies if isinstance(b, InstanceFailed)] == ["b"]
+        await alive.stop()
+        await stalled.stop()
+
+
 async def test_only_the_lease_holder_decides_and_a_standby_takes_over(cluster: tuple[str, str]) -> None:
     url, prefix = cluster
     async with (
