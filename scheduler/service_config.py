@@ -58,6 +58,9 @@ class SchedulerConfig:
     archive_loads: bool = True
     archive_interval_s: float = 1.0
     checkpoint_every_s: float = 300.0
+    #: Move a queued request (no KV) off an instance whose head of line has waited this long, to
+    #: where it would start at once (``scheduler.policy.dispatch.requeue_choice``); None: off.
+    requeue_after_s: float | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -66,6 +69,8 @@ class SchedulerConfig:
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
+        if self.requeue_after_s is not None and self.requeue_after_s <= 0:
+            raise ValueError(f"requeue_after_s must be > 0 or None, got {self.requeue_after_s}")
         if self.snapshot_every_events < 1:
             raise ValueError("snapshot_every_events must be >= 1")
 
@@ -85,3 +90,5 @@ class SchedulerStats(msgspec.Struct):
     bus_restarts: int = 0
     recovered_at: float = 0.0
     first_dispatch_at: float = 0.0
+    #: queued requests the scheduler told an agent to move (``requeue_after_s``)
+    requeues: int = 0
