@@ -203,6 +203,11 @@ def scheduler(**options: Any) -> None:
     """Run the global scheduler: dispatch, pairing, failure detection, scaling, snapshots."""
     logging.basicConfig(level=options["log_level"].upper(), format="%(asctime)s %(name)s %(message)s")
     scaling = _scaling_from_options(options)
+    if options["requeue_after_s"] is not None and options["policy"] != DispatchPolicy.BLOCKS_AHEAD.value:
+        raise click.BadParameter(
+            f"moving queued requests needs --policy {DispatchPolicy.BLOCKS_AHEAD.value}",
+            param_hint="--requeue-after-s",
+        )
     config = SchedulerConfig(
         policy=policy_from_options(
             options["policy"],
