@@ -251,8 +251,9 @@ def bench_requeue(**options: Any) -> None:
         mode: {key: statistics.median(run[key] for run in runs[mode]) for key in runs[mode][0]}
         for mode in modes
     }
+    slots = "/".join(map(str, options["slots"]))
     click.echo(
-        f"{options['instances']} torch agents ({options['preset']}, slots {'/'.join(map(str, options['slots']))}), "
+        f"{options['instances']} torch agents ({options['preset']}, slots {slots}), "
         f"burst of {options['requests']} ({options['prompt_tokens']}-token prompts, a quarter "
         f"{options['long_tokens']} tokens long, the rest {options['short_tokens']}), "
         f"{options['rounds']} rounds, medians; load average {load_before:.1f} -> {load_after:.1f} "
