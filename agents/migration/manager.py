@@ -52,7 +52,7 @@ from schemas import (
     MigrationStarted,
     MoveQueued,
 )
-from schemas.migration import Ack, CommitAck, MigrationMessage, StageWritten
+from schemas.migration import Abort, Ack, CommitAck, MigrationMessage, StageWritten
 from schemas.reasons import MigrationAbortReason
 
 __all__ = ["DESTINATION_FULL", "MigrationManager", "MigrationOutcome"]
@@ -333,6 +333,7 @@ class MigrationManager:
         cause: MigrationCause = MigrationCause.REQUESTED,
         command: MigrateOut | None = None,
         queued: bool = False,
+        epoch: int | None = None,
     ) -> SourceDriver | MigrationOutcome:
         """Start a migration; a refusal comes back as a failed :class:`MigrationOutcome`.
 
@@ -397,7 +398,7 @@ class MigrationManager:
                 source_id=self.agent.instance_id,
                 destination_id=destination_id,
                 cause=cause,
-                epoch=0 if command is None else command.epoch,
+                epoch=(0 if command is None else command.epoch) if epoch is None else epoch,
                 target_freeness=None if command is None else command.target_freeness,
                 source_freeness=self.agent.load_report().freeness,
             )
@@ -410,10 +411,23 @@ class MigrationManager:
         the migration protocol (a migration of zero blocks; the destination queues it). Accepted
         means started; the outcome is logged on the migration's subject."""
         outcome = await self.begin(
-            command.request_id, command.destination_id, cause=MigrationCause.REQUEUE, queued=True
+            command.request_id,
+            command.destination_id,
+            cause=MigrationCause.REQUEUE,
+            queued=True,
+            epoch=command.epoch,
         )
         if isinstance(outcome, MigrationOutcome):
             why = outcome.reason or MigrationAbortReason.CANCELLED
+            # the scheduler logged the decision: log that the move did not start, and why
+            agent_id = self.agent.instance_id
+            self.log.record(MigrationStarted(
+                migration_id=outcome.migration_id, request_id=command.request_id, source_id=agent_id,
+                destination_id=command.destination_id, cause=MigrationCause.REQUEUE, epoch=command.epoch,
+            ))
+            self.log.record(Abort(
+                migration_id=outcome.migration_id, reason=why, sender_id=agent_id, detail=outcome.detail
+            ))
             reason = _REFUSALS.get(why, CommandRejectReason.MIGRATION_REFUSED)
             return CommandReply(accepted=False, reason=reason, detail=f"{why.value}: {outcome.detail}")
         return CommandReply(accepted=True, detail=f"moving as {outcome.migration_id}")

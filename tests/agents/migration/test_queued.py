@@ -222,6 +222,10 @@ async def test_a_malformed_move_command_is_refused_and_counted(nats_url: str) ->
         )
         assert isinstance(unknown, CommandReply) and not unknown.accepted
         assert unknown.reason is CommandRejectReason.UNKNOWN_REQUEST
+        await q1.migration.log.flush()  # the refusal is in the log, with the reason
+        refused = [env.body for _, env in await cluster.stored(f"{cluster.subjects.prefix}.ev.mig.>")]
+        assert [type(b).__name__ for b in refused] == ["MigrationStarted", "Abort"]
+        assert refused[1].reason is MigrationAbortReason.NOT_RUNNING
         stale = await cluster.call(
             "q1", "move_queued", MoveQueued(epoch=0, request_id="nobody", destination_id="q2")
         )
