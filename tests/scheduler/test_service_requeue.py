@@ -26,6 +26,7 @@ from scheduler.config import DispatchPolicy, PolicyConfig
 from scheduler.logfile import read_bus_log
 from scheduler.replay import replay_log
 from scheduler.service import SchedulerConfig, SchedulerService
+from scheduler.timeline import request_timeline
 from schemas import AbortRequest, Codec, Dispatched, GenerateRequest, MigrationCause, MigrationStarted
 from tests.agents.agent_cluster import TokenWatcher, greedy, unmigrated_tokens
 from tests.scheduler.service_helpers import bus_config, delete_streams, live_agent_config, new_prefix
@@ -120,6 +121,9 @@ async def test_a_stalled_queue_loses_its_request_live_and_the_replay_recomputes_
             if isinstance(body := codec.decode(e.data).body, MigrationStarted) and body.request_id == "moving"
         ]
         assert [s.cause for s in started] == [MigrationCause.REQUEUE]
+        timeline = request_timeline(log, "moving")  # shoal replay --request: the move, and why
+        moved = [step for step in timeline.steps if step.kind == "requeued"]
+        assert [(step.instance_id, step.detail["requeued_from"]) for step in moved] == [("q2", "q1")]
         outcomes = [s for s in result.migrations if s.request_id == "moving"]
         assert [s.outcome for s in outcomes] == ["committed"], outcomes
     finally:
