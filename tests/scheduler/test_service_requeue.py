@@ -94,6 +94,7 @@ async def test_a_stalled_queue_loses_its_request_live_and_the_replay_recomputes_
             assert sum(1 for d in watcher.deltas if d.finish_reason is not None) == 1
             assert {(d.instance_id, d.owner_epoch) for d in watcher.deltas} == {("q2", 1)}
             assert service.stats.requeues == 1
+            assert b'shoal_scheduler_decisions_total{kind="requeued"} 1.0' in service.metrics.render()
             assert q1.engine.request_stats("blocker") is not None  # the running request stayed
             await client.request(
                 subjects.rpc_agent("q1", "abort"),
