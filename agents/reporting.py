@@ -11,7 +11,9 @@ may wait a little while the engine is busy). No I/O, no clock.
 
 from __future__ import annotations
 
-from agents.engines.protocol import EngineStats, RequestStatus
+from collections.abc import Callable
+
+from agents.engines.protocol import EngineStats, RequestStats, RequestStatus
 from scheduler.config import PolicyConfig
 from scheduler.policy import (
     RunningRequest,
@@ -20,9 +22,16 @@ from scheduler.policy import (
     instance_freeness,
     virtual_usage,
 )
-from schemas import LoadReport
+from schemas import LoadReport, QueuedRequest
 
-__all__ = ["build_load_report", "load_signature", "running_requests", "urgent_signature"]
+__all__ = [
+    "build_load_report",
+    "load_signature",
+    "queued_in_order",
+    "requeue_candidate",
+    "running_requests",
+    "urgent_signature",
+]
 
 
 def running_requests(stats: EngineStats) -> tuple[RunningRequest, ...]:
@@ -50,8 +59,13 @@ def build_load_report(
     terminating: bool = False,
     num_migrating_out: int = 0,
     num_migrating_in: int = 0,
+    head_of_line_wait_s: float = 0.0,
+    requeue_candidate: QueuedRequest | None = None,
 ) -> LoadReport:
-    """The report of one engine snapshot; freeness counts reserved (migrating-in) blocks as used."""
+    """The report of one engine snapshot; freeness counts reserved (migrating-in) blocks as used.
+
+    ``head_of_line_wait_s`` and ``requeue_candidate`` (:func:`requeue_candidate`) come from the
+    agent, which knows when each request was queued and whether it ever moved."""
     running = running_requests(stats)
     waiting_demand = sum(
         blocks_for_tokens(r.num_tokens, block_size)
@@ -92,7 +106,35 @@ def build_load_report(
         num_migrating_in=num_migrating_in,
         waiting_demand=waiting_demand,
         num_preemptions=stats.num_preemptions,
+        head_of_line_wait_s=head_of_line_wait_s,
+        requeue_candidate=requeue_candidate,
     )
+
+
+def queued_in_order(stats: EngineStats) -> list[RequestStats]:
+    """The queued requests (waiting or preempted) in the order they would be admitted."""
+    queued = [r for r in stats.requests if r.status.is_queued]
+    return sorted(queued, key=lambda r: (r.priority, r.arrival_seq))
+
+
+def requeue_candidate(stats: EngineStats, eligible: Callable[[RequestStats], bool]) -> QueuedRequest | None:
+    """The request a stalled queue may lose without KV: the newest queued one that never ran
+    (the head only when it is alone), if ``eligible`` (never moved, not moving) says it may go.
+    Only the newest such request is offered, as the simulator does."""
+    queued = queued_in_order(stats)
+    for request in reversed(queued[1:] or queued):
+        never_ran = (
+            request.status is RequestStatus.WAITING
+            and request.num_computed_tokens == 0
+            and request.num_tokens == request.num_prompt_tokens
+        )
+        if never_ran and eligible(request):
+            return QueuedRequest(
+                request_id=request.request_id,
+                num_prompt_tokens=request.num_prompt_tokens,
+                priority=request.priority,
+            )
+    return None
 
 
 def load_signature(report: LoadReport) -> tuple[object, ...]:

@@ -46,11 +46,24 @@ from opentelemetry.context import Context
 
 from agents.config import AgentConfig
 from agents.deltas import DeltaBuffer, RequestTokens
-from agents.engines.protocol import Engine, EngineStats, PreemptionEvent, RequestRejected, StepResult
+from agents.engines.protocol import (
+    Engine,
+    EngineStats,
+    PreemptionEvent,
+    RequestRejected,
+    RequestStats,
+    StepResult,
+)
 from agents.metrics import AgentMetrics
 from agents.migration.fsm.config import MigrationConfig
 from agents.migration.manager import MigrationManager, MigrationOutcome
-from agents.reporting import build_load_report, load_signature, urgent_signature
+from agents.reporting import (
+    build_load_report,
+    load_signature,
+    queued_in_order,
+    requeue_candidate,
+    urgent_signature,
+)
 from agents.tracing import RequestSpans, parent_context, tracer_from
 from bus import Bus, BusError, InvalidName, NoResponders, Service
 from bus import tracing as bus_tracing
@@ -74,6 +87,7 @@ from schemas import (
     LoadReport,
     MigrateOut,
     MigrationAbortReason,
+    MoveQueued,
     RejectReason,
     RequestAdmitted,
     RequestPreempted,
@@ -121,6 +135,8 @@ class Agent:
         self.num_steps = 0
         #: requests aborted because nobody listened to their tokens any more (their frontend died)
         self.num_orphans_aborted = 0
+        #: scheduler commands that did not decode as the command their subject serves
+        self.num_malformed_commands = 0
         self.terminating = False
         #: set by :meth:`drain`: the step loop stops the agent once it is empty (``terminating`` alone
         #: only refuses new requests)
@@ -208,6 +224,7 @@ class Agent:
             "abort": self._serve_abort,
             "resend": self._serve_resend,
             "migrate_out": self._serve_migrate_out,
+            "move_queued": self._serve_move_queued,
             "stop_migration": self._serve_stop_migration,
             "drain": self._serve_drain,
             "stats": self._serve_stats,
@@ -486,8 +503,16 @@ class Agent:
         """The context of ``request_id``'s ``generate`` span here (None: not traced)."""
         return self.request_spans.context(request_id)
 
-    def adopt_migrated(self, commit: Commit, *, trace_context: Context | None = None) -> None:
-        """A migrated request joined the engine here: publish its tokens with the next owner epoch."""
+    def adopt_migrated(
+        self, commit: Commit, *, trace_context: Context | None = None, queued: bool = False
+    ) -> None:
+        """A migrated request joined the engine here: publish its tokens with the next owner epoch.
+
+        ``queued``: it moved without KV and waits in the queue here (counted as accepted, so the
+        scheduler's pending dispatch for the move is reconciled)."""
+        if queued:
+            self.num_accepted += 1
+            self._queued_since[commit.request_id] = (time.time(), False)
         if trace_context is not None:
             self.request_spans.open(commit.request_id, trace_context, {
                 "shoal.owner_epoch": commit.owner_epoch + 1,
@@ -506,6 +531,16 @@ class Agent:
             output_token_ids=commit.token_ids[commit.num_prompt_tokens :],
             delta_subject=commit.delta_subject,
         )
+        if queued:  # no token may come for a while: tell the frontend the new owner now
+            announce = TokenDelta(
+                request_id=commit.request_id,
+                instance_id=self.instance_id,
+                owner_epoch=commit.owner_epoch + 1,
+                first_index=len(commit.token_ids) - commit.num_prompt_tokens,
+                token_ids=(),
+                num_prompt_tokens=commit.num_prompt_tokens,
+            )
+            self.spawn(self._publish_delta(announce, commit.delta_subject))
         self.wake()
 
     # ------------------------------------------------------------------ reports
@@ -513,6 +548,8 @@ class Agent:
     def load_report(self) -> LoadReport:
         """The load report of the engine as it is now (also used by tests); keeps the stats for metrics."""
         stats = self.last_engine_stats = self.engine.stats()
+        queued = queued_in_order(stats)
+        since = self._queued_since.get(queued[0].request_id) if queued else None
         return build_load_report(
             stats,
             instance_id=self.instance_id,
@@ -523,6 +560,17 @@ class Agent:
             terminating=self.terminating,
             num_migrating_out=self.migration.num_outgoing,
             num_migrating_in=self.migration.num_incoming,
+            head_of_line_wait_s=0.0 if since is None else max(0.0, time.time() - since[0]),
+            requeue_candidate=requeue_candidate(stats, self._may_move_queued) if queued else None,
+        )
+
+    def _may_move_queued(self, request: RequestStats) -> bool:
+        """A queued request may move without KV once: it never moved here and is not moving."""
+        record = self.deltas.live(request.request_id)
+        return (
+            record is not None
+            and record.owner_epoch == 0
+            and not self.migration.is_migrating(request.request_id)
         )
 
     async def _report_loop(self) -> None:
@@ -763,6 +811,15 @@ class Agent:
         if not self._epoch_ok(command.epoch):
             return self._reply(CommandReply(accepted=False, reason=CommandRejectReason.STALE_EPOCH))
         return self._reply(await self.migration.command_migrate_out(command))
+
+    async def _serve_move_queued(self, data: bytes, headers: dict[str, str]) -> bytes:
+        command: MoveQueued | None = self._decode(data, MoveQueued)
+        if command is None:
+            self.num_malformed_commands += 1
+            return self._reply(RpcError(code=RpcErrorCode.BAD_REQUEST, message="expected a MoveQueued"))
+        if not self._epoch_ok(command.epoch):
+            return self._reply(CommandReply(accepted=False, reason=CommandRejectReason.STALE_EPOCH))
+        return self._reply(await self.migration.move_queued(command))
 
     async def _serve_stop_migration(self, data: bytes, headers: dict[str, str]) -> bytes:
         command: StopMigration | None = self._decode(data, StopMigration)

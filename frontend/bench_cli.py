@@ -21,6 +21,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "cluster": ("scheduler.bench_cluster:bench_cluster", "Dispatch latency at 64 sim instances."),
     "recovery": ("scheduler.bench_recovery:bench_recovery", "Scheduler recovery time by log size."),
     "serve": ("frontend.bench_serve:bench_serve", "Streaming throughput through shoal vs direct."),
+    "requeue": ("frontend.bench_requeue:bench_requeue", "Burst TTFT, queued requests moved or not."),
     "tracing": ("frontend.bench_tracing:bench_tracing", "Streaming throughput with tracing on vs off."),
     "vllm-serve": ("frontend.bench_vllm_serve:bench_vllm_serve", "shoal up --engine vllm vs vllm serve."),
 }

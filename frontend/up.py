@@ -194,6 +194,8 @@ def _tail(path: Path, lines: int = 15) -> str:
 @click.option("--kv-cache-bytes", type=int, default=None,
               help="vllm: KV space per agent in bytes (on CPU 1 GiB unless VLLM_CPU_KVCACHE_SPACE is set).")
 @click.option("--no-scheduler", is_flag=True, help="Run without a scheduler (the frontend places requests).")
+@click.option("--requeue-after-s", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Scheduler: move a queued request (no KV) off a queue stalled this long (default: off).")
 @click.option("--autoscale", is_flag=True,
               help="Let the scheduler start and stop agents (between --min-instances and --max-instances).")
 @click.option("--min-instances", type=int, default=None, help="Auto-scaling floor (default: --instances).")
@@ -337,6 +339,8 @@ def _start(
                 "--max-instances", str(options["max_instances"]),
                 "--scale-band", str(low), str(high), "--scale-sustain", str(options["scale_sustain"]),
             ]
+        if options["requeue_after_s"] is not None:
+            scheduler_args += ["--requeue-after-s", str(options["requeue_after_s"])]
         metrics_port = free_port()
         scheduler_args += ["--metrics-port", str(metrics_port)]
         child = cluster.spawn("scheduler", scheduler_args)

@@ -177,6 +177,13 @@ def policy_from_options(
 )
 @click.option("--no-snapshot", is_flag=True, help="Recover by replaying the whole log (no snapshot read).")
 @click.option(
+    "--requeue-after-s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Move a queued request (no KV) off an instance whose head of line waited this long, "
+    "to where it would start at once (blocks_ahead policy; default: off).",
+)
+@click.option(
     "--autoscale-command",
     default=None,
     help="Agent command line with {instance_id}; enables auto-scaling with local processes.",
@@ -203,6 +210,11 @@ def scheduler(**options: Any) -> None:
     """Run the global scheduler: dispatch, pairing, failure detection, scaling, snapshots."""
     logging.basicConfig(level=options["log_level"].upper(), format="%(asctime)s %(name)s %(message)s")
     scaling = _scaling_from_options(options)
+    if options["requeue_after_s"] is not None and options["policy"] != DispatchPolicy.BLOCKS_AHEAD.value:
+        raise click.BadParameter(
+            f"moving queued requests needs --policy {DispatchPolicy.BLOCKS_AHEAD.value}",
+            param_hint="--requeue-after-s",
+        )
     config = SchedulerConfig(
         policy=policy_from_options(
             options["policy"],
@@ -221,6 +233,7 @@ def scheduler(**options: Any) -> None:
         snapshot_every_s=options["snapshot_interval"],
         use_snapshot=not options["no_snapshot"],
         record_decision_times=options["stats_file"] is not None,
+        requeue_after_s=options["requeue_after_s"],
     )
     manager: InstanceManager | None = None
     if options["autoscale_command"]:

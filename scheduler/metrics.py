@@ -44,7 +44,10 @@ _KINDS: dict[type, str] = {
 
 
 def decision_kind(body: Body) -> str:
-    """The ``kind`` label of an event the scheduler appends."""
+    """The ``kind`` label of an event the scheduler appends (a queued request moved off a stalled
+    instance is ``requeued``)."""
+    if isinstance(body, Dispatched) and body.requeued_from:
+        return "requeued"
     return _KINDS.get(type(body), "other")
 
 

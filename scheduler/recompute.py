@@ -14,8 +14,10 @@ point recorded in their epoch. A decision is then a pure function of
   the fold point's events sequence and the decision in the events stream —
   decisions it had made but not yet folded back from the log;
 
-plus the request. :func:`dispatch_decision` and :func:`next_pairing_decision`
-are that function; the live scheduler and every recomputation call them.
+plus the request. :func:`dispatch_decision`, :func:`requeue_decision` (a queued
+request moved off a stalled instance, logged as a ``Dispatched`` with
+``requeued_from``) and :func:`next_pairing_decision` are that function; the
+live scheduler and every recomputation call them.
 Scaling (:func:`scaling_event`) and failure detection (:func:`failure_event`)
 also read the scheduler's clock and timers: those readings are recorded in
 the decision (``ScalingInputs``, ``FailureInputs``), so they are recomputed
@@ -38,7 +40,7 @@ import msgspec
 from scheduler.cluster_state import ClusterState, InstanceStatus, live_loads
 from scheduler.config import DispatchPolicy, PolicyConfig
 from scheduler.fold import evolve
-from scheduler.policy.dispatch import PendingRequest, make_dispatcher
+from scheduler.policy.dispatch import PendingRequest, make_dispatcher, requeue_choice
 from scheduler.policy.pairing import pair_instances
 from scheduler.policy.scaling import ScalingDecision, ScalingState, decide_scaling
 from schemas.decisions import (
@@ -52,6 +54,7 @@ from schemas.decisions import (
 )
 from schemas.envelope import Body
 from schemas.instance import FailureInputs, InstanceFailed
+from schemas.load import QueuedRequest
 from schemas.position import Position
 from schemas.reasons import FailureReason
 from schemas.rpc import DispatchRequest
@@ -69,6 +72,7 @@ __all__ = [
     "pairing_plan_events",
     "recomputable",
     "recompute",
+    "requeue_decision",
     "scaling_event",
     "scheduler_epoch",
 ]
@@ -146,6 +150,45 @@ def dispatch_decision(
         events_seq=cursor.events_seq,
         loads_seq=cursor.loads_seq,
         exclude=request.exclude,
+    )
+
+
+def requeue_decision(
+    view: ClusterState,
+    request: QueuedRequest,
+    source_id: str,
+    *,
+    epoch: int,
+    cursor: Cursor,
+    policy: PolicyConfig,
+) -> Dispatched | None:
+    """Where ``request``, still queued on ``source_id`` (no KV), moves over ``view``
+    (:func:`~scheduler.policy.dispatch.requeue_choice`: only where it would start at once, never
+    back), as the ``Dispatched`` the scheduler appends with ``requeued_from``; None: it stays."""
+    dispatcher = make_dispatcher(policy.dispatch_policy, policy)
+    pending = PendingRequest(
+        request_id=request.request_id,
+        num_prompt_tokens=request.num_prompt_tokens,
+        priority=request.priority,
+    )
+    decision = requeue_choice(
+        dispatcher, pending, source_id, live_loads(view), num_dispatched=view.num_dispatched
+    )
+    if decision is None:
+        return None
+    event = decision.to_event(epoch)
+    return Dispatched(
+        epoch=event.epoch,
+        request_id=event.request_id,
+        instance_id=event.instance_id,
+        policy=event.policy,
+        num_prompt_tokens=event.num_prompt_tokens,
+        priority=event.priority,
+        loads=event.loads,
+        events_seq=cursor.events_seq,
+        loads_seq=cursor.loads_seq,
+        exclude=(source_id,),
+        requeued_from=source_id,
     )
 
 
@@ -260,6 +303,17 @@ def recompute(
             epoch=recorded.epoch,
             inputs=recorded.inputs,
             last_heartbeat=recorded.last_heartbeat,
+        )
+    if isinstance(recorded, Dispatched) and recorded.requeued_from:
+        recorded_policy = dataclasses.replace(policy, dispatch_policy=DispatchPolicy(recorded.policy))
+        queued = QueuedRequest(
+            request_id=recorded.request_id,
+            num_prompt_tokens=recorded.num_prompt_tokens,
+            priority=recorded.priority,
+        )
+        cursor = Cursor(recorded.events_seq, recorded.loads_seq)
+        return requeue_decision(
+            view, queued, recorded.requeued_from, epoch=recorded.epoch, cursor=cursor, policy=recorded_policy
         )
     if isinstance(recorded, Dispatched):
         request = DispatchRequest(

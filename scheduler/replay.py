@@ -126,6 +126,8 @@ class DecisionRow(msgspec.Struct, frozen=True):
 
     @property
     def kind(self) -> str:
+        if isinstance(self.decision, Dispatched) and self.decision.requeued_from:
+            return "requeue"  # a queued request moved off a stalled instance
         return _KINDS.get(type(self.decision), "other")
 
 

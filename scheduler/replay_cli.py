@@ -247,8 +247,9 @@ def _step_text(step: TimelineStep) -> str:
     d = step.detail
     if step.kind == "arrived":
         return f"{d['num_prompt_tokens']} prompt tokens, max {d['max_tokens']}, priority {d['priority']}"
-    if step.kind == "dispatched":
-        text = f"policy {d['policy']} (epoch {d['epoch']}), fold point {d['fold_point']['events_seq']}/"
+    if step.kind in ("dispatched", "requeued"):
+        text = f"from {d['requeued_from']}'s stalled queue, " if step.kind == "requeued" else ""
+        text += f"policy {d['policy']} (epoch {d['epoch']}), fold point {d['fold_point']['events_seq']}/"
         text += f"{d['fold_point']['loads_seq']}"
         if d.get("exclude"):
             text += f", excluding {', '.join(d['exclude'])}"

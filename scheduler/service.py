@@ -17,7 +17,8 @@ One :class:`SchedulerService` per process. It
   whose load reports stopped as failed, runs auto-scaling (if an
   :class:`~scheduler.instances.InstanceManager` is given), emits pairing
   decisions and sends the agents their ``MigrateOut`` / ``StopMigration`` /
-  ``Drain`` commands; saves snapshots every ``snapshot_every_events`` folded
+  ``Drain`` commands (and, with ``requeue_after_s``, ``MoveQueued`` for a
+  queued request on a stalled instance); saves snapshots every ``snapshot_every_events`` folded
   events or ``snapshot_every_s`` seconds; archives the load reports it reads
   into the history stream and appends a checkpoint of its state there every
   ``checkpoint_every_s`` (:mod:`scheduler.history`); scaling and failure
@@ -36,7 +37,7 @@ import contextlib
 import gc
 import logging
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -61,6 +62,7 @@ from scheduler.recompute import (
     dispatch_decision,
     failure_event,
     pairing_plan_events,
+    requeue_decision,
     scaling_event,
     scheduler_epoch,
 )
@@ -77,7 +79,16 @@ from schemas.envelope import Body, Codec
 from schemas.instance import FailureInputs, InstanceFailed, InstanceJoined
 from schemas.load import LoadReport
 from schemas.reasons import DispatchFailReason, RpcErrorCode
-from schemas.rpc import DispatchReply, DispatchRequest, Drain, Liveness, MigrateOut, RpcError, StopMigration
+from schemas.rpc import (
+    DispatchReply,
+    DispatchRequest,
+    Drain,
+    Liveness,
+    MigrateOut,
+    MoveQueued,
+    RpcError,
+    StopMigration,
+)
 
 __all__ = [
     "SENT_HEADER",
@@ -89,6 +100,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+#: How many requeued request ids the scheduler remembers (each request moves at most once).
+_REQUEUED_KEPT = 100_000
 
 _MALFORMED = RpcError(code=RpcErrorCode.MALFORMED, message="undecodable log entry")
 
@@ -145,6 +159,10 @@ class SchedulerService:
         #: Liveness probes of silent instances: in flight (None) or answered (True: alive, False: not).
         self._probes: dict[str, bool | None] = {}
         self._scaling = ScalingState()
+        #: each instance's last load report and when it came (scheduler clock): what triggers a requeue
+        self._last_report: dict[str, tuple[LoadReport, float]] = {}
+        #: requests already told to move while queued (each moves at most once)
+        self._requeued: OrderedDict[str, None] = OrderedDict()
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[Any]] = set()
         self._snapshot_events = 0
@@ -382,6 +400,7 @@ class SchedulerService:
                 self._last_seen[body.instance_id] = self._clock()
                 self._probes.pop(body.instance_id, None)  # it spoke: a probe's answer is moot
                 self._last_report_seq[body.instance_id] = message.position.seq
+                self._last_report[body.instance_id] = (body, self._clock())
                 assert self.shadow is not None
                 self.shadow.on_load(message.position.seq, body)
                 if self.role not in (Role.ACTIVE, Role.STARTING):
@@ -576,7 +595,46 @@ class SchedulerService:
                 self._emit(event)
                 self._send_command(event)
             emitted.extend(pairing)
+        if self.config.requeue_after_s is not None:
+            emitted.extend(self._requeue_stalled(cursor, now))
         self.stats.ticks += 1
+        return emitted
+
+    def _requeue_stalled(self, cursor: Cursor, now: float) -> list[Dispatched]:
+        """Move queued requests (no KV) off instances whose queue stalled: the head of line has
+        waited ``requeue_after_s`` by the instance's last report (plus the time since it came).
+        The report names the one request that may go (``requeue_candidate``); where it goes is
+        :func:`~scheduler.recompute.requeue_decision` over the view, logged as a ``Dispatched``
+        with ``requeued_from`` and sent to the source as ``MoveQueued``. One per instance per
+        tick, each request at most once."""
+        after = self.config.requeue_after_s
+        assert after is not None
+        emitted: list[Dispatched] = []
+        for instance_id in sorted(self._last_report):
+            report, received = self._last_report[instance_id]
+            candidate = report.requeue_candidate
+            record = self.view().instances.get(instance_id)
+            if candidate is None or record is None or record.status is not InstanceStatus.ACTIVE:
+                continue
+            waited = report.head_of_line_wait_s + (now - received)
+            if waited < after or candidate.request_id in self._requeued:
+                continue
+            event = requeue_decision(
+                self.view(), candidate, instance_id,
+                epoch=self.epoch, cursor=cursor, policy=self.config.policy,
+            )
+            if event is None:
+                continue
+            self._requeued[candidate.request_id] = None
+            while len(self._requeued) > _REQUEUED_KEPT:
+                self._requeued.popitem(last=False)
+            self._emit(event)
+            emitted.append(event)
+            self.stats.requeues += 1
+            command = MoveQueued(
+                epoch=self.epoch, request_id=event.request_id, destination_id=event.instance_id
+            )
+            self._spawn(self._request(self.subjects.rpc_agent(instance_id, "move_queued"), command))
         return emitted
 
     async def _ticker(self) -> None:

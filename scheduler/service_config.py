@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from scheduler.config import PolicyConfig
+from scheduler.config import DispatchPolicy, PolicyConfig
 
 __all__ = ["SENT_HEADER", "Role", "SchedulerConfig", "SchedulerStats", "default_scheduler_id"]
 
@@ -64,6 +64,9 @@ class SchedulerConfig:
     archive_loads: bool = True
     archive_interval_s: float = 1.0
     checkpoint_every_s: float = 300.0
+    #: Move a queued request (no KV) off an instance whose head of line has waited this long, to
+    #: where it would start at once (``scheduler.policy.dispatch.requeue_choice``); None: off.
+    requeue_after_s: float | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -74,6 +77,14 @@ class SchedulerConfig:
                 raise ValueError(f"{name} must be positive")
         if self.failure_probe_timeout_s < 0:
             raise ValueError("failure_probe_timeout_s must be >= 0")
+        if self.requeue_after_s is not None:
+            if self.requeue_after_s <= 0:
+                raise ValueError(f"requeue_after_s must be > 0 or None, got {self.requeue_after_s}")
+            if self.policy.dispatch_policy is not DispatchPolicy.BLOCKS_AHEAD:
+                raise ValueError(
+                    "requeue_after_s moves queued requests with the blocks_ahead policy's rule; "
+                    f"the policy is {self.policy.dispatch_policy.value}"
+                )
         if self.snapshot_every_events < 1:
             raise ValueError("snapshot_every_events must be >= 1")
 
@@ -95,3 +106,5 @@ class SchedulerStats(msgspec.Struct):
     bus_restarts: int = 0
     recovered_at: float = 0.0
     first_dispatch_at: float = 0.0
+    #: queued requests the scheduler told an agent to move (``requeue_after_s``)
+    requeues: int = 0

@@ -90,6 +90,8 @@ def _dispatch_detail(body: Dispatched, view: list[Candidate] | None) -> dict[str
         "fold_point": {"events_seq": body.events_seq, "loads_seq": body.loads_seq},
         "exclude": list(body.exclude),
     }
+    if body.requeued_from:
+        detail["requeued_from"] = body.requeued_from
     if view is None:
         return detail
     after = body.policy == "freeness_after_admit"
@@ -179,7 +181,8 @@ def request_timeline(
             steps.append(_request_step(at, body))
         elif isinstance(body, Dispatched) and body.request_id == request_id:
             view = result.dispatch_views.get(entry.seq)
-            steps.append(TimelineStep(*at, "dispatched", body.instance_id, _dispatch_detail(body, view)))
+            kind = "requeued" if body.requeued_from else "dispatched"  # moved off a stalled queue
+            steps.append(TimelineStep(*at, kind, body.instance_id, _dispatch_detail(body, view)))
         elif isinstance(body, MigrationStarted) and body.request_id == request_id:
             first_seen.setdefault(body.migration_id, at)
             started[body.migration_id] = body

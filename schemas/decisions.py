@@ -45,6 +45,9 @@ class Dispatched(Message, frozen=True, kw_only=True, tag="dispatched"):
     loads_seq: int = 0
     #: Instances the request asked to avoid (a rescue excludes the failed one).
     exclude: tuple[str, ...] = ()
+    #: A move of a request still queued on this instance (no KV; the scheduler's
+    #: ``requeue_after_s``), decided by ``scheduler.policy.dispatch.requeue_choice``; "": a placement.
+    requeued_from: str = ""
 
 
 class Paired(Message, frozen=True, kw_only=True, tag="paired"):

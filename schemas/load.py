@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from schemas.base import Message
 
-__all__ = ["LoadReport", "PriorityLoad"]
+__all__ = ["LoadReport", "PriorityLoad", "QueuedRequest"]
 
 
 class PriorityLoad(Message, frozen=True, kw_only=True, tag="priority_load"):
@@ -18,6 +18,15 @@ class PriorityLoad(Message, frozen=True, kw_only=True, tag="priority_load"):
     priority: int
     num_running: int
     num_blocks: int
+
+
+class QueuedRequest(Message, frozen=True, kw_only=True, tag="queued_request"):
+    """A request queued on the reporting instance that never ran anywhere and never moved: the one
+    the scheduler may move (no KV) when the queue stalls (``LoadReport.requeue_candidate``)."""
+
+    request_id: str
+    num_prompt_tokens: int
+    priority: int = 0
 
 
 class LoadReport(Message, frozen=True, kw_only=True, tag="load_report"):
@@ -41,3 +50,8 @@ class LoadReport(Message, frozen=True, kw_only=True, tag="load_report"):
     waiting_demand: int = 0
     #: Preemptions by recompute since the engine started (cumulative; exported by frontends).
     num_preemptions: int = 0
+    #: Seconds the head of the queue has waited here (0: nothing queued).
+    head_of_line_wait_s: float = 0.0
+    #: The newest queued request that never ran and never moved (the head only when it is alone);
+    #: None if there is none.
+    requeue_candidate: QueuedRequest | None = None

@@ -83,6 +83,7 @@ class MigrationAbortReason(enum.StrEnum):
     REQUEST_FINISHED = "request_finished"
     REQUEST_PREEMPTED = "request_preempted"
     REQUEST_ABORTED = "request_aborted"
+    REQUEST_STARTED = "request_started"  # a queued request being moved (no KV) started running first
     # the data path
     COPY_FAILED = "copy_failed"  # the engine or the transport failed a stage's copy
     BAD_ACK = "bad_ack"  # the destination reserved a different number of blocks than asked
@@ -133,6 +134,7 @@ class MigrationCause(enum.StrEnum):
 
     PAIRING = "pairing"  # the scheduler's ``MigrateOut`` for a pairing: freeness below the band
     DRAIN = "drain"  # the instance is terminating (scale-down): every request leaves
+    REQUEUE = "requeue"  # the scheduler's ``MoveQueued``: a queued request moves (no KV) off a stalled queue
     REQUESTED = "requested"  # asked directly (``Agent.migrate``, tests, operators)
 
 
@@ -143,6 +145,7 @@ class CommandRejectReason(enum.StrEnum):
     UNKNOWN_REQUEST = "unknown_request"
     UNKNOWN_DESTINATION = "unknown_destination"
     INCOMPATIBLE = "incompatible"
+    MIGRATION_REFUSED = "migration_refused"  # a ``MoveQueued`` the source could not start (see detail)
 
 
 class UnpairReason(enum.StrEnum):

@@ -25,6 +25,7 @@ __all__ = [
     "GenerateRequest",
     "Liveness",
     "MigrateOut",
+    "MoveQueued",
     "ResendRequest",
     "RpcError",
     "RpcMessage",
@@ -130,6 +131,15 @@ class MigrateOut(Message, frozen=True, kw_only=True, tag="migrate_out"):
     max_moves_per_request: int = 0
 
 
+class MoveQueued(Message, frozen=True, kw_only=True, tag="move_queued"):
+    """Scheduler → source agent: move ``request_id``, still queued and never run there, to
+    ``destination_id`` without KV (a migration of zero blocks); see ``Dispatched.requeued_from``."""
+
+    epoch: int
+    request_id: str
+    destination_id: str
+
+
 class StopMigration(Message, frozen=True, kw_only=True, tag="stop_migration"):
     epoch: int
     destination_id: str
@@ -195,6 +205,7 @@ RpcMessage = (
     | DispatchRequest
     | DispatchReply
     | MigrateOut
+    | MoveQueued
     | StopMigration
     | Drain
     | RpcError

@@ -582,22 +582,34 @@ class LocalScheduler:
         return num_blocks
 
     def suspend(self, request_id: str) -> None:
+        """Leave a running request out of the batch, keeping its blocks; or hold a request that is
+        still queued and never ran here (WAITING, no KV) out of the queue, for a move without KV.
+        A held request is SUSPENDED with no blocks; :meth:`resume` queues it again in its place."""
         request = self.request(request_id)
         if request.status is RequestStatus.SUSPENDED:
             return
-        if request.status is not RequestStatus.RUNNING:
+        if request.status is RequestStatus.WAITING and not request.block_ids:
+            self._num_waiting -= 1  # its heap entry goes stale
+            bisect.insort(self._running, request, key=_order_key)
+        elif request.status is not RequestStatus.RUNNING:
             raise InvalidRequestState(f"cannot suspend {request_id!r}: it is {request.status.name}")
         request.status = RequestStatus.SUSPENDED
         self._num_suspended += 1
 
     def resume(self, request_id: str) -> None:
+        """Put a suspended request back into the batch (a held queued one back into the queue)."""
         request = self.request(request_id)
         if request.status is RequestStatus.RUNNING:
             return
         if request.status is not RequestStatus.SUSPENDED:
             raise InvalidRequestState(f"cannot resume {request_id!r}: it is {request.status.name}")
-        request.status = RequestStatus.RUNNING
         self._num_suspended -= 1
+        if not request.block_ids:  # held while queued: back to its place (priority, arrival)
+            self._running.remove(request)
+            request.status = RequestStatus.WAITING
+            self._enqueue(request)
+            return
+        request.status = RequestStatus.RUNNING
 
     # ---------------------------------------------------------- migration
 

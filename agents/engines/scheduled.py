@@ -36,6 +36,9 @@ class ScheduledEngine:
 
     scheduler: LocalScheduler
     _info: EngineInfo
+    #: ``suspend`` holds a request that is still queued (never ran, no KV) out of the queue and
+    #: ``resume`` queues it again: what a move without KV needs (``agents.migration``).
+    holds_queued_requests = True
 
     @property
     def info(self) -> EngineInfo:

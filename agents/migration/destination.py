@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 import msgspec
 from opentelemetry import trace
 
-from agents.engines.protocol import KVBuffer, MigrationError, OutOfBlocks, Reservation
+from agents.engines.protocol import KVBuffer, MigrationError, OutOfBlocks, RequestRejected, Reservation
 from agents.migration.driver import Input, MachineDriver
 from agents.migration.fsm.actions import (
     Action,
@@ -146,6 +146,8 @@ class DestinationDriver(MachineDriver):
                 stage=action.stage, reason=MigrationAbortReason.OUT_OF_BLOCKS, detail=str(exc)
             )
         self.reservations[action.stage] = reservation
+        if action.num_blocks == 0:  # a queued request moves without KV: no data will come
+            return Reserved(stage=action.stage, block_ids=reservation.block_ids)
         info = engine.info
         nbytes = action.num_blocks * payload_bytes_per_block(info.engine, info.bytes_per_block)
         # only the source learns the token (in our Ack): a buffer without it is refused, and a
@@ -287,6 +289,9 @@ class DestinationDriver(MachineDriver):
         prompt = commit.token_ids[: commit.num_prompt_tokens]
         outputs = commit.token_ids[commit.num_prompt_tokens :]
         failed_write = await self._writes_done()
+        if not any(r.block_ids for r in reservations):  # no KV came: queue it here as it was there
+            self._queue_moved(commit, reservations)
+            return
         try:
             if failed_write is not None:
                 raise MigrationError(f"writing a stage failed: {failed_write!r}")
@@ -307,6 +312,26 @@ class DestinationDriver(MachineDriver):
             return
         self.reservations.clear()
         agent.adopt_migrated(commit, trace_context=trace.set_span_in_context(self.span))
+
+    def _queue_moved(self, commit: Commit, reservations: list[Reservation]) -> None:
+        """Admit a request that moved without KV (it was queued at the source): into the queue."""
+        agent = self.agent
+        for reservation in reservations:
+            agent.engine.release_reservation(reservation)
+        self.reservations.clear()
+        try:
+            agent.engine.add_request(
+                commit.request_id,
+                commit.token_ids[: commit.num_prompt_tokens],
+                commit.sampling,
+                commit.priority,
+                output_token_ids=commit.token_ids[commit.num_prompt_tokens :],
+            )
+        except RequestRejected as exc:  # the engines differ (model length, capacity): end its stream
+            self.span.record_exception(exc)
+            agent.spawn(agent.publish_failure(commit, str(exc)))
+            return
+        agent.adopt_migrated(commit, trace_context=trace.set_span_in_context(self.span), queued=True)
 
     async def _claim(self, action: ClaimOutcome) -> None:
         try:

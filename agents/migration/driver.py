@@ -59,10 +59,11 @@ class MachineDriver:
 
     def _log_abandoned(self, action: ReportFailed) -> None:
         """A peer that failed cannot record the outcome, and nothing was sent to it: log our Abort.
+        The same for a queued request that started running before its move reached the peer.
 
         Every migration then has an outcome in the log (drills check it), even when its peer died.
         """
-        if action.reason is MigrationAbortReason.PEER_FAILED:
+        if action.reason in (MigrationAbortReason.PEER_FAILED, MigrationAbortReason.REQUEST_STARTED):
             self.manager.log.record(Abort(
                 migration_id=self.migration_id, reason=action.reason,
                 sender_id=self.manager.agent.instance_id, detail=action.detail or "peer failed",

@@ -91,8 +91,12 @@ class MigrationHost(Protocol):
         """``request_id`` moved away: stop publishing for it."""
         ...
 
-    def adopt_migrated(self, commit: Commit, *, trace_context: Context | None = None) -> None:
+    def adopt_migrated(
+        self, commit: Commit, *, trace_context: Context | None = None, queued: bool = False
+    ) -> None:
         """``commit``'s request now runs here: publish its tokens with the next owner epoch.
+
+        ``queued``: it moved without KV and waits in this engine's queue.
 
         ``trace_context`` (the destination's migration span) parents the request's span here.
         """

@@ -44,8 +44,15 @@ from agents.reporting import running_requests
 from agents.tracing import headers_for, tracer_from
 from bus import BusError, Subscription
 from scheduler.policy import select_requests_to_migrate
-from schemas import CommandRejectReason, CommandReply, MigrateOut, MigrationCause, MigrationStarted
-from schemas.migration import Ack, CommitAck, MigrationMessage, StageWritten
+from schemas import (
+    CommandRejectReason,
+    CommandReply,
+    MigrateOut,
+    MigrationCause,
+    MigrationStarted,
+    MoveQueued,
+)
+from schemas.migration import Abort, Ack, CommitAck, MigrationMessage, StageWritten
 from schemas.reasons import MigrationAbortReason
 
 __all__ = ["DESTINATION_FULL", "MigrationManager", "MigrationOutcome"]
@@ -62,6 +69,13 @@ DESTINATION_FULL = frozenset({
     MigrationAbortReason.DESTINATION_TERMINATING,
 })
 
+
+#: How a refused ``MoveQueued`` is answered, by the reason the migration was refused.
+_REFUSALS = {
+    MigrationAbortReason.NOT_RUNNING: CommandRejectReason.UNKNOWN_REQUEST,
+    MigrationAbortReason.UNKNOWN_DESTINATION: CommandRejectReason.UNKNOWN_DESTINATION,
+    MigrationAbortReason.INCOMPATIBLE: CommandRejectReason.INCOMPATIBLE,
+}
 
 
 def migration_blocker(engine: object, request_id: str) -> str | None:
@@ -318,10 +332,13 @@ class MigrationManager:
         config: MigrationConfig | None = None,
         cause: MigrationCause = MigrationCause.REQUESTED,
         command: MigrateOut | None = None,
+        queued: bool = False,
+        epoch: int | None = None,
     ) -> SourceDriver | MigrationOutcome:
         """Start a migration; a refusal comes back as a failed :class:`MigrationOutcome`.
 
-        ``cause`` (and the ``command`` behind it) is logged as ``MigrationStarted`` first."""
+        ``cause`` (and the ``command`` behind it) is logged as ``MigrationStarted`` first.
+        ``queued``: move a request still queued here (no KV, see :meth:`move_queued`)."""
         migration_id = f"{self.agent.instance_id}-{uuid.uuid4().hex[:12]}"
 
         def refused(reason: MigrationAbortReason, detail: str = "") -> MigrationOutcome:
@@ -350,11 +367,18 @@ class MigrationManager:
         if request_id in self.sources_by_request:
             return refused(MigrationAbortReason.ALREADY_MIGRATING)
         stats = self.agent.engine.request_stats(request_id)
-        if stats is None or not stats.status.holds_blocks or self.agent.request_record(request_id) is None:
+        if queued:
+            if stats is None or self.agent.request_record(request_id) is None:
+                return refused(MigrationAbortReason.NOT_RUNNING, "not here")
+            if not getattr(self.agent.engine, "holds_queued_requests", False):
+                return refused(MigrationAbortReason.NOT_MIGRATABLE, "the engine cannot hold a queued request")
+            # one that started running meanwhile is found out when it is held (REQUEST_STARTED)
+        elif stats is None or not stats.status.holds_blocks or self.agent.request_record(request_id) is None:
             return refused(MigrationAbortReason.NOT_RUNNING, "not running here")
-        blocker = migration_blocker(self.agent.engine, request_id)
-        if blocker is not None:
-            return refused(MigrationAbortReason.NOT_MIGRATABLE, blocker)
+        else:
+            blocker = migration_blocker(self.agent.engine, request_id)
+            if blocker is not None:
+                return refused(MigrationAbortReason.NOT_MIGRATABLE, blocker)
         driver = SourceDriver(
             self,
             migration_id=migration_id,
@@ -363,6 +387,7 @@ class MigrationManager:
             destination_address=joined.transport_address,
             on_finished=self.source_finished,
             config=config,
+            queued=queued,
         )
         self.sources[migration_id] = driver
         self.sources_by_request[request_id] = driver
@@ -373,13 +398,39 @@ class MigrationManager:
                 source_id=self.agent.instance_id,
                 destination_id=destination_id,
                 cause=cause,
-                epoch=0 if command is None else command.epoch,
+                epoch=(0 if command is None else command.epoch) if epoch is None else epoch,
                 target_freeness=None if command is None else command.target_freeness,
                 source_freeness=self.agent.load_report().freeness,
             )
         )
         driver.begin()
         return driver
+
+    async def move_queued(self, command: MoveQueued) -> CommandReply:
+        """The scheduler's ``MoveQueued``: move a request still queued here, without KV, through
+        the migration protocol (a migration of zero blocks; the destination queues it). Accepted
+        means started; the outcome is logged on the migration's subject."""
+        outcome = await self.begin(
+            command.request_id,
+            command.destination_id,
+            cause=MigrationCause.REQUEUE,
+            queued=True,
+            epoch=command.epoch,
+        )
+        if isinstance(outcome, MigrationOutcome):
+            why = outcome.reason or MigrationAbortReason.CANCELLED
+            # the scheduler logged the decision: log that the move did not start, and why
+            agent_id = self.agent.instance_id
+            self.log.record(MigrationStarted(
+                migration_id=outcome.migration_id, request_id=command.request_id, source_id=agent_id,
+                destination_id=command.destination_id, cause=MigrationCause.REQUEUE, epoch=command.epoch,
+            ))
+            self.log.record(Abort(
+                migration_id=outcome.migration_id, reason=why, sender_id=agent_id, detail=outcome.detail
+            ))
+            reason = _REFUSALS.get(why, CommandRejectReason.MIGRATION_REFUSED)
+            return CommandReply(accepted=False, reason=reason, detail=f"{why.value}: {outcome.detail}")
+        return CommandReply(accepted=True, detail=f"moving as {outcome.migration_id}")
 
     async def command_migrate_out(self, command: MigrateOut) -> CommandReply:
         """Adopt the scheduler's command: migrate towards the destination until the target freeness."""

@@ -19,7 +19,13 @@ from dataclasses import dataclass, field
 
 from opentelemetry import trace
 
-from agents.engines.protocol import InvalidRequestState, KVBuffer, MigrationError, UnknownRequest
+from agents.engines.protocol import (
+    InvalidRequestState,
+    KVBuffer,
+    MigrationError,
+    RequestStatus,
+    UnknownRequest,
+)
 from agents.migration.destination import payload_bytes_per_block
 from agents.migration.driver import Input, MachineDriver
 from agents.migration.fsm.actions import (
@@ -109,8 +115,11 @@ class SourceDriver(MachineDriver):
         destination_address: str,
         on_finished: Callable[[SourceDriver], None],
         config: MigrationConfig | None = None,
+        queued: bool = False,
     ) -> None:
         agent = manager.agent
+        #: a move of a request still queued here (no KV): held out of the queue, never run here
+        self.queued = queued
         config = manager.config if config is None else config
         #: each stage's KV transfer token, from the destination's Ack
         self.transfer_tokens: dict[int, str] = {}
@@ -122,7 +131,8 @@ class SourceDriver(MachineDriver):
             request_id=request_id,
             source_id=agent.instance_id,
             destination_id=destination_id,
-            num_full_blocks=stats.num_computed_tokens // agent.engine.info.block_size,
+            # a queued move copies nothing: it holds the request first (and aborts if it runs)
+            num_full_blocks=0 if queued else stats.num_computed_tokens // agent.engine.info.block_size,
             at=time.time(),
         )
         state, actions = start_source(
@@ -220,6 +230,12 @@ class SourceDriver(MachineDriver):
         )
 
     def _suspend(self) -> None:
+        if self.queued:
+            stats = self.agent.engine.request_stats(self.request_id)
+            if stats is not None and stats.status is not RequestStatus.WAITING:
+                # it started running (or ran and was preempted) before the hold: it stays here
+                self.feed(RequestGone(reason=MigrationAbortReason.REQUEST_STARTED))
+                return
         try:
             self.agent.engine.suspend(self.request_id)
         except UnknownRequest:

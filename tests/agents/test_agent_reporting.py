@@ -74,8 +74,9 @@ def test_blocks_filling_under_decodes_are_not_urgent_but_new_work_is() -> None:
     config = PolicyConfig()
 
     def report(num_accepted: int = 1) -> LoadReport:
-        return build_load_report(engine.stats(), instance_id="a", seq=1, block_size=4,
-                                 num_accepted=num_accepted, config=config)
+        return build_load_report(
+            engine.stats(), instance_id="a", seq=1, block_size=4, num_accepted=num_accepted, config=config
+        )
 
     engine.step()
     first = report()
@@ -88,3 +89,38 @@ def test_blocks_filling_under_decodes_are_not_urgent_but_new_work_is() -> None:
     assert urgent_signature(report(num_accepted=2)) != urgent_signature(grown)  # a request was accepted
     engine.add_request("b", [1, 2], SamplingParams(max_tokens=5))
     assert urgent_signature(report()) != urgent_signature(grown)  # one more waiting
+
+
+def test_the_request_a_stalled_queue_may_lose_is_its_newest_that_never_ran() -> None:
+    from agents.reporting import requeue_candidate
+
+    engine = SimEngine("tiny-test", num_blocks=64, max_batch_size=1)
+    engine.add_request("running", list(range(1, 9)), SamplingParams(max_tokens=50))
+    engine.step()
+    assert requeue_candidate(engine.stats(), lambda r: True) is None  # nothing queued
+    engine.add_request("head", list(range(1, 9)), SamplingParams(max_tokens=5))
+    candidate = requeue_candidate(engine.stats(), lambda r: True)
+    assert candidate is not None and candidate.request_id == "head"  # the head, when it is alone
+    engine.add_request("second", list(range(1, 13)), SamplingParams(max_tokens=5), priority=1)
+    engine.add_request("newest", list(range(1, 5)), SamplingParams(max_tokens=5))
+    # admission order: head, newest (priority 0), second (priority 1): the last one goes first
+    candidate = requeue_candidate(engine.stats(), lambda r: True)
+    assert candidate is not None and (candidate.request_id, candidate.num_prompt_tokens) == ("second", 12)
+    assert candidate.priority == 1
+    moved_before = {"second"}
+    candidate = requeue_candidate(engine.stats(), lambda r: r.request_id not in moved_before)
+    assert candidate is not None and candidate.request_id == "newest"
+    engine.add_request("resumed", list(range(1, 9)), SamplingParams(max_tokens=9), output_token_ids=(5, 6))
+    candidate = requeue_candidate(engine.stats(), lambda r: r.request_id not in moved_before)
+    assert candidate is not None and candidate.request_id == "newest"  # a rescued one has tokens: it stays
+    report = build_load_report(
+        engine.stats(),
+        instance_id="a",
+        seq=1,
+        block_size=4,
+        num_accepted=5,
+        config=PolicyConfig(),
+        head_of_line_wait_s=2.5,
+        requeue_candidate=candidate,
+    )
+    assert report.head_of_line_wait_s == 2.5 and report.requeue_candidate == candidate

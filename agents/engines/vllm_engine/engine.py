@@ -162,6 +162,10 @@ def _engine_args(config: VllmEngineConfig) -> Any:
 class VllmEngine:
     """One vLLM V1 engine in this process; see the module docstring. ``VllmEngine("/path/to/ckpt")``."""
 
+    #: ``suspend`` holds a queued request that never ran out of vLLM's queue, ``resume`` queues it
+    #: again in its place (``ShoalScheduler.hold``): a move without KV (``agents.migration``).
+    holds_queued_requests = True
+
     def __init__(self, config: VllmEngineConfig | str, **overrides: Any) -> None:
         if isinstance(config, str):
             config = VllmEngineConfig(model=config, **overrides)
@@ -452,7 +456,7 @@ class VllmEngine:
     def _status(self, request_id: str, vllm_request: Any) -> RequestStatus:
         from vllm.v1.request import RequestStatus as VllmStatus
 
-        if request_id in self.scheduler.suspended:
+        if request_id in self.scheduler.suspended or request_id in self.scheduler.held:
             return RequestStatus.SUSPENDED
         if vllm_request.status == VllmStatus.RUNNING:
             return RequestStatus.RUNNING
@@ -589,9 +593,13 @@ class VllmEngine:
         return result
 
     def suspend(self, request_id: str) -> None:
+        """Leave a running request out of the batch; or hold a queued one that never ran out of
+        vLLM's queue (a move without KV: at once, the step in flight never scheduled it)."""
         if request_id not in self._requests:
             raise UnknownRequest(request_id)
         stats = self.request_stats(request_id)
+        if stats is not None and stats.status is RequestStatus.WAITING and self.scheduler.hold(request_id):
+            return
         if stats is None or stats.status is not RequestStatus.RUNNING:
             raise InvalidRequestState(f"request {request_id!r} is not running")
         if self._in_step:
@@ -602,6 +610,8 @@ class VllmEngine:
     def resume(self, request_id: str) -> None:
         if request_id not in self._requests:
             raise UnknownRequest(request_id)
+        if self.scheduler.unhold(request_id):  # a held queued request: back in the queue
+            return
         if self._in_step:
             self._deferred.append(("resume", request_id))
         elif not self.scheduler.resume(request_id):

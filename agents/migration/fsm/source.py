@@ -6,6 +6,7 @@ Phases and what moves them (``T`` = the phase's timeout)::
                                                      \\-> SUSPENDING (few blocks left / max stages)
                                                      \\-> COMMITTING (after the last stage)
     SUSPENDING --Suspended--> PRE_ALLOCATING (last stage) | COMMITTING (nothing left)
+    PRE_ALLOCATING (last stage of 0 blocks) --Ack--> COMMITTING (nothing to copy)
     COMMITTING --CommitAck--> MIGRATED (free the source blocks)
     COMMITTING --T | PeerFailed--> RESOLVING: claim "aborted" in the log
     RESOLVING  --OutcomeClaimed(committed)--> MIGRATED | ABORTED (resume on the source)
@@ -20,6 +21,11 @@ never commits. A request that finishes while a stage is being copied rolls back
 when the copy ends, so the destination never frees blocks under a running copy;
 the reason is the first thing that happened to the request, whatever the copy
 then reports.
+
+A request that holds no blocks (still queued on the source, never run: the
+scheduler's move of a queued request) migrates the same way with nothing to
+copy: ``Suspend`` (the shell holds it out of its queue) -> ``PreAllocate`` of 0
+blocks -> ``Ack`` -> ``Commit``; the destination queues it instead of running it.
 
 Rollback lives in one place, :func:`_rollback`, which undoes exactly what the
 state says is held. Every way to fail has a :class:`~schemas.reasons.MigrationAbortReason`:
@@ -209,6 +215,8 @@ def _on_ack(state: SourceState, event: Ack, now: float, config: MigrationConfig)
     if len(event.block_ids) != num_blocks:
         detail = f"{len(event.block_ids)} blocks reserved for a stage of {num_blocks}"
         return _rollback(state, _R.BAD_ACK, notify_peer=True, detail=detail)
+    if num_blocks == 0 and state.last_stage:  # nothing to copy (a queued request): commit at once
+        return _commit(_replace(state, destination_block_ids=()), now, config)
     copy = CopyBlocks(stage=state.stage, first_block=state.stage_start, end_block=state.stage_end,
                       destination_block_ids=event.block_ids)
     state = _replace(state, phase=SourcePhase.COPYING, destination_block_ids=event.block_ids,
@@ -238,9 +246,11 @@ def _on_copy_done(state: SourceState, event: CopyDone, now: float, config: Migra
 
 def _on_suspended(state: SourceState, event: Suspended, now: float, config: MigrationConfig) -> _Step:
     remaining = event.num_blocks - state.num_copied_blocks
-    if remaining <= 0:
+    if remaining <= 0 and state.stage >= 0:
         return _commit(state, now, config)
-    return _pre_allocate(state, remaining, last=True, now=now, config=config)
+    # a request with no blocks (still queued: a move without KV) still reserves its (zero) blocks
+    # first, so the destination knows the migration before the Commit
+    return _pre_allocate(state, max(remaining, 0), last=True, now=now, config=config)
 
 
 def _on_copy_failed(state: SourceState, event: CopyFailed, now: float, config: MigrationConfig) -> _Step:

@@ -291,8 +291,31 @@ def test_suspended_requests_keep_blocks_and_sit_out() -> None:
     plan, _ = run_step(sched)
     assert {r.request_id for r in plan.decodes} == {"r", "s"}
     sched.add_request("w", [1], sp())
+    sched.request("w").status = RequestStatus.PREEMPTED  # queued again after it ran: it has KV to redo
     with pytest.raises(InvalidRequestState):
         sched.suspend("w")
+
+
+def test_a_queued_request_is_held_out_of_the_queue_and_resumes_in_its_place() -> None:
+    # a request that never ran (no KV) is held for a move without KV; resumed, it keeps its turn
+    sched = make(num_blocks=4, block_size=4)
+    sched.add_request("big", [1] * 16, sp(max_tokens=2))  # takes every block for two steps
+    sched.add_request("a", [1, 2], sp())
+    sched.add_request("b", [1, 2], sp())
+    run_step(sched)
+    sched.suspend("a")
+    assert sched.request("a").status is RequestStatus.SUSPENDED and sched.request("a").block_ids == []
+    stats = sched.stats()
+    assert stats.num_waiting == 1 and stats.num_suspended == 1 and stats.head_of_line_demand == 1
+    sched.resume("a")
+    assert [r.request_id for r in sched.waiting_requests()] == ["a", "b"]
+    sched.suspend("b")
+    while "big" in sched:
+        run_step(sched)
+    plan, _ = run_step(sched)  # a is admitted, b is held
+    assert [p.request.request_id for p in plan.prefills] == ["a"]
+    assert sched.release_request("b") == 0 and "b" not in sched
+    assert sched.stats().num_suspended == 0 and sched.num_waiting == 0
 
 
 def test_abort_between_schedule_and_update_drops_the_output() -> None:

@@ -314,6 +314,34 @@ def test_a_migrated_request_runs_ahead_of_the_destinations_waiting_queue(engines
 
 
 @needs_vllm
+def test_a_queued_request_is_held_and_moves_without_kv(engines: Any, vllm_reference: list[int]) -> None:
+    """A request still in vLLM's queue (never ran) is held out of it, queued again in its place,
+    and moved without KV: the destination queues it afresh and gives vLLM's own tokens."""
+    source, destination = engines
+    assert source.holds_queued_requests
+    for request_id in ("a", "b", "c"):
+        source.add_request(request_id, PROMPT, GREEDY)
+    source.suspend("b")  # not stepped yet: all three wait
+    stats = source.request_stats("b")
+    assert stats.status is RequestStatus.SUSPENDED and stats.num_blocks == 0
+    assert source.stats().num_waiting == 2
+    source.resume("b")
+    assert [r.request_id for r in source.scheduler.waiting] == ["a", "b", "c"]  # back in its place
+    source.suspend("c")
+    tokens: dict[str, list[int]] = {}
+    _step_collect(source, tokens, 3)
+    assert set(tokens) == {"a", "b"}  # c sits out
+    assert source.request_stats("c").num_blocks == 0
+    source.release_request("c")  # the move committed: it leaves without output
+    destination.add_request("c", PROMPT, GREEDY)  # the destination queues it afresh
+    while destination.has_unfinished():
+        _step_collect(destination, tokens)
+    assert tokens["c"] == vllm_reference
+    assert source.abort("a") and source.abort("b")
+    assert destination.stats().num_free_blocks == NUM_BLOCKS == source.stats().num_free_blocks
+
+
+@needs_vllm
 def test_prefix_caching_is_off_when_the_engine_migrates(engines: Any) -> None:
     """Blocks handed over by a migration are not hashed: a prefix-cache hit on them is never offered."""
     engine, _ = engines

@@ -97,6 +97,25 @@ def test_source_step_actions_for_the_happy_path() -> None:
     assert actions == (FreeSourceBlocks(), ReportMigrated()) and state.phase is SourcePhase.MIGRATED
 
 
+def test_a_queued_request_moves_with_a_stage_of_zero_blocks_and_no_copy() -> None:
+    # a request still queued on the source (no KV): hold it, reserve 0 blocks, commit
+    state, actions = start_source(migration_id="m", request_id="r", source_id="a", destination_id="b",
+                                  num_full_blocks=0, now=0.0, config=CONFIG)
+    assert actions == (Suspend(),) and state.phase is SourcePhase.SUSPENDING
+    state, actions = step(state, Suspended(num_blocks=0), now=0.1, config=CONFIG)
+    assert actions == (SendToPeer(message=PreAllocate(migration_id="m", request_id="r", source_id="a",
+                                                      destination_id="b", stage=0, num_blocks=0)),)
+    state, actions = step(state, Ack(migration_id="m", stage=0, block_ids=()), now=0.2, config=CONFIG)
+    assert actions == (SendCommit(migration_id="m"),) and state.phase is SourcePhase.COMMITTING
+    world = World(full_blocks=0, queued=True)
+    world.start()
+    deliver_all(world)
+    assert world.src is not None and world.src.phase is SourcePhase.MIGRATED
+    assert world.dst is not None and world.dst.phase is DestinationPhase.COMMITTED
+    assert world.dst_admitted and not world.src_owns and world.written == [] and world.next_block == 0
+    world.check_end()
+
+
 def test_the_request_finishing_between_stages_aborts_and_frees_the_reservation() -> None:
     world = World(full_blocks=20)
     world.start()
@@ -382,6 +401,20 @@ def test_composed_machines_never_lose_or_duplicate_a_request(
     """Loss, duplication, reordering and delays always; request endings and false failure
     suspicions often, rarely or never (``faults``: one move in n of their kind, 0 = never)."""
     world = World(full_blocks=full_blocks, reserve_fails=reserve_fails and full_blocks % 3 == 0)
+    world.start()
+    apply_moves(world, moves, *faults)
+    world.settle()
+    world.check_end()
+
+
+@settings(max_examples=300, deadline=None)
+@given(moves=moves, faults=faults)
+def test_a_queued_move_over_a_faulty_channel_leaves_exactly_one_owner(
+    moves: list[tuple[int, int]], faults: tuple[int, int]
+) -> None:
+    """The move of a queued request (zero blocks) under loss, duplication, reordering, delays,
+    the request ending and false failure suspicions: one owner or none (it finished), nothing held."""
+    world = World(full_blocks=0, queued=True)
     world.start()
     apply_moves(world, moves, *faults)
     world.settle()

@@ -197,3 +197,43 @@ async def test_lost_or_repeated_handshake_message(
         await _idle(a1, a2)
         assert a1.engine.stats().num_free_blocks == NUM_BLOCKS == a2.engine.stats().num_free_blocks
         assert a1.engine.stats().num_reserved_blocks == 0 == a2.engine.stats().num_reserved_blocks
+
+
+async def test_a_queued_request_moves_without_kv(nats_url: str, engines: Any) -> None:
+    """The scheduler's ``MoveQueued`` on vLLM agents: a request waiting for blocks in vLLM's queue
+    moves without KV (held out of the queue, zero-block stage, commit) and gives the unmoved tokens."""
+    from schemas import MoveQueued
+
+    first, second, _ = engines
+    expected = _unmigrated(second)
+    async with agent_cluster(nats_url) as cluster:
+        a1 = await cluster.add(first, fast_agent_config("v1"))
+        a2 = await cluster.add(second, fast_agent_config("v2"))
+        for index in range(3):  # 480-token prompts: 16 blocks each once they decode, every block
+            prompt = tuple(3 + (i * 7 + index) % 400 for i in range(480))
+            fill = GenerateRequest(
+                request_id=f"fill{index}",
+                token_ids=prompt,
+                sampling=SamplingParams(max_tokens=32, ignore_eos=True),
+            )
+            assert (await cluster.generate("v1", fill)).accepted
+        async with asyncio.timeout(30):
+            while a1.engine.stats().num_free_blocks > 0:
+                await asyncio.sleep(0.005)
+        watcher = await cluster.watch("moving")
+        request = GenerateRequest(request_id="moving", token_ids=PROMPT, sampling=GREEDY)
+        assert (await cluster.generate("v1", request)).accepted
+        reply = await cluster.call(
+            "v1", "move_queued", MoveQueued(epoch=1, request_id="moving", destination_id="v2")
+        )
+        assert reply.accepted, reply
+        await watcher.wait_finished(timeout=60)
+        await asyncio.sleep(0.2)
+        outcome = next(o for o in a1.migration.outcomes if o.request_id == "moving")
+        assert outcome.migrated and outcome.stages == [], outcome.reason
+        assert watcher.tokens() == expected
+        assert sum(1 for d in watcher.deltas if d.finish_reason is not None) == 1
+        assert {(d.instance_id, d.owner_epoch) for d in watcher.deltas} == {("v2", 1)}
+        await watcher.close()
+        await _idle(a1, a2)
+        assert a1.engine.stats().num_free_blocks == NUM_BLOCKS == a2.engine.stats().num_free_blocks

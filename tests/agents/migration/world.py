@@ -81,6 +81,8 @@ class World:
     reserve_fails: bool = False
     written: list[int] = field(default_factory=list)
     rejected: list[int] = field(default_factory=list)
+    #: the request is still queued on the source (never ran, no blocks): a move without KV
+    queued: bool = False
 
     def start(self) -> None:
         self.src, actions = start_source(
@@ -208,7 +210,7 @@ class World:
         elif item == "suspend":
             if self.src_running and not self.gone:
                 self.src_running, self.suspended = False, True
-                self.to_source(Suspended(num_blocks=self.full_blocks + 1))
+                self.to_source(Suspended(num_blocks=0 if self.queued else self.full_blocks + 1))
         elif not isinstance(item, str):
             self.to_source(item)
 
@@ -217,7 +219,7 @@ class World:
             self.to_destination(self.dst_pending.pop(index % len(self.dst_pending)))
 
     def engine_step(self, tokens: int) -> None:
-        if self.src_running and not self.gone:
+        if self.src_running and not self.gone and not self.queued:
             self.full_blocks += tokens % 3
 
     def finish_request(self) -> None:
