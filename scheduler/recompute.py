@@ -38,7 +38,7 @@ import msgspec
 from scheduler.cluster_state import ClusterState, InstanceStatus, live_loads
 from scheduler.config import DispatchPolicy, PolicyConfig
 from scheduler.fold import evolve
-from scheduler.policy.dispatch import PendingRequest, make_dispatcher
+from scheduler.policy.dispatch import Dispatcher, PendingRequest, make_dispatcher
 from scheduler.policy.pairing import pair_instances
 from scheduler.policy.scaling import ScalingDecision, ScalingState, decide_scaling
 from schemas.decisions import (
@@ -122,9 +122,15 @@ def dispatch_decision(
     epoch: int,
     cursor: Cursor,
     policy: PolicyConfig,
+    dispatcher: Dispatcher | None = None,
 ) -> Dispatched | None:
-    """The placement of ``request`` over ``view`` as the event the scheduler appends (None: no place)."""
-    dispatcher = make_dispatcher(policy.dispatch_policy, policy)
+    """The placement of ``request`` over ``view`` as the event the scheduler appends (None: no place).
+
+    ``dispatcher``: one made by ``make_dispatcher(policy.dispatch_policy, policy)`` and kept
+    across calls (it memoises scores per instance view); a new one by default.
+    """
+    if dispatcher is None:
+        dispatcher = make_dispatcher(policy.dispatch_policy, policy)
     pending = PendingRequest(
         request_id=request.request_id,
         num_prompt_tokens=request.num_prompt_tokens,

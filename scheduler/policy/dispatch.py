@@ -132,12 +132,39 @@ def _eligible(load: InstanceLoad, request: PendingRequest) -> bool:
     )
 
 
+#: Scores kept per instance view (distinct prompt demands and priorities); more start over.
+_MEMO_KEYS_PER_VIEW = 64
+
+
 class _ScoringDispatcher:
-    """Maximise a score over eligible instances; ties go to the smaller instance id."""
+    """Maximise a score over eligible instances; ties go to the smaller instance id.
+
+    Scores are memoised per instance for the view they were computed from: a view is an
+    immutable :class:`InstanceLoad` that a new report or dispatch replaces, so while an
+    instance's view is the same object its score for the same demand and priority is the
+    same number. A dispatcher kept across decisions (the scheduler's) rescores only the
+    instances whose view changed since the last one.
+    """
 
     def __init__(self, policy: DispatchPolicy, config: PolicyConfig) -> None:
         self._policy = policy
         self._config = config
+        #: instance id -> (the view scored, {(demand blocks, priority): score})
+        self._memo: dict[str, tuple[InstanceLoad, dict[tuple[int, int], float]]] = {}
+
+    def _memo_score(self, load: InstanceLoad, demand_blocks: int, priority: int) -> float:
+        entry = self._memo.get(load.instance_id)
+        if entry is None or entry[0] is not load:
+            entry = (load, {})
+            self._memo[load.instance_id] = entry
+        scores = entry[1]
+        key = (demand_blocks, priority)
+        score = scores.get(key)
+        if score is None:
+            if len(scores) >= _MEMO_KEYS_PER_VIEW:
+                scores.clear()
+            score = scores[key] = self._score(load, demand_blocks, priority)
+        return score
 
     @property
     def policy(self) -> DispatchPolicy:
@@ -158,13 +185,19 @@ class _ScoringDispatcher:
                 continue
             considered.append((load.instance_id, load.stream_seq))
             demand = -(-request.num_prompt_tokens // load.block_size)
-            score = self._score(load, demand, request.priority)
+            score = self._memo_score(load, demand, request.priority)
             if (
                 best is None
                 or score > best_score
                 or (score == best_score and load.instance_id < best.instance_id)
             ):
                 best, best_score, best_demand = load, score, demand
+        if len(self._memo) > 2 * len(loads) + 16:  # instances gone: keep only the current ones
+            self._memo = {
+                load.instance_id: self._memo[load.instance_id]
+                for load in loads
+                if load.instance_id in self._memo
+            }
         if best is None:
             return None
         return DispatchDecision(

@@ -1,0 +1,82 @@
+"""A dispatcher kept across decisions (scores memoised per instance view) decides as a fresh one does."""
+
+from __future__ import annotations
+
+import msgspec
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scheduler.config import DispatchPolicy, PolicyConfig
+from scheduler.policy import InstanceLoad, PendingRequest, make_dispatcher
+from schemas.load import PriorityLoad
+
+CONFIG = PolicyConfig()
+
+
+def _load(instance_id: str, running: int, blocks: int, waiting: int, head: int) -> InstanceLoad:
+    return InstanceLoad(
+        instance_id=instance_id,
+        num_total_blocks=1000,
+        reported=True,
+        running=(PriorityLoad(priority=0, num_running=running, num_blocks=blocks),),
+        num_waiting=waiting,
+        head_of_line_demand=head,
+        waiting_demand=head * waiting,
+    )
+
+
+def test_a_kept_dispatcher_rescores_an_instance_whose_view_changed() -> None:
+    dispatcher = make_dispatcher(DispatchPolicy.BLOCKS_AHEAD, CONFIG)
+    request = PendingRequest(request_id="r", num_prompt_tokens=160)
+    a, b = _load("a", 1, 100, 0, 0), _load("b", 4, 400, 0, 0)
+    decision = dispatcher.choose(request, [a, b])
+    assert decision is not None and decision.instance_id == "a"
+    # a fills up and queues: the same dispatcher must see it, not a's old score
+    a_full = _load("a", 30, 990, 2, 40)
+    decision = dispatcher.choose(request, [a_full, b])
+    assert decision is not None and decision.instance_id == "b"
+    # ... and a dispatch to b that no report reflects yet counts against b at once
+    fresh = make_dispatcher(DispatchPolicy.BLOCKS_AHEAD, CONFIG)
+    b_busy = b
+    for _ in range(40):
+        b_busy = b_busy.with_dispatch(10)
+    kept_choice = dispatcher.choose(request, [a, b_busy])
+    assert kept_choice == fresh.choose(request, [a, b_busy])
+
+
+_change = st.tuples(
+    st.integers(0, 7),  # which instance
+    st.sampled_from(("report", "dispatch", "leave", "none")),
+    st.integers(0, 40),
+    st.integers(0, 1000),
+    st.integers(0, 3),
+    st.integers(0, 80),
+)
+_request = st.tuples(st.sampled_from((16, 128, 160, 700, 4000)), st.sampled_from((0, 0, 1, -1)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    policy=st.sampled_from(list(DispatchPolicy)),
+    steps=st.lists(st.tuples(_change, _request), min_size=1, max_size=40),
+)
+def test_a_kept_dispatcher_decides_what_a_fresh_one_decides(
+    policy: DispatchPolicy, steps: list[tuple[tuple[int, str, int, int, int, int], tuple[int, int]]]
+) -> None:
+    kept = make_dispatcher(policy, CONFIG)
+    views = {f"i{k}": _load(f"i{k}", k, 50 * k, 0, 0) for k in range(8)}
+    for number, ((index, kind, running, blocks, waiting, head), (tokens, priority)) in enumerate(steps):
+        instance_id = f"i{index}"
+        if kind == "report":
+            views[instance_id] = _load(instance_id, running, blocks, waiting, head)
+        elif kind == "dispatch" and instance_id in views:
+            views[instance_id] = views[instance_id].with_dispatch(head)
+        elif kind == "leave":
+            views.pop(instance_id, None)
+        loads = [views[key] for key in sorted(views)]
+        request = PendingRequest(request_id=f"r{number}", num_prompt_tokens=tokens, priority=priority)
+        expected = make_dispatcher(policy, CONFIG).choose(request, loads, num_dispatched=number)
+        assert kept.choose(request, loads, num_dispatched=number) == expected
+        # an equal view that is another object is scored afresh, with the same result
+        copies = [msgspec.structs.replace(load) for load in loads]
+        assert kept.choose(request, copies, num_dispatched=number) == expected
