@@ -20,7 +20,8 @@ token. Per rate it reports:
   and of the embedded nats-server: robust on a shared machine, where latencies
   are not;
 * ``scheduler_writes_per_request`` / ``scheduler_reads_per_request``: the
-  scheduler's write and read system calls per request (``/proc/<pid>/io``);
+  scheduler's write and read system calls per request (``/proc/<pid>/io``),
+  ``scheduler_system_share``: the kernel's share of its CPU time;
 * ``append_eps``: appends per second to both streams (``events_eps``, ``loads_eps`` apart);
 * ``agent_step_lag_p99_ms``: how late agents' steps complete against their
   modeled schedule (a late step starts the next one late).
@@ -66,9 +67,15 @@ PROMPT_TOKENS = 128
 OUTPUT_TOKENS = 32
 
 
-def _cpu_seconds(pid: int) -> float:
+def _cpu_times(pid: int) -> tuple[float, float]:
+    """``(user, system)`` CPU seconds of ``pid`` so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def _cpu_seconds(pid: int) -> float:
+    return sum(_cpu_times(pid))
 
 
 def _syscalls(pid: int) -> tuple[int, int]:
@@ -229,7 +236,8 @@ async def run_cluster_bench(
                 if bypass and scheduler.poll() is None:
                     scheduler.send_signal(signal.SIGTERM)
                     scheduler.wait(30)
-                cpu0 = _cpu_seconds(scheduler.pid) if scheduler.poll() is None else 0.0
+                times0 = _cpu_times(scheduler.pid) if scheduler.poll() is None else (0.0, 0.0)
+                cpu0 = sum(times0)
                 own0 = _own_cpu_seconds()
                 io0 = _syscalls(scheduler.pid) if scheduler.poll() is None else (0, 0)
                 nats0 = _cpu_seconds(nats_pid) if nats_pid else 0.0
@@ -240,7 +248,8 @@ async def run_cluster_bench(
                 out = await generator.phase(name, rate, duration, bypass)
                 wall = time.perf_counter() - wall0
                 ended = time.time()
-                sched_cpu = _cpu_seconds(scheduler.pid) - cpu0 if scheduler.poll() is None else 0.0
+                times1 = _cpu_times(scheduler.pid) if scheduler.poll() is None else times0
+                sched_cpu = sum(times1) - cpu0
                 own_cpu = _own_cpu_seconds() - own0
                 io1 = _syscalls(scheduler.pid) if scheduler.poll() is None else io0
                 nats_cpu = _cpu_seconds(nats_pid) - nats0 if nats_pid else None
@@ -264,6 +273,9 @@ async def run_cluster_bench(
                         "scheduler_cpu": round(cpu, 3),
                         "scheduler_cpu_ms_per_request": round(sched_cpu * 1e3 / num_requests, 4),
                         "generator_cpu_ms_per_request": round(own_cpu * 1e3 / num_requests, 4),
+                        "scheduler_system_share": round((times1[1] - times0[1]) / sched_cpu, 3)
+                        if sched_cpu > 0
+                        else None,
                         "scheduler_writes_per_request": round((io1[0] - io0[0]) / num_requests, 3),
                         "scheduler_reads_per_request": round((io1[1] - io0[1]) / num_requests, 3),
                         "nats_cpu_ms_per_request": None

@@ -132,39 +132,36 @@ def _eligible(load: InstanceLoad, request: PendingRequest) -> bool:
     )
 
 
-#: Scores kept per instance view (distinct prompt demands and priorities); more start over.
+#: Ratings kept per instance view (distinct prompt lengths, priorities, exclusions); more start over.
 _MEMO_KEYS_PER_VIEW = 64
+_RequestKey = tuple[int, int, tuple[str, ...]]
+#: ``(eligible, demand blocks, score)``
+_Rating = tuple[bool, int, float]
 
 
 class _ScoringDispatcher:
     """Maximise a score over eligible instances; ties go to the smaller instance id.
 
-    Scores are memoised per instance for the view they were computed from: a view is an
-    immutable :class:`InstanceLoad` that a new report or dispatch replaces, so while an
-    instance's view is the same object its score for the same demand and priority is the
-    same number. A dispatcher kept across decisions (the scheduler's) rescores only the
-    instances whose view changed since the last one.
+    Ratings (eligibility, demand, score) are memoised per instance for the view they were
+    computed from: a view is an immutable :class:`InstanceLoad` that a new report or dispatch
+    replaces, so while an instance's view is the same object its rating for the same prompt
+    length, priority and exclusions is the same (the key must name everything of the request
+    that :func:`_eligible` and ``_score`` read). A dispatcher kept across decisions (the
+    scheduler's) rates again only the instances whose view changed since the last one.
     """
 
     def __init__(self, policy: DispatchPolicy, config: PolicyConfig) -> None:
         self._policy = policy
         self._config = config
-        #: instance id -> (the view scored, {(demand blocks, priority): score})
-        self._memo: dict[str, tuple[InstanceLoad, dict[tuple[int, int], float]]] = {}
+        #: instance id -> (the view rated, {(prompt tokens, priority, exclude): rating})
+        self._memo: dict[str, tuple[InstanceLoad, dict[_RequestKey, _Rating]]] = {}
 
-    def _memo_score(self, load: InstanceLoad, demand_blocks: int, priority: int) -> float:
-        entry = self._memo.get(load.instance_id)
-        if entry is None or entry[0] is not load:
-            entry = (load, {})
-            self._memo[load.instance_id] = entry
-        scores = entry[1]
-        key = (demand_blocks, priority)
-        score = scores.get(key)
-        if score is None:
-            if len(scores) >= _MEMO_KEYS_PER_VIEW:
-                scores.clear()
-            score = scores[key] = self._score(load, demand_blocks, priority)
-        return score
+    def _rate(self, load: InstanceLoad, request: PendingRequest) -> _Rating:
+        """``(eligible, demand blocks, score)`` of ``request`` on ``load``: what :meth:`choose` ranks."""
+        demand = -(-request.num_prompt_tokens // load.block_size)
+        if not _eligible(load, request):
+            return False, demand, -math.inf
+        return True, demand, self._score(load, demand, request.priority)
 
     @property
     def policy(self) -> DispatchPolicy:
@@ -180,12 +177,21 @@ class _ScoringDispatcher:
         best_score = -math.inf
         best_demand = 0
         considered: list[tuple[str, int]] = []
+        memo = self._memo
+        key = (request.num_prompt_tokens, request.priority, request.exclude)
         for load in loads:
-            if not _eligible(load, request):
+            entry = memo.get(load.instance_id)
+            if entry is None or entry[0] is not load:
+                entry = memo[load.instance_id] = (load, {})
+            rating = entry[1].get(key)
+            if rating is None:
+                if len(entry[1]) >= _MEMO_KEYS_PER_VIEW:
+                    entry[1].clear()
+                rating = entry[1][key] = self._rate(load, request)
+            eligible, demand, score = rating
+            if not eligible:
                 continue
             considered.append((load.instance_id, load.stream_seq))
-            demand = -(-request.num_prompt_tokens // load.block_size)
-            score = self._memo_score(load, demand, request.priority)
             if (
                 best is None
                 or score > best_score

@@ -22,6 +22,7 @@ def _load(instance_id: str, running: int, blocks: int, waiting: int, head: int) 
         num_waiting=waiting,
         head_of_line_demand=head,
         waiting_demand=head * waiting,
+        head_of_line_priority=0,
     )
 
 
@@ -52,20 +53,25 @@ _change = st.tuples(
     st.integers(0, 3),
     st.integers(0, 80),
 )
-_request = st.tuples(st.sampled_from((16, 128, 160, 700, 4000)), st.sampled_from((0, 0, 1, -1)))
+_request = st.tuples(
+    st.sampled_from((16, 128, 160, 700, 4000)),
+    st.sampled_from((0, 1, -1)),
+    st.sampled_from(((), ("i0",), ("i1", "i2"))),
+)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(
     policy=st.sampled_from(list(DispatchPolicy)),
-    steps=st.lists(st.tuples(_change, _request), min_size=1, max_size=40),
+    steps=st.lists(st.tuples(_change, st.lists(_request, min_size=1, max_size=4)), min_size=1, max_size=30),
 )
 def test_a_kept_dispatcher_decides_what_a_fresh_one_decides(
-    policy: DispatchPolicy, steps: list[tuple[tuple[int, str, int, int, int, int], tuple[int, int]]]
+    policy: DispatchPolicy,
+    steps: list[tuple[tuple[int, str, int, int, int, int], list[tuple[int, int, tuple[str, ...]]]]],
 ) -> None:
     kept = make_dispatcher(policy, CONFIG)
     views = {f"i{k}": _load(f"i{k}", k, 50 * k, 0, 0) for k in range(8)}
-    for number, ((index, kind, running, blocks, waiting, head), (tokens, priority)) in enumerate(steps):
+    for number, ((index, kind, running, blocks, waiting, head), asks) in enumerate(steps):
         instance_id = f"i{index}"
         if kind == "report":
             views[instance_id] = _load(instance_id, running, blocks, waiting, head)
@@ -74,9 +80,24 @@ def test_a_kept_dispatcher_decides_what_a_fresh_one_decides(
         elif kind == "leave":
             views.pop(instance_id, None)
         loads = [views[key] for key in sorted(views)]
-        request = PendingRequest(request_id=f"r{number}", num_prompt_tokens=tokens, priority=priority)
-        expected = make_dispatcher(policy, CONFIG).choose(request, loads, num_dispatched=number)
-        assert kept.choose(request, loads, num_dispatched=number) == expected
-        # an equal view that is another object is scored afresh, with the same result
+        # several requests over the same views: the memo must tell them apart
+        requests = [
+            PendingRequest(request_id=f"r{number}", num_prompt_tokens=t, priority=p, exclude=x)
+            for t, p, x in asks
+        ]
+        expected = [make_dispatcher(policy, CONFIG).choose(r, loads, num_dispatched=number) for r in requests]
+        assert [kept.choose(r, loads, num_dispatched=number) for r in requests] == expected
+        # equal views that are other objects are rated afresh, with the same results
         copies = [msgspec.structs.replace(load) for load in loads]
-        assert kept.choose(request, copies, num_dispatched=number) == expected
+        assert [kept.choose(r, copies, num_dispatched=number) for r in requests] == expected
+
+
+def test_a_kept_dispatcher_tells_priorities_apart_on_the_same_views() -> None:
+    # a has room but a queue of normal-priority prompts; b is busier with nothing queued
+    a, b = _load("a", 2, 100, 3, 40), _load("b", 20, 600, 0, 0)
+    normal = PendingRequest(request_id="n", num_prompt_tokens=160)
+    high = PendingRequest(request_id="h", num_prompt_tokens=160, priority=-1)
+    kept = make_dispatcher(DispatchPolicy.BLOCKS_AHEAD, CONFIG)
+    fresh = [make_dispatcher(DispatchPolicy.BLOCKS_AHEAD, CONFIG).choose(r, [a, b]) for r in (normal, high)]
+    assert [d.instance_id for d in fresh if d is not None] == ["b", "a"]  # the high one skips a's queue
+    assert [kept.choose(r, [a, b]) for r in (normal, high, normal)] == [*fresh, fresh[0]]
