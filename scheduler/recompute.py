@@ -30,6 +30,7 @@ Pure: no I/O, no clock.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
@@ -126,11 +127,13 @@ def dispatch_decision(
 ) -> Dispatched | None:
     """The placement of ``request`` over ``view`` as the event the scheduler appends (None: no place).
 
-    ``dispatcher``: one made by ``make_dispatcher(policy.dispatch_policy, policy)`` and kept
-    across calls (it memoises scores per instance view); a new one by default.
+    ``dispatcher``: one made by ``make_dispatcher(policy.dispatch_policy, policy)``; by default
+    one kept per policy configuration. A dispatcher memoises its ratings per instance view
+    (the same result, computed once), so consecutive decisions over views that share most
+    instances' loads rate only what changed.
     """
     if dispatcher is None:
-        dispatcher = make_dispatcher(policy.dispatch_policy, policy)
+        dispatcher = _kept_dispatcher(policy)
     pending = PendingRequest(
         request_id=request.request_id,
         num_prompt_tokens=request.num_prompt_tokens,
@@ -153,6 +156,11 @@ def dispatch_decision(
         loads_seq=cursor.loads_seq,
         exclude=request.exclude,
     )
+
+
+@functools.lru_cache(maxsize=8)
+def _kept_dispatcher(policy: PolicyConfig) -> Dispatcher:
+    return make_dispatcher(policy.dispatch_policy, policy)
 
 
 def next_pairing_decision(

@@ -132,9 +132,10 @@ def _eligible(load: InstanceLoad, request: PendingRequest) -> bool:
     )
 
 
-#: Ratings kept per instance view (distinct prompt lengths, priorities, exclusions); more start over.
+#: Ratings kept per instance view (distinct demands, priorities, exclusions); more start over.
 _MEMO_KEYS_PER_VIEW = 64
-_RequestKey = tuple[int, int, tuple[str, ...]]
+#: ``(demand blocks, fits the model length, priority, exclude)``
+_RequestKey = tuple[int, bool, int, tuple[str, ...]]
 #: ``(eligible, demand blocks, score)``
 _Rating = tuple[bool, int, float]
 
@@ -144,16 +145,16 @@ class _ScoringDispatcher:
 
     Ratings (eligibility, demand, score) are memoised per instance for the view they were
     computed from: a view is an immutable :class:`InstanceLoad` that a new report or dispatch
-    replaces, so while an instance's view is the same object its rating for the same prompt
-    length, priority and exclusions is the same (the key must name everything of the request
-    that :func:`_eligible` and ``_score`` read). A dispatcher kept across decisions (the
-    scheduler's) rates again only the instances whose view changed since the last one.
+    replaces, so while an instance's view is the same object its rating for the same demand in
+    blocks, fit in the model length, priority and exclusions is the same (the key must name
+    everything of the request that :func:`_eligible` and ``_score`` read). A dispatcher kept
+    across decisions (the scheduler's) rates again only the instances whose view changed.
     """
 
     def __init__(self, policy: DispatchPolicy, config: PolicyConfig) -> None:
         self._policy = policy
         self._config = config
-        #: instance id -> (the view rated, {(prompt tokens, priority, exclude): rating})
+        #: instance id -> (the view rated, {request key: rating})
         self._memo: dict[str, tuple[InstanceLoad, dict[_RequestKey, _Rating]]] = {}
 
     def _rate(self, load: InstanceLoad, request: PendingRequest) -> _Rating:
@@ -178,11 +179,14 @@ class _ScoringDispatcher:
         best_demand = 0
         considered: list[tuple[str, int]] = []
         memo = self._memo
-        key = (request.num_prompt_tokens, request.priority, request.exclude)
+        tokens, priority, exclude = request.num_prompt_tokens, request.priority, request.exclude
         for load in loads:
             entry = memo.get(load.instance_id)
             if entry is None or entry[0] is not load:
                 entry = memo[load.instance_id] = (load, {})
+            # what the rating reads of the request: its demand here, whether it fits the model length,
+            # its priority and the exclusions (prompts of other lengths often share a rating)
+            key = (-(-tokens // load.block_size), tokens <= load.max_model_len, priority, exclude)
             rating = entry[1].get(key)
             if rating is None:
                 if len(entry[1]) >= _MEMO_KEYS_PER_VIEW:

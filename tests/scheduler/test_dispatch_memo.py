@@ -16,6 +16,7 @@ CONFIG = PolicyConfig()
 def _load(instance_id: str, running: int, blocks: int, waiting: int, head: int) -> InstanceLoad:
     return InstanceLoad(
         instance_id=instance_id,
+        max_model_len=1000 if instance_id in ("i1", "i5") else 8192,
         num_total_blocks=1000,
         reported=True,
         running=(PriorityLoad(priority=0, num_running=running, num_blocks=blocks),),
@@ -54,7 +55,7 @@ _change = st.tuples(
     st.integers(0, 80),
 )
 _request = st.tuples(
-    st.sampled_from((16, 128, 160, 700, 4000)),
+    st.sampled_from((16, 128, 150, 160, 700, 1000, 1001, 4000)),  # 150/160, 1000/1001: same blocks
     st.sampled_from((0, 1, -1)),
     st.sampled_from(((), ("i0",), ("i1", "i2"))),
 )
@@ -101,3 +102,13 @@ def test_a_kept_dispatcher_tells_priorities_apart_on_the_same_views() -> None:
     fresh = [make_dispatcher(DispatchPolicy.BLOCKS_AHEAD, CONFIG).choose(r, [a, b]) for r in (normal, high)]
     assert [d.instance_id for d in fresh if d is not None] == ["b", "a"]  # the high one skips a's queue
     assert [kept.choose(r, [a, b]) for r in (normal, high, normal)] == [*fresh, fresh[0]]
+
+
+def test_prompts_of_the_same_demand_differ_where_one_exceeds_the_model_length() -> None:
+    # 1000 and 1001 tokens both need 63 blocks; only the first fits a's model length
+    a = msgspec.structs.replace(_load("a", 0, 0, 0, 0), max_model_len=1000)
+    b = _load("b", 20, 600, 0, 0)
+    fits, too_long = (PendingRequest(request_id=str(n), num_prompt_tokens=n) for n in (1000, 1001))
+    kept = make_dispatcher(DispatchPolicy.BLOCKS_AHEAD, CONFIG)
+    chosen = [kept.choose(r, [a, b]) for r in (fits, too_long, fits)]
+    assert [d.instance_id for d in chosen if d is not None] == ["a", "b", "a"]
