@@ -14,6 +14,14 @@ token. Per rate it reports:
   ``scheduler_inbound_*``: sent until the scheduler's handler started;
   ``scheduler_decision_*``: the handler's own time, folding and deciding);
 * ``scheduler_cpu``: the scheduler process's CPU time over wall time (1.0 = one core);
+* ``scheduler_cpu_ms_per_request`` / ``generator_cpu_ms_per_request`` /
+  ``nats_cpu_ms_per_request``: CPU time (user + system, from ``/proc``) per request
+  of the scheduler, of this process (the load generator: the frontend's part)
+  and of the embedded nats-server: robust on a shared machine, where latencies
+  are not;
+* ``scheduler_writes_per_request`` / ``scheduler_reads_per_request``: the
+  scheduler's write and read system calls per request (``/proc/<pid>/io``),
+  ``scheduler_system_share``: the kernel's share of its CPU time;
 * ``append_eps``: appends per second to both streams (``events_eps``, ``loads_eps`` apart);
 * ``agent_step_lag_p99_ms``: how late agents' steps complete against their
   modeled schedule (a late step starts the next one late).
@@ -29,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -58,9 +67,29 @@ PROMPT_TOKENS = 128
 OUTPUT_TOKENS = 32
 
 
-def _cpu_seconds(pid: int) -> float:
+def _cpu_times(pid: int) -> tuple[float, float]:
+    """``(user, system)`` CPU seconds of ``pid`` so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def _cpu_seconds(pid: int) -> float:
+    return sum(_cpu_times(pid))
+
+
+def _syscalls(pid: int) -> tuple[int, int]:
+    """``(writes, reads)``: system calls so far (``/proc/<pid>/io``; (0, 0) where unreadable)."""
+    try:
+        fields = dict(line.split(": ") for line in Path(f"/proc/{pid}/io").read_text().splitlines())
+    except OSError:
+        return 0, 0
+    return int(fields["syscw"]), int(fields["syscr"])
+
+
+def _own_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _percentile(values: list[float], q: float) -> float | None:
@@ -149,6 +178,7 @@ async def run_cluster_bench(
     processes: int,
     workdir: Path,
     baseline: bool = True,
+    nats_pid: int | None = None,
 ) -> list[dict[str, Any]]:
     prefix = f"bench{uuid.uuid4().hex[:8]}"
     subjects = Subjects(prefix)
@@ -206,7 +236,11 @@ async def run_cluster_bench(
                 if bypass and scheduler.poll() is None:
                     scheduler.send_signal(signal.SIGTERM)
                     scheduler.wait(30)
-                cpu0 = _cpu_seconds(scheduler.pid) if scheduler.poll() is None else 0.0
+                times0 = _cpu_times(scheduler.pid) if scheduler.poll() is None else (0.0, 0.0)
+                cpu0 = sum(times0)
+                own0 = _own_cpu_seconds()
+                io0 = _syscalls(scheduler.pid) if scheduler.poll() is None else (0, 0)
+                nats0 = _cpu_seconds(nats_pid) if nats_pid else 0.0
                 ev0 = await bus.last_seq(subjects.events_stream)
                 ld0 = await bus.last_seq(subjects.loads_stream)
                 began = time.time()
@@ -214,7 +248,13 @@ async def run_cluster_bench(
                 out = await generator.phase(name, rate, duration, bypass)
                 wall = time.perf_counter() - wall0
                 ended = time.time()
-                cpu = (_cpu_seconds(scheduler.pid) - cpu0) / wall if scheduler.poll() is None else 0.0
+                times1 = _cpu_times(scheduler.pid) if scheduler.poll() is None else times0
+                sched_cpu = sum(times1) - cpu0
+                own_cpu = _own_cpu_seconds() - own0
+                io1 = _syscalls(scheduler.pid) if scheduler.poll() is None else io0
+                nats_cpu = _cpu_seconds(nats_pid) - nats0 if nats_pid else None
+                cpu = sched_cpu / wall
+                num_requests = int(rate * duration)
                 ev = (await bus.last_seq(subjects.events_stream) - ev0) / wall
                 ld = (await bus.last_seq(subjects.loads_stream) - ld0) / wall
                 windows.append((name, began, ended))
@@ -231,6 +271,16 @@ async def run_cluster_bench(
                         "scheduler_rpc_p50_ms": _percentile(out["scheduler"], 50),
                         "scheduler_rpc_p99_ms": _percentile(out["scheduler"], 99),
                         "scheduler_cpu": round(cpu, 3),
+                        "scheduler_cpu_ms_per_request": round(sched_cpu * 1e3 / num_requests, 4),
+                        "generator_cpu_ms_per_request": round(own_cpu * 1e3 / num_requests, 4),
+                        "scheduler_system_share": round((times1[1] - times0[1]) / sched_cpu, 3)
+                        if sched_cpu > 0
+                        else None,
+                        "scheduler_writes_per_request": round((io1[0] - io0[0]) / num_requests, 3),
+                        "scheduler_reads_per_request": round((io1[1] - io0[1]) / num_requests, 3),
+                        "nats_cpu_ms_per_request": None
+                        if nats_cpu is None
+                        else round(nats_cpu * 1e3 / num_requests, 4),
                         "append_eps": round(ev + ld, 1),
                         "events_eps": round(ev, 1),
                         "loads_eps": round(ld, 1),
@@ -302,7 +352,7 @@ def bench_cluster(
         )
         if nats_url is None:
             with EmbeddedNats(store_dir=Path(work) / "nats") as server:
-                rows = event_loop.run(run_cluster_bench(server.url, **kwargs))
+                rows = event_loop.run(run_cluster_bench(server.url, nats_pid=server.pid, **kwargs))
         else:
             rows = event_loop.run(run_cluster_bench(nats_url, **kwargs))
     table = Table(
@@ -315,6 +365,7 @@ def bench_cluster(
         "dispatch p50/p99 ms",
         "sched rpc p50/p99 ms",
         "sched CPU",
+        "CPU ms/req sched/gen/nats",
         "appends/s",
         "step lag p99 ms",
         "errors",
@@ -327,6 +378,8 @@ def bench_cluster(
             f"{row['dispatch_p50_ms']}/{row['dispatch_p99_ms']}",
             f"{row['scheduler_rpc_p50_ms']}/{row['scheduler_rpc_p99_ms']}",
             f"{row['scheduler_cpu']:.2f}",
+            f"{row['scheduler_cpu_ms_per_request']:.3f}/{row['generator_cpu_ms_per_request']:.3f}"
+            f"/{row['nats_cpu_ms_per_request']}",
             f"{row['append_eps']:.0f}",
             str(row["agent_step_lag_p99_ms"]),
             str(row["errors"]),

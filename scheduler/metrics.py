@@ -100,17 +100,27 @@ class SchedulerMetrics:
         )
         for result in ("alive", "not_reporting", "no_responders", "timeout", "error"):
             self.failure_probes.labels(result=result)
-        for kind in sorted(set(_KINDS.values())):
-            self.decisions.labels(kind=kind)
+        # labelled children looked up once: ``labels()`` per message costs more than the observation
+        self._decisions_by_kind = {
+            kind: self.decisions.labels(kind=kind) for kind in sorted(set(_KINDS.values()))
+        }
+        self._read_lag_by_stream: dict[str, Histogram] = {}
         for reason in DispatchFailReason:
             self.dispatch_failures.labels(reason=reason.value)
         r.register(_LeaseCollector(lease))
 
     def observe_read(self, stream: str, stored_at: float, now: float) -> None:
-        self.read_lag.labels(stream=stream).observe(max(0.0, now - stored_at))
+        child = self._read_lag_by_stream.get(stream)
+        if child is None:
+            child = self._read_lag_by_stream[stream] = self.read_lag.labels(stream=stream)
+        child.observe(max(0.0, now - stored_at))
 
     def observe_decision(self, body: Body) -> None:
-        self.decisions.labels(kind=decision_kind(body)).inc()
+        kind = decision_kind(body)
+        child = self._decisions_by_kind.get(kind)
+        if child is None:
+            child = self._decisions_by_kind[kind] = self.decisions.labels(kind=kind)
+        child.inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

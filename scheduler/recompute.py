@@ -32,6 +32,7 @@ Pure: no I/O, no clock.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
@@ -40,7 +41,7 @@ import msgspec
 from scheduler.cluster_state import ClusterState, InstanceStatus, live_loads
 from scheduler.config import DispatchPolicy, PolicyConfig
 from scheduler.fold import evolve
-from scheduler.policy.dispatch import PendingRequest, make_dispatcher, requeue_choice
+from scheduler.policy.dispatch import Dispatcher, PendingRequest, make_dispatcher, requeue_choice
 from scheduler.policy.pairing import pair_instances
 from scheduler.policy.scaling import ScalingDecision, ScalingState, decide_scaling
 from schemas.decisions import (
@@ -126,9 +127,17 @@ def dispatch_decision(
     epoch: int,
     cursor: Cursor,
     policy: PolicyConfig,
+    dispatcher: Dispatcher | None = None,
 ) -> Dispatched | None:
-    """The placement of ``request`` over ``view`` as the event the scheduler appends (None: no place)."""
-    dispatcher = make_dispatcher(policy.dispatch_policy, policy)
+    """The placement of ``request`` over ``view`` as the event the scheduler appends (None: no place).
+
+    ``dispatcher``: one made by ``make_dispatcher(policy.dispatch_policy, policy)``; by default
+    one kept per policy configuration. A dispatcher memoises its ratings per instance view
+    (the same result, computed once), so consecutive decisions over views that share most
+    instances' loads rate only what changed.
+    """
+    if dispatcher is None:
+        dispatcher = _kept_dispatcher(policy)
     pending = PendingRequest(
         request_id=request.request_id,
         num_prompt_tokens=request.num_prompt_tokens,
@@ -190,6 +199,11 @@ def requeue_decision(
         exclude=(source_id,),
         requeued_from=source_id,
     )
+
+
+@functools.lru_cache(maxsize=8)
+def _kept_dispatcher(policy: PolicyConfig) -> Dispatcher:
+    return make_dispatcher(policy.dispatch_policy, policy)
 
 
 def next_pairing_decision(

@@ -54,6 +54,7 @@ from scheduler.instances import InstanceManager
 from scheduler.lease import Lease, LeaseLost
 from scheduler.metrics import SchedulerMetrics
 from scheduler.outbox import Outbox
+from scheduler.policy.dispatch import make_dispatcher
 from scheduler.policy.load import freeness_after_admit, load_freeness
 from scheduler.policy.scaling import ScaleDownDecision, ScalingState, decide_scaling
 from scheduler.recompute import (
@@ -140,6 +141,8 @@ class SchedulerService:
         self.archiver = LoadArchiver(bus, interval_s=self.config.archive_interval_s)
         self._checkpoint_at = float("-inf")
         self._policy_json = encode_policy(self.config.policy)
+        #: kept across dispatches: it rescores only instances whose view changed
+        self._dispatcher = make_dispatcher(self.config.policy.dispatch_policy, self.config.policy)
         self.lease = Lease(bus, holder=self.config.scheduler_id, ttl_s=self.config.lease_ttl_s, clock=clock)
         self.shadow: Shadow | None = None
         self._stop = asyncio.Event()
@@ -470,7 +473,10 @@ class SchedulerService:
             view = apply_overlay(state, [body for mid, body in self._own if mid not in folded_ids])
         else:
             state, cursor, view = follower.state, follower.cursor, self.view()
-        event = dispatch_decision(view, request, epoch=self.epoch, cursor=cursor, policy=self.config.policy)
+        event = dispatch_decision(
+            view, request, epoch=self.epoch, cursor=cursor, policy=self.config.policy,
+            dispatcher=self._dispatcher,
+        )
         if event is None:
             self.stats.dispatch_errors += 1
             self.metrics.dispatch_failures.labels(reason=DispatchFailReason.NO_INSTANCE.value).inc()

@@ -132,12 +132,37 @@ def _eligible(load: InstanceLoad, request: PendingRequest) -> bool:
     )
 
 
+#: Ratings kept per instance view (distinct demands, priorities, exclusions); more start over.
+_MEMO_KEYS_PER_VIEW = 64
+#: ``(demand blocks, fits the model length, priority, exclude)``
+_RequestKey = tuple[int, bool, int, tuple[str, ...]]
+#: ``(eligible, demand blocks, score)``
+_Rating = tuple[bool, int, float]
+
+
 class _ScoringDispatcher:
-    """Maximise a score over eligible instances; ties go to the smaller instance id."""
+    """Maximise a score over eligible instances; ties go to the smaller instance id.
+
+    Ratings (eligibility, demand, score) are memoised per instance for the view they were
+    computed from: a view is an immutable :class:`InstanceLoad` that a new report or dispatch
+    replaces, so while an instance's view is the same object its rating for the same demand in
+    blocks, fit in the model length, priority and exclusions is the same (the key must name
+    everything of the request that :func:`_eligible` and ``_score`` read). A dispatcher kept
+    across decisions (the scheduler's) rates again only the instances whose view changed.
+    """
 
     def __init__(self, policy: DispatchPolicy, config: PolicyConfig) -> None:
         self._policy = policy
         self._config = config
+        #: instance id -> (the view rated, {request key: rating})
+        self._memo: dict[str, tuple[InstanceLoad, dict[_RequestKey, _Rating]]] = {}
+
+    def _rate(self, load: InstanceLoad, request: PendingRequest) -> _Rating:
+        """``(eligible, demand blocks, score)`` of ``request`` on ``load``: what :meth:`choose` ranks."""
+        demand = -(-request.num_prompt_tokens // load.block_size)
+        if not _eligible(load, request):
+            return False, demand, -math.inf
+        return True, demand, self._score(load, demand, request.priority)
 
     @property
     def policy(self) -> DispatchPolicy:
@@ -153,18 +178,36 @@ class _ScoringDispatcher:
         best_score = -math.inf
         best_demand = 0
         considered: list[tuple[str, int]] = []
+        memo = self._memo
+        tokens, priority, exclude = request.num_prompt_tokens, request.priority, request.exclude
         for load in loads:
-            if not _eligible(load, request):
+            entry = memo.get(load.instance_id)
+            if entry is None or entry[0] is not load:
+                entry = memo[load.instance_id] = (load, {})
+            # what the rating reads of the request: its demand here, whether it fits the model length,
+            # its priority and the exclusions (prompts of other lengths often share a rating)
+            key = (-(-tokens // load.block_size), tokens <= load.max_model_len, priority, exclude)
+            rating = entry[1].get(key)
+            if rating is None:
+                if len(entry[1]) >= _MEMO_KEYS_PER_VIEW:
+                    entry[1].clear()
+                rating = entry[1][key] = self._rate(load, request)
+            eligible, demand, score = rating
+            if not eligible:
                 continue
             considered.append((load.instance_id, load.stream_seq))
-            demand = -(-request.num_prompt_tokens // load.block_size)
-            score = self._score(load, demand, request.priority)
             if (
                 best is None
                 or score > best_score
                 or (score == best_score and load.instance_id < best.instance_id)
             ):
                 best, best_score, best_demand = load, score, demand
+        if len(self._memo) > 2 * len(loads) + 16:  # instances gone: keep only the current ones
+            self._memo = {
+                load.instance_id: self._memo[load.instance_id]
+                for load in loads
+                if load.instance_id in self._memo
+            }
         if best is None:
             return None
         return DispatchDecision(
