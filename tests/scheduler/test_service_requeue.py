@@ -95,12 +95,15 @@ async def test_a_stalled_queue_loses_its_request_live_and_the_replay_recomputes_
             assert {(d.instance_id, d.owner_epoch) for d in watcher.deltas} == {("q2", 1)}
             assert service.stats.requeues == 1
             assert b'shoal_scheduler_decisions_total{kind="requeued"} 1.0' in service.metrics.render()
-            assert q1.engine.request_stats("blocker") is not None  # the running request stayed
-            await client.request(
-                subjects.rpc_agent("q1", "abort"),
-                codec.encode(AbortRequest(request_id="blocker"), time=0.0),
-                timeout=5.0,
-            )
+            # the running request is not the one moved (it may have hit the model's length by now, or
+            # been migrated with its KV by pairing): abort it wherever it still runs
+            for agent in (q1, q2):
+                if agent.engine.request_stats("blocker") is not None:
+                    await client.request(
+                        subjects.rpc_agent(agent.instance_id, "abort"),
+                        codec.encode(AbortRequest(request_id="blocker"), time=0.0),
+                        timeout=5.0,
+                    )
             await watcher.close()
             async with asyncio.timeout(10):
                 while q1.engine.has_unfinished() or q2.engine.has_unfinished():
@@ -122,6 +125,14 @@ async def test_a_stalled_queue_loses_its_request_live_and_the_replay_recomputes_
             if isinstance(body := codec.decode(e.data).body, MigrationStarted) and body.request_id == "moving"
         ]
         assert [s.cause for s in started] == [MigrationCause.REQUEUE]
+        bodies = [codec.decode(e.data).body for e in log.events]
+        assert not [
+            b
+            for b in bodies
+            if isinstance(b, MigrationStarted)
+            and b.request_id == "blocker"
+            and b.cause is MigrationCause.REQUEUE
+        ]
         timeline = request_timeline(log, "moving")  # shoal replay --request: the move, and why
         moved = [step for step in timeline.steps if step.kind == "requeued"]
         assert [(step.instance_id, step.detail["requeued_from"]) for step in moved] == [("q2", "q1")]
