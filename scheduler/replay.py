@@ -32,6 +32,7 @@ from scheduler.config import DispatchPolicy, PolicyConfig
 from scheduler.follower import LogFollower, Shadow, ShadowStats
 from scheduler.history import checkpoint_state, decode_checkpoint
 from scheduler.logfile import RecordedLog
+from scheduler.policy.dispatch import Dispatcher, PendingRequest, make_dispatcher
 from scheduler.policy.load import freeness_after_admit, load_freeness
 from scheduler.recompute import (
     Cursor,
@@ -111,6 +112,9 @@ class Candidate(msgspec.Struct, frozen=True):
     freeness: float
     freeness_after: float
     excluded: bool = False
+    #: What the decision's own policy maximised for this instance (e.g. minus the blocks ahead of the
+    #: request under ``blocks_ahead``); None: not eligible, round-robin, or a policy unknown here.
+    score: float | None = None
 
 
 class DecisionRow(msgspec.Struct, frozen=True):
@@ -327,10 +331,20 @@ class _Observer:
 
 
 def _candidates(view: ClusterState, body: Dispatched, policy: PolicyConfig) -> list[Candidate]:
+    try:
+        dispatcher: Dispatcher | None = make_dispatcher(body.policy, policy)
+    except ValueError:
+        dispatcher = None
+    if dispatcher is not None and dispatcher.policy is DispatchPolicy.ROUND_ROBIN:
+        dispatcher = None  # its "score" is a slot number, not a judgement of the instance
+    request = PendingRequest(
+        request_id=body.request_id, num_prompt_tokens=body.num_prompt_tokens, priority=body.priority
+    )
     out = []
     for load in live_loads(view):
         record = view.instances[load.instance_id]
         demand = record.load.demand_blocks(body.num_prompt_tokens)
+        alone = None if dispatcher is None else dispatcher.choose(request, [load])
         out.append(
             Candidate(
                 instance_id=load.instance_id,
@@ -341,6 +355,7 @@ def _candidates(view: ClusterState, body: Dispatched, policy: PolicyConfig) -> l
                 freeness=load_freeness(record.load, policy),
                 freeness_after=freeness_after_admit(record.load, demand, policy),
                 excluded=load.instance_id in body.exclude,
+                score=None if alone is None else alone.score,
             )
         )
     return out

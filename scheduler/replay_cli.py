@@ -257,8 +257,10 @@ def _step_text(step: TimelineStep) -> str:
             mark = "chosen" if c["instance_id"] == step.instance_id else "runner-up"
             if c["instance_id"] not in (step.instance_id, d.get("runner_up")):
                 mark = "excluded" if c["excluded"] else "candidate"
+            score = c.get("score")
+            text += f"\n  {mark} {c['instance_id']}: " + ("" if score is None else f"score {score:.1f}, ")
             text += (
-                f"\n  {mark} {c['instance_id']}: freeness {c['freeness']:.1f} → {c['freeness_after']:.1f} "
+                f"freeness {c['freeness']:.1f} → {c['freeness_after']:.1f} "
                 f"after admitting; running {c['num_running']}, waiting {c['num_waiting']}, "
                 f"blocks {c['num_used_blocks']}/{c['num_total_blocks']}"
             )

@@ -20,6 +20,7 @@ it (an upper bound, not the request's own). Pure apart from reading the in-memor
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import msgspec
@@ -95,9 +96,14 @@ def _dispatch_detail(body: Dispatched, view: list[Candidate] | None) -> dict[str
     if view is None:
         return detail
     after = body.policy == "freeness_after_admit"
-    ranked = sorted(
-        view, key=lambda c: (c.excluded, -(c.freeness_after if after else c.freeness), c.instance_id)
-    )
+    scored = any(c.score is not None for c in view)
+
+    def rank(c: Candidate) -> tuple[bool, float, str]:
+        if scored:  # the decision's own policy judged each instance: rank as it did
+            return (c.excluded, math.inf if c.score is None else -c.score, c.instance_id)
+        return (c.excluded, -(c.freeness_after if after else c.freeness), c.instance_id)
+
+    ranked = sorted(view, key=rank)
     chosen = [c for c in ranked if c.instance_id == body.instance_id]
     detail["candidates"] = [msgspec.to_builtins(c) for c in chosen + [c for c in ranked if c not in chosen]]
     others = [c for c in ranked if c.instance_id != body.instance_id and not c.excluded]

@@ -131,6 +131,10 @@ async def test_timeline_of_a_request_preempted_once_and_migrated_twice(nats_url:
         cluster.agents
     )
     assert dispatched["detail"]["runner_up"] in {second, third}
+    # ranked as the decision's own policy (here the paper's freeness) scored them, the chosen first
+    scores = [c["score"] for c in candidates]
+    assert dispatched["detail"]["policy"] == "freeness" and None not in scores
+    assert scores == sorted(scores, reverse=True) == sorted((c["freeness"] for c in candidates), reverse=True)
     assert first_token["detail"]["ttft_s"] > 0
     for step, (source, destination) in zip(steps[7:9], [(first, second), (second, third)], strict=True):
         detail = step["detail"]
@@ -177,3 +181,28 @@ async def test_timeline_of_a_scripted_log_and_an_unknown_request(nats_url: str, 
         assert result.exit_code == 1 and "request 'nope' is not in the log" in result.output
     finally:
         await delete_streams(nats_url, prefix)
+
+
+def test_candidates_are_ranked_by_the_policy_that_chose_not_by_freeness() -> None:
+    """Under blocks_ahead a request may go to an instance with less freeness (a shorter queue): the
+    explanation ranks the instances by that policy's score, so the chosen one leads and the runner-up
+    is the one the policy would have picked next."""
+    from scheduler.replay import Candidate
+    from scheduler.timeline import _dispatch_detail
+    from schemas.decisions import Dispatched
+
+    def candidate(instance_id: str, freeness: float, score: float | None) -> Candidate:
+        return Candidate(
+            instance_id=instance_id, num_running=1, num_waiting=0, num_used_blocks=10,
+            num_total_blocks=100, freeness=freeness, freeness_after=freeness - 5, score=score,
+        )
+
+    body = Dispatched(
+        epoch=1, request_id="r", instance_id="b", policy="blocks_ahead", num_prompt_tokens=64, loads=(),
+    )
+    view = [candidate("a", 90.0, -40.0), candidate("b", 20.0, 15.0), candidate("c", 50.0, 3.0)]
+    detail = _dispatch_detail(body, view)
+    assert [c["instance_id"] for c in detail["candidates"]] == ["b", "c", "a"]
+    assert detail["runner_up"] == "c"  # by freeness it would have been "a"
+    unscored = [candidate("a", 90.0, None), candidate("b", 20.0, None), candidate("c", 50.0, None)]
+    assert _dispatch_detail(body, unscored)["runner_up"] == "a"  # a policy unknown here: by freeness
