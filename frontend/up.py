@@ -194,8 +194,9 @@ def _tail(path: Path, lines: int = 15) -> str:
 @click.option("--kv-cache-bytes", type=int, default=None,
               help="vllm: KV space per agent in bytes (on CPU 1 GiB unless VLLM_CPU_KVCACHE_SPACE is set).")
 @click.option("--no-scheduler", is_flag=True, help="Run without a scheduler (the frontend places requests).")
-@click.option("--requeue-after-s", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="Scheduler: move a queued request (no KV) off a queue stalled this long (default: off).")
+@click.option("--requeue-after-s", type=click.FloatRange(min=0), default=None,
+              help="Scheduler: move a queued request (no KV) off a queue stalled this long "
+              "(default: the scheduler's, 0.5 s; 0: off).")
 @click.option("--autoscale", is_flag=True,
               help="Let the scheduler start and stop agents (between --min-instances and --max-instances).")
 @click.option("--min-instances", type=int, default=None, help="Auto-scaling floor (default: --instances).")

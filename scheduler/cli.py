@@ -31,6 +31,7 @@ from bus.options import metrics_options, nats_auth_options, nats_option, nats_re
 from bus.telemetry import TelemetryConfig, tracer_provider
 from scheduler.config import (
     SHOAL_HIGH_FREENESS,
+    SHOAL_REQUEUE_AFTER_S,
     DispatchPolicy,
     PairingConfig,
     PolicyConfig,
@@ -178,10 +179,11 @@ def policy_from_options(
 @click.option("--no-snapshot", is_flag=True, help="Recover by replaying the whole log (no snapshot read).")
 @click.option(
     "--requeue-after-s",
-    type=click.FloatRange(min=0, min_open=True),
+    type=click.FloatRange(min=0),
     default=None,
     help="Move a queued request (no KV) off an instance whose head of line waited this long, "
-    "to where it would start at once (blocks_ahead policy; default: off).",
+    f"to where it would start at once (blocks_ahead only; default {SHOAL_REQUEUE_AFTER_S} s with "
+    "blocks_ahead, off otherwise; 0: off).",
 )
 @click.option(
     "--autoscale-command",
@@ -210,7 +212,10 @@ def scheduler(**options: Any) -> None:
     """Run the global scheduler: dispatch, pairing, failure detection, scaling, snapshots."""
     logging.basicConfig(level=options["log_level"].upper(), format="%(asctime)s %(name)s %(message)s")
     scaling = _scaling_from_options(options)
-    if options["requeue_after_s"] is not None and options["policy"] != DispatchPolicy.BLOCKS_AHEAD.value:
+    requeue = options["requeue_after_s"]
+    if requeue is None:  # the default policy's own (as in the simulator)
+        requeue = SHOAL_REQUEUE_AFTER_S if options["policy"] == DispatchPolicy.BLOCKS_AHEAD.value else 0.0
+    if requeue and options["policy"] != DispatchPolicy.BLOCKS_AHEAD.value:
         raise click.BadParameter(
             f"moving queued requests needs --policy {DispatchPolicy.BLOCKS_AHEAD.value}",
             param_hint="--requeue-after-s",
@@ -233,7 +238,7 @@ def scheduler(**options: Any) -> None:
         snapshot_every_s=options["snapshot_interval"],
         use_snapshot=not options["no_snapshot"],
         record_decision_times=options["stats_file"] is not None,
-        requeue_after_s=options["requeue_after_s"],
+        requeue_after_s=requeue or None,
     )
     manager: InstanceManager | None = None
     if options["autoscale_command"]:

@@ -17,9 +17,11 @@ name            dispatch                     migration  priorities
 ==============  ===========================  =========  ==========
 
 ``shoal`` is the default policy, live and here: :data:`DispatchPolicy.BLOCKS_AHEAD
-<scheduler.config.DispatchPolicy>` dispatch and :func:`~scheduler.config.shoal_pairing`
+<scheduler.config.DispatchPolicy>` dispatch, :func:`~scheduler.config.shoal_pairing`
 (pairs only destinations with room, sends only what fits, no retry of an aborted
-request for 2 s, at most 3 moves per request). ``shoal-v1`` is the former default.
+request for 2 s, at most 3 moves per request) and the move of queued requests after
+:data:`~scheduler.config.SHOAL_REQUEUE_AFTER_S` (``PolicySetup.requeue_after_s``; no other
+policy moves queued requests). ``shoal-v1`` is the former default.
 
 "Priorities no" means every request is submitted with the normal priority,
 to the policies and to the engines alike (the paper's baselines have none);
@@ -35,6 +37,7 @@ from agents.engines.profile import EngineProfile, load_profile
 from agents.migration.fsm.config import MigrationConfig
 from scheduler.config import (
     DEFAULT_PRIORITY_CLASSES,
+    SHOAL_REQUEUE_AFTER_S,
     DispatchPolicy,
     PairingConfig,
     PolicyConfig,
@@ -70,12 +73,14 @@ class PolicyName(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class PolicySetup:
-    """A named policy resolved: the policy core's config, whether it migrates and honours priorities."""
+    """A named policy resolved: the policy core's config, whether it migrates and honours priorities,
+    and after how long a stalled queue gives up a queued request (None: never)."""
 
     name: PolicyName
     policy: PolicyConfig
     migrate: bool
     priorities: bool
+    requeue_after_s: float | None = None
 
 
 _DISPATCH: dict[PolicyName, DispatchPolicy] = {
@@ -119,6 +124,11 @@ def policy_setup(
         policy=config,
         migrate=kind in (PolicyName.LLUMNIX_BASE, PolicyName.LLUMNIX, PolicyName.SHOAL_V1, PolicyName.SHOAL),
         priorities=kind in (PolicyName.LLUMNIX, PolicyName.SHOAL_V1, PolicyName.SHOAL),
+        requeue_after_s=(
+            SHOAL_REQUEUE_AFTER_S
+            if kind is PolicyName.SHOAL and config.dispatch_policy is DispatchPolicy.BLOCKS_AHEAD
+            else None
+        ),
     )
 
 
@@ -178,9 +188,11 @@ class SimConfig:
     * ``max_virtual_s``: give up (and say so) past this much virtual time;
     * ``max_step_tokens``: the engines' per-step token budget (chunked prefill, as vLLM V1
       and the torch engine run it); None: every admitted prompt prefills in one step;
-    * ``requeue_after_s``: shoal's move of queued requests (no KV: the request moves, not its
+    * ``requeue_after_s``: the move of queued requests (no KV: the request moves, not its
       cache) off an instance whose head of line waited this long, to one where it starts at
-      once; None (the default): off. Simulator only: the live agents do not do it yet;
+      once (``blocks_ahead`` dispatch only); None (the default): the policy's own
+      (``PolicySetup.requeue_after_s``: 0.5 s for ``shoal``, off for the rest); 0: off.
+      :attr:`requeue_s` is what the run uses;
     * ``record_policy_log`` / ``record_migrations``: keep the policy layer's
       inputs and decisions / every finished migration with its machines'
       records (for tests and replays).
@@ -210,7 +222,13 @@ class SimConfig:
                 raise ValueError(f"{name} must be > 0")
         if self.startup_delay_s < 0:
             raise ValueError("startup_delay_s must be >= 0")
-        if self.requeue_after_s is not None and self.requeue_after_s <= 0:
-            raise ValueError(f"requeue_after_s must be > 0 or None, got {self.requeue_after_s}")
+        if self.requeue_after_s is not None and self.requeue_after_s < 0:
+            raise ValueError(f"requeue_after_s must be >= 0 (0: off) or None, got {self.requeue_after_s}")
         if self.max_step_tokens is not None and self.max_step_tokens < 1:
             raise ValueError(f"max_step_tokens must be >= 1 or None, got {self.max_step_tokens}")
+
+    @property
+    def requeue_s(self) -> float | None:
+        """The run's ``requeue_after_s``: the override, else the policy's own; None when off."""
+        after = self.setup.requeue_after_s if self.requeue_after_s is None else self.requeue_after_s
+        return after if after else None

@@ -210,7 +210,7 @@ class Simulator:
             "pairing_interval_s": config.pairing_interval_s,
             "autoscale": config.autoscale,
             "max_step_tokens": config.max_step_tokens,
-            "requeue_after_s": config.requeue_after_s,
+            "requeue_after_s": config.requeue_s,
         }
         if config.autoscale:
             scaling = setup.policy.scaling
@@ -294,7 +294,7 @@ class Simulator:
         when it is alone) goes where it would start at once, if anywhere
         (:meth:`PolicyLayer.requeue`); one per instance per report tick, once per request.
         """
-        after = self.config.requeue_after_s
+        after = self.config.requeue_s
         if after is None:
             return
         for instance in list(self.instances.values()):

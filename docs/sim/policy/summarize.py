@@ -24,27 +24,35 @@ def _no_room(point: dict[str, object]) -> float:
 
 
 def _load(path: Path) -> list[dict[str, object]]:
-    """The sweep's points, shoal's under its current default: the runs with the blocks-ahead
-    dispatch (``*_shoal2``) as ``shoal``, the former default (queue-aware freeness by request
-    count, destination threshold 60: ``*_shoal60``, or the first runs where no ``_shoal60`` file
-    exists) as ``shoal-prev``; the 30-threshold ablation stays in the JSON only."""
+    """The sweep's points, shoal's under its current default.
+
+    ``shoal``: the default, blocks-ahead dispatch with the move of queued requests after 0.5 s
+    (``*_shoal3*``); ``shoal-nomove``: the same without moving queued requests (round 2's default,
+    ``*_shoal2*``, or the first runs of the chunked sweeps); ``shoal-prev``: the queue-aware
+    freeness dispatch (``*_shoal60*``, or the first runs where no ``_shoal60`` file exists). The
+    paper's threshold 30, the sum-of-bottlenecks dispatch and the 1 s move (``*_requeue*``) stay
+    in the JSON only."""
     points: list[dict[str, object]] = json.loads(path.read_text())
     stem = path.name.removesuffix("-median.json").removesuffix(".json")
     suffix = "-median.json" if path.name.endswith("-median.json") else ".json"
-    again, now = path.with_name(stem + "_shoal60" + suffix), path.with_name(stem + "_shoal2" + suffix)
-    if again.exists():
-        points = [p for p in points if p["policy"] != "shoal"] + json.loads(again.read_text())
-    if now.exists():
+
+    def sibling(tag: str) -> Path:
+        return path.with_name(stem + tag + suffix)
+
+    if sibling("_shoal60").exists():
+        points = [p for p in points if p["policy"] != "shoal"] + json.loads(sibling("_shoal60").read_text())
+    later = [tag for tag in ("_shoal2", "_shoal3") if sibling(tag).exists()]
+    if later:  # the base file's shoal is an earlier default
         for p in points:
             if p["policy"] == "shoal":
-                p["policy"] = "shoal-prev"
-        points += json.loads(now.read_text())
-    moved = path.with_name(stem + "_requeue" + suffix)
-    if moved.exists():
-        extra: list[dict[str, object]] = json.loads(moved.read_text())
+                p["policy"] = "shoal-prev" if "_shoal2" in later else "shoal-nomove"
+    if "_shoal2" in later:
+        extra: list[dict[str, object]] = json.loads(sibling("_shoal2").read_text())
         for p in extra:
-            p["policy"] = "shoal-rq"
+            p["policy"] = "shoal-nomove" if "_shoal3" in later else "shoal"
         points += extra
+    if "_shoal3" in later:
+        points += json.loads(sibling("_shoal3").read_text())
     return points
 
 
@@ -74,7 +82,7 @@ def table(path: Path) -> None:
                 continue
             extra = ["", "", "", ""]
             s, i, ll = by.get((rate, name)), by.get((rate, "infaas")), by.get((rate, "llumnix"))
-            if name in ("shoal", "shoal-rq") and s and i:
+            if name in ("shoal", "shoal-nomove") and s and i:
                 extra = [
                     f"{float(i['ttft_p99_s']) / float(s['ttft_p99_s']):.2f}x",
                     f"{float(s['ttft_mean_s']) / float(i['ttft_mean_s']):.2f}",
@@ -91,7 +99,7 @@ def table(path: Path) -> None:
                 + " |"
             )
     _must_show(by, rates, knees.get("infaas"))
-    _must_show(by, rates, knees.get("infaas"), "shoal-rq")
+    _must_show(by, rates, knees.get("infaas"), "shoal-nomove")
 
 
 def _must_show(
@@ -151,7 +159,7 @@ def priorities(path: Path) -> None:
 
 def _rerun(path: Path) -> bool:
     """A re-run or ablation file, folded into its base file's table (or kept as JSON only)."""
-    return any(tag in path.name for tag in ("_shoal60", "_shoal2", "_sumahead", "_requeue"))
+    return any(tag in path.name for tag in ("_shoal60", "_shoal2", "_shoal3", "_sumahead", "_requeue"))
 
 
 def main() -> None:

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from agents.engines.profile import load_profile
-from scheduler.config import PairingConfig, ScalingConfig
+from scheduler.config import SHOAL_REQUEUE_AFTER_S, DispatchPolicy, PairingConfig, ScalingConfig
 from scheduler.sim.config import MigrationModel, SimConfig, policy_setup
 from scheduler.sim.metrics import fragmentation_share
 from scheduler.sim.simulator import Simulator, simulate
@@ -197,14 +197,19 @@ def test_a_per_step_token_budget_interleaves_a_long_prefill_with_decodes() -> No
 
 def test_moving_queued_requests_off_a_stalled_queue_cuts_the_tail() -> None:
     # L-L overloads 4 A10s: long prompts queue behind each other while another instance frees
-    # up. Off by default; with requeue_after_s a stalled queue's newest request moves (no KV)
-    # to an instance where it starts at once, each at most once.
+    # up. shoal's default moves a stalled queue's newest request (no KV) to an instance where it
+    # starts at once, each at most once, after 0.5 s; requeue_after_s=0 turns it off; no other
+    # policy does it.
     workload = synthetic_workload(300, 9.0, mix="L-L", seed=3)
-    off = simulate(SimConfig(setup=policy_setup("shoal"), num_instances=4), workload)
-    on = simulate(SimConfig(setup=policy_setup("shoal"), num_instances=4, requeue_after_s=1.0), workload)
+    on = simulate(SimConfig(setup=policy_setup("shoal"), num_instances=4), workload)
+    off = simulate(SimConfig(setup=policy_setup("shoal"), num_instances=4, requeue_after_s=0.0), workload)
     assert off.requeues == 0 and on.requeues > 10
     assert on.num_finished == off.num_finished == 300
     assert on.ttft_p99_s * 2 < off.ttft_p99_s and on.ttft_mean_s < off.ttft_mean_s
-    assert on.parameters["requeue_after_s"] == 1.0
+    assert on.parameters["requeue_after_s"] == SHOAL_REQUEUE_AFTER_S == 0.5
+    assert off.parameters["requeue_after_s"] is None
+    infaas = SimConfig(setup=policy_setup("infaas"), num_instances=4)
+    assert infaas.requeue_s is None and SimConfig(setup=policy_setup("llumnix")).requeue_s is None
+    assert SimConfig(setup=policy_setup("shoal", dispatch=DispatchPolicy.QUEUE_AWARE)).requeue_s is None
     with pytest.raises(ValueError, match="requeue_after_s"):
-        SimConfig(requeue_after_s=0.0)
+        SimConfig(requeue_after_s=-1.0)
