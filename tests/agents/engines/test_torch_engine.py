@@ -339,6 +339,23 @@ def test_shoal_agent_builds_the_torch_engine_with_its_step_budget(max_step_token
     assert computed == (200 if max_step_tokens is None else 64)  # whole prompt, or one 64-token chunk
 
 
+def test_shoal_agent_dtype_applies_to_the_torch_engine() -> None:
+    """``--dtype`` (as ``vllm serve``'s): bfloat16 computes and stores KV in bf16; auto is the default."""
+    from agents.cli import build_engine
+
+    common = dict(
+        model="tiny", profile="tiny-test", num_blocks=32, kv_cache_bytes=None, block_size=16,
+        max_batch_size=8, max_model_len=None, seed=0, device="cpu", time_scale=1.0,
+    )  # fmt: skip
+    half = build_engine("torch", **common, dtype="bfloat16")  # type: ignore[arg-type]
+    assert half.info.model.dtype == "bfloat16" and half.info.kv_layout.dtype == "bfloat16"
+    assert build_engine("torch", **common, dtype="auto").info.model.dtype == "float32"  # type: ignore[arg-type]
+    half.add_request("a", _prompt(30), GREEDY)
+    tokens: dict[str, list[int]] = {}
+    _drain(half, tokens)
+    assert len(tokens["a"]) == GREEDY.max_tokens
+
+
 def test_every_model_step_runs_on_one_thread_pinned_to_the_engines_cpus() -> None:
     """As the vLLM engine: one model thread, pinned to ``cpus`` with one torch thread each; the
     caller's thread (the agent's loop) keeps its affinity and torch thread count; same tokens."""
