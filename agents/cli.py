@@ -136,8 +136,8 @@ def build_engine(
               help="torch.set_num_threads (CPU); a bound model thread gets one per CPU instead.")
 @click.option("--cpu-bind", default=None, metavar="auto|nobind|CPUS",
               help="Model on CPU (torch, vllm): the model thread's CPUs, one OpenMP thread each (e.g. "
-                   "0-2) [default: VLLM_CPU_OMP_THREADS_BIND, else auto: one CPU per core, all but the "
-                   "last, as vLLM].")
+                   "0-2) [default vllm: VLLM_CPU_OMP_THREADS_BIND, else auto: one CPU per core, all but "
+                   "the last, as vLLM; torch: nobind].")
 @click.option(
     "--transport",
     "transport_kind",
@@ -200,8 +200,8 @@ def agent(**options: Any) -> None:
 def _model_cpus(engine: str, requested: str | None, on_cpu: bool) -> tuple[int, ...]:
     """The engine's model thread's CPUs (see :mod:`~agents.engines.cpu_binding`), logged.
 
-    One rule for torch and vllm: a model on CPU (torch ``--device cpu``, vLLM's CPU build) is
-    bound as vLLM binds its CPU worker; elsewhere only an explicit ``--cpu-bind`` binds.
+    vLLM's CPU build is bound as vLLM binds its CPU worker; the torch engine, and anything not on
+    CPU, only with an explicit ``--cpu-bind``.
     Bad input is a usage error.
     """
     from agents.engines.cpu_binding import physical_cores, plan_cpu_binding
@@ -261,7 +261,9 @@ async def _run(options: dict[str, Any]) -> None:
         on_cpu = (vllm_version() or "").endswith("+cpu")
         options = {**options, "cpus": _model_cpus("vllm", options["cpu_bind"], on_cpu)}
     elif options["engine"] == "torch":
-        options = {**options, "cpus": _model_cpus("torch", options["cpu_bind"], options["device"] == "cpu")}
+        # torch is bound only when asked: pinning bought it nothing measurable (docs/bench/SPEED.md,
+        # 2026-12-02), and agents started one by one would all pin CPU 0
+        options = {**options, "cpus": _model_cpus("torch", options["cpu_bind"], False)}
     engine = build_engine(
         options["engine"],
         model=options["model"],

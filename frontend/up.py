@@ -320,8 +320,7 @@ def _start(
             click.echo(f"kv cache        {(kv_cache_bytes or 0) / 2**30:g} GiB per agent "
                        "(vLLM on CPU; --kv-cache-bytes)")
         cpu_binds = _cpu_binds(engine, options["instances"], (vllm_version() or "").endswith("+cpu"))
-    elif engine == "torch":  # the built-in engine runs on CPU here: bound as vLLM's CPU worker
-        cpu_binds = _cpu_binds(engine, options["instances"], True)
+    # the built-in torch engine is not bound: pinning bought it nothing measurable (docs/bench/SPEED.md)
     model = options["model"] or ("small" if engine == "torch" else "tiny-test")
 
     def agent_args(instance_id: str) -> list[str]:

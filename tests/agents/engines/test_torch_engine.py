@@ -399,7 +399,8 @@ def test_every_model_step_runs_on_one_thread_pinned_to_the_engines_cpus() -> Non
 
 
 def test_shoal_agent_binds_the_torch_model_thread_as_vllms_cpu_worker() -> None:
-    """``shoal agent --engine torch`` on CPU: ``auto`` (vLLM's rule) unless told; a bad list exits 2."""
+    """The binding rule (``auto`` is vLLM's); ``shoal agent --engine torch`` binds only when given
+    ``--cpu-bind`` (its CLI passes on_cpu=False); a bad list exits 2."""
     import os
 
     from click.testing import CliRunner
