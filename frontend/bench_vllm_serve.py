@@ -11,10 +11,10 @@ would share the cores):
   --engine torch --model DIR --instances 1``, shoal's built-in engine on the
   same checkpoint in the dtype vLLM serves it in (``--dtype``; ``auto``:
   bfloat16, what vLLM's CPU build makes of this float32 checkpoint), its model
-  thread bound as vLLM's CPU worker (one core here, one torch thread);
+  thread unpinned (``shoal up`` no longer binds the torch engine);
   **shoal-torch-fp32**: the same in float32 (the engine's own CPU default);
   **shoal-torch-nobind**: the same with ``VLLM_CPU_OMP_THREADS_BIND=nobind``
-  (model thread unpinned, ``--threads 1``);
+  (now the same as ``shoal-torch``; kept so older result files compare);
 * **shoal-nobind** (``--with-nobind``, or in ``--servers``): ``shoal`` with
   ``VLLM_CPU_OMP_THREADS_BIND=nobind`` (the agent's model thread neither pinned
   nor limited to one OpenMP thread per CPU: what binding brings, side by side).
