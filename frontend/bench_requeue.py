@@ -58,7 +58,8 @@ def _spawn(
 
     processes.nats = EmbeddedNats(store_dir=processes.log_dir / "nats-store", die_with_parent=True).start()
     url = processes.nats.url
-    requeue = [] if requeue_after_s is None else ["--requeue-after-s", str(requeue_after_s)]
+    # "off" says so: the scheduler moves queued requests by default (0.5 s)
+    requeue = ["--requeue-after-s", "0" if requeue_after_s is None else str(requeue_after_s)]
     processes.spawn("scheduler", ["scheduler", "--nats", url, "--log-level", "WARNING", *requeue])
     for index in range(instances):
         processes.spawn(
