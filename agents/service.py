@@ -474,19 +474,23 @@ class Agent:
         self.deltas.close(request_id)
         self._queued_since.pop(request_id, None)
 
+    def _owner_delta(self, commit: Commit, finish_reason: FinishReason | None = None) -> TokenDelta:
+        """A delta with no tokens from this agent as the migrated request's new owner (epoch + 1)."""
+        return TokenDelta(
+            request_id=commit.request_id,
+            instance_id=self.instance_id,
+            owner_epoch=commit.owner_epoch + 1,
+            first_index=len(commit.token_ids) - commit.num_prompt_tokens,
+            token_ids=(),
+            finish_reason=finish_reason,
+            num_prompt_tokens=commit.num_prompt_tokens,
+        )
+
     async def publish_failure(self, commit: Commit, detail: str) -> None:
         """A migrated request could not be admitted after the log gave it to us: end its stream."""
         log.error("agent %s: migrated request %s lost: %s", self.instance_id, commit.request_id, detail)
         await self._publish_delta(
-            TokenDelta(
-                request_id=commit.request_id,
-                instance_id=self.instance_id,
-                owner_epoch=commit.owner_epoch + 1,
-                first_index=len(commit.token_ids) - commit.num_prompt_tokens,
-                token_ids=(),
-                finish_reason=FinishReason.ABORT,
-                num_prompt_tokens=commit.num_prompt_tokens,
-            ),
+            self._owner_delta(commit, FinishReason.ABORT),
             commit.delta_subject,
         )
 
@@ -532,15 +536,7 @@ class Agent:
             delta_subject=commit.delta_subject,
         )
         if queued:  # no token may come for a while: tell the frontend the new owner now
-            announce = TokenDelta(
-                request_id=commit.request_id,
-                instance_id=self.instance_id,
-                owner_epoch=commit.owner_epoch + 1,
-                first_index=len(commit.token_ids) - commit.num_prompt_tokens,
-                token_ids=(),
-                num_prompt_tokens=commit.num_prompt_tokens,
-            )
-            self.spawn(self._publish_delta(announce, commit.delta_subject))
+            self.spawn(self._publish_delta(self._owner_delta(commit), commit.delta_subject))
         self.wake()
 
     # ------------------------------------------------------------------ reports

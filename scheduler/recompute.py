@@ -147,17 +147,8 @@ def dispatch_decision(
     decision = dispatcher.choose(pending, live_loads(view), num_dispatched=view.num_dispatched)
     if decision is None:
         return None
-    event = decision.to_event(epoch)
-    return Dispatched(
-        epoch=event.epoch,
-        request_id=event.request_id,
-        instance_id=event.instance_id,
-        policy=event.policy,
-        num_prompt_tokens=event.num_prompt_tokens,
-        priority=event.priority,
-        loads=event.loads,
-        events_seq=cursor.events_seq,
-        loads_seq=cursor.loads_seq,
+    return msgspec.structs.replace(
+        decision.to_event(epoch), events_seq=cursor.events_seq, loads_seq=cursor.loads_seq,
         exclude=request.exclude,
     )
 
@@ -185,19 +176,9 @@ def requeue_decision(
     )
     if decision is None:
         return None
-    event = decision.to_event(epoch)
-    return Dispatched(
-        epoch=event.epoch,
-        request_id=event.request_id,
-        instance_id=event.instance_id,
-        policy=event.policy,
-        num_prompt_tokens=event.num_prompt_tokens,
-        priority=event.priority,
-        loads=event.loads,
-        events_seq=cursor.events_seq,
-        loads_seq=cursor.loads_seq,
-        exclude=(source_id,),
-        requeued_from=source_id,
+    return msgspec.structs.replace(
+        decision.to_event(epoch), events_seq=cursor.events_seq, loads_seq=cursor.loads_seq,
+        exclude=(source_id,), requeued_from=source_id,
     )
 
 
