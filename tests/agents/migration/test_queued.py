@@ -193,8 +193,8 @@ async def test_a_lost_or_repeated_handshake_message_leaves_one_owner(
         claimed = await cluster.stored(f"{cluster.subjects.mig(outcome.migration_id)}.outcome")
         if message in ("Commit", "CommitAck"):
             assert len(claimed) == 1 and isinstance(claimed[0][1].body, CommitAck if moves else Abort)
-        if not moves:  # back in q1's queue, in its place: it runs there once the blocker is gone
-            assert q1.engine.request_stats("moving") is not None
+        # if it did not move it is back in q1's queue, in its place, and runs there once the blocker is
+        # gone (the blocker may already have reached the model's length): every delta at epoch 0, below
         await cluster.call("q1", "abort", AbortRequest(request_id="blocker"))
         await _finished_once(watcher, expected)
         assert set(watcher.epochs()) == ({1} if moves else {0})
