@@ -50,21 +50,6 @@ class ModelThread:
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"{name}-model")
         if self.cpus:
             self._pin()
-        else:
-            self._match_threads()
-
-    def _match_threads(self) -> None:
-        """Give the unpinned model thread the process's torch thread count.
-
-        A new thread's OpenMP team size is OpenMP's default (one per CPU), not what
-        ``torch.set_num_threads`` last set (``shoal agent --threads``, a test before): vLLM's CPU
-        attention sizes its scheduler metadata by one and checks it against the other, and fails
-        ("thread_num == thread_num (2 vs. 1)") when they differ.
-        """
-        import torch
-
-        count = torch.get_num_threads()
-        self._executor.submit(torch._C.set_num_threads, count).result()
 
     def _pin(self) -> None:
         import torch

@@ -22,6 +22,17 @@ from agents.engines.protocol import (
 from agents.engines.torch_engine import TorchEngine
 from schemas import SamplingParams
 
+
+@pytest.fixture(autouse=True)
+def _torch_threads_restored() -> object:
+    """Some tests build engines through ``shoal agent``'s options, which set torch's thread count
+    (``--threads``); put it back so later tests (vLLM's CPU attention checks it) see the default."""
+    import torch
+
+    count = torch.get_num_threads()
+    yield
+    torch._C.set_num_threads(count)
+
 GREEDY = SamplingParams(max_tokens=24, ignore_eos=True)
 SEEDED = SamplingParams(max_tokens=24, ignore_eos=True, temperature=0.9, top_p=0.95, top_k=100, seed=1234)
 
