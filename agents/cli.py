@@ -53,8 +53,6 @@ def build_engine(
     time_scale: float,
     vllm_options: dict[str, Any] | None = None,
     max_step_tokens: int | None = 1024,
-    cpus: tuple[int, ...] = (),
-    dtype: str | None = None,
 ) -> Any:
     """The engine the options describe (torch is imported only when chosen).
 
@@ -79,8 +77,6 @@ def build_engine(
                 max_model_len=max_model_len,
                 max_batch_size=max_batch_size,
                 max_step_tokens=max_step_tokens,
-                cpus=cpus,
-                dtype=None if dtype == "auto" else dtype,
             )
         )
     if engine == "vllm":
@@ -128,16 +124,13 @@ def build_engine(
 @click.option("--max-model-len", type=int, default=None)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--device", default="cpu", show_default=True)
-@click.option("--dtype", default=None,
-              help="Model dtype (auto, float32, bfloat16, ...) [torch: float32 on CPU, bfloat16 on CUDA].")
+@click.option("--dtype", default=None, help="vllm: model dtype (auto, float32, bfloat16, ...).")
 @click.option("--gpu-memory-utilization", type=float, default=None, help="vllm: GPU memory share.")
 @click.option("--tensor-parallel-size", type=int, default=None, help="vllm: TP degree (1 with migration).")
-@click.option("--threads", type=int, default=1, show_default=True,
-              help="torch.set_num_threads (CPU); a bound model thread gets one per CPU instead.")
+@click.option("--threads", type=int, default=1, show_default=True, help="torch.set_num_threads (CPU).")
 @click.option("--cpu-bind", default=None, metavar="auto|nobind|CPUS",
-              help="Model on CPU (torch, vllm): the model thread's CPUs, one OpenMP thread each (e.g. "
-                   "0-2) [default vllm: VLLM_CPU_OMP_THREADS_BIND, else auto: one CPU per core, all but "
-                   "the last, as vLLM; torch: nobind].")
+              help="vllm on CPU: the model thread's CPUs, one OpenMP thread each (e.g. 0-2) [default: "
+                   "VLLM_CPU_OMP_THREADS_BIND, else auto: one CPU per core, all but the last, as vLLM].")
 @click.option(
     "--transport",
     "transport_kind",
@@ -197,14 +190,13 @@ def agent(**options: Any) -> None:
     event_loop.run(_run({**options, "faults": faults}))
 
 
-def _model_cpus(engine: str, requested: str | None, on_cpu: bool) -> tuple[int, ...]:
-    """The engine's model thread's CPUs (see :mod:`~agents.engines.cpu_binding`), logged.
+def _vllm_cpus(requested: str | None, on_cpu: bool) -> tuple[int, ...]:
+    """The vllm model thread's CPUs (see :mod:`~agents.engines.vllm_engine.cpu_binding`), logged.
 
-    vLLM's CPU build is bound as vLLM binds its CPU worker; the torch engine, and anything not on
-    CPU, only with an explicit ``--cpu-bind``.
+    Only vLLM's CPU build binds (as vLLM itself); elsewhere only an explicit ``--cpu-bind`` does.
     Bad input is a usage error.
     """
-    from agents.engines.cpu_binding import physical_cores, plan_cpu_binding
+    from agents.engines.vllm_engine.cpu_binding import physical_cores, plan_cpu_binding
 
     if not on_cpu and not requested:
         return ()
@@ -213,7 +205,7 @@ def _model_cpus(engine: str, requested: str | None, on_cpu: bool) -> tuple[int, 
         binding = plan_cpu_binding(allowed, os.environ, requested, physical_cores(allowed))
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--cpu-bind") from None
-    log.info("%s", binding.describe(engine))
+    log.info("%s", binding.describe())
     return binding.cpus
 
 
@@ -259,11 +251,7 @@ async def _run(options: dict[str, Any]) -> None:
             )
             options = {**options, "kv_cache_bytes": kv_cache_bytes}
         on_cpu = (vllm_version() or "").endswith("+cpu")
-        options = {**options, "cpus": _model_cpus("vllm", options["cpu_bind"], on_cpu)}
-    elif options["engine"] == "torch":
-        # torch is bound only when asked: pinning bought it nothing measurable (docs/bench/SPEED.md,
-        # 2026-12-02), and agents started one by one would all pin CPU 0
-        options = {**options, "cpus": _model_cpus("torch", options["cpu_bind"], False)}
+        options = {**options, "cpus": _vllm_cpus(options["cpu_bind"], on_cpu)}
     engine = build_engine(
         options["engine"],
         model=options["model"],
@@ -277,8 +265,6 @@ async def _run(options: dict[str, Any]) -> None:
         device=options["device"],
         time_scale=options["time_scale"],
         max_step_tokens=options["max_step_tokens"] or None,
-        cpus=options.get("cpus") or (),
-        dtype=options["dtype"],
         vllm_options={
             "dtype": options["dtype"],
             "gpu_memory_utilization": options["gpu_memory_utilization"],

@@ -75,32 +75,12 @@ def engine_options(preset: str, concurrency: int, prompt_tokens: int, max_tokens
             "max_model_len": prompt_tokens + max_tokens + 32}
 
 
-def model_cpu_binds(instances: int) -> list[str]:
-    """Each torch agent's ``--cpu-bind`` (own CPUs when there are enough), as ``shoal up`` gives them."""
-    from agents.engines.cpu_binding import physical_cores, split_for_instances
-
-    allowed = sorted(os.sched_getaffinity(0))
-    return split_for_instances(allowed, instances, os.environ, physical_cores(allowed))
-
-
-def _bind_cpus(bind: str | None) -> tuple[int, ...]:
-    from agents.engines.cpu_binding import parse_cpu_list
-
-    return () if bind in (None, "nobind") else parse_cpu_list(bind)
-
-
-def run_direct(
-    preset: str, concurrency: int, prompt_tokens: int, max_tokens: int, bind: str | None = None
-) -> dict[str, float]:
-    """The engine alone in this process: tokens/s and TTFT of ``concurrency`` simultaneous requests.
-
-    ``bind``: its model thread's CPUs (a ``--cpu-bind`` value), as the agent it is compared with.
-    """
+def run_direct(preset: str, concurrency: int, prompt_tokens: int, max_tokens: int) -> dict[str, float]:
+    """The engine alone in this process: tokens/s and TTFT of ``concurrency`` simultaneous requests."""
     from agents.engines.torch_engine import TorchEngine, TorchEngineConfig
     from schemas import SamplingParams
 
-    options = engine_options(preset, concurrency, prompt_tokens, max_tokens)
-    engine = TorchEngine(TorchEngineConfig(**options, cpus=_bind_cpus(bind)))
+    engine = TorchEngine(TorchEngineConfig(**engine_options(preset, concurrency, prompt_tokens, max_tokens)))
     sampling = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0)
     engine.add_request("warmup", _prompt(999, prompt_tokens), SamplingParams(max_tokens=4, ignore_eos=True))
     while engine.has_unfinished():
@@ -164,30 +144,27 @@ async def drive_streams(url: str, model: str, concurrency: int, prompt_tokens: i
             "ttft_p50_ms": 1000 * percentile(ttfts, 0.5), "ttft_p99_ms": 1000 * percentile(ttfts, 0.99)}
 
 
-def _direct_share(args: tuple[str, int, int, int, int, str]) -> dict[str, float]:
-    preset, concurrency, prompt_tokens, max_tokens, threads, bind = args
+def _direct_share(args: tuple[str, int, int, int, int]) -> dict[str, float]:
+    preset, concurrency, prompt_tokens, max_tokens, threads = args
     import torch
 
     torch.set_num_threads(threads)
-    return run_direct(preset, concurrency, prompt_tokens, max_tokens, bind)
+    return run_direct(preset, concurrency, prompt_tokens, max_tokens)
 
 
 def run_direct_instances(
     preset: str, concurrency: int, prompt_tokens: int, max_tokens: int, *, instances: int, threads: int
 ) -> dict[str, float]:
-    """:func:`run_direct` on ``instances`` engines at once, one process each, the requests split evenly;
-    each engine's model thread bound as the agent it stands for (:func:`model_cpu_binds`)."""
-    binds = model_cpu_binds(instances)
+    """:func:`run_direct` on ``instances`` engines at once, one process each, the requests split evenly."""
     if instances == 1:
-        return run_direct(preset, concurrency, prompt_tokens, max_tokens, binds[0])
+        return run_direct(preset, concurrency, prompt_tokens, max_tokens)
     import concurrent.futures
     import multiprocessing
 
     shares = [concurrency // instances + (1 if i < concurrency % instances else 0) for i in range(instances)]
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(instances, mp_context=context) as pool:
-        pairs = zip(shares, binds, strict=True)
-        jobs = [(preset, n, prompt_tokens, max_tokens, threads, bind) for n, bind in pairs]
+        jobs = [(preset, n, prompt_tokens, max_tokens, threads) for n in shares]
         parts = list(pool.map(_direct_share, jobs))
     tokens = sum(p["tokens"] for p in parts)
     return {"tps": sum(p["tps"] for p in parts), "tokens": tokens, "wall_s": max(p["wall_s"] for p in parts),
@@ -237,12 +214,10 @@ def spawn_shoal(
     port = free_port()
     if scheduler:
         processes.spawn("scheduler", ["scheduler", "--nats", url, "--log-level", "WARNING"])
-    binds = model_cpu_binds(instances) if "torch" in agent_args and "--cpu-bind" not in agent_args else []
     for index in range(instances):
-        bind = ["--cpu-bind", binds[index]] if binds else []  # each torch agent its own CPUs, as shoal up
         processes.spawn("agent" if index == 0 else f"agent{index}", [
-            "agent", "--nats", url, "--instance-id", f"bench-{index}", *agent_args, *bind,
-            "--transport", "tcp", "--log-level", "WARNING",
+            "agent", "--nats", url, "--instance-id", f"bench-{index}", *agent_args, "--transport", "tcp",
+            "--log-level", "WARNING",
         ])
     # without a scheduler a dispatch has no responders at once; with one, the frontend's default wait
     dispatch_timeout = [] if scheduler else ["--dispatch-timeout", "0.2"]

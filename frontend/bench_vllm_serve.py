@@ -9,12 +9,7 @@ would share the cores):
   NATS, scheduler, one agent with an in-process vLLM engine, the frontend);
 * **shoal-torch** (with ``--servers vllm,shoal,shoal-torch``): ``shoal up
   --engine torch --model DIR --instances 1``, shoal's built-in engine on the
-  same checkpoint in the dtype vLLM serves it in (``--dtype``; ``auto``:
-  bfloat16, what vLLM's CPU build makes of this float32 checkpoint), its model
-  thread unpinned (``shoal up`` no longer binds the torch engine);
-  **shoal-torch-fp32**: the same in float32 (the engine's own CPU default);
-  **shoal-torch-nobind**: the same with ``VLLM_CPU_OMP_THREADS_BIND=nobind``
-  (now the same as ``shoal-torch``; kept so older result files compare);
+  same checkpoint (one torch thread, as vLLM's CPU worker gets one core here);
 * **shoal-nobind** (``--with-nobind``, or in ``--servers``): ``shoal`` with
   ``VLLM_CPU_OMP_THREADS_BIND=nobind`` (the agent's model thread neither pinned
   nor limited to one OpenMP thread per CPU: what binding brings, side by side).
@@ -60,8 +55,7 @@ __all__ = ["Server", "bench_vllm_serve", "client_command", "parse_result", "serv
 
 _SHOAL = [sys.executable, "-c", "from frontend.cli import main; main()"]
 #: the servers this benchmark knows; ``vllm`` is the baseline every other one is compared with
-SERVERS = ("vllm", "shoal", "shoal-torch", "shoal-nobind", "shoal-torch-fp32", "shoal-torch-nobind")
-_NOBIND = ("shoal-nobind", "shoal-torch-nobind")
+SERVERS = ("vllm", "shoal", "shoal-torch", "shoal-nobind")
 _VLLM = [sys.executable, "-m", "agents.engines.vllm_engine.vllm_cli"]
 #: what each run's saved JSON is reduced to (``vllm bench serve``'s key -> ours)
 _METRICS = {
@@ -105,13 +99,10 @@ def server_command(kind: str, options: EngineOptions, port: int, log_dir: Path) 
             "--block-size", str(options.block_size), "--kv-cache-bytes", str(options.kv_cache_bytes),
             "--dtype", options.dtype, "--log-dir", str(log_dir / f"{kind}-up"), "--ready-timeout", "600",
         ]  # fmt: skip
-    if kind in ("shoal-torch", "shoal-torch-fp32", "shoal-torch-nobind"):
-        # the built-in engine: its KV default (256 MiB) holds this load's sequences
-        dtype = "float32" if kind == "shoal-torch-fp32" else options.dtype
+    if kind == "shoal-torch":  # the built-in engine: its KV default (256 MiB) holds this load's sequences
         return [
             *_SHOAL, "up", "--engine", "torch", "--model", str(options.model), "--instances", "1",
-            "--dtype", "bfloat16" if dtype == "auto" else dtype,
-            "--threads", "1", "--port", str(port), "--log-dir", str(log_dir / f"{kind}-up"),
+            "--threads", "1", "--port", str(port), "--log-dir", str(log_dir / "shoal-torch-up"),
             "--ready-timeout", "600",
         ]  # fmt: skip
     raise ValueError(f"unknown server {kind!r}")
@@ -175,7 +166,7 @@ class Server:
         log_path = log_dir / f"{kind}-{port}.log"
         log: IO[bytes] = open(log_path, "ab")
         try:
-            env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "nobind"} if kind in _NOBIND else None
+            env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "nobind"} if kind == "shoal-nobind" else None
             process = subprocess.Popen(
                 server_command(kind, options, port, log_dir), stdout=log, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=die_with_parent, env=env,
@@ -390,7 +381,7 @@ def bench_vllm_serve(
         "kv_cache_bytes": kv_cache_bytes, "dtype": dtype, "rounds": rounds, "seed": seed, "servers": kinds,
         "vllm_version": vllm_version(), "cpus": os.cpu_count(), "load_average_end": os.getloadavg(),
         "startup_s": startup, "commands": {
-            **{kind: (["VLLM_CPU_OMP_THREADS_BIND=nobind"] if kind in _NOBIND else [])
+            **{kind: (["VLLM_CPU_OMP_THREADS_BIND=nobind"] if kind == "shoal-nobind" else [])
                + server_command(kind, options, 0, log_dir) for kind in kinds},
             "client": client_command("URL", options, concurrency=0, num_prompts=num_prompts,
                                      input_len=input_len, output_len=output_len, result_dir=log_dir,

@@ -146,8 +146,6 @@ def agent_command(
             "--threads", str(options["threads"]), "--transport", "tcp"]
     args += ["--model", model] if engine != "sim" else ["--profile", model,
                                                         "--time-scale", str(options["time_scale"])]
-    if engine == "torch" and options.get("dtype") is not None:
-        args += ["--dtype", str(options["dtype"])]
     if engine == "vllm":
         args += ["--block-size", str(options["block_size"])]
         args += [a for k in ("max_model_len", "dtype", "kv_cache_bytes") if options[k] is not None
@@ -192,7 +190,7 @@ def _tail(path: Path, lines: int = 15) -> str:
 @click.option("--time-scale", type=float, default=1.0, show_default=True, help="sim: step time multiplier.")
 @click.option("--block-size", type=int, default=32, show_default=True, help="vllm: KV block size (CPU: x32).")
 @click.option("--max-model-len", type=int, default=None, help="vllm: context length.")
-@click.option("--dtype", default=None, help="Model dtype (torch: float32 on CPU unless told).")
+@click.option("--dtype", default=None, help="vllm: model dtype.")
 @click.option("--kv-cache-bytes", type=int, default=None,
               help="vllm: KV space per agent in bytes (on CPU 1 GiB unless VLLM_CPU_KVCACHE_SPACE is set).")
 @click.option("--no-scheduler", is_flag=True, help="Run without a scheduler (the frontend places requests).")
@@ -242,18 +240,18 @@ def up(**options: Any) -> None:
         click.echo("stopped", err=True)
 
 
-def _cpu_binds(engine: str, instances: int, on_cpu: bool) -> list[str]:
-    """Each agent's ``--cpu-bind`` (a model on CPU only: own cores when there are enough), echoed."""
-    from agents.engines.cpu_binding import physical_cores, split_for_instances
+def _vllm_cpu_binds(instances: int, version: str | None) -> list[str]:
+    """Each vllm agent's ``--cpu-bind`` (vLLM's CPU build only: own cores when there are enough), echoed."""
+    from agents.engines.vllm_engine.cpu_binding import physical_cores, split_for_instances
 
-    if not on_cpu:
+    if not (version or "").endswith("+cpu"):
         return []
     allowed = sorted(os.sched_getaffinity(0))
     try:
         binds = split_for_instances(allowed, instances, os.environ, physical_cores(allowed))
     except ValueError as exc:
         raise click.UsageError(f"VLLM_CPU_OMP_THREADS_BIND: {exc}") from None
-    click.echo(f"cpu binding     {engine} model thread CPUs per agent: {' / '.join(binds)}")
+    click.echo(f"cpu binding     vllm model thread CPUs per agent: {' / '.join(binds)}")
     return binds
 
 
@@ -319,8 +317,7 @@ def _start(
             options = {**options, "kv_cache_bytes": kv_cache_bytes}
             click.echo(f"kv cache        {(kv_cache_bytes or 0) / 2**30:g} GiB per agent "
                        "(vLLM on CPU; --kv-cache-bytes)")
-        cpu_binds = _cpu_binds(engine, options["instances"], (vllm_version() or "").endswith("+cpu"))
-    # the built-in torch engine is not bound: pinning bought it nothing measurable (docs/bench/SPEED.md)
+        cpu_binds = _vllm_cpu_binds(options["instances"], vllm_version())
     model = options["model"] or ("small" if engine == "torch" else "tiny-test")
 
     def agent_args(instance_id: str) -> list[str]:

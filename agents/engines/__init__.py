@@ -10,9 +10,6 @@ frontend use it directly:
 * :mod:`agents.engines.scheduled` — the base of engines built on them;
 * :mod:`agents.engines.tokenizer` — text <-> token ids (no torch; the frontend uses it);
 * :mod:`agents.engines.profile` — step-time profiles of the ``sim`` engine;
-* :mod:`agents.engines.cpu_binding`, :mod:`agents.engines.model_thread` — which CPUs
-  a model computes on (vLLM's CPU worker rule, pure) and the one pinned thread
-  the torch and vllm engines run every model step on;
 * ``sim`` (:mod:`agents.engines.sim`) — timing model and exact block accounting, no tensors;
 * ``torch`` (:mod:`agents.engines.torch_engine`) — the built-in paged-KV transformer;
 * ``vllm`` (:mod:`agents.engines.vllm_engine`) — one in-process vLLM V1 engine (``./install.sh --vllm``).

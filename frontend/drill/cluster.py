@@ -226,8 +226,6 @@ class DrillCluster:
             "--drain-timeout",
             "60",
         ]
-        if spec.engine == "torch":  # several agents come and go: none pinned (auto would put all on one CPU)
-            args += ["--cpu-bind", "nobind"]
         if spec.proxy_kv:
             args += ["--transport-advertise", _KV_PROXY_HOST]
         if spec.copy_delay_s:

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from agents.engines.cpu_binding import physical_cores, plan_cpu_binding
 from agents.engines.vllm_engine import vllm_unavailable_reason, vllm_version
 from agents.engines.vllm_engine.checkpoint import build_checkpoint
+from agents.engines.vllm_engine.cpu_binding import physical_cores, plan_cpu_binding
 from schemas import InstanceJoined, InstanceLeft
 from tests.agents.agent_cluster import agent_cluster
 

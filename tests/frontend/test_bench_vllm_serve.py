@@ -31,10 +31,6 @@ def test_each_shoal_server_runs_one_agent_of_its_engine_on_the_same_checkpoint(t
         assert command[command.index("--model") + 1] == "/ckpt"
         assert command[command.index("--instances") + 1] == "1"
     assert torch_engine[torch_engine.index("--threads") + 1] == "1"
-    # the built-in engine computes in the dtype vLLM serves the float32 checkpoint in on CPU, or as told
-    assert torch_engine[torch_engine.index("--dtype") + 1] == "bfloat16"
-    fp32 = server_command("shoal-torch-fp32", OPTIONS, 8004, tmp_path)
-    assert fp32[fp32.index("--dtype") + 1] == "float32"
     assert "/ckpt" in server_command("vllm", OPTIONS, 8000, tmp_path)
     with pytest.raises(ValueError, match="unknown server"):
         server_command("tgi", OPTIONS, 8003, tmp_path)

@@ -25,9 +25,9 @@ from typing import Any
 import openai
 import pytest
 
-from agents.engines.cpu_binding import parse_cpu_list, physical_cores, split_for_instances
 from agents.engines.vllm_engine import vllm_unavailable_reason
 from agents.engines.vllm_engine.checkpoint import build_checkpoint
+from agents.engines.vllm_engine.cpu_binding import parse_cpu_list, physical_cores, split_for_instances
 from bus.server import free_port
 from tests.processes import alive
 

@@ -7,17 +7,15 @@ and the scheduler applies the stop rules. Migration moves whole blocks: one
 gather into a contiguous buffer (format v1, see :mod:`.kv_cache`) on export, one
 scatter on import.
 
-Every forward pass runs on the engine's one model thread
-(:class:`~agents.engines.model_thread.ModelThread`, as the vLLM engine's),
-pinned to ``config.cpus`` with one torch thread per CPU when they are given
-(``shoal agent --cpu-bind``, :mod:`~agents.engines.cpu_binding`): one OpenMP
-team, on cores of its own, never migrated by the kernel next to the agent's
-loop. ``step_async`` lets the agent's event loop serve meanwhile (new
-requests, deltas, migration) unless the caller asks for ``exclusive`` and
-the step is short. Aborts and releases that arrive while a step computes are
-applied when it completes (their blocks could otherwise be handed to an
-incoming migration while the step still writes them); the aborted requests'
-outputs of that step are dropped.
+``step_async`` computes in a worker thread so the agent's event loop keeps
+serving (migration, new requests) meanwhile. Aborts and releases that arrive
+while a step computes are applied when it completes (their blocks could
+otherwise be handed to an incoming migration while the step still writes
+them); the aborted requests' outputs of that step are dropped. A caller whose
+loop has nothing else to do (``exclusive=True``) gets short steps computed on
+its own thread instead: the forward pass is Python-heavy on CPU, so a thread
+buys no parallelism there, only GIL hand-offs and interference (measured with
+``shoal bench serve``: about 1 ms per step at 32 streams, 7-9% of a decode step).
 """
 
 from __future__ import annotations
@@ -32,7 +30,6 @@ import msgspec
 
 from agents.engines.block_manager import Reservation
 from agents.engines.local_scheduler import LocalScheduler, LocalSchedulerConfig, Request, SchedulerOutput
-from agents.engines.model_thread import ModelThread
 from agents.engines.protocol import (
     EngineInfo,
     EngineStats,
@@ -83,11 +80,9 @@ class TorchEngineConfig:
     #: alongside the decodes); None: a prompt is prefilled in one step, however long.
     max_step_tokens: int | None = 1024
     batch_invariant: bool = False
-    #: ``step_async(exclusive=True)`` waits for a step without serving the loop when it should take
-    #: at most this long (estimated from the last step, scaled by tokens); longer ones are awaited.
+    #: ``step_async(exclusive=True)`` computes a step inline when it should take at most this long
+    #: (estimated from the last step, scaled by tokens); longer ones go to a worker thread.
     inline_step_max_s: float = 0.05
-    #: CPUs the model thread is pinned to, one torch thread each; empty: unpinned, torch's default threads.
-    cpus: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.max_batch_size <= 0:
@@ -105,7 +100,6 @@ class TorchEngine(ScheduledEngine):
         elif overrides:
             config = dataclasses.replace(config, **overrides)  # type: ignore[arg-type]
         self.config = config
-        self._model_thread = ModelThread("torch", config.cpus)
         loaded: LoadedModel = load_model(
             config.model, device=config.device, dtype=config.dtype, seed=config.seed
         )
@@ -202,7 +196,7 @@ class TorchEngine(ScheduledEngine):
         started = time.perf_counter()
         plan = self.scheduler.schedule()
         work, rows = self._snapshot(plan)
-        sampled = self._model_thread.run(self._compute, plan, work, rows) if work else {}
+        sampled = self._compute(plan, work, rows)
         return self._complete(plan, sampled, started)
 
     async def step_async(self, *, exclusive: bool = False) -> StepResult:
@@ -212,10 +206,10 @@ class TorchEngine(ScheduledEngine):
         if not work:
             return self._complete(plan, {}, started)
         if exclusive and self._expected_step_s(plan) <= self.config.inline_step_max_s:
-            return self._complete(plan, self._model_thread.run(self._compute, plan, work, rows), started)
+            return self._complete(plan, self._compute(plan, work, rows), started)
         self._in_step = True
         try:
-            sampled = await asyncio.wrap_future(self._model_thread.submit(self._compute, plan, work, rows))
+            sampled = await asyncio.to_thread(self._compute, plan, work, rows)
         finally:
             self._in_step = False
         return self._complete(plan, sampled, started)
@@ -384,3 +378,4 @@ class TorchEngine(ScheduledEngine):
                 self._deferred.append(("release", request_id))
             return len(request.block_ids)
         return self.scheduler.release_request(request_id)
+

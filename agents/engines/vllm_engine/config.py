@@ -44,7 +44,7 @@ class VllmEngineConfig:
     handed over, unhashed; the engine logs it) and needs one in-process worker
     (``tensor_parallel_size`` 1: anything else is refused with a ValueError).
     ``cpus``: the CPUs the model thread is pinned to, with one torch (OpenMP)
-    thread each (see :mod:`agents.engines.cpu_binding`; ``shoal agent`` picks them as vLLM's
+    thread each (see :mod:`.cpu_binding`; ``shoal agent`` picks them as vLLM's
     CPU worker would); empty leaves the thread unpinned and torch's thread
     count as it is.
     """

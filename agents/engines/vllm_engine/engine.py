@@ -7,7 +7,7 @@ on the caller's thread, the model execution (``execute_model`` and
 ``sample_tokens``) always on the engine's one model thread (so the agent's
 event loop keeps serving during ``step_async``, and one OpenMP team does all
 the model's work). That thread is pinned to ``config.cpus`` with one torch
-thread per CPU when they are given (:mod:`~agents.engines.cpu_binding`: vLLM's own CPU
+thread per CPU when they are given (:mod:`.cpu_binding`: vLLM's own CPU
 binding, which it sets up only for worker processes). Calls that would
 change the batch or free blocks while a step computes (abort, release,
 suspend, resume) are applied when it
@@ -31,6 +31,7 @@ holds the serving half and delegates to them.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import hashlib
 import itertools
@@ -44,7 +45,6 @@ from pathlib import Path
 from typing import Any
 
 from agents.engines.block_manager import Reservation
-from agents.engines.model_thread import ModelThread
 from agents.engines.protocol import (
     EngineInfo,
     EngineStats,
@@ -97,6 +97,38 @@ class _Tracked:
     num_preemptions: int = 0
     migration_blocker: str | None = None
     deferred: set[str] = field(default_factory=set)
+
+
+def _bind_model_thread(cpus: tuple[int, ...]) -> None:
+    """Runs first on the model thread: pin it to ``cpus`` with one torch (OpenMP) thread per CPU.
+
+    Linux affinity is per thread (``sched_setaffinity(0, ...)`` in this thread)
+    and inherited by the OpenMP threads it starts; the agent's event loop stays
+    free to run elsewhere. The thread count is set on this thread and fixed by
+    its first use (``get_num_threads``); the caller puts torch's process-wide
+    default back (:func:`_pin_model_thread`). ``torch._C.set_num_threads`` is
+    ``torch.set_num_threads``, which vLLM's CPU worker replaces with a no-op.
+    """
+    import torch
+
+    os.sched_setaffinity(0, cpus)
+    torch._C.set_num_threads(len(cpus))
+    if torch.get_num_threads() != len(cpus):
+        raise RuntimeError(f"vllm engine: the model thread got {torch.get_num_threads()} torch threads")
+
+
+def _pin_model_thread(model_thread: concurrent.futures.ThreadPoolExecutor, cpus: tuple[int, ...]) -> None:
+    """Pin the model thread to ``cpus`` (nothing without CPUs), leaving the other threads as they were."""
+    if not cpus:
+        return
+    import torch
+
+    previous = torch.get_num_threads()
+    try:
+        model_thread.submit(_bind_model_thread, cpus).result()
+    finally:
+        torch._C.set_num_threads(previous)  # this thread's and new threads' count; not the model thread's
+    log.info("vllm engine: model thread pinned to CPUs %s with %d torch thread(s)", list(cpus), len(cpus))
 
 
 def _engine_args(config: VllmEngineConfig) -> Any:
@@ -154,7 +186,8 @@ class VllmEngine:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         # every model execution runs on this one thread, bound before vLLM's CPU worker starts (it
         # replaces torch.set_num_threads with a no-op once it has set up its device)
-        self._model_thread = ModelThread("vllm", config.cpus)
+        self._model_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="vllm-model")
+        _pin_model_thread(self._model_thread, config.cpus)
         vllm_config = _engine_args(config).create_engine_config(UsageContext.ENGINE_CONTEXT)
         self.vllm_config = vllm_config
         self.core: Any = EngineCore(vllm_config, Executor.get_class(vllm_config), log_stats=False)
@@ -497,7 +530,7 @@ class VllmEngine:
         """
         with _EXECUTE_LOCK:
             self.core.shutdown()
-        self._model_thread.shutdown()
+        self._model_thread.shutdown(wait=False)
 
     # ---------------------------------------------------------- migration
 

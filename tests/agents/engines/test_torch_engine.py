@@ -22,17 +22,6 @@ from agents.engines.protocol import (
 from agents.engines.torch_engine import TorchEngine
 from schemas import SamplingParams
 
-
-@pytest.fixture(autouse=True)
-def _torch_threads_restored() -> object:
-    """Some tests build engines through ``shoal agent``'s options, which set torch's thread count
-    (``--threads``); put it back so later tests (vLLM's CPU attention checks it) see the default."""
-    import torch
-
-    count = torch.get_num_threads()
-    yield
-    torch._C.set_num_threads(count)
-
 GREEDY = SamplingParams(max_tokens=24, ignore_eos=True)
 SEEDED = SamplingParams(max_tokens=24, ignore_eos=True, temperature=0.9, top_p=0.95, top_k=100, seed=1234)
 
@@ -300,8 +289,8 @@ async def test_abort_during_an_async_step_drops_the_request_and_frees_its_blocks
     assert engine.stats().num_free_blocks == 16
 
 
-async def test_exclusive_steps_block_the_loop_when_short_and_leave_it_free_otherwise() -> None:
-    """A short step of an exclusive caller holds its loop (no task switch); others leave the loop free."""
+async def test_exclusive_steps_compute_inline_when_short_and_in_a_thread_otherwise() -> None:
+    """A short step of an exclusive caller runs on its loop (no hand-off); others leave the loop free."""
     engine = TorchEngine("tiny", num_blocks=32, inline_step_max_s=1.0)
     reference = TorchEngine("tiny", num_blocks=32)
     for e in (engine, reference):
@@ -325,9 +314,9 @@ async def test_exclusive_steps_block_the_loop_when_short_and_leave_it_free_other
     task = asyncio.create_task(ticker())
     await asyncio.sleep(0)
     try:
-        first, loop_ran_first = await step(exclusive=True)  # nothing measured yet: awaited
-        second, loop_ran_second = await step(exclusive=True)  # a short decode step: waited for
-        third, loop_ran_third = await step()  # not exclusive: always awaited
+        first, loop_ran_first = await step(exclusive=True)  # nothing measured yet: a thread
+        second, loop_ran_second = await step(exclusive=True)  # a short decode step: inline
+        third, loop_ran_third = await step()  # not exclusive: always a thread
     finally:
         task.cancel()
     assert (loop_ran_first, loop_ran_second, loop_ran_third) == (True, False, True)
@@ -348,83 +337,3 @@ def test_shoal_agent_builds_the_torch_engine_with_its_step_budget(max_step_token
     engine.step()
     computed = engine.scheduler.request("long").num_computed_tokens
     assert computed == (200 if max_step_tokens is None else 64)  # whole prompt, or one 64-token chunk
-
-
-def test_shoal_agent_dtype_applies_to_the_torch_engine() -> None:
-    """``--dtype`` (as ``vllm serve``'s): bfloat16 computes and stores KV in bf16; auto is the default."""
-    from agents.cli import build_engine
-
-    common = dict(
-        model="tiny", profile="tiny-test", num_blocks=32, kv_cache_bytes=None, block_size=16,
-        max_batch_size=8, max_model_len=None, seed=0, device="cpu", time_scale=1.0,
-    )  # fmt: skip
-    half = build_engine("torch", **common, dtype="bfloat16")  # type: ignore[arg-type]
-    assert half.info.model.dtype == "bfloat16" and half.info.kv_layout.dtype == "bfloat16"
-    assert build_engine("torch", **common, dtype="auto").info.model.dtype == "float32"  # type: ignore[arg-type]
-    half.add_request("a", _prompt(30), GREEDY)
-    tokens: dict[str, list[int]] = {}
-    _drain(half, tokens)
-    assert len(tokens["a"]) == GREEDY.max_tokens
-
-
-def test_every_model_step_runs_on_one_thread_pinned_to_the_engines_cpus() -> None:
-    """As the vLLM engine: one model thread, pinned to ``cpus`` with one torch thread each; the
-    caller's thread (the agent's loop) keeps its affinity and torch thread count; same tokens."""
-    import os
-    import threading
-
-    import torch
-
-    cpu = min(os.sched_getaffinity(0))
-    pinned = TorchEngine("tiny", num_blocks=32, cpus=(cpu,))
-    unpinned = TorchEngine("tiny", num_blocks=32)
-    affinity_before, threads_before = os.sched_getaffinity(0), torch.get_num_threads()
-    seen: list[tuple[int, set[int], int]] = []
-    compute = pinned._compute
-
-    def recording(*args: object) -> dict[str, int]:
-        seen.append((threading.get_ident(), os.sched_getaffinity(0), torch.get_num_threads()))
-        return compute(*args)  # type: ignore[arg-type]
-
-    pinned._compute = recording  # type: ignore[method-assign]
-    tokens: dict[str, list[int]] = {}
-    for engine in (pinned, unpinned):
-        engine.add_request("a", _prompt(40), GREEDY)
-        engine.add_request("b", _prompt(20, 1), GREEDY)
-
-    async def steps() -> None:
-        for exclusive in (False, True, True, False):
-            for out in (await pinned.step_async(exclusive=exclusive)).outputs:
-                tokens.setdefault(out.request_id, []).extend(out.token_ids)
-
-    asyncio.run(steps())
-    _drain(pinned, tokens)  # the rest with step()
-    assert len(seen) == GREEDY.max_tokens  # every step computed, by step_async and step alike
-    assert len({ident for ident, _, _ in seen}) == 1, "model steps ran on more than one thread"
-    assert seen[0][0] != threading.get_ident()
-    assert all(cpus == {cpu} and num == 1 for _, cpus, num in seen), seen
-    assert (os.sched_getaffinity(0), torch.get_num_threads()) == (affinity_before, threads_before)
-    reference: dict[str, list[int]] = {}
-    _drain(unpinned, reference)
-    assert tokens == reference  # greedy tokens through the pinned thread equal the unpinned engine's
-
-
-def test_shoal_agent_binds_the_torch_model_thread_as_vllms_cpu_worker() -> None:
-    """The binding rule (``auto`` is vLLM's); ``shoal agent --engine torch`` binds only when given
-    ``--cpu-bind`` (its CLI passes on_cpu=False); a bad list exits 2."""
-    import os
-
-    from click.testing import CliRunner
-
-    from agents.cli import _model_cpus, agent
-    from agents.engines.cpu_binding import physical_cores, plan_cpu_binding
-
-    allowed = sorted(os.sched_getaffinity(0))
-    auto = plan_cpu_binding(allowed, os.environ, None, physical_cores(allowed))
-    assert _model_cpus("torch", None, True) == auto.cpus
-    assert _model_cpus("torch", "nobind", True) == ()
-    assert _model_cpus("torch", None, False) == ()  # on a GPU: only an explicit --cpu-bind binds
-    assert _model_cpus("torch", str(allowed[0]), False) == (allowed[0],)
-    result = CliRunner().invoke(agent, ["--engine", "torch", "--model", "tiny", "--cpu-bind", "100000"])
-    assert result.exit_code == 2, result.output
-    assert "--cpu-bind 100000: CPU 100000 not allowed to this process" in result.output

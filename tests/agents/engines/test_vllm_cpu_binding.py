@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from agents.cli import agent
-from agents.engines.cpu_binding import (
+from agents.engines.vllm_engine.cpu_binding import (
     CpuBinding,
     format_cpu_list,
     one_per_core,

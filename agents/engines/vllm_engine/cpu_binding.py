@@ -1,4 +1,4 @@
-"""Which CPUs an engine's model thread computes on: vLLM's CPU thread binding, done in the agent's process.
+"""Which CPUs an in-process vLLM worker computes on: vLLM's CPU thread binding, done in the agent's process.
 
 vLLM on CPU binds its worker's OpenMP threads only in its multiprocess
 executor (``vllm.utils.ompmultiprocessing.OMPProcessManager``): by default
@@ -6,11 +6,9 @@ executor (``vllm.utils.ompmultiprocessing.OMPProcessManager``): by default
 (``VLLM_CPU_NUM_OF_RESERVED_CPU``, default 1) for the engine-core / API
 process and gives the worker the others, one OpenMP thread per core;
 ``nobind`` leaves threads alone; a CPU list (``0-3,5``) is used as given.
-shoal's engines (vllm and the built-in torch engine alike) run the model in
-the agent's process, beside the agent's event loop, so
-:func:`plan_cpu_binding` picks the cores the same way and the engine runs
-every model step on one dedicated thread pinned to them
-(:class:`~agents.engines.model_thread.ModelThread`),
+shoal's vllm engine runs the worker in the agent's process, beside the
+agent's event loop, so :func:`plan_cpu_binding` picks the cores the same way
+and the engine runs every model step on one dedicated thread pinned to them,
 with that many torch (OpenMP) threads: one OpenMP team, never a pool of
 threads each with its own. :func:`split_for_instances` gives each agent of
 ``shoal up`` its own cores when there are enough.
@@ -84,12 +82,12 @@ class CpuBinding:
         """OpenMP threads for the model (one per CPU), None when not bound."""
         return len(self.cpus) or None
 
-    def describe(self, engine: str = "vllm") -> str:
+    def describe(self) -> str:
         if not self.cpus:
-            return f"{engine} model thread not bound to CPUs ({self.source})"
+            return f"vllm model thread not bound to CPUs ({self.source})"
         left = f", CPU {format_cpu_list(self.reserved)} left to the rest" if self.reserved else ""
         return (
-            f"{engine} model thread bound to CPU {format_cpu_list(self.cpus)} with {len(self.cpus)} "
+            f"vllm model thread bound to CPU {format_cpu_list(self.cpus)} with {len(self.cpus)} "
             f"OpenMP thread(s){left} ({self.source})"
         )
 
