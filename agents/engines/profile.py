@@ -60,6 +60,7 @@ __all__ = [
     "ProfileKV",
     "ProfileModel",
     "TimingModel",
+    "attention_ms_per_token2",
     "dump_profile",
     "load_profile",
 ]
@@ -234,10 +235,52 @@ def _segment(axis: Sequence[int], x: float) -> tuple[int, float]:
     return i, (x - lo) / (hi - lo)
 
 
-class TimingModel:
-    """Step times from a profile's tables. Pure arithmetic, a few microseconds per call."""
+def attention_ms_per_token2(table: PrefillTable) -> float:
+    """The quadratic coefficient ``c`` of ``prefill(n) ~ a + b*n + c*n^2`` fitted to a prefill table.
 
-    __slots__ = ("_batch", "_context", "_decode", "_prefill_ms", "_prefill_tokens")
+    The ``n^2`` part is a prompt's causal attention over itself. Least squares on the relative
+    error (short and long prompts weigh alike), clamped at 0; 0 for tables of fewer than 3 points.
+    """
+    points = [(n, ms) for n, ms in zip(table.tokens, table.ms, strict=True) if ms > 0]
+    if len(points) < 3:
+        return 0.0
+    # normal equations of sum(((a + b*n + c*n^2) / ms - 1)^2), scaled per column for conditioning
+    scale = (1.0, float(max(n for n, _ in points)), float(max(n for n, _ in points)) ** 2)
+    rows = [[1.0 / ms, n / scale[1] / ms, n * n / scale[2] / ms] for n, ms in points]
+    gram = [[sum(r[i] * r[j] for r in rows) for j in range(3)] for i in range(3)]
+    rhs = [sum(r[i] for r in rows) for i in range(3)]
+    try:
+        solution = _solve3(gram, rhs)
+    except ZeroDivisionError:
+        return 0.0
+    return max(solution[2] / scale[2], 0.0)
+
+
+def _solve3(a: list[list[float]], b: list[float]) -> list[float]:
+    """Gaussian elimination with partial pivoting for a 3x3 system."""
+    m = [row[:] + [v] for row, v in zip(a, b, strict=True)]
+    for col in range(3):
+        pivot = max(range(col, 3), key=lambda r: abs(m[r][col]))
+        m[col], m[pivot] = m[pivot], m[col]
+        for r in range(col + 1, 3):
+            f = m[r][col] / m[col][col]
+            m[r] = [x - f * y for x, y in zip(m[r], m[col], strict=True)]
+    x = [0.0, 0.0, 0.0]
+    for r in (2, 1, 0):
+        x[r] = (m[r][3] - sum(m[r][c] * x[c] for c in range(r + 1, 3))) / m[r][r]
+    return x
+
+
+class TimingModel:
+    """Step times from a profile's tables. Pure arithmetic, a few microseconds per call.
+
+    A step that prefills several prompts is charged the table's time for their total, minus the
+    attention the total would have had *across* prompts: each prompt attends only to itself, so
+    the quadratic part is ``c * sum(n_i^2)``, not ``c * (sum n_i)^2``
+    (:func:`attention_ms_per_token2`).
+    """
+
+    __slots__ = ("_attention", "_batch", "_context", "_decode", "_prefill_ms", "_prefill_tokens")
 
     def __init__(self, profile: EngineProfile) -> None:
         self._batch = profile.decode.batch_sizes
@@ -245,6 +288,12 @@ class TimingModel:
         self._decode = profile.decode.ms
         self._prefill_tokens = profile.prefill.tokens
         self._prefill_ms = profile.prefill.ms
+        self._attention = attention_ms_per_token2(profile.prefill)
+
+    @property
+    def attention_ms_per_token2(self) -> float:
+        """The fitted quadratic coefficient of the prefill table (ms per token squared)."""
+        return self._attention
 
     def decode_ms(self, batch_size: int, context_tokens: int) -> float:
         if batch_size <= 0:
@@ -272,7 +321,26 @@ class TimingModel:
         i, f = _segment(self._prefill_tokens, num_tokens)
         return max(0.0, ms[i] + (ms[i + 1] - ms[i]) * f)
 
-    def step_s(self, num_decodes: int, decode_context_tokens: int, num_prefill_tokens: int) -> float:
-        """Seconds for a step that decodes ``num_decodes`` sequences and prefills some tokens."""
-        ms = self.decode_ms(num_decodes, decode_context_tokens) + self.prefill_ms(num_prefill_tokens)
-        return ms / 1000.0
+    def prefill_batch_ms(self, lengths: Sequence[int]) -> float:
+        """One step's prefill of several prompts (or chunks) of these lengths: one pass over their
+        total, without attention across them."""
+        total = sum(lengths)
+        ms = self.prefill_ms(total)
+        if len(lengths) > 1 and self._attention > 0:
+            ms -= self._attention * (total * total - sum(n * n for n in lengths))
+        return max(ms, 0.0)
+
+    def step_s(
+        self,
+        num_decodes: int,
+        decode_context_tokens: int,
+        num_prefill_tokens: int,
+        prefill_lengths: Sequence[int] | None = None,
+    ) -> float:
+        """Seconds for a step that decodes ``num_decodes`` sequences and prefills some tokens
+        (``prefill_lengths``: the prompts or chunks they belong to; default one prompt)."""
+        if prefill_lengths is None or len(prefill_lengths) <= 1:
+            prefill = self.prefill_ms(num_prefill_tokens)
+        else:
+            prefill = self.prefill_batch_ms(prefill_lengths)
+        return (self.decode_ms(num_decodes, decode_context_tokens) + prefill) / 1000.0

@@ -180,7 +180,12 @@ class SimEngine(ScheduledEngine):
         chunk's own time, so chunking spreads a prompt's work over steps without making it cheaper.
         """
         timing = self.timing
-        seconds = timing.step_s(len(plan.decodes), plan.num_decode_context_tokens, plan.num_prefill_tokens)
+        seconds = timing.step_s(
+            len(plan.decodes),
+            plan.num_decode_context_tokens,
+            plan.num_prefill_tokens,
+            [chunk.num_tokens for chunk in plan.prefills],
+        )
         for chunk in plan.prefills:
             if chunk.start > 0:  # a later chunk of a chunked prefill also attends to the prefix
                 whole_ms = timing.prefill_ms(chunk.end) - timing.prefill_ms(chunk.start)

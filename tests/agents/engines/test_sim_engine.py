@@ -83,6 +83,24 @@ def test_timing_tables_interpolate_and_extrapolate_linearly() -> None:
     assert timing.step_s(1, 0, 256) == pytest.approx(0.004)
 
 
+def test_prompts_prefilled_in_one_step_do_not_attend_to_each_other() -> None:
+    """Two 8k prompts in one step cost two prompts' attention, not one 16k prompt's (the H100
+    profile is the formula 5 + 0.035 n + 5.2e-7 n^2 ms)."""
+    timing = TimingModel(load_profile("llama-3.1-8b-h100"))
+    assert timing.attention_ms_per_token2 == pytest.approx(5.2e-7, rel=0.01)
+    two = 5 + 0.035 * 16_384 + 5.2e-7 * 2 * 8192**2
+    assert timing.prefill_batch_ms([8192, 8192]) == pytest.approx(two, rel=0.01)
+    assert timing.prefill_ms(16_384) - two == pytest.approx(5.2e-7 * 2 * 8192**2, rel=0.02)  # ~70 ms
+    assert timing.prefill_batch_ms([16_384]) == timing.prefill_ms(16_384)
+    engine = SimEngine("llama-3.1-8b-h100")
+    for i in range(2):
+        engine.add_request(f"r{i}", [1] * 8192, SamplingParams(max_tokens=1))
+    plan, seconds = engine.begin_step()
+    assert len(plan.prefills) == 2
+    assert seconds * 1000 == pytest.approx(two, rel=0.01)
+    assert TimingModel(load_profile("tiny-test")).attention_ms_per_token2 == 0.0  # a linear table
+
+
 def test_broken_profiles_are_refused_with_the_reason(tmp_path: Path) -> None:
     data = json.loads((PROFILES_DIR / "tiny-test.json").read_text())
     data["decode"]["ms"] = [[1.0, 2.0]]  # one row for two batch sizes
