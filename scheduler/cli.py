@@ -214,10 +214,11 @@ def scheduler(**options: Any) -> None:
     scaling = _scaling_from_options(options)
     requeue = options["requeue_after_s"]
     if requeue is None:  # the default policy's own (as in the simulator)
-        requeue = SHOAL_REQUEUE_AFTER_S if options["policy"] == DispatchPolicy.BLOCKS_AHEAD.value else 0.0
-    if requeue and options["policy"] != DispatchPolicy.BLOCKS_AHEAD.value:
+        requeue = SHOAL_REQUEUE_AFTER_S if DispatchPolicy(options["policy"]).moves_queued else 0.0
+    if requeue and not DispatchPolicy(options["policy"]).moves_queued:
         raise click.BadParameter(
-            f"moving queued requests needs --policy {DispatchPolicy.BLOCKS_AHEAD.value}",
+            f"moving queued requests needs --policy {DispatchPolicy.BLOCKS_AHEAD.value} "
+            f"or {DispatchPolicy.BLOCKS_AHEAD_GROWTH.value}",
             param_hint="--requeue-after-s",
         )
     config = SchedulerConfig(

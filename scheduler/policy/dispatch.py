@@ -17,6 +17,8 @@ Four policies, chosen by :class:`~scheduler.config.DispatchPolicy` through
   deficit); among those where it starts at once, the freeness after admission
   counting every queued request's demand and batch slot
   (see :func:`~scheduler.policy.load.queue_aware_score`);
+* ``blocks_ahead_growth``: ``blocks_ahead`` with the running requests' expected decode
+  growth (``expected_growth_blocks`` of the report) taken off each instance's room;
 * ``queue_aware`` (the default until 2026-12-02, kept so its logs recompute): that
   freeness wherever the instance has room, else its memory deficit.
 
@@ -241,7 +243,8 @@ class _QueueAwareDispatcher(_ScoringDispatcher):
     def _score(self, load: InstanceLoad, demand_blocks: int, priority: int) -> float:
         return queue_aware_score(
             load, demand_blocks, self._config, priority=priority,
-            blocks_ahead=self.policy is DispatchPolicy.BLOCKS_AHEAD,
+            blocks_ahead=self.policy is not DispatchPolicy.QUEUE_AWARE,
+            count_growth=self.policy is DispatchPolicy.BLOCKS_AHEAD_GROWTH,
         )
 
 
@@ -344,10 +347,13 @@ def requeue_choice(
 
     shoal's rule for a stalled queue: move the request, not KV, and only to an instance where
     it would start at once (the ``blocks_ahead`` score is non-negative there: nothing queued
-    ahead of it, room for its prompt), never back to ``source``. Only the ``blocks_ahead``
-    dispatcher's scores say "starts at once", so any other policy leaves the request.
+    ahead of it, room for its prompt), never back to ``source``. Under ``blocks_ahead_growth``
+    the room is what is left after the running requests' expected decode growth
+    (:func:`~scheduler.policy.load.starts_at_once`), so a request does not move to an instance
+    whose decoding requests are about to fill it. Only the ``blocks_ahead`` rules' scores say
+    "starts at once", so any other policy leaves the request.
     """
-    if dispatcher.policy is not DispatchPolicy.BLOCKS_AHEAD:
+    if not dispatcher.policy.moves_queued:
         return None
     moved = msgspec.structs.replace(request, exclude=(*request.exclude, source))
     decision = dispatcher.choose(moved, loads, num_dispatched=num_dispatched)

@@ -95,6 +95,7 @@ class FakeAgent:
         report_interval: float = 0.05,
         lifetime_reports: int = 6,
         hog_blocks: int = 0,
+        growth_blocks: int = 0,
         answers_probes: bool = False,
     ) -> None:
         self.bus = bus
@@ -110,6 +111,8 @@ class FakeAgent:
         self.lifetime_reports = lifetime_reports
         #: Blocks held by one long-running request (makes the instance a migration source).
         self.hog_blocks = hog_blocks
+        #: ``LoadReport.expected_growth_blocks``: what its running requests are still expected to take.
+        self.growth_blocks = growth_blocks
         self.codec = Codec(producer=f"fake:{instance_id}")
         self.subjects: Subjects = bus.config.subjects
         self.running: dict[str, list[int]] = {}  # request -> [blocks, reports left]
@@ -179,6 +182,7 @@ class FakeAgent:
             freeness=freeness,
             virtual_usage=float(used),
             num_accepted=len(self.accepted),
+            expected_growth_blocks=self.growth_blocks,
         )
 
     async def _report_loop(self) -> None:
