@@ -172,7 +172,7 @@ def requeue_decision(
         priority=request.priority,
     )
     decision = requeue_choice(
-        dispatcher, pending, source_id, live_loads(view), num_dispatched=view.num_dispatched
+        dispatcher, pending, source_id, live_loads(view), config=policy, num_dispatched=view.num_dispatched
     )
     if decision is None:
         return None

@@ -61,9 +61,10 @@ def expected_growth_blocks(
     ``running`` is ``(num_tokens, num_prompt_tokens, num_blocks)`` of each request holding blocks.
     Each generates one token per step (continuous batching) until it reaches the expected output
     length, then finishes and frees its blocks; a request already past it is expected neither to
-    grow nor to finish soon (it counts 0). After ``t`` steps the requests still running have grown
-    by about ``t / block_size`` blocks each and the finished ones freed theirs; the peak of that net
-    growth over ``t`` (taken when a request is about to finish) is the number. Summing every
+    grow nor to finish soon (it counts 0). After ``t`` steps the requests still running hold their
+    tokens plus ``t`` each (counted in blocks together, so a partly filled block is not counted
+    once per request) and the finished ones freed their blocks; the peak of that net growth over
+    ``t`` (taken when a request is about to finish) is the number. Summing every
     request's whole remaining growth instead ignores the blocks finishing requests give back and
     counts an instance as full long before it would be. 0 while nothing has finished (no estimate).
     """

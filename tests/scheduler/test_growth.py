@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from scheduler.config import DispatchPolicy, PolicyConfig
 from scheduler.policy import InstanceLoad, PendingRequest, make_dispatcher
-from scheduler.policy.dispatch import requeue_choice
+from scheduler.policy.dispatch import requeue_choice, requeue_request
 from scheduler.policy.growth import EWMA_HORIZON, OutputLengthEstimate, expected_growth_blocks
 from scheduler.policy.load import queue_aware_score, starts_at_once
 from schemas.load import PriorityLoad
@@ -74,13 +74,22 @@ def test_an_instance_whose_growth_leaves_no_room_has_the_deficit_ahead_of_the_re
 
 def test_a_queued_request_does_not_move_where_the_running_requests_will_need_the_room() -> None:
     stalled = _load("src", used=390)
-    filling = _load("dst", used=100, growth=320)
+    filling = _load("dst", used=100, growth=320)  # room now, not once its requests have grown
     request = PendingRequest(request_id="q", num_prompt_tokens=64)
+    for policy in (DispatchPolicy.BLOCKS_AHEAD, DispatchPolicy.BLOCKS_AHEAD_GROWTH):
+        dispatcher = make_dispatcher(policy, CONFIG)
+        assert requeue_choice(dispatcher, request, "src", [stalled, filling], config=CONFIG) is None
+        # an instance with less room now but room after its growth takes it
+        roomy = _load("dst2", used=200, growth=50)
+        loads = [stalled, filling, roomy]
+        moved = requeue_choice(dispatcher, request, "src", loads, config=CONFIG)
+        assert moved is not None and moved.instance_id == "dst2"
+        # the log replays the move as a dispatch of the request with what it excluded
+        offered = requeue_request(request, "src", loads, CONFIG)
+        assert offered.exclude == ("src", "dst")
+        assert dispatcher.choose(offered, loads) == moved
+    # without growth in the reports (older logs) the round-3 rule moves it where it fits now
+    unknown = _load("dst", used=100)
     round3 = make_dispatcher(DispatchPolicy.BLOCKS_AHEAD, CONFIG)
-    old = requeue_choice(round3, request, "src", [stalled, filling])
-    assert old is not None and old.instance_id == "dst"  # the round-3 rule moves it, to be preempted
-    growth = make_dispatcher(DispatchPolicy.BLOCKS_AHEAD_GROWTH, CONFIG)
-    assert requeue_choice(growth, request, "src", [stalled, filling]) is None
-    roomy = _load("dst2", used=100, growth=100)
-    moved = requeue_choice(growth, request, "src", [stalled, filling, roomy])
-    assert moved is not None and moved.instance_id == "dst2"
+    old = requeue_choice(round3, request, "src", [stalled, unknown], config=CONFIG)
+    assert old is not None and old.instance_id == "dst"
