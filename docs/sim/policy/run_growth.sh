@@ -15,16 +15,26 @@ set -euo pipefail
 cd "$(dirname "$0")/../../.."
 OUT=docs/sim/policy
 S="--seeds 0,1,2 --quiet --no-plot"
-for variant in growth shoal4; do
-  if [ $variant = growth ]; then P="--policies shoal --dispatch blocks_ahead_growth $S"; else P="--policies shoal $S"; fi
-  shoal simulate sweep --workload S-L --rates 5,6 --requests 3000 $P --out $OUT/sl_$variant
-  shoal simulate sweep --workload M-M --rates 11,13 --requests 3000 $P --out $OUT/mm_$variant
-  shoal simulate sweep --workload azure-conv --rates 40 --requests 3000 $P \
-    --profile llama-3.1-8b-h100 --instances 4 --out $OUT/azure_conv_h100_$variant
-  shoal simulate sweep --workload azure-conv --rates 9,10 --requests 3000 $P --out $OUT/azure_conv_$variant
-  shoal simulate sweep --workload azure-code --rates 4,6 --requests 2900 $P --out $OUT/azure_code_$variant
-  shoal simulate sweep --workload M-M --rates 12 --requests 3000 --high-share 0.1 $P \
-    --out $OUT/priorities_mm_$variant
-done
+G="--policies shoal --dispatch blocks_ahead_growth $S"
+shoal simulate sweep --workload S-L --rates 5,6 --requests 3000 $G --out $OUT/sl_growth
+shoal simulate sweep --workload M-M --rates 11,13 --requests 3000 $G --out $OUT/mm_growth
+shoal simulate sweep --workload azure-conv --rates 40 --requests 3000 $G \
+  --profile llama-3.1-8b-h100 --instances 4 --out $OUT/azure_conv_h100_growth
+shoal simulate sweep --workload azure-conv --rates 9,10 --requests 3000 $G --out $OUT/azure_conv_growth
+shoal simulate sweep --workload azure-code --rates 4,6 --requests 2900 $G --out $OUT/azure_code_growth
+shoal simulate sweep --workload M-M --rates 12 --requests 3000 --high-share 0.1 $G --out $OUT/priorities_mm_growth
+# round 4 (today's `shoal`) at the panel's points and every other point of the Must-show list
+# but S-S with priorities (the JSON files were written per rate group and merged, sorted by rate)
+P="--policies shoal $S"
+shoal simulate sweep --workload S-L --rates 5,6 --requests 3000 $P --out $OUT/sl_shoal4
+shoal simulate sweep --workload M-M --rates 6,9,10,11,13 --requests 3000 $P --out $OUT/mm_shoal4
+shoal simulate sweep --workload azure-conv --rates 6,8,9,10,12 --requests 3000 $P --out $OUT/azure_conv_shoal4
+shoal simulate sweep --workload azure-code --rates 2,4,6,8 --requests 2900 $P --out $OUT/azure_code_shoal4
+shoal simulate sweep --workload M-M --rates 11,12,13 --requests 3000 --high-share 0.1 $P \
+  --out $OUT/priorities_mm_shoal4
+shoal simulate sweep --workload azure-code --rates 5,10,15,20 --requests 2900 $P \
+  --profile llama-3.1-8b-h100 --instances 4 --out $OUT/azure_code_h100_shoal4
+shoal simulate sweep --workload azure-conv --rates 40,60,80,100 --requests 3000 $P \
+  --profile llama-3.1-8b-h100 --instances 4 --out $OUT/azure_conv_h100_shoal4
 # INFaaS++ on S-L (and, at commit c13ebed, the round-3 default):
 # shoal simulate sweep --workload S-L --rates 5,6 --requests 3000 --policies infaas,shoal $S --out $OUT/sl

@@ -30,6 +30,15 @@ PANEL = [
     ("M-M 10% high", 12, "priorities_mm", "priorities_mm_shoal3", "priorities_mm"),
 ]
 NAMES = ("INFaaS++", "round 3", "round 4", "growth dispatch")
+#: Every point of the Must-show tables that round 4 was run at: (label, INFaaS++ file, stem)
+EVERY = [
+    ("A10 azure-conv", "azure_conv", "azure_conv"),
+    ("A10 azure-code", "azure_code", "azure_code"),
+    ("M-M", "mm", "mm"),
+    ("M-M 10% high", "priorities_mm", "priorities_mm"),
+    ("H100 azure-conv", "azure_conv_h100", "azure_conv_h100"),
+    ("H100 azure-code", "azure_code_h100", "azure_code_h100"),
+]
 
 
 def medians(prefix: str, policy: str, rate: float, dispatch: str | None = None) -> dict[str, float] | None:
@@ -83,6 +92,32 @@ def main() -> None:
             f"| {p99:.2f}x / {mean:.2f}x / {tpot:.2f}x |"
         )
     (HERE / "growth_panel.json").write_text(json.dumps(rows, indent=1) + "\n")
+    every()
+
+
+def every() -> None:
+    """Round 4 against INFaaS++ and round 3 at every point it was run (ratios as the Must-show list)."""
+    print()
+    print(
+        "| trace | rate | P99 TTFT INFaaS++/round 4 (round 3) | mean TTFT round 4/INFaaS++ (round 3) "
+        "| P99 TPOT round 4/INFaaS++ (round 3) |"
+    )
+    print("|---|---|---|---|---|")
+    for label, infaas_file, stem in EVERY:
+        path = HERE / f"{stem}_shoal4.json"
+        if not path.exists():
+            continue
+        for rate in sorted({r["rate"] for r in json.loads(path.read_text())}):
+            infaas = medians(infaas_file, "infaas", rate)
+            old = medians(f"{stem}_shoal3", "shoal", rate, "blocks_ahead")
+            new = medians(f"{stem}_shoal4", "shoal", rate, "blocks_ahead")
+            if infaas is None or new is None or old is None:
+                continue
+            p99 = (infaas["ttft_p99_s"] / new["ttft_p99_s"], infaas["ttft_p99_s"] / old["ttft_p99_s"])
+            mean = (new["ttft_mean_s"] / infaas["ttft_mean_s"], old["ttft_mean_s"] / infaas["ttft_mean_s"])
+            tpot = (new["tpot_p99_s"] / infaas["tpot_p99_s"], old["tpot_p99_s"] / infaas["tpot_p99_s"])
+            cells = " | ".join(f"{a:.2f}x ({b:.2f}x)" for a, b in (p99, mean, tpot))
+            print(f"| {label} | {rate:g} | {cells} |")
 
 
 if __name__ == "__main__":
