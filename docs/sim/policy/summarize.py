@@ -1,7 +1,7 @@
 """Print the default-policy tables of docs/SIMULATION.md from the sweeps' median JSON files.
 
 python docs/sim/policy/summarize.py            # every *-median.json next to this file
-python docs/sim/policy/summarize.py docs/sim/policy4   # round 4 (corrected prefill cost)
+python docs/sim/policy/summarize.py docs/sim/policy4   # round 5 (corrected prefill cost)
 
 In docs/sim/policy4 a sweep's baselines are ``PREFIX.json`` and shoal's default ``PREFIX_default.json``.
 """
@@ -42,7 +42,7 @@ def _load(path: Path) -> list[dict[str, object]]:
     def sibling(tag: str) -> Path:
         return path.with_name(stem + tag + suffix)
 
-    if sibling("_default").exists():  # round 4: the baselines' file and the default's beside it
+    if sibling("_default").exists():  # round 5: the baselines' file and the default's beside it
         return [p for p in points if p["policy"] != "shoal"] + json.loads(sibling("_default").read_text())
     if sibling("_shoal60").exists():
         points = [p for p in points if p["policy"] != "shoal"] + json.loads(sibling("_shoal60").read_text())

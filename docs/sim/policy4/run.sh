@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Round 4 of docs/SIMULATION.md: every Must-show sweep again on the corrected prefill cost (prompts
+# Round 5 of docs/SIMULATION.md: every Must-show sweep again on the corrected prefill cost (prompts
 # prefilled in one step no longer attend to each other; until 2026-12-02 the sim engine charged a
 # step's prompts as one long prompt). Three seeds, medians, as in docs/sim/policy/.
 #   bash docs/sim/policy4/run.sh baselines   # INFaaS++ and faithful Llumnix: PREFIX.json
