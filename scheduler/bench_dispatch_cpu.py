@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from bus import BusConfig, JetStreamBus, event_loop
+from bus.errors import BusError
 from bus.server import EmbeddedNats
 from schemas import Codec, Subjects
 from schemas.instance import InstanceJoined, KVLayout, ModelIdentity
@@ -97,10 +98,9 @@ class _Fleet:
 
 
 async def _dispatch(bus: JetStreamBus, codec: Codec, request_id: str) -> str | None:
+    request = DispatchRequest(request_id=request_id, num_prompt_tokens=PROMPT_TOKENS)
     reply = await bus.request(
-        bus.config.subjects.rpc_dispatch,
-        codec.encode(DispatchRequest(request_id=request_id, num_prompt_tokens=PROMPT_TOKENS), time=time.time()),
-        timeout=10.0,
+        bus.config.subjects.rpc_dispatch, codec.encode(request, time=time.time()), timeout=10.0
     )
     body = codec.decode(reply.data).body
     return body.instance_id if isinstance(body, DispatchReply) else None
@@ -163,7 +163,7 @@ async def run(
                 try:
                     if await _dispatch(bus, codec, f"probe-{uuid.uuid4().hex[:6]}") is not None:
                         break
-                except Exception:  # noqa: BLE001 - not serving yet
+                except BusError:  # not serving yet
                     pass
                 if time.monotonic() > deadline:
                     raise RuntimeError("the scheduler did not start dispatching within 60 s")
@@ -214,6 +214,7 @@ def main() -> None:
                         help="Run the scheduler under cProfile and write its stats here.")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as work, EmbeddedNats(store_dir=Path(work) / "nats") as server:
+        assert server.pid is not None
         result = event_loop.run(
             run(
                 server.url, nats_pid=server.pid, requests=args.requests, concurrency=args.concurrency,
