@@ -6,7 +6,9 @@ Starts an embedded nats-server and a ``shoal scheduler`` process (from
 first load report, then runs ``--requests`` dispatches from ``--concurrency``
 workers. Each request is exactly what a ``sim`` agent and a frontend without
 lifecycle events make the scheduler read: the dispatch RPC, the agent's
-``RequestAdmitted`` on ``ev.req.<id>``, and ``--reports-per-request`` load
+``RequestAdmitted`` on ``ev.req.<id>`` (not with ``--no-admitted``: what a
+consumer filter on the events the fold ignores would save), and
+``--reports-per-request`` load
 reports of the chosen instance (its accepted count one higher). The work per
 request is fixed, not the rate, so the scheduler's CPU time per request
 (user + system, from ``/proc``) hardly moves with other load on the machine,
@@ -107,7 +109,7 @@ async def _dispatch(bus: JetStreamBus, codec: Codec, request_id: str) -> str | N
 
 
 async def _workload(
-    bus: JetStreamBus, fleet: _Fleet, name: str, count: int, concurrency: int, reports: int
+    bus: JetStreamBus, fleet: _Fleet, name: str, count: int, concurrency: int, reports: int, admitted: bool
 ) -> int:
     codec = Codec(producer="bench-dispatch-cpu")
     failed = 0
@@ -122,7 +124,8 @@ async def _workload(
             if iid is None:
                 failed += 1
                 continue
-            await fleet.admitted(request_id, iid)
+            if admitted:
+                await fleet.admitted(request_id, iid)
             for k in range(reports):
                 await fleet.report(iid, accepted=1 if k == 0 else 0)
 
@@ -139,6 +142,7 @@ async def run(
     instances: int,
     reports: int,
     scheduler_cwd: Path,
+    admitted: bool = True,
     settle_s: float = 1.0,
     profile: Path | None = None,
 ) -> dict[str, Any]:
@@ -168,11 +172,11 @@ async def run(
                 if time.monotonic() > deadline:
                     raise RuntimeError("the scheduler did not start dispatching within 60 s")
                 await asyncio.sleep(0.2)
-            await _workload(bus, fleet, "warmup", max(200, requests // 10), concurrency, reports)
+            await _workload(bus, fleet, "warmup", max(200, requests // 10), concurrency, reports, admitted)
             await asyncio.sleep(settle_s)
             cpu0, nats0, io0 = _cpu_seconds(scheduler.pid), _cpu_seconds(nats_pid), _syscalls(scheduler.pid)
             wall0 = time.perf_counter()
-            failed = await _workload(bus, fleet, "run", requests, concurrency, reports)
+            failed = await _workload(bus, fleet, "run", requests, concurrency, reports, admitted)
             wall = time.perf_counter() - wall0
             await asyncio.sleep(settle_s)  # what was sent is read before the CPU is read
             cpu = _cpu_seconds(scheduler.pid) - cpu0
@@ -191,6 +195,7 @@ async def run(
         "concurrency": concurrency,
         "instances": instances,
         "reports_per_request": reports,
+        "admitted_events": admitted,
         "wall_s": round(wall, 2),
         "requests_per_s": round(requests / wall, 1),
         "scheduler_cpu_ms_per_request": round(cpu * 1e3 / requests, 4),
@@ -210,6 +215,9 @@ def main() -> None:
     parser.add_argument("--reports-per-request", type=int, default=1)
     parser.add_argument("--scheduler-cwd", type=Path, default=Path.cwd(),
                         help="Run the scheduler from this checkout (default: the current directory).")
+    parser.add_argument("--no-admitted", action="store_true",
+                        help="Append no RequestAdmitted per request: what the scheduler would save if it "
+                        "were not delivered the events its fold ignores.")
     parser.add_argument("--profile", type=Path, default=None,
                         help="Run the scheduler under cProfile and write its stats here.")
     args = parser.parse_args()
@@ -218,7 +226,7 @@ def main() -> None:
         result = event_loop.run(
             run(
                 server.url, nats_pid=server.pid, requests=args.requests, concurrency=args.concurrency,
-                instances=args.instances, reports=args.reports_per_request,
+                instances=args.instances, reports=args.reports_per_request, admitted=not args.no_admitted,
                 scheduler_cwd=args.scheduler_cwd.resolve(),
                 profile=None if args.profile is None else args.profile.resolve(),
             )
