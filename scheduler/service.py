@@ -15,9 +15,10 @@ One :class:`SchedulerService` per process. It
   replies (the handler is synchronous: the bus runs it where the request
   arrives), and hands the ``Dispatched`` event to a pipelined appender without
   waiting (:mod:`scheduler.outbox`: confirmed when the scheduler reads it back
-  from the log, not by a publish acknowledgement); every ``pairing_interval_s`` records a fold point, marks instances
-  whose load reports stopped as failed, runs auto-scaling (if an
-  :class:`~scheduler.instances.InstanceManager` is given), emits pairing
+  from the log, not by a publish acknowledgement); every ``pairing_interval_s``
+  records a fold point, marks instances whose load reports stopped as failed,
+  runs auto-scaling (if an :class:`~scheduler.instances.InstanceManager` is
+  given), emits pairing
   decisions and sends the agents their ``MigrateOut`` / ``StopMigration`` /
   ``Drain`` commands (and, with ``requeue_after_s``, ``MoveQueued`` for a
   queued request on a stalled instance); saves snapshots every ``snapshot_every_events`` folded
