@@ -258,7 +258,7 @@ def attention_ms_per_token2(table: PrefillTable) -> float:
 
 def _solve3(a: list[list[float]], b: list[float]) -> list[float]:
     """Gaussian elimination with partial pivoting for a 3x3 system."""
-    m = [row[:] + [v] for row, v in zip(a, b, strict=True)]
+    m = [[*row, v] for row, v in zip(a, b, strict=True)]
     for col in range(3):
         pivot = max(range(col, 3), key=lambda r: abs(m[r][col]))
         m[col], m[pivot] = m[pivot], m[col]
