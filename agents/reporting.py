@@ -22,6 +22,7 @@ from scheduler.policy import (
     instance_freeness,
     virtual_usage,
 )
+from scheduler.policy.growth import expected_growth_blocks
 from schemas import LoadReport, QueuedRequest
 
 __all__ = [
@@ -61,12 +62,25 @@ def build_load_report(
     num_migrating_in: int = 0,
     head_of_line_wait_s: float = 0.0,
     requeue_candidate: QueuedRequest | None = None,
+    expected_output_tokens: int = 0,
 ) -> LoadReport:
     """The report of one engine snapshot; freeness counts reserved (migrating-in) blocks as used.
 
     ``head_of_line_wait_s`` and ``requeue_candidate`` (:func:`requeue_candidate`) come from the
-    agent, which knows when each request was queued and whether it ever moved."""
+    agent, which knows when each request was queued and whether it ever moved;
+    ``expected_output_tokens`` from the requests it finished
+    (:class:`~scheduler.policy.growth.OutputLengthEstimate`; 0: none yet), which gives the
+    report's ``expected_growth_blocks``."""
     running = running_requests(stats)
+    growth = expected_growth_blocks(
+        (
+            (r.num_tokens, r.num_prompt_tokens, r.num_blocks)
+            for r in stats.requests
+            if r.status.holds_blocks
+        ),
+        expected_output_tokens,
+        block_size,
+    )
     waiting_demand = sum(
         blocks_for_tokens(r.num_tokens, block_size)
         for r in stats.requests
@@ -108,6 +122,7 @@ def build_load_report(
         num_preemptions=stats.num_preemptions,
         head_of_line_wait_s=head_of_line_wait_s,
         requeue_candidate=requeue_candidate,
+        expected_growth_blocks=growth,
     )
 
 

@@ -68,6 +68,7 @@ from agents.tracing import RequestSpans, parent_context, tracer_from
 from bus import Bus, BusError, InvalidName, NoResponders, Service
 from bus import tracing as bus_tracing
 from bus.wildcards import validate_subject
+from scheduler.policy.growth import OutputLengthEstimate
 from schemas import (
     AbortReply,
     AbortRequest,
@@ -154,6 +155,8 @@ class Agent:
         #: Requests waiting for their (re)admission by the engine: since when, and whether a preemption
         #: put them back (``RequestAdmitted`` is logged at their first output).
         self._queued_since: dict[str, tuple[float, bool]] = {}
+        #: The output length of the requests finished here (``LoadReport.expected_growth_blocks``).
+        self.output_length = OutputLengthEstimate()
         self._report_seq = 0
         self._last_signature: tuple[object, ...] | None = None
         self._last_urgent: tuple[object, ...] | None = None
@@ -382,6 +385,8 @@ class Agent:
                     tokens.delta_subject,
                 )
             if output.finish_reason is not None:
+                if output.finish_reason is not FinishReason.ABORT:
+                    self.output_length.observe(len(tokens.output_token_ids))
                 self._request_done(output.request_id)
                 self.migration.request_gone(output.request_id, MigrationAbortReason.REQUEST_FINISHED)
         for request_id in result.preempted:
@@ -558,6 +563,7 @@ class Agent:
             num_migrating_in=self.migration.num_incoming,
             head_of_line_wait_s=0.0 if since is None else max(0.0, time.time() - since[0]),
             requeue_candidate=requeue_candidate(stats, self._may_move_queued) if queued else None,
+            expected_output_tokens=self.output_length.expected_output_tokens,
         )
 
     def _may_move_queued(self, request: RequestStats) -> bool:

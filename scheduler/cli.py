@@ -57,8 +57,10 @@ def policy_options(function: F) -> F:
                 default=DispatchPolicy.BLOCKS_AHEAD.value,
                 show_default=True,
                 help="Dispatch policy. blocks_ahead (the default) is shoal's policy (queue_aware: its "
-                "former rule) and brings its migration rules (room check, no retry of an aborted request "
-                "for 2 s, at most 3 moves per request); the others pair by the paper's rules.",
+                "former rule; blocks_ahead_growth: it with the running requests' expected decode growth "
+                "taken off each instance's room) and brings its migration rules (room check, no retry of "
+                "an aborted request for 2 s, at most 3 moves per request); the others pair by the paper's "
+                "rules.",
             ),
             click.option(
                 "--low-freeness",
@@ -72,7 +74,7 @@ def policy_options(function: F) -> F:
                 type=float,
                 default=None,
                 help="Migration destinations are above this freeness "
-                f"[default: {SHOAL_HIGH_FREENESS:g} for blocks_ahead and queue_aware, "
+                f"[default: {SHOAL_HIGH_FREENESS:g} for shoal's rules (blocks_ahead*, queue_aware), "
                 f"{PairingConfig().high_freeness:g} for the others].",
             ),
             click.option(
@@ -182,8 +184,8 @@ def policy_from_options(
     type=click.FloatRange(min=0),
     default=None,
     help="Move a queued request (no KV) off an instance whose head of line waited this long, "
-    f"to where it would start at once (blocks_ahead only; default {SHOAL_REQUEUE_AFTER_S} s with "
-    "blocks_ahead, off otherwise; 0: off).",
+    f"to where it would start at once (blocks_ahead rules only; default {SHOAL_REQUEUE_AFTER_S} s with "
+    "them, off otherwise; 0: off).",
 )
 @click.option(
     "--autoscale-command",
@@ -214,10 +216,11 @@ def scheduler(**options: Any) -> None:
     scaling = _scaling_from_options(options)
     requeue = options["requeue_after_s"]
     if requeue is None:  # the default policy's own (as in the simulator)
-        requeue = SHOAL_REQUEUE_AFTER_S if options["policy"] == DispatchPolicy.BLOCKS_AHEAD.value else 0.0
-    if requeue and options["policy"] != DispatchPolicy.BLOCKS_AHEAD.value:
+        requeue = SHOAL_REQUEUE_AFTER_S if DispatchPolicy(options["policy"]).moves_queued else 0.0
+    if requeue and not DispatchPolicy(options["policy"]).moves_queued:
         raise click.BadParameter(
-            f"moving queued requests needs --policy {DispatchPolicy.BLOCKS_AHEAD.value}",
+            f"moving queued requests needs --policy {DispatchPolicy.BLOCKS_AHEAD.value} "
+            f"or {DispatchPolicy.BLOCKS_AHEAD_GROWTH.value}",
             param_hint="--requeue-after-s",
         )
     config = SchedulerConfig(

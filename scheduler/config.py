@@ -57,6 +57,9 @@ class DispatchPolicy(enum.StrEnum):
     #: shoal's default: where the request would start soonest (the blocks of prefill or memory
     #: ahead of it), then as ``queue_aware`` among instances where it starts at once.
     BLOCKS_AHEAD = "blocks_ahead"
+    #: ``blocks_ahead`` with the running requests' expected decode growth taken off every
+    #: instance's room (``LoadReport.expected_growth_blocks``).
+    BLOCKS_AHEAD_GROWTH = "blocks_ahead_growth"
 
     @property
     def migrates(self) -> bool:
@@ -66,13 +69,21 @@ class DispatchPolicy(enum.StrEnum):
         )
 
     @property
+    def moves_queued(self) -> bool:
+        """Whether its scores say where a request "starts at once", so a stalled queue's request may
+        move there (:func:`scheduler.policy.dispatch.requeue_choice`)."""
+        return self in (DispatchPolicy.BLOCKS_AHEAD, DispatchPolicy.BLOCKS_AHEAD_GROWTH)
+
+    @property
     def is_shoal(self) -> bool:
         """One of shoal's own rules (they bring :func:`shoal_pairing` and may move queued requests)."""
         return self in SHOAL_DISPATCH
 
 
 #: shoal's dispatch rules, the current default first.
-SHOAL_DISPATCH: tuple[DispatchPolicy, ...] = (DispatchPolicy.BLOCKS_AHEAD, DispatchPolicy.QUEUE_AWARE)
+SHOAL_DISPATCH: tuple[DispatchPolicy, ...] = (
+    DispatchPolicy.BLOCKS_AHEAD, DispatchPolicy.QUEUE_AWARE, DispatchPolicy.BLOCKS_AHEAD_GROWTH
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,7 +41,13 @@ import msgspec
 from scheduler.cluster_state import ClusterState, InstanceStatus, live_loads
 from scheduler.config import DispatchPolicy, PolicyConfig
 from scheduler.fold import evolve
-from scheduler.policy.dispatch import Dispatcher, PendingRequest, make_dispatcher, requeue_choice
+from scheduler.policy.dispatch import (
+    Dispatcher,
+    PendingRequest,
+    make_dispatcher,
+    requeue_choice,
+    requeue_request,
+)
 from scheduler.policy.pairing import pair_instances
 from scheduler.policy.scaling import ScalingDecision, ScalingState, decide_scaling
 from schemas.decisions import (
@@ -171,14 +177,17 @@ def requeue_decision(
         num_prompt_tokens=request.num_prompt_tokens,
         priority=request.priority,
     )
+    loads = live_loads(view)
     decision = requeue_choice(
-        dispatcher, pending, source_id, live_loads(view), num_dispatched=view.num_dispatched
+        dispatcher, pending, source_id, loads, config=policy, num_dispatched=view.num_dispatched
     )
     if decision is None:
         return None
+    # what it excluded: the source, and where growth leaves it no room (older logs: the source alone)
+    excluded = requeue_request(pending, source_id, loads, policy).exclude
     return msgspec.structs.replace(
         decision.to_event(epoch), events_seq=cursor.events_seq, loads_seq=cursor.loads_seq,
-        exclude=(source_id,), requeued_from=source_id,
+        exclude=excluded, requeued_from=source_id,
     )
 
 

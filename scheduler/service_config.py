@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from scheduler.config import DispatchPolicy, PolicyConfig
+from scheduler.config import PolicyConfig
 
 __all__ = ["SENT_HEADER", "Role", "SchedulerConfig", "SchedulerStats", "default_scheduler_id"]
 
@@ -80,9 +80,9 @@ class SchedulerConfig:
         if self.requeue_after_s is not None:
             if self.requeue_after_s <= 0:
                 raise ValueError(f"requeue_after_s must be > 0 or None, got {self.requeue_after_s}")
-            if self.policy.dispatch_policy is not DispatchPolicy.BLOCKS_AHEAD:
+            if not self.policy.dispatch_policy.moves_queued:
                 raise ValueError(
-                    "requeue_after_s moves queued requests with the blocks_ahead policy's rule; "
+                    "requeue_after_s moves queued requests with the blocks_ahead rules; "
                     f"the policy is {self.policy.dispatch_policy.value}"
                 )
         if self.snapshot_every_events < 1:

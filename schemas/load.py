@@ -55,3 +55,7 @@ class LoadReport(Message, frozen=True, kw_only=True, tag="load_report"):
     #: The newest queued request that never ran and never moved (the head only when it is alone);
     #: None if there is none.
     requeue_candidate: QueuedRequest | None = None
+    #: Blocks the requests holding blocks here are still expected to take as they decode, from an
+    #: output length the agent learned from the requests it finished
+    #: (``scheduler.policy.growth.expected_growth_blocks``); 0: no estimate yet (and in older logs).
+    expected_growth_blocks: int = 0

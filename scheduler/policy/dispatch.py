@@ -17,6 +17,8 @@ Four policies, chosen by :class:`~scheduler.config.DispatchPolicy` through
   deficit); among those where it starts at once, the freeness after admission
   counting every queued request's demand and batch slot
   (see :func:`~scheduler.policy.load.queue_aware_score`);
+* ``blocks_ahead_growth``: ``blocks_ahead`` with the running requests' expected decode
+  growth (``expected_growth_blocks`` of the report) taken off each instance's room;
 * ``queue_aware`` (the default until 2026-12-02, kept so its logs recompute): that
   freeness wherever the instance has room, else its memory deficit.
 
@@ -47,6 +49,7 @@ from scheduler.policy.load import (
     infaas_load,
     load_freeness,
     queue_aware_score,
+    starts_at_once,
 )
 from schemas.decisions import Dispatched, LoadPosition
 
@@ -60,6 +63,7 @@ __all__ = [
     "order_pending",
     "pending_order_key",
     "requeue_choice",
+    "requeue_request",
 ]
 
 
@@ -244,7 +248,8 @@ class _QueueAwareDispatcher(_ScoringDispatcher):
     def _score(self, load: InstanceLoad, demand_blocks: int, priority: int) -> float:
         return queue_aware_score(
             load, demand_blocks, self._config, priority=priority,
-            blocks_ahead=self.policy is DispatchPolicy.BLOCKS_AHEAD,
+            blocks_ahead=self.policy is not DispatchPolicy.QUEUE_AWARE,
+            count_growth=self.policy is DispatchPolicy.BLOCKS_AHEAD_GROWTH,
         )
 
 
@@ -341,19 +346,46 @@ def requeue_choice(
     source: str,
     loads: Sequence[InstanceLoad],
     *,
+    config: PolicyConfig,
     num_dispatched: int = 0,
 ) -> DispatchDecision | None:
     """Where a request still queued on ``source`` (no KV yet) should go, or None to leave it.
 
     shoal's rule for a stalled queue: move the request, not KV, and only to an instance where
-    it would start at once (the ``blocks_ahead`` score is non-negative there: nothing queued
-    ahead of it, room for its prompt), never back to ``source``. Only the ``blocks_ahead``
-    dispatcher's scores say "starts at once", so any other policy leaves the request.
+    it would start at once and stay (:func:`~scheduler.policy.load.starts_at_once`: nothing queued
+    ahead of it or pending, room for its prompt after the blocks the running requests are still
+    expected to grow by), never back to ``source``; among those, the dispatcher's choice. A
+    request moved where it only fits for now takes room the running requests need a little later,
+    and they get preempted. Only the ``blocks_ahead`` rules' scores say "starts at once", so any
+    other policy leaves the request. :func:`requeue_request` is the request the dispatcher is asked
+    to place (the instances ruled out in its ``exclude``): dispatching it gives the same decision.
+
+    Reports without ``expected_growth_blocks`` (logs from before 2026-12-02, or an instance that
+    finished nothing yet) rule nothing out beyond the score, so such logs recompute as they did.
     """
-    if dispatcher.policy is not DispatchPolicy.BLOCKS_AHEAD:
+    if not dispatcher.policy.moves_queued:
         return None
-    moved = msgspec.structs.replace(request, exclude=(*request.exclude, source))
+    moved = requeue_request(request, source, loads, config)
     decision = dispatcher.choose(moved, loads, num_dispatched=num_dispatched)
     if decision is None or decision.score < 0:
         return None
     return decision
+
+
+def requeue_request(
+    request: PendingRequest, source: str, loads: Sequence[InstanceLoad], config: PolicyConfig
+) -> PendingRequest:
+    """``request`` as :func:`requeue_choice` offers it to the dispatcher: ``source`` excluded, and every
+    instance that expects growth and where the request would not start at once and stay, in
+    ``loads`` order."""
+    excluded = [source]
+    for load in loads:
+        if (
+            load.expected_growth_blocks > 0
+            and load.instance_id != source
+            and not starts_at_once(
+                load, load.demand_blocks(request.num_prompt_tokens), config, priority=request.priority
+            )
+        ):
+            excluded.append(load.instance_id)
+    return msgspec.structs.replace(request, exclude=(*request.exclude, *excluded))

@@ -35,6 +35,7 @@ __all__ = [
     "load_virtual_usage",
     "queue_aware_score",
     "room_blocks",
+    "starts_at_once",
 ]
 
 #: ``max_model_len`` of a view built without an ``InstanceJoined``.
@@ -82,6 +83,7 @@ class InstanceLoad(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     num_pending: int = 0
     pending_blocks: int = 0
     num_preemptions: int = 0
+    expected_growth_blocks: int = 0
 
     @classmethod
     def from_joined(cls, joined: InstanceJoined) -> InstanceLoad:
@@ -135,6 +137,7 @@ class InstanceLoad(msgspec.Struct, frozen=True, kw_only=True, gc=False):
             num_pending=num_pending,
             pending_blocks=pending_blocks,
             num_preemptions=report.num_preemptions,
+            expected_growth_blocks=report.expected_growth_blocks,
         )
 
     @property
@@ -225,6 +228,7 @@ def queue_aware_score(
     *,
     priority: int = 0,
     blocks_ahead: bool = True,
+    count_growth: bool = False,
 ) -> float:
     """shoal's dispatch score: where the request would start soonest, then the most room per request.
 
@@ -248,6 +252,11 @@ def queue_aware_score(
     value) than the instance's head of line has nobody queued ahead of it: for it the
     queue counts neither as usage, nor as batch, nor as work ahead.
 
+    ``count_growth`` (the ``blocks_ahead_growth`` rule) also takes the blocks the running requests
+    are still expected to grow by (``expected_growth_blocks``, learned by the agent from finished
+    requests) off the room: an instance whose decoding requests will soon fill it is not a place
+    where the request starts at once (it would start, then be preempted or preempt them).
+
     ``blocks_ahead=False`` is the ``queue_aware`` rule (the default until 2026-12-02): a waiting
     instance scores only its memory deficit, and one with room scores its freeness even when
     prompts are queued ahead.
@@ -260,6 +269,8 @@ def queue_aware_score(
     if load.num_waiting > 0 and priority < load.head_of_line_priority:
         queued, num_queued = 0, 0
     room = load.num_total_blocks - (usage - load.head_of_line_demand) - queued - demand_blocks
+    if count_growth:
+        room -= load.expected_growth_blocks
     if not blocks_ahead:
         if room < 0:
             return float(room)
@@ -268,6 +279,15 @@ def queue_aware_score(
     if ahead > 0:
         return -float(ahead)
     return room / (batch + num_queued + 1)
+
+
+def starts_at_once(
+    load: InstanceLoad, demand_blocks: int, config: PolicyConfig, *, priority: int = 0
+) -> bool:
+    """Whether a request of this demand would start at once on ``load`` and stay: nothing queued
+    ahead of it or pending, and room for it after the running requests' expected growth
+    (:func:`queue_aware_score` with ``count_growth``, non-negative)."""
+    return queue_aware_score(load, demand_blocks, config, priority=priority, count_growth=True) >= 0
 
 
 def infaas_load(load: InstanceLoad) -> float:

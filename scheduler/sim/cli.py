@@ -75,7 +75,7 @@ def _cluster_options(func: Callable[..., Any]) -> Callable[..., Any]:
                      "prefills in one step."),
         click.option("--requeue-after-s", type=click.FloatRange(min=0), default=None,
                      help="Move queued requests (no KV) off an instance whose head of line waited "
-                     "this long, to one where they start at once (blocks_ahead dispatch only); "
+                     "this long, to one where they start at once (blocks_ahead rules only); "
                      "0: off. Default: the policy's own (shoal 0.5 s, others off)."),
         click.option("--report-ms", default=100.0, show_default=True, help="Load-report interval (virtual)."),
         click.option("--pairing-ms", default=100.0, show_default=True, help="Pairing interval (virtual)."),

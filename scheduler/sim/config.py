@@ -126,7 +126,7 @@ def policy_setup(
         priorities=kind in (PolicyName.LLUMNIX, PolicyName.SHOAL_V1, PolicyName.SHOAL),
         requeue_after_s=(
             SHOAL_REQUEUE_AFTER_S
-            if kind is PolicyName.SHOAL and config.dispatch_policy is DispatchPolicy.BLOCKS_AHEAD
+            if kind is PolicyName.SHOAL and config.dispatch_policy.moves_queued
             else None
         ),
     )

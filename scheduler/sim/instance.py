@@ -24,6 +24,7 @@ from agents.engines.protocol import RequestStatus
 from agents.engines.sim import SimEngine
 from scheduler.config import PolicyConfig
 from scheduler.policy import RunningRequest, freeness, virtual_usage_of_groups
+from scheduler.policy.growth import OutputLengthEstimate, expected_growth_blocks
 from scheduler.sim.migration_ports import Continuation
 from schemas.instance import InstanceJoined
 from schemas.load import LoadReport, PriorityLoad
@@ -38,6 +39,7 @@ class InstanceSnapshot:
     """Aggregates of one instance's requests (what a load report and request selection need)."""
 
     __slots__ = (
+        "expected_growth_blocks",
         "head_of_line",
         "num_waiting",
         "running",
@@ -49,6 +51,7 @@ class InstanceSnapshot:
         self.head_of_line: Request | None = None
         self.num_waiting = 0
         self.waiting_demand = 0
+        self.expected_growth_blocks = 0
 
 
 class SimInstance:
@@ -82,6 +85,8 @@ class SimInstance:
         self.plan_duration_s = 0.0
         self.num_migrating_out = 0
         self.num_migrating_in = 0
+        #: the output length learned from the requests finished here (as an agent learns it)
+        self.output_length = OutputLengthEstimate()
 
     @property
     def busy(self) -> bool:
@@ -113,18 +118,23 @@ class SimInstance:
         get = self.engine.scheduler.get
         block_size = self.block_size
         head: Request | None = None
+        expected_output = self.output_length.expected_output_tokens
+        growing: list[tuple[int, int, int]] = []
         for request_id in self.request_ids:
             request = get(request_id)
             if request is None:
                 continue
             status = request.status
             if status is _RUNNING or status is _SUSPENDED:
+                num_blocks = len(request.block_ids)
                 entry = running.get(request.priority)
                 if entry is None:
-                    running[request.priority] = [1, len(request.block_ids)]
+                    running[request.priority] = [1, num_blocks]
                 else:
                     entry[0] += 1
-                    entry[1] += len(request.block_ids)
+                    entry[1] += num_blocks
+                if expected_output > 0:
+                    growing.append((len(request.all_token_ids), request.num_prompt_tokens, num_blocks))
             else:
                 snap.num_waiting += 1
                 snap.waiting_demand += -(-len(request.all_token_ids) // block_size)
@@ -132,6 +142,7 @@ class SimInstance:
                 if head is None or key < (head.priority, head.arrival_seq):
                     head = request
         snap.head_of_line = head
+        snap.expected_growth_blocks = expected_growth_blocks(growing, expected_output, block_size)
         return snap
 
     def head_of_line_demand(self, snap: InstanceSnapshot) -> int:
@@ -192,6 +203,7 @@ class SimInstance:
             num_migrating_out=self.num_migrating_out,
             num_migrating_in=self.num_migrating_in,
             waiting_demand=snap.waiting_demand,
+            expected_growth_blocks=snap.expected_growth_blocks,
         )
 
     def migration_candidates(self, migrating: Collection[str]) -> tuple[list[RunningRequest], list[str]]:

@@ -50,7 +50,7 @@ from scheduler.policy import (
     make_dispatcher,
     pair_instances,
 )
-from scheduler.policy.dispatch import requeue_choice
+from scheduler.policy.dispatch import requeue_choice, requeue_request
 from scheduler.recompute import Cursor, fold_point_of, scheduler_epoch
 from schemas.decisions import Dispatched, Paired, ScaleDown, ScaleUp, Unpaired
 from schemas.envelope import Body
@@ -204,15 +204,17 @@ class PolicyLayer:
         """Move a request still queued on ``source`` where it would start at once
         (:func:`~scheduler.policy.dispatch.requeue_choice`); a move is folded and logged as a
         ``Dispatched`` (recomputing it as a dispatch gives the same instance), no move is not logged."""
+        loads = self.loads()
         decision = requeue_choice(
-            self._dispatcher, request, source, self.loads(), num_dispatched=self.state.num_dispatched
+            self._dispatcher, request, source, loads, config=self.config,
+            num_dispatched=self.state.num_dispatched,
         )
         if decision is None:
             return None
         event = decision.to_event(self.epoch)
         self._fold_decision(event)
-        if self.log is not None:
-            moved = msgspec.structs.replace(request, exclude=(*request.exclude, source))
+        if self.log is not None:  # replayed as a dispatch of the request with what it excluded
+            moved = requeue_request(request, source, loads, self.config)
             self.log.entries.append(DispatchCall(request=moved, decision=event))
         return decision
 

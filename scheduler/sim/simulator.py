@@ -379,6 +379,7 @@ class Simulator:
             if output.finish_reason is not None:
                 record.finish_s = now
                 record.num_output_tokens = output.first_index + 1
+                instance.output_length.observe(output.first_index + 1)
                 del instance.request_ids[output.request_id]
                 self.num_done += 1
                 self.migrations.request_gone(

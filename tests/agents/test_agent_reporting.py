@@ -124,3 +124,28 @@ def test_the_request_a_stalled_queue_may_lose_is_its_newest_that_never_ran() -> 
         requeue_candidate=candidate,
     )
     assert report.head_of_line_wait_s == 2.5 and report.requeue_candidate == candidate
+
+
+def test_the_report_counts_the_growth_expected_of_decoding_requests() -> None:
+    # block size 4: a request of 8 prompt tokens that decoded 2 holds 3 blocks; with 40 output tokens
+    # expected it needs 38 more tokens: ceil(48 / 4) - 3 = 9 blocks (the same function the simulator's
+    # instances call, so live and simulated reports agree)
+    engine = SimEngine("tiny-test", num_blocks=64)
+    engine.add_request("r", list(range(1, 9)), SamplingParams(max_tokens=500), priority=0)
+    for _ in range(2):
+        engine.step()
+    stats = engine.stats()
+    [request] = stats.requests
+    assert (request.num_tokens, request.num_blocks) == (10, 3)
+    config = PolicyConfig()
+    unknown = build_load_report(stats, instance_id="a", seq=1, block_size=4, num_accepted=1, config=config)
+    assert unknown.expected_growth_blocks == 0  # nothing finished here yet: no estimate
+    report = build_load_report(
+        stats, instance_id="a", seq=1, block_size=4, num_accepted=1, config=config, expected_output_tokens=40
+    )
+    assert report.expected_growth_blocks == 9
+    assert InstanceLoad.from_report(report).expected_growth_blocks == 9
+    past = build_load_report(
+        stats, instance_id="a", seq=1, block_size=4, num_accepted=1, config=config, expected_output_tokens=2
+    )
+    assert past.expected_growth_blocks == 0

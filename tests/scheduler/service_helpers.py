@@ -20,7 +20,7 @@ from bus import BusConfig, BusError, JetStreamBus
 from bus.protocol import StreamConfig
 from schemas import Codec, Subjects
 from schemas.instance import InstanceJoined, KVLayout, ModelIdentity
-from schemas.load import LoadReport, PriorityLoad
+from schemas.load import LoadReport, PriorityLoad, QueuedRequest
 from schemas.rpc import DispatchReply, DispatchRequest, GenerateReply, GenerateRequest, Liveness
 
 LAYOUT = KVLayout(num_layers=2, num_kv_heads=2, head_dim=8, block_size=16, dtype="float32")
@@ -95,6 +95,8 @@ class FakeAgent:
         report_interval: float = 0.05,
         lifetime_reports: int = 6,
         hog_blocks: int = 0,
+        growth_blocks: int = 0,
+        queued: QueuedRequest | None = None,
         answers_probes: bool = False,
     ) -> None:
         self.bus = bus
@@ -110,6 +112,12 @@ class FakeAgent:
         self.lifetime_reports = lifetime_reports
         #: Blocks held by one long-running request (makes the instance a migration source).
         self.hog_blocks = hog_blocks
+        #: ``LoadReport.expected_growth_blocks``: what its running requests are still expected to take.
+        self.growth_blocks = growth_blocks
+        #: One request queued here since the agent started (a stalled queue, reported as the head of
+        #: line and the request it may give up); None: nothing queued.
+        self.queued = queued
+        self._started_at = time.monotonic()
         self.codec = Codec(producer=f"fake:{instance_id}")
         self.subjects: Subjects = bus.config.subjects
         self.running: dict[str, list[int]] = {}  # request -> [blocks, reports left]
@@ -166,6 +174,8 @@ class FakeAgent:
         used = sum(blocks for blocks, _ in self.running.values()) + self.hog_blocks
         count = len(self.running) + (1 if self.hog_blocks else 0)
         freeness = (self.num_blocks - used) / max(count, 1)
+        queued = self.queued
+        demand = 0 if queued is None else -(-queued.num_prompt_tokens // 16)
         return LoadReport(
             instance_id=self.instance_id,
             seq=self.seq,
@@ -173,12 +183,16 @@ class FakeAgent:
             num_free_blocks=self.num_blocks - used,
             num_reserved_blocks=0,
             running=(PriorityLoad(priority=0, num_running=count, num_blocks=used),) if count else (),
-            head_of_line_demand=0,
-            num_waiting=0,
+            head_of_line_demand=demand,
+            num_waiting=0 if queued is None else 1,
             batch_size=count,
             freeness=freeness,
             virtual_usage=float(used),
             num_accepted=len(self.accepted),
+            waiting_demand=demand,
+            head_of_line_wait_s=0.0 if queued is None else time.monotonic() - self._started_at,
+            requeue_candidate=queued,
+            expected_growth_blocks=self.growth_blocks,
         )
 
     async def _report_loop(self) -> None:

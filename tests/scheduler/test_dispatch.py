@@ -187,7 +187,9 @@ def test_the_former_default_keeps_its_rule_so_its_logs_recompute() -> None:
     from scheduler.policy.dispatch import requeue_choice
 
     request = PendingRequest(request_id="q", num_prompt_tokens=16)
-    assert requeue_choice(make_dispatcher(DispatchPolicy.QUEUE_AWARE, CONFIG), request, "a", [a, b]) is None
+    assert requeue_choice(
+        make_dispatcher(DispatchPolicy.QUEUE_AWARE, CONFIG), request, "a", [a, b], config=CONFIG
+    ) is None
 
 
 def test_queue_aware_ranks_queued_instances_by_work_ahead_in_blocks_not_requests() -> None:
@@ -247,11 +249,11 @@ def test_a_queued_request_moves_only_where_it_would_start_at_once() -> None:
     busy = load("b", (4, 950), head_of_line_demand=40, num_waiting=1, waiting_demand=40)
     free = load("f", (4, 600))
     queue_aware = make_dispatcher(DispatchPolicy.BLOCKS_AHEAD, CONFIG)
-    decision = requeue_choice(queue_aware, request, "s", [stalled, busy, free])
+    decision = requeue_choice(queue_aware, request, "s", [stalled, busy, free], config=CONFIG)
     assert decision is not None and decision.instance_id == "f" and decision.score >= 0
     # where it would wait anyway it stays (no churn between queues), and never goes back to itself
-    assert requeue_choice(queue_aware, request, "s", [stalled, busy]) is None
-    assert requeue_choice(queue_aware, request, "f", [free]) is None
+    assert requeue_choice(queue_aware, request, "s", [stalled, busy], config=CONFIG) is None
+    assert requeue_choice(queue_aware, request, "f", [free], config=CONFIG) is None
     # only shoal's dispatch says "starts at once"
     infaas = make_dispatcher(DispatchPolicy.INFAAS, CONFIG)
-    assert requeue_choice(infaas, request, "s", [stalled, busy, free]) is None
+    assert requeue_choice(infaas, request, "s", [stalled, busy, free], config=CONFIG) is None

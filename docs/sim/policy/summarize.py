@@ -1,6 +1,9 @@
 """Print the default-policy tables of docs/SIMULATION.md from the sweeps' median JSON files.
 
 python docs/sim/policy/summarize.py            # every *-median.json next to this file
+python docs/sim/policy/summarize.py docs/sim/policy4   # round 5 (corrected prefill cost)
+
+In docs/sim/policy4 a sweep's baselines are ``PREFIX.json`` and shoal's default ``PREFIX_default.json``.
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ def _load(path: Path) -> list[dict[str, object]]:
     def sibling(tag: str) -> Path:
         return path.with_name(stem + tag + suffix)
 
+    if sibling("_default").exists():  # round 5: the baselines' file and the default's beside it
+        return [p for p in points if p["policy"] != "shoal"] + json.loads(sibling("_default").read_text())
     if sibling("_shoal60").exists():
         points = [p for p in points if p["policy"] != "shoal"] + json.loads(sibling("_shoal60").read_text())
     later = [tag for tag in ("_shoal2", "_shoal3") if sibling(tag).exists()]
@@ -159,14 +164,17 @@ def priorities(path: Path) -> None:
 
 def _rerun(path: Path) -> bool:
     """A re-run or ablation file, folded into its base file's table (or kept as JSON only)."""
-    return any(tag in path.name for tag in ("_shoal60", "_shoal2", "_shoal3", "_sumahead", "_requeue"))
+    return any(
+        tag in path.name for tag in ("_shoal60", "_shoal2", "_shoal3", "_sumahead", "_requeue", "_default")
+    )
 
 
 def main() -> None:
-    for path in sorted(HERE.glob("*-median.json")):
+    here = Path(sys.argv[1]) if len(sys.argv) > 1 else HERE
+    for path in sorted(here.glob("*-median.json")):
         if not _rerun(path):
             table(path)
-    for path in sorted(HERE.glob("priorities*.json")):
+    for path in sorted(here.glob("priorities*.json")):
         if not path.stem.endswith("-median") and not _rerun(path):
             priorities(path)
 

@@ -121,3 +121,32 @@ def test_a_run_that_moves_queued_requests_replays_to_identical_decisions() -> No
     moves = [e for e in sim.log.entries if isinstance(e, DispatchCall) and e.request.exclude]
     assert len(moves) == result.requeues
     assert replay_policy_log(sim.log.entries, config.setup.policy).decisions() == sim.log.decisions()
+
+
+def test_a_run_counting_decode_growth_reports_it_and_replays_to_identical_decisions() -> None:
+    # S-L (short prompts, long outputs) on 4 instances: each instance learns the output length from
+    # the requests it finishes and reports the growth it expects; dispatch and the moves of queued
+    # requests take it off the room, and the replay of the policy log recomputes every decision.
+    from scheduler.config import DispatchPolicy
+
+    workload = synthetic_workload(300, 4.0, mix="S-L", seed=3)
+    config = SimConfig(
+        setup=policy_setup("shoal", dispatch=DispatchPolicy.BLOCKS_AHEAD_GROWTH),
+        num_instances=4,
+        record_policy_log=True,
+    )
+    sim = Simulator(config, workload)
+    result = sim.run()
+    assert result.num_finished == 300
+    assert sim.log is not None
+    grown = [
+        body
+        for entry in sim.log.entries
+        if isinstance(entry, FoldInputs)
+        for body in entry.bodies
+        if getattr(body, "expected_growth_blocks", 0) > 0
+    ]
+    assert grown
+    dispatched = [d for d in sim.log.decisions() if isinstance(d, Dispatched)]
+    assert {d.policy for d in dispatched} == {"blocks_ahead_growth"}
+    assert replay_policy_log(sim.log.entries, config.setup.policy).decisions() == sim.log.decisions()

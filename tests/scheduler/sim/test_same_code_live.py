@@ -43,6 +43,12 @@ POLICY = PolicyConfig(pairing=PairingConfig(low_freeness=35, high_freeness=70))
 SHOAL_POLICY = PolicyConfig(
     dispatch_policy=DispatchPolicy.BLOCKS_AHEAD, pairing=shoal_pairing(low_freeness=35, high_freeness=70)
 )
+#: shoal's policy with the running requests' expected decode growth (learned by each agent from the
+#: requests it finished) taken off every instance's room.
+GROWTH_POLICY = PolicyConfig(
+    dispatch_policy=DispatchPolicy.BLOCKS_AHEAD_GROWTH,
+    pairing=shoal_pairing(low_freeness=35, high_freeness=70),
+)
 NUM_REQUESTS = 48
 
 
@@ -144,7 +150,9 @@ async def _live_run(
     return log, replies, finished
 
 
-@pytest.mark.parametrize("policy", [POLICY, SHOAL_POLICY], ids=["paper-rules", "shoal"])
+@pytest.mark.parametrize(
+    "policy", [POLICY, SHOAL_POLICY, GROWTH_POLICY], ids=["paper-rules", "shoal", "shoal-growth"]
+)
 async def test_live_recorded_log_through_the_simulators_policy_layer_gives_identical_decisions(
     nats_url: str, policy: PolicyConfig
 ) -> None:
@@ -169,6 +177,8 @@ async def test_live_recorded_log_through_the_simulators_policy_layer_gives_ident
     rooms = [b.destination_room_blocks for b in recorded_pairings if isinstance(b, Paired)]
     assert all(r >= 1 for r in rooms) if policy.pairing.room_check else all(r == -1 for r in rooms)
     assert {d.policy for d in recorded_dispatches} == {policy.dispatch_policy.value}
+    # the agents learned an output length from finished requests and report the growth it implies
+    assert any(report.expected_growth_blocks > 0 for _, report in loads)
     replayed = replay_recorded_log(events, loads, policy)
 
     mismatches = [row for row in replayed if not row.matches]
