@@ -166,6 +166,8 @@ def build_engine(
               help="Seconds a SIGTERM drain may take before the agent stops anyway.")
 @click.option("--fault-copy-delay", type=float, default=0.0, show_default=True,
               help="Fault injection: sleep this long before each stage's KV copy (source side).")
+@click.option("--fault-min-step", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="Fault injection: each engine step lasts at least this long (s), however fast the engine.")
 @click.option("--fault-drop", "fault_drop", multiple=True, metavar="DIRECTION:TYPE",
               help="Fault injection: lose handshake messages, e.g. out:Commit or in:Ack (repeatable).")
 @click.option("--fault-duplicate", "fault_duplicate", multiple=True, metavar="DIRECTION:TYPE",
@@ -211,7 +213,7 @@ def _vllm_cpus(requested: str | None, on_cpu: bool) -> tuple[int, ...]:
 
 def fault_plan(options: dict[str, Any]) -> Any:
     """The :class:`~agents.config.FaultPlan` the ``--fault-*`` options describe (bad ones: a usage error)."""
-    from agents.config import FaultPlan
+    from agents.config import FaultPlan, StepPace
 
     sets: dict[str, set[str]] = {"drop_outgoing": set(), "drop_incoming": set(),
                                  "duplicate_outgoing": set(), "duplicate_incoming": set()}
@@ -223,8 +225,14 @@ def fault_plan(options: dict[str, Any]) -> Any:
                                          param_hint=f"--fault-{what}")
             sets[f"{what}_{'incoming' if direction == 'in' else 'outgoing'}"].add(kind)
     try:
-        return FaultPlan(**{k: frozenset(v) for k, v in sets.items()}, max_faults=options.get("fault_max"),
-                         copy_delay_s=options.get("fault_copy_delay", 0.0))
+        min_step_s = options.get("fault_min_step", 0.0)
+        return FaultPlan(drop_outgoing=frozenset(sets["drop_outgoing"]),
+                         drop_incoming=frozenset(sets["drop_incoming"]),
+                         duplicate_outgoing=frozenset(sets["duplicate_outgoing"]),
+                         duplicate_incoming=frozenset(sets["duplicate_incoming"]),
+                         max_faults=options.get("fault_max"),
+                         copy_delay_s=options.get("fault_copy_delay", 0.0),
+                         pace=StepPace(min_step_s) if min_step_s else None)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--fault-*") from None
 
