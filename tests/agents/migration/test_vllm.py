@@ -93,9 +93,11 @@ async def test_migrated_request_matches_an_unmigrated_run(nats_url: str, engines
     assert first.stats().num_free_blocks == NUM_BLOCKS == second.stats().num_free_blocks
     pace = StepPace(PACE_S)
     async with agent_cluster(nats_url) as cluster:
-        a1 = await cluster.add(
-            first, replace(fast_agent_config("v1", faults=FaultPlan(pace=pace)), transport=transport)
-        )
+        config = fast_agent_config("v1", faults=FaultPlan(pace=pace))
+        # nothing is lost here, so a generous ack timeout: a UCX endpoint's first handshake on a
+        # loaded machine took longer than the 0.5 s the message-loss tests use
+        config = replace(config, transport=transport, migration=replace(config.migration, ack_timeout_s=3.0))
+        a1 = await cluster.add(first, config)
         a2 = await cluster.add(second, replace(fast_agent_config("v2"), transport=transport))
         assert a1.transport.kind == kind
         for instance, name in (("v1", "bg1"), ("v2", "bg2")):  # co-located requests decode on both sides
