@@ -7,8 +7,8 @@ RPCs), :mod:`agents.migration` (both migration sides), :mod:`agents.reporting`
 (load reports), :mod:`agents.deltas` (token buffers), :mod:`agents.tracing`.
 """
 
-from agents.config import AgentConfig, FaultPlan
+from agents.config import AgentConfig, FaultPlan, StepPace
 from agents.migration.source import MigrationOutcome, StageRecord
 from agents.service import Agent
 
-__all__ = ["Agent", "AgentConfig", "FaultPlan", "MigrationOutcome", "StageRecord"]
+__all__ = ["Agent", "AgentConfig", "FaultPlan", "MigrationOutcome", "StageRecord", "StepPace"]

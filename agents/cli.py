@@ -53,11 +53,14 @@ def build_engine(
     time_scale: float,
     vllm_options: dict[str, Any] | None = None,
     max_step_tokens: int | None = 1024,
+    dtype: str | None = None,
 ) -> Any:
     """The engine the options describe (torch is imported only when chosen).
 
-    ``block_size`` None: the engine's default (torch 16, vllm 32). Bad vllm
-    options (tensor parallelism with migration, say) are a usage error.
+    ``block_size`` None: the engine's default (torch 16, vllm 32). ``dtype``
+    (torch; vLLM's comes in ``vllm_options``) None or ``"auto"``: the engine's
+    default (float32 on CPU). Bad vllm options (tensor parallelism with
+    migration, say) are a usage error.
     """
     if engine == "sim":
         from agents.engines.sim import SimEngine
@@ -77,6 +80,7 @@ def build_engine(
                 max_model_len=max_model_len,
                 max_batch_size=max_batch_size,
                 max_step_tokens=max_step_tokens,
+                dtype=None if dtype in (None, "auto") else dtype,
             )
         )
     if engine == "vllm":
@@ -124,7 +128,9 @@ def build_engine(
 @click.option("--max-model-len", type=int, default=None)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--device", default="cpu", show_default=True)
-@click.option("--dtype", default=None, help="vllm: model dtype (auto, float32, bfloat16, ...).")
+@click.option("--dtype", default=None,
+              help="Model dtype (auto, float32, bfloat16, float16) [torch: float32 on CPU, bfloat16 on "
+                   "CUDA]; agents of different dtypes are never paired and refuse to migrate to each other.")
 @click.option("--gpu-memory-utilization", type=float, default=None, help="vllm: GPU memory share.")
 @click.option("--tensor-parallel-size", type=int, default=None, help="vllm: TP degree (1 with migration).")
 @click.option("--threads", type=int, default=1, show_default=True, help="torch.set_num_threads (CPU).")
@@ -166,6 +172,8 @@ def build_engine(
               help="Seconds a SIGTERM drain may take before the agent stops anyway.")
 @click.option("--fault-copy-delay", type=float, default=0.0, show_default=True,
               help="Fault injection: sleep this long before each stage's KV copy (source side).")
+@click.option("--fault-min-step", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="Fault injection: each engine step lasts at least this long (s), however fast the engine.")
 @click.option("--fault-drop", "fault_drop", multiple=True, metavar="DIRECTION:TYPE",
               help="Fault injection: lose handshake messages, e.g. out:Commit or in:Ack (repeatable).")
 @click.option("--fault-duplicate", "fault_duplicate", multiple=True, metavar="DIRECTION:TYPE",
@@ -211,7 +219,7 @@ def _vllm_cpus(requested: str | None, on_cpu: bool) -> tuple[int, ...]:
 
 def fault_plan(options: dict[str, Any]) -> Any:
     """The :class:`~agents.config.FaultPlan` the ``--fault-*`` options describe (bad ones: a usage error)."""
-    from agents.config import FaultPlan
+    from agents.config import FaultPlan, StepPace
 
     sets: dict[str, set[str]] = {"drop_outgoing": set(), "drop_incoming": set(),
                                  "duplicate_outgoing": set(), "duplicate_incoming": set()}
@@ -223,8 +231,14 @@ def fault_plan(options: dict[str, Any]) -> Any:
                                          param_hint=f"--fault-{what}")
             sets[f"{what}_{'incoming' if direction == 'in' else 'outgoing'}"].add(kind)
     try:
-        return FaultPlan(**{k: frozenset(v) for k, v in sets.items()}, max_faults=options.get("fault_max"),
-                         copy_delay_s=options.get("fault_copy_delay", 0.0))
+        min_step_s = options.get("fault_min_step", 0.0)
+        return FaultPlan(drop_outgoing=frozenset(sets["drop_outgoing"]),
+                         drop_incoming=frozenset(sets["drop_incoming"]),
+                         duplicate_outgoing=frozenset(sets["duplicate_outgoing"]),
+                         duplicate_incoming=frozenset(sets["duplicate_incoming"]),
+                         max_faults=options.get("fault_max"),
+                         copy_delay_s=options.get("fault_copy_delay", 0.0),
+                         pace=StepPace(min_step_s) if min_step_s else None)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--fault-*") from None
 
@@ -265,6 +279,7 @@ async def _run(options: dict[str, Any]) -> None:
         device=options["device"],
         time_scale=options["time_scale"],
         max_step_tokens=options["max_step_tokens"] or None,
+        dtype=options["dtype"],
         vllm_options={
             "dtype": options["dtype"],
             "gpu_memory_utilization": options["gpu_memory_utilization"],

@@ -4,22 +4,46 @@
 test) and passed down; nothing below reads the environment. :class:`FaultPlan`
 is the test hook on the agent's migration messages: it drops or duplicates
 outgoing or incoming handshake messages by type name (``"PreAllocate"``,
-``"Ack"``, ``"Abort"``, ``"StageDone"``, ``"Commit"``, ``"CommitAck"``), and can
-slow every stage copy down so that something can happen in the middle of one.
+``"Ack"``, ``"Abort"``, ``"StageDone"``, ``"Commit"``, ``"CommitAck"``), can
+slow every stage copy down or hold it until the test releases it, so that
+something can happen in the middle of one, and can pace the engine's steps so
+that a test's request cannot finish before the test has acted on it, however
+fast the engine is.
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 
 from agents.migration.fsm.config import MigrationConfig
 from scheduler.config import PolicyConfig
 from transport import TransportConfig
 
-__all__ = ["MIGRATION_MESSAGE_TYPES", "AgentConfig", "FaultPlan"]
+__all__ = ["MIGRATION_MESSAGE_TYPES", "AgentConfig", "FaultPlan", "StepPace"]
 
 #: Names a :class:`FaultPlan` may use.
 MIGRATION_MESSAGE_TYPES = frozenset({"PreAllocate", "Ack", "Abort", "StageDone", "Commit", "CommitAck"})
+
+
+@dataclass
+class StepPace:
+    """A test's hold on an agent's speed: each engine step lasts at least ``min_step_s``.
+
+    The step loop pauses for the rest of a step that took less (the event loop runs
+    meanwhile), so a request of ``n`` more tokens lasts at least ``n * min_step_s``
+    however fast the engine is, and a test can act on it before it finishes;
+    :meth:`release` lets the engine run at its own speed again.
+    """
+
+    min_step_s: float
+
+    def __post_init__(self) -> None:
+        if self.min_step_s < 0:
+            raise ValueError("min_step_s must be >= 0")
+
+    def release(self) -> None:
+        self.min_step_s = 0.0
 
 
 @dataclass(frozen=True)
@@ -28,7 +52,10 @@ class FaultPlan:
 
     ``max_faults`` bounds how many messages of each (direction, kind, type) are
     affected (``None``: every one). ``copy_delay_s`` sleeps before each stage's
-    transfer on the source, so a test can act while a copy is under way.
+    transfer on the source, so a test can act while a copy is under way;
+    ``copy_gate`` (in-process tests only) holds each stage's transfer until the
+    event is set, bounded by the copy timeout. ``pace`` holds the engine's speed
+    down while the test acts (see :class:`StepPace`).
     """
 
     drop_outgoing: frozenset[str] = frozenset()
@@ -37,6 +64,8 @@ class FaultPlan:
     duplicate_incoming: frozenset[str] = frozenset()
     max_faults: int | None = None
     copy_delay_s: float = 0.0
+    copy_gate: asyncio.Event | None = field(default=None, compare=False)
+    pace: StepPace | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         for names in (
@@ -59,6 +88,8 @@ class FaultPlan:
             or self.drop_incoming
             or self.duplicate_incoming
             or self.copy_delay_s
+            or self.copy_gate is not None
+            or self.pace is not None
         )
 
 

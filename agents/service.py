@@ -317,12 +317,15 @@ class Agent:
                     await asyncio.wait_for(self._work.wait(), self.config.tick_interval_s)
                 continue
             self._stepping = True
+            started = time.perf_counter()
             try:
                 result = await self._step_publishing(engine)
             finally:
                 self._stepping = False
             self.num_steps += 1
             self._after_step(result)
+            if (pace := self.config.faults.pace) is not None and pace.min_step_s:  # a test holds it back
+                await asyncio.sleep(max(0.0, pace.min_step_s - (time.perf_counter() - started)))
             if result.num_scheduled == 0:
                 await self._flush_deltas()
                 self._work.clear()

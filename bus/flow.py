@@ -5,8 +5,9 @@
   lazily on first read and releases its source on ``aclose()``.
 * :class:`CoreSubscription` — a :class:`Feed` of core messages with ``unsubscribe()``.
 * :class:`Pipeline` — the pipelined appender over a ``submit`` function.
-* :class:`RequestService` — runs a request handler per message and replies,
-  turning a handler exception into an error header.
+* :class:`RequestService` — runs a request handler per message and replies
+  (a handler that answers at once without a task of its own), turning a
+  handler exception into an error header.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ import asyncio
 import logging
 import math
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from types import TracebackType
-from typing import Generic, Self, TypeVar
+from typing import Any, Generic, Self, TypeVar
 
 from bus.errors import AppendFailed
 from bus.protocol import ERROR_HEADER, BusMessage, Handler, Position
@@ -246,11 +247,14 @@ Reply = Callable[[str, bytes, Mapping[str, str] | None], Awaitable[None]]
 
 
 class RequestService:
-    """Runs ``handler`` for each request in its own task and publishes the reply.
+    """Runs ``handler`` for each request and publishes the reply.
 
-    A handler exception becomes an empty reply with the :data:`ERROR_HEADER`,
-    so the requester fails fast with :class:`bus.errors.HandlerFailed` instead
-    of waiting for its timeout.
+    A handler that answers at once (a plain function returning the reply) is run
+    where the request is delivered and its reply sent there, with no task of its
+    own; an async handler runs in its own task, so requests overlap. A handler
+    exception becomes an empty reply with the :data:`ERROR_HEADER`, so the
+    requester fails fast with :class:`bus.errors.HandlerFailed` instead of
+    waiting for its timeout.
     """
 
     def __init__(self, subject: str, handler: Handler, reply: Reply) -> None:
@@ -271,24 +275,47 @@ class RequestService:
         self._stopper = stopper
 
     def dispatch(self, message: BusMessage) -> None:
+        """Handle ``message`` in a task of its own (for a producer that cannot wait)."""
         if self._stopped:
             return
-        task = asyncio.get_running_loop().create_task(self._handle(message))
+        self._spawn(self.handle(message))
+
+    async def handle(self, message: BusMessage) -> None:
+        """Handle ``message``: answer it here if the handler answers at once, else in a task."""
+        if self._stopped:
+            return
+        try:
+            result = self._handler(message.data, message.headers)
+        except Exception as exc:
+            await self._failed(message, exc)
+            return
+        if isinstance(result, bytes):
+            self.num_handled += 1
+            if message.reply:
+                await self._safe_reply(message.reply, result, None)
+            return
+        self._spawn(self._finish(message, result))
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _handle(self, message: BusMessage) -> None:
+    async def _finish(self, message: BusMessage, pending: Awaitable[bytes]) -> None:
         try:
-            result = await self._handler(message.data, message.headers)
+            result = await pending
         except Exception as exc:
-            self.num_failed += 1
-            log.warning("handler for %s failed: %s", self._subject, exc, exc_info=exc)
-            if message.reply:
-                await self._safe_reply(message.reply, b"", {ERROR_HEADER: error_header_value(exc)})
+            await self._failed(message, exc)
             return
         self.num_handled += 1
         if message.reply:
             await self._safe_reply(message.reply, result, None)
+
+    async def _failed(self, message: BusMessage, exc: Exception) -> None:
+        self.num_failed += 1
+        log.warning("handler for %s failed: %s", self._subject, exc, exc_info=exc)
+        if message.reply:
+            await self._safe_reply(message.reply, b"", {ERROR_HEADER: error_header_value(exc)})
 
     async def _safe_reply(self, reply: str, data: bytes, headers: Mapping[str, str] | None) -> None:
         try:

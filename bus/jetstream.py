@@ -472,7 +472,7 @@ class JetStreamBus:
         service = RequestService(subject, handler, reply)
 
         async def on_request(msg: Msg) -> None:
-            service.dispatch(BusMessage(msg.subject, msg.data, msg.headers or {}, msg.reply))
+            await service.handle(BusMessage(msg.subject, msg.data, msg.headers or {}, msg.reply))
 
         nats_sub = await translated(
             nc.subscribe(subject, queue=queue or "", cb=on_request, pending_msgs_limit=0), "serve"

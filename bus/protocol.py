@@ -54,8 +54,9 @@ EXPECTED_LAST_SUBJECT_SEQ_HEADER = "Nats-Expected-Last-Subject-Sequence"
 #: Set on a reply whose handler raised; the requester raises :class:`bus.errors.HandlerFailed`.
 ERROR_HEADER = "Shoal-Error"
 
-#: Serves one request: ``await handler(data, headers)`` returns the reply payload.
-Handler = Callable[[bytes, dict[str, str]], Awaitable[bytes]]
+#: Serves one request: ``handler(data, headers)`` returns the reply payload, or an awaitable of it.
+#: A plain function (it answers at once) is run where the request arrives, with no task of its own.
+Handler = Callable[[bytes, dict[str, str]], Awaitable[bytes] | bytes]
 
 
 class StoredMessage(msgspec.Struct, frozen=True):

@@ -10,6 +10,8 @@ would share the cores):
 * **shoal-torch** (with ``--servers vllm,shoal,shoal-torch``): ``shoal up
   --engine torch --model DIR --instances 1``, shoal's built-in engine on the
   same checkpoint (one torch thread, as vLLM's CPU worker gets one core here);
+  **shoal-torch-bf16** the same in bfloat16 (``--dtype bfloat16``; shoal-torch
+  keeps the engine's float32 on CPU);
 * **shoal-nobind** (``--with-nobind``, or in ``--servers``): ``shoal`` with
   ``VLLM_CPU_OMP_THREADS_BIND=nobind`` (the agent's model thread neither pinned
   nor limited to one OpenMP thread per CPU: what binding brings, side by side).
@@ -55,7 +57,7 @@ __all__ = ["Server", "bench_vllm_serve", "client_command", "parse_result", "serv
 
 _SHOAL = [sys.executable, "-c", "from frontend.cli import main; main()"]
 #: the servers this benchmark knows; ``vllm`` is the baseline every other one is compared with
-SERVERS = ("vllm", "shoal", "shoal-torch", "shoal-nobind")
+SERVERS = ("vllm", "shoal", "shoal-torch", "shoal-torch-bf16", "shoal-nobind")
 _VLLM = [sys.executable, "-m", "agents.engines.vllm_engine.vllm_cli"]
 #: what each run's saved JSON is reduced to (``vllm bench serve``'s key -> ours)
 _METRICS = {
@@ -99,11 +101,11 @@ def server_command(kind: str, options: EngineOptions, port: int, log_dir: Path) 
             "--block-size", str(options.block_size), "--kv-cache-bytes", str(options.kv_cache_bytes),
             "--dtype", options.dtype, "--log-dir", str(log_dir / f"{kind}-up"), "--ready-timeout", "600",
         ]  # fmt: skip
-    if kind == "shoal-torch":  # the built-in engine: its KV default (256 MiB) holds this load's sequences
+    if kind in ("shoal-torch", "shoal-torch-bf16"):  # the built-in engine: its KV default (256 MiB) suffices
         return [
             *_SHOAL, "up", "--engine", "torch", "--model", str(options.model), "--instances", "1",
-            "--threads", "1", "--port", str(port), "--log-dir", str(log_dir / "shoal-torch-up"),
-            "--ready-timeout", "600",
+            "--threads", "1", "--port", str(port), "--log-dir", str(log_dir / f"{kind}-up"),
+            "--ready-timeout", "600", *(["--dtype", "bfloat16"] if kind == "shoal-torch-bf16" else []),
         ]  # fmt: skip
     raise ValueError(f"unknown server {kind!r}")
 

@@ -148,8 +148,10 @@ def agent_command(
                                                         "--time-scale", str(options["time_scale"])]
     if engine == "vllm":
         args += ["--block-size", str(options["block_size"])]
-        args += [a for k in ("max_model_len", "dtype", "kv_cache_bytes") if options[k] is not None
+        args += [a for k in ("max_model_len", "kv_cache_bytes") if options[k] is not None
                  for a in (f"--{k.replace('_', '-')}", str(options[k]))]
+    if engine != "sim" and options.get("dtype") is not None:
+        args += ["--dtype", str(options["dtype"])]
     if options["num_blocks"] is not None:
         args += ["--num-blocks", str(options["num_blocks"])]
     return args
@@ -190,7 +192,7 @@ def _tail(path: Path, lines: int = 15) -> str:
 @click.option("--time-scale", type=float, default=1.0, show_default=True, help="sim: step time multiplier.")
 @click.option("--block-size", type=int, default=32, show_default=True, help="vllm: KV block size (CPU: x32).")
 @click.option("--max-model-len", type=int, default=None, help="vllm: context length.")
-@click.option("--dtype", default=None, help="vllm: model dtype.")
+@click.option("--dtype", default=None, help="Model dtype of every agent (torch and vllm).")
 @click.option("--kv-cache-bytes", type=int, default=None,
               help="vllm: KV space per agent in bytes (on CPU 1 GiB unless VLLM_CPU_KVCACHE_SPACE is set).")
 @click.option("--no-scheduler", is_flag=True, help="Run without a scheduler (the frontend places requests).")

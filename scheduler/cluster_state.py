@@ -142,13 +142,20 @@ def initial_state(
     )
 
 
+#: ``(instance ids in a dict's order, the same sorted)`` of the last :func:`live_loads` call: a
+#: state's instances keep their order from one fold to the next until one joins or leaves.
+_id_order: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
+
+
 def live_loads(state: ClusterState) -> list[InstanceLoad]:
     """Load views of active and terminating instances, in instance-id order (policy input)."""
-    return [
-        state.instances[key].load
-        for key in sorted(state.instances)
-        if state.instances[key].status is not InstanceStatus.FAILED
-    ]
+    global _id_order
+    instances = state.instances
+    ids = tuple(instances)
+    if ids != _id_order[0]:
+        _id_order = (ids, tuple(sorted(ids)))
+    failed = InstanceStatus.FAILED
+    return [record.load for key in _id_order[1] if (record := instances[key]).status is not failed]
 
 
 def owner_of(state: ClusterState, request_id: str) -> RequestOwner | None:

@@ -84,7 +84,8 @@ class SchedulerMetrics:
             ["reason"], registry=r,
         )
         self.append_latency = Histogram(
-            "shoal_scheduler_event_log_append_seconds", "A decision handed to the appender until stored",
+            "shoal_scheduler_event_log_append_seconds",
+            "A decision handed to the appender until the scheduler read it back from the log",
             buckets=_APPEND_BUCKETS, registry=r,
         )
         self.read_lag = Histogram(

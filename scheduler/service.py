@@ -12,10 +12,13 @@ One :class:`SchedulerService` per process. It
 * while active: answers ``DispatchRequest`` on ``subjects.rpc_dispatch``
   (queue group ``scheduler``) from memory — folds what arrived since the
   last fold point, decides with :func:`scheduler.recompute.dispatch_decision`,
-  replies, and hands the ``Dispatched`` event to a pipelined appender without
-  waiting; every ``pairing_interval_s`` records a fold point, marks instances
-  whose load reports stopped as failed, runs auto-scaling (if an
-  :class:`~scheduler.instances.InstanceManager` is given), emits pairing
+  replies (the handler is synchronous: the bus runs it where the request
+  arrives), and hands the ``Dispatched`` event to a pipelined appender without
+  waiting (:mod:`scheduler.outbox`: confirmed when the scheduler reads it back
+  from the log, not by a publish acknowledgement); every ``pairing_interval_s``
+  records a fold point, marks instances whose load reports stopped as failed,
+  runs auto-scaling (if an :class:`~scheduler.instances.InstanceManager` is
+  given), emits pairing
   decisions and sends the agents their ``MigrateOut`` / ``StopMigration`` /
   ``Drain`` commands (and, with ``requeue_after_s``, ``MoveQueued`` for a
   queued request on a stalled instance); saves snapshots every ``snapshot_every_events`` folded
@@ -376,19 +379,22 @@ class SchedulerService:
 
     def _on_event(self, seq: int, body: Body, msg_id: str) -> None:
         assert self.shadow is not None
+        if msg_id:
+            self.outbox.confirm(msg_id)  # one of our own appends, read back: it is stored
         if self.role is Role.ACTIVE:
             self.follower.add_event(seq, body, msg_id)
             epoch = scheduler_epoch(body)
             if epoch is not None and epoch > self.epoch:
                 self._deposed.set()
+                self._changed.set()
         else:
             self.shadow.on_event(seq, body, msg_id)
             if self.role is not Role.STARTING:  # catching up advances in batches (see _run_once)
                 self.shadow.advance()
+            self._changed.set()  # what recovery and the takeover wait for
         if isinstance(body, InstanceJoined):
             self._last_seen[body.instance_id] = self._clock()
             self._last_report_seq[body.instance_id] = 0
-        self._changed.set()
 
     async def _read_loads(self, from_seq: int) -> None:
         async with self.bus.tail(self.subjects.loads_stream, from_seq=from_seq) as feed:
@@ -406,9 +412,12 @@ class SchedulerService:
                 self._last_report[body.instance_id] = (body, self._clock())
                 assert self.shadow is not None
                 self.shadow.on_load(message.position.seq, body)
-                if self.role not in (Role.ACTIVE, Role.STARTING):
-                    self.shadow.advance()
-                self._changed.set()
+                if self.role is not Role.ACTIVE:
+                    if self.role is not Role.STARTING:
+                        self.shadow.advance()
+                    # what recovery waits for; an active scheduler's main loop needs no wake-up per
+                    # message (it only watches for a stop, a step-down and failed tasks)
+                    self._changed.set()
 
     # -- deciding -------------------------------------------------------------------------
     def _fold_point(self) -> tuple[ClusterState, Cursor]:
@@ -507,7 +516,8 @@ class SchedulerService:
             self.stats.first_dispatch_at = self._wall()
         return DispatchReply(request_id=request.request_id, instance_id=event.instance_id, epoch=self.epoch)
 
-    async def _handle_dispatch(self, data: bytes, headers: dict[str, str]) -> bytes:
+    def _handle_dispatch(self, data: bytes, headers: dict[str, str]) -> bytes:
+        """The dispatch RPC: synchronous, so the bus answers it where it arrives (no task per request)."""
         started = time.perf_counter()
         try:
             if bus_tracing.header(headers, bus_tracing.TRACEPARENT) is None:

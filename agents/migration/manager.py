@@ -30,6 +30,7 @@ import msgspec
 from opentelemetry import trace
 from opentelemetry.trace import Span
 
+from agents.engines.protocol import EngineInfo
 from agents.migration.destination import DestinationDriver
 from agents.migration.directory import PeerDirectory
 from agents.migration.fsm.actions import PeerFailed, RequestGone, Tick
@@ -52,10 +53,11 @@ from schemas import (
     MigrationStarted,
     MoveQueued,
 )
+from schemas.instance import InstanceJoined
 from schemas.migration import Abort, Ack, CommitAck, MigrationMessage, StageWritten
 from schemas.reasons import MigrationAbortReason
 
-__all__ = ["DESTINATION_FULL", "MigrationManager", "MigrationOutcome"]
+__all__ = ["DESTINATION_FULL", "MigrationManager", "MigrationOutcome", "incompatibility"]
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +95,17 @@ def migration_blocker(engine: object, request_id: str) -> str | None:
     except KeyError:  # UnknownRequest: gone meanwhile
         return None
     return reason
+
+
+def incompatibility(info: EngineInfo, peer: InstanceJoined) -> str:
+    """What differs between this engine and a peer it cannot exchange KV with (model, dtype, layout)."""
+    if info.model.dtype != peer.model.dtype or info.kv_layout.dtype != peer.kv_layout.dtype:
+        return (f"dtype differs: {info.model.dtype} here, {peer.model.dtype} on {peer.instance_id!r} "
+                "(agents exchange KV only in the same dtype)")
+    if info.model != peer.model:
+        return f"model differs: {info.model.model_id} here, {peer.model.model_id} on {peer.instance_id!r}"
+    return f"KV layout differs: {info.kv_layout} here, {peer.kv_layout} on {peer.instance_id!r}"
+
 
 class MigrationManager:
     """Every migration of one agent, both sides; see the module docstring."""
@@ -361,7 +374,7 @@ class MigrationManager:
             return refused(MigrationAbortReason.UNKNOWN_DESTINATION, f"{destination_id!r} is not known")
         info = self.agent.engine.info
         if joined.model != info.model or joined.kv_layout != info.kv_layout:
-            return refused(MigrationAbortReason.INCOMPATIBLE, "model identity or KV layout differ")
+            return refused(MigrationAbortReason.INCOMPATIBLE, incompatibility(info, joined))
         if len(self.sources) >= self.config.max_concurrent_per_instance:
             return refused(MigrationAbortReason.TOO_MANY_OUTGOING)
         if request_id in self.sources_by_request:
@@ -445,8 +458,7 @@ class MigrationManager:
         info = self.agent.engine.info
         if joined.model != info.model or joined.kv_layout != info.kv_layout:
             return CommandReply(
-                accepted=False, reason=CommandRejectReason.INCOMPATIBLE,
-                detail="model identity or KV layout differ",
+                accepted=False, reason=CommandRejectReason.INCOMPATIBLE, detail=incompatibility(info, joined)
             )
         self._command = command
         self._command_failures = set()

@@ -276,6 +276,8 @@ class SourceDriver(MachineDriver):
             delay = self.agent.config.faults.copy_delay_s
             if delay:
                 await asyncio.sleep(delay)
+            if (gate := self.agent.config.faults.copy_gate) is not None:
+                await asyncio.wait_for(gate.wait(), self.config.copy_timeout_s)
             written = self._written_future(action.stage)
             if self.config.paces(num_blocks) and not self.state.last_stage:
                 buffer, pacer = await self._send_paced(action, self.config.copy_step_share)

@@ -230,6 +230,8 @@ class DrillCluster:
             args += ["--transport-advertise", _KV_PROXY_HOST]
         if spec.copy_delay_s:
             args += ["--fault-copy-delay", str(spec.copy_delay_s)]
+        if spec.min_step_s:
+            args += ["--fault-min-step", str(spec.min_step_s)]
         for fault in spec.handshake_faults:
             what, direction, kind = fault.split(":")
             args += [f"--fault-{what}", f"{direction}:{kind}"]

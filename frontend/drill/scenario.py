@@ -56,6 +56,9 @@ class ClusterSpec(_Model):
     scheduler: bool = True
     #: seconds each migration stage's copy is delayed by (so a fault can land mid-stage)
     copy_delay_s: Annotated[float, Field(ge=0)] = 0.0
+    #: every agent's engine step lasts at least this long (``shoal agent --fault-min-step``): a
+    #: request of n tokens runs >= n times this however fast the engine, so a fault lands mid-request
+    min_step_s: Annotated[float, Field(ge=0)] = 0.0
     #: seconds one stage's KV copy may take before the migration aborts
     copy_timeout_s: Annotated[float, Field(gt=0)] = 5.0
     #: the scheduler's pairing band (None: its defaults)
@@ -242,8 +245,9 @@ BUILTIN: dict[str, Scenario] = {
             "kill -9 the busiest of two torch `tiny` agents: its requests are rescued elsewhere and every "
             "greedy answer equals the no-fault one.",
             FaultSpec(kind=FaultKind.KILL, target=Target.AGENT),
-            cluster={"engine": "torch", "instances": 2},
-            load={"rate": 3.0, "output_tokens": 400},  # long enough to still run when the kill lands
+            # paced: a 400-token request lasts >= 2 s, so requests still run when the kill lands
+            cluster={"engine": "torch", "instances": 2, "min_step_s": 0.005},
+            load={"rate": 3.0, "output_tokens": 400},
             phases={"steady_s": 3.0, "fault_s": 1.0, "recovery_s": 3.0},
             verdicts={"expect_rescue": True},
         ),

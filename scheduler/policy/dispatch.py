@@ -184,28 +184,31 @@ class _ScoringDispatcher:
         considered: list[tuple[str, int]] = []
         memo = self._memo
         tokens, priority, exclude = request.num_prompt_tokens, request.priority, request.exclude
+        # the key for the last (block size, model length) seen: instances mostly share both
+        key_block_size = key_max_len = -1
+        key: _RequestKey = (0, False, priority, exclude)
         for load in loads:
-            entry = memo.get(load.instance_id)
+            instance_id = load.instance_id
+            entry = memo.get(instance_id)
             if entry is None or entry[0] is not load:
-                entry = memo[load.instance_id] = (load, {})
+                entry = memo[instance_id] = (load, {})
             # what the rating reads of the request: its demand here, whether it fits the model length,
             # its priority and the exclusions (prompts of other lengths often share a rating)
-            key = (-(-tokens // load.block_size), tokens <= load.max_model_len, priority, exclude)
-            rating = entry[1].get(key)
+            if load.block_size != key_block_size or load.max_model_len != key_max_len:
+                key_block_size, key_max_len = load.block_size, load.max_model_len
+                key = (-(-tokens // key_block_size), tokens <= key_max_len, priority, exclude)
+            ratings = entry[1]
+            rating = ratings.get(key)
             if rating is None:
-                if len(entry[1]) >= _MEMO_KEYS_PER_VIEW:
-                    entry[1].clear()
-                rating = entry[1][key] = self._rate(load, request)
-            eligible, demand, score = rating
-            if not eligible:
+                if len(ratings) >= _MEMO_KEYS_PER_VIEW:
+                    ratings.clear()
+                rating = ratings[key] = self._rate(load, request)
+            if not rating[0]:
                 continue
-            considered.append((load.instance_id, load.stream_seq))
-            if (
-                best is None
-                or score > best_score
-                or (score == best_score and load.instance_id < best.instance_id)
-            ):
-                best, best_score, best_demand = load, score, demand
+            considered.append((instance_id, load.stream_seq))
+            score = rating[2]
+            if best is None or score > best_score or (score == best_score and instance_id < best.instance_id):
+                best, best_score, best_demand = load, score, rating[1]
         if len(self._memo) > 2 * len(loads) + 16:  # instances gone: keep only the current ones
             self._memo = {
                 load.instance_id: self._memo[load.instance_id]

@@ -175,6 +175,13 @@ class TokenWatcher:
     async def wait_finished(self, timeout: float = 10.0) -> None:
         await asyncio.wait_for(self.finished.wait(), timeout)
 
+    async def wait_tokens(self, count: int, timeout: float = 30.0) -> None:
+        """Until ``count`` tokens arrived: the request is seen running (bounded, however slow the engine)."""
+        async with asyncio.timeout(timeout):
+            while sum(len(d.token_ids) for d in self.deltas) < count:
+                assert not self.finished.is_set(), f"finished before {count} tokens"
+                await asyncio.sleep(0.002)
+
     async def close(self) -> None:
         await self.subscription.unsubscribe()
         self.task.cancel()

@@ -227,6 +227,32 @@ async def test_request_reply_and_a_failing_handler(make_bus: MakeBus) -> None:
         await client.request(subject, b"abc", timeout=5)
 
 
+
+async def test_a_plain_function_handler_answers_each_request_and_a_failing_one_fails_fast(
+    make_bus: MakeBus,
+) -> None:
+    """A handler that is a plain function (the scheduler's dispatch) is answered where the request
+    arrives; requests sent together get their own replies, and an exception still reaches the caller."""
+    server, client = await make_bus(), await make_bus()
+    subject = server.config.subjects.rpc_dispatch
+    seen: list[bytes] = []
+
+    def place(data: bytes, headers: dict[str, str]) -> bytes:
+        if data == b"boom":
+            raise ValueError("cannot place boom")
+        seen.append(data)
+        return b"placed " + data
+
+    service = await server.serve(subject, place, queue="scheduler")
+    names = [f"r{k}".encode() for k in range(20)]
+    replies = await asyncio.gather(*(client.request(subject, name, timeout=5) for name in names))
+    assert [reply.data for reply in replies] == [b"placed " + name for name in names]
+    assert sorted(seen) == sorted(names)
+    with pytest.raises(HandlerFailed, match="ValueError: cannot place boom"):
+        await client.request(subject, b"boom", timeout=5)
+    assert (service.num_handled, service.num_failed) == (20, 1)
+    await service.stop()
+
 async def test_a_request_nobody_answers_times_out(make_bus: MakeBus) -> None:
     silent, client = await make_bus(), await make_bus()
     subject = silent.config.subjects.rpc_dispatch

@@ -4,7 +4,10 @@
 prefix unique to the test, a :class:`~frontend.gateway.Gateway` on its own bus
 connection, and the FastAPI app; ``client()`` gives an ``httpx.AsyncClient``
 talking to the app in process and ``openai()`` the official ``openai`` client
-on top of it. Streams are deleted afterwards.
+on top of it. Every agent shares ``cluster.pace`` (a :class:`~agents.agent.StepPace`,
+released: the engines' own speed); a test sets ``cluster.pace.min_step_s`` while it
+acts on a running request, so the request cannot finish first however fast the
+engine is. Streams are deleted afterwards.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Any
 
 import httpx
 
-from agents.agent import Agent, AgentConfig
+from agents.agent import Agent, AgentConfig, FaultPlan, StepPace
 from bus import BusConfig, JetStreamBus, NatsAuth, StreamConfig
 from frontend.app import create_app
 from frontend.config import FrontendConfig
@@ -56,10 +59,10 @@ def make_engine(kind: str, **options: Any) -> Any:
                        max_model_len=options.get("max_model_len", 512))
 
 
-def agent_config(instance_id: str) -> AgentConfig:
+def agent_config(instance_id: str, pace: StepPace | None = None) -> AgentConfig:
     return AgentConfig(
         instance_id=instance_id, report_interval_s=0.05, heartbeat_interval_s=0.3, tick_interval_s=0.02,
-        transport=TransportConfig(kind="tcp"),
+        transport=TransportConfig(kind="tcp"), faults=FaultPlan(pace=pace),
     )
 
 
@@ -77,6 +80,8 @@ class Cluster:
     server_task: Any = None
     #: a ``SecureNats`` (tests/conftest.py): every component on its own NATS user, mutual TLS
     secure: Any = None
+    #: every agent's slowest pace (0: released)
+    pace: StepPace = field(default_factory=lambda: StepPace(0.0))
 
     def auth(self, user: str) -> NatsAuth | None:
         return self.secure.auth(user) if self.secure is not None else None
@@ -85,7 +90,7 @@ class Cluster:
         bus = JetStreamBus(bus_config(self.url, self.subjects, instance_id, self.auth(instance_id)))
         await bus.connect()
         self.buses.append(bus)
-        agent = Agent(make_engine(self.engine, **engine_options), bus, agent_config(instance_id))
+        agent = Agent(make_engine(self.engine, **engine_options), bus, agent_config(instance_id, self.pace))
         await agent.start()
         self.agents[instance_id] = agent
         return agent

@@ -31,6 +31,9 @@ def test_each_shoal_server_runs_one_agent_of_its_engine_on_the_same_checkpoint(t
         assert command[command.index("--model") + 1] == "/ckpt"
         assert command[command.index("--instances") + 1] == "1"
     assert torch_engine[torch_engine.index("--threads") + 1] == "1"
+    assert "--dtype" not in torch_engine
+    half = server_command("shoal-torch-bf16", OPTIONS, 8004, tmp_path)
+    assert half[half.index("--dtype") + 1] == "bfloat16" and half[half.index("--engine") + 1] == "torch"
     assert "/ckpt" in server_command("vllm", OPTIONS, 8000, tmp_path)
     with pytest.raises(ValueError, match="unknown server"):
         server_command("tgi", OPTIONS, 8003, tmp_path)

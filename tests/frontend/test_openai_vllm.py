@@ -81,10 +81,12 @@ async def test_migration_mid_stream_is_invisible(cluster: Cluster, client: Any) 
     model = cluster.config.model
     reference, _, _ = await _stream_text(client, model, max_tokens=200, temperature=0)
     before = set(cluster.gateway.streams)  # type: ignore[union-attr]
+    cluster.pace.min_step_s = 0.01  # still running when the migration ends: 180 tokens >= 1.8 s
     task = asyncio.ensure_future(_stream_text(client, model, max_tokens=200, temperature=0))
     request_id, owner = await _owner_after_first_token(cluster, before)
     other = next(i for i in cluster.agents if i != owner)
     outcome = await cluster.agents[owner].migrate(request_id, other)
+    cluster.pace.release()
     text, finish, usage = await task
     assert outcome.migrated, outcome
     assert text == reference
@@ -95,7 +97,11 @@ async def test_client_disconnect_aborts_and_frees_blocks(cluster: Cluster) -> No
     url = cluster.base_url  # type: ignore[attr-defined]
     body = {"model": cluster.config.model, "prompt": PROMPT, "max_tokens": 400, "stream": True,
             "temperature": 0, "ignore_eos": True}
-    await disconnect_after_first_text(cluster, url, body, polls=500)
+    cluster.pace.min_step_s = 0.01  # still running when the client hangs up: 400 tokens >= 4 s
+    try:
+        await disconnect_after_first_text(cluster, url, body, polls=500)
+    finally:
+        cluster.pace.release()
     assert not any(agent.engine.has_unfinished() for agent in cluster.agents.values())
     free = [agent.engine.stats().num_free_blocks for agent in cluster.agents.values()]
     total = [agent.engine.stats().num_total_blocks for agent in cluster.agents.values()]

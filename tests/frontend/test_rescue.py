@@ -45,6 +45,7 @@ async def test_killed_agent_requests_complete_elsewhere_with_the_same_text(nats_
             reference, _ = await _text(client, 120)
             gateway = cluster.gateway
             assert gateway is not None
+            cluster.pace.min_step_s = 0.02  # still running when their agent dies: 120 tokens >= 2.4 s
             tasks = [asyncio.ensure_future(_text(client, 120)) for _ in range(4)]
             for _ in range(400):
                 owners = {s.owner_id for s in gateway.streams.values() if s.generated}
@@ -54,6 +55,7 @@ async def test_killed_agent_requests_complete_elsewhere_with_the_same_text(nats_
             victim = next(iter(owners))
             victims = [rid for rid, s in gateway.streams.items() if s.owner_id == victim]
             await cluster.agents[victim].kill()
+            cluster.pace.release()
             results = await asyncio.wait_for(asyncio.gather(*tasks), 60)
         finally:
             await client.close()

@@ -19,7 +19,7 @@ from dataclasses import replace
 
 import pytest
 
-from agents.agent import Agent
+from agents.agent import Agent, FaultPlan, StepPace
 from agents.engines.torch_engine import TorchEngine
 from bus import JetStreamBus
 from scheduler.config import DispatchPolicy, PolicyConfig
@@ -41,10 +41,13 @@ def _engine(max_batch_size: int = 256) -> TorchEngine:
 
 
 @contextlib.asynccontextmanager
-async def _agent(url: str, prefix: str, instance_id: str, engine: TorchEngine) -> AsyncIterator[Agent]:
+async def _agent(
+    url: str, prefix: str, instance_id: str, engine: TorchEngine, faults: FaultPlan | None = None
+) -> AsyncIterator[Agent]:
     bus = JetStreamBus(bus_config(url, prefix))
     await bus.connect()
-    agent = Agent(engine, bus, replace(live_agent_config(), instance_id=instance_id))
+    config = replace(live_agent_config(), instance_id=instance_id, faults=faults or FaultPlan())
+    agent = Agent(engine, bus, config)
     await agent.start()
     try:
         yield agent
@@ -70,7 +73,8 @@ async def test_a_stalled_queue_loses_its_request_live_and_the_replay_recomputes_
         async with (
             JetStreamBus(bus_config(nats_url, prefix)) as client,
             JetStreamBus(bus_config(nats_url, prefix)) as sched_bus,
-            _agent(nats_url, prefix, "q1", _engine(max_batch_size=1)) as q1,
+            # the blocker, paced, lasts >= 5 s: the queue behind it stalls however fast the engine is
+            _agent(nats_url, prefix, "q1", _engine(max_batch_size=1), FaultPlan(pace=StepPace(0.01))) as q1,
             _agent(nats_url, prefix, "q2", _engine()) as q2,
         ):
             config = SchedulerConfig(

@@ -6,9 +6,11 @@ the request finishes while a stage's copy is under way, the request is
 preempted meanwhile, the source or the destination dies. After each, the
 surviving engines' free block counts are where they started, no block stays
 reserved, and the request finishes exactly once (or, when its source died,
-never on the destination). ``FaultPlan.copy_delay_s`` holds each stage's copy
-so the test can act while it is under way. Engines are built fresh per test
-(a killed agent leaves its engine behind); the vLLM ones share one checkpoint.
+never on the destination). ``FaultPlan.copy_gate`` holds each stage's copy until
+the test has acted and ``FaultPlan.pace`` holds the source's engine to a slowest
+pace meanwhile, so what each test arranges happens whatever the engine's speed.
+Engines are built fresh per test (a killed agent leaves its engine behind); the
+vLLM ones share one checkpoint.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from agents.agent import Agent, AgentConfig, FaultPlan
+from agents.agent import Agent, AgentConfig, FaultPlan, StepPace
 from agents.engines.vllm_engine import vllm_unavailable_reason
 from schemas import GenerateRequest, SamplingParams
 from schemas.reasons import MigrationAbortReason
@@ -35,10 +37,10 @@ pytestmark = pytest.mark.filterwarnings(  # vLLM's import warns about its own de
 BLOCK_SIZE = 32
 NUM_BLOCKS = 48
 PROMPT = tuple((i * 37) % 300 + 3 for i in range(150))  # 4 full blocks: stage 0 is not the last stage
-#: copy_delay_s holds each stage's copy this long (copy and idle timeouts are raised above it); the
-#: source rolls back once a held copy stops, so an outcome comes about HOLD_S after the migration began
-HOLD_S = 2.5
-HOLD = FaultPlan(copy_delay_s=HOLD_S)
+#: the source's slowest pace while a test acts: a request of n more tokens lasts >= n * PACE_S
+PACE_S = 0.02
+#: a held copy waits for its gate this long at most (the copy timeout; the destination's idle timeout too)
+HOLD_LIMIT_S = 30.0
 
 MakeEngine = Callable[..., Any]
 
@@ -91,6 +93,19 @@ def _unmigrated(make: MakeEngine, sampling: SamplingParams, prompt: tuple[int, .
     return unmigrated_tokens(make(), prompt, sampling)
 
 
+class Hold:
+    """A source's copies held until :meth:`release` (the copy gate), its engine paced meanwhile."""
+
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+        self.pace = StepPace(PACE_S)
+        self.faults = FaultPlan(copy_gate=self.gate, pace=self.pace)
+
+    def release(self) -> None:
+        self.gate.set()
+        self.pace.release()
+
+
 def _config(name: str, faults: FaultPlan | None = None, **migration: float) -> AgentConfig:
     config = fast_agent_config(name, faults=faults or FaultPlan())
     return replace(config, migration=replace(config.migration, **migration)) if migration else config
@@ -114,7 +129,7 @@ async def _start(
 
 
 async def _reserved_soon(agent: Agent) -> None:
-    """Wait until stage 0 reserved its blocks on ``agent`` (its copy is then held by ``copy_delay_s``)."""
+    """Wait until stage 0 reserved its blocks on ``agent`` (its copy is then held by the gate)."""
     async with asyncio.timeout(5):
         while agent.engine.stats().num_reserved_blocks == 0:
             await asyncio.sleep(0.005)
@@ -144,16 +159,18 @@ def _settled(*agents: Agent, free: int = NUM_BLOCKS) -> None:
 
 
 async def test_request_finishing_mid_copy_rolls_back(nats_url: str, make_engine: MakeEngine) -> None:
-    sampling = SamplingParams(max_tokens=60, ignore_eos=True)
+    sampling = SamplingParams(max_tokens=60, ignore_eos=True)  # 52 tokens after 8: >= 1 s paced
     expected = _unmigrated(make_engine, sampling)
+    hold = Hold()
     async with agent_cluster(nats_url) as cluster:
-        source = await cluster.add(make_engine(), _config("s", HOLD, copy_timeout_s=HOLD_S + 10))
-        destination = await cluster.add(make_engine(), _config("d", destination_idle_timeout_s=HOLD_S + 10))
+        source = await cluster.add(make_engine(), _config("s", hold.faults, copy_timeout_s=HOLD_LIMIT_S))
+        destination = await cluster.add(make_engine(), _config("d", destination_idle_timeout_s=HOLD_LIMIT_S))
         watcher = await _start(cluster, "ending", sampling)
         migration = asyncio.ensure_future(source.migrate("ending", "d"))
         await _reserved_soon(destination)
         await _finished_once(watcher, expected)  # finishes on the source while stage 0 waits to copy
-        outcome = await asyncio.wait_for(migration, HOLD_S + 20)
+        hold.release()
+        outcome = await asyncio.wait_for(migration, 30)
         assert not outcome.migrated and outcome.reason is MigrationAbortReason.REQUEST_FINISHED
         assert {d.instance_id for d in watcher.deltas} == {"s"}
         await _idle(source, destination)
@@ -165,20 +182,25 @@ async def test_request_preempted_mid_copy_rolls_back(nats_url: str, make_engine:
 
     Both engines preempt the newest running request when one needs a block and none is free. The two
     start on 12 + 5 blocks: the 3 free ones last about 40 steps, so "moving" is preempted while
-    stage 0's copy is held.
+    stage 0's copy is held; the test lets the copy go once it saw the preemption.
     """
     sampling = SamplingParams(max_tokens=300, ignore_eos=True)  # 150 + 300 tokens: 15 blocks
     filler = SamplingParams(max_tokens=120, ignore_eos=True)  # 384 + 120 tokens: 16 blocks
     filler_prompt = tuple((i * 11) % 300 + 3 for i in range(384))
     expected = _unmigrated(make_engine, sampling)
+    hold = Hold()
     async with agent_cluster(nats_url) as cluster:
-        source = await cluster.add(make_engine(20), _config("s", HOLD, copy_timeout_s=HOLD_S + 10))
-        destination = await cluster.add(make_engine(), _config("d", destination_idle_timeout_s=HOLD_S + 10))
+        source = await cluster.add(make_engine(20), _config("s", hold.faults, copy_timeout_s=HOLD_LIMIT_S))
+        destination = await cluster.add(make_engine(), _config("d", destination_idle_timeout_s=HOLD_LIMIT_S))
         filler_watcher = await _start(cluster, "filler", filler, filler_prompt, min_tokens=1)
         watcher = await _start(cluster, "moving", sampling, min_tokens=1)
         migration = asyncio.ensure_future(source.migrate("moving", "d"))
         await _reserved_soon(destination)
-        outcome = await asyncio.wait_for(migration, HOLD_S + 20)
+        async with asyncio.timeout(30):
+            while source.engine.stats().num_preemptions == 0:
+                await asyncio.sleep(0.005)
+        hold.release()
+        outcome = await asyncio.wait_for(migration, 30)
         assert not outcome.migrated and outcome.reason is MigrationAbortReason.REQUEST_PREEMPTED
         assert source.engine.stats().num_preemptions >= 1
         tokens = await _finished_once(watcher, None)
@@ -194,18 +216,20 @@ async def test_request_preempted_mid_copy_rolls_back(nats_url: str, make_engine:
 
 
 async def test_destination_killed_mid_copy(nats_url: str, make_engine: MakeEngine) -> None:
-    # the longest request the model allows, and a short hold: the copy must fail (the destination is
-    # gone) before the request finishes, also with a fast engine
+    # the copy, let go once the destination is gone, fails while the paced request still runs
     sampling = SamplingParams(max_tokens=350, ignore_eos=True)
     expected = _unmigrated(make_engine, sampling)
+    hold = Hold()
     async with agent_cluster(nats_url) as cluster:
-        source = await cluster.add(make_engine(), _config("s", FaultPlan(copy_delay_s=0.2)))
+        source = await cluster.add(make_engine(), _config("s", hold.faults, copy_timeout_s=HOLD_LIMIT_S))
         destination = await cluster.add(make_engine(), _config("d"))
         watcher = await _start(cluster, "moving", sampling)
         migration = asyncio.ensure_future(source.migrate("moving", "d"))
         await _reserved_soon(destination)
         await destination.kill()
+        hold.gate.set()
         outcome = await asyncio.wait_for(migration, 30)
+        hold.pace.release()
         assert not outcome.migrated and outcome.reason is MigrationAbortReason.COPY_FAILED
         await _finished_once(watcher, expected)
         assert {d.instance_id for d in watcher.deltas} == {"s"}
@@ -216,9 +240,10 @@ async def test_destination_killed_mid_copy(nats_url: str, make_engine: MakeEngin
 async def test_source_killed_mid_copy_releases_the_reservation(
     nats_url: str, make_engine: MakeEngine
 ) -> None:
-    sampling = SamplingParams(max_tokens=300, ignore_eos=True)
+    sampling = SamplingParams(max_tokens=300, ignore_eos=True)  # paced: still running when killed
+    hold = Hold()
     async with agent_cluster(nats_url) as cluster:
-        source = await cluster.add(make_engine(), _config("s", HOLD, copy_timeout_s=HOLD_S + 10))
+        source = await cluster.add(make_engine(), _config("s", hold.faults, copy_timeout_s=HOLD_LIMIT_S))
         destination = await cluster.add(make_engine(), _config("d", destination_idle_timeout_s=0.6))
         watcher = await _start(cluster, "moving", sampling)
         migration = asyncio.ensure_future(source.migrate("moving", "d"))

@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import pytest
 
+from agents.agent import FaultPlan, StepPace
 from agents.engines.torch_engine import TorchEngine
 from agents.migration.fsm.config import MigrationConfig
 from agents.migration.pacing import CopyPacer, StepClock
@@ -110,10 +111,11 @@ def _reference_tokens() -> list[int]:
 
 async def test_a_paced_migration_moves_the_request_exactly_in_chunks(nats_url: str) -> None:
     expected = _reference_tokens()
+    pace = StepPace(0.02)  # the source until the outcome: the 35 tokens left last >= 0.7 s
     async with agent_cluster(nats_url) as cluster:
         agents = []
         for name in ("p1", "p2"):
-            config = fast_agent_config(name)
+            config = fast_agent_config(name, faults=FaultPlan(pace=pace) if name == "p1" else FaultPlan())
             migration = replace(config.migration, copy_step_share=0.5, copy_timeout_s=20.0)
             agents.append(await cluster.add(_engine(), replace(config, migration=migration)))
         source, destination = agents
@@ -125,9 +127,9 @@ async def test_a_paced_migration_moves_the_request_exactly_in_chunks(nats_url: s
         watcher = await cluster.watch("moving")
         request = GenerateRequest(request_id="moving", token_ids=PROMPT, sampling=SAMPLING)
         assert (await cluster.generate("p1", request)).accepted
-        while len(watcher.tokens()) < 5:
-            await asyncio.sleep(0.005)
+        await watcher.wait_tokens(5)
         outcome = await source.migrate("moving", "p2")
+        pace.release()
         assert outcome.migrated, (outcome.reason, outcome.detail)
         first = outcome.stages[0]
         assert first.num_blocks >= 9

@@ -7,15 +7,18 @@ owner epoch. The moved request must give exactly the greedy tokens of an
 unmoved run, finish once and have one owner; one that starts running before it
 is held stays where it is (``REQUEST_STARTED``); a lost or repeated handshake
 message leaves exactly one owner; a malformed command is refused and counted.
+The blocker runs on an engine paced to a slowest speed (``StepPace``), so it is
+still running when each test acts however fast the engine is.
 """
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 
-from agents.agent import Agent, FaultPlan
+from agents.agent import Agent, FaultPlan, StepPace
 from agents.engines.torch_engine import TorchEngine
 from agents.migration.manager import MigrationOutcome
 from schemas import (
@@ -45,6 +48,8 @@ from tests.agents.agent_cluster import (
 PROMPT = tuple((i * 37) % 300 + 1 for i in range(40))
 SAMPLING = greedy(24)
 NUM_BLOCKS = 48
+#: the blocker's slowest pace: it reaches the model's length no sooner than a few seconds in
+PACE_S = 0.01
 
 
 def _engine(max_batch_size: int = 256) -> TorchEngine:
@@ -59,9 +64,13 @@ def expected() -> list[int]:
 async def _queue_behind_a_blocker(
     cluster: AgentCluster, faults: FaultPlan | None = None
 ) -> tuple[Agent, Agent, TokenWatcher]:
-    """``q1`` runs one request at a time and is busy with ``blocker``; ``moving`` waits behind it."""
+    """``q1`` runs one request at a time and is busy with ``blocker``; ``moving`` waits behind it.
+
+    The blocker runs until the test aborts it (or reaches the model's length, paced).
+    """
     faults = faults or FaultPlan()
-    q1 = await cluster.add(_engine(max_batch_size=1), fast_agent_config("q1", faults=faults))
+    paced = replace(faults, pace=StepPace(PACE_S))
+    q1 = await cluster.add(_engine(max_batch_size=1), fast_agent_config("q1", faults=paced))
     q2 = await cluster.add(_engine(), fast_agent_config("q2", faults=faults))
     blocker = GenerateRequest(request_id="blocker", token_ids=(3, 4, 5), sampling=greedy(100_000))
     assert (await cluster.generate("q1", blocker)).accepted

@@ -6,8 +6,10 @@ an unmigrated run, finish once, and a subscriber must see no gap and no duplicat
 block counts on both engines end where they started. A destination without
 room aborts the migration at pre-allocation and the request finishes on its
 source. A lost or repeated handshake message either still migrates or rolls
-back, with the same tokens and free counts. Skipped (with the reason) where
-vLLM is not installed.
+back, with the same tokens and free counts. The source is paced (``StepPace``)
+until the migration's outcome, so the request is still running when each test
+acts however fast the engine is. Skipped (with the reason) where vLLM is not
+installed.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from agents.agent import FaultPlan
+from agents.agent import FaultPlan, StepPace
 from agents.engines.vllm_engine import vllm_unavailable_reason
 from agents.engines.vllm_engine.checkpoint import build_checkpoint
 from schemas import GenerateRequest, SamplingParams
@@ -39,8 +41,10 @@ pytestmark = [
 ]
 
 NUM_BLOCKS = 48
-GREEDY = SamplingParams(max_tokens=400, ignore_eos=True)  # 470 tokens: long enough to still run under load
+GREEDY = SamplingParams(max_tokens=400, ignore_eos=True)  # 470 tokens
 PROMPT = tuple((i * 37) % 500 + 3 for i in range(70))
+#: the source's slowest pace until the outcome: the 370 tokens left after the migration starts last >= 3.7 s
+PACE_S = 0.01
 
 
 def _engine(checkpoint: Path, num_blocks: int = NUM_BLOCKS, max_model_len: int = 512) -> Any:
@@ -87,8 +91,13 @@ async def test_migrated_request_matches_an_unmigrated_run(nats_url: str, engines
     first, second, _ = engines
     expected = _unmigrated(first)
     assert first.stats().num_free_blocks == NUM_BLOCKS == second.stats().num_free_blocks
+    pace = StepPace(PACE_S)
     async with agent_cluster(nats_url) as cluster:
-        a1 = await cluster.add(first, replace(fast_agent_config("v1"), transport=transport))
+        config = fast_agent_config("v1", faults=FaultPlan(pace=pace))
+        # nothing is lost here, so a generous ack timeout: a UCX endpoint's first handshake on a
+        # loaded machine took longer than the 0.5 s the message-loss tests use
+        config = replace(config, transport=transport, migration=replace(config.migration, ack_timeout_s=3.0))
+        a1 = await cluster.add(first, config)
         a2 = await cluster.add(second, replace(fast_agent_config("v2"), transport=transport))
         assert a1.transport.kind == kind
         for instance, name in (("v1", "bg1"), ("v2", "bg2")):  # co-located requests decode on both sides
@@ -99,9 +108,9 @@ async def test_migrated_request_matches_an_unmigrated_run(nats_url: str, engines
         watcher = await cluster.watch("moving")
         request = GenerateRequest(request_id="moving", token_ids=PROMPT, sampling=GREEDY)
         assert (await cluster.generate("v1", request)).accepted
-        while len(watcher.tokens()) < 30:  # 100 tokens: the request holds 4 blocks, 3 of them full
-            await asyncio.sleep(0.005)
+        await watcher.wait_tokens(30)  # 100 tokens: the request holds 4 blocks, 3 of them full
         outcome = await a1.migrate("moving", "v2")
+        pace.release()
         assert outcome.migrated, outcome.reason
         assert outcome.num_stages >= 2
         await watcher.wait_finished(timeout=60)
@@ -126,15 +135,16 @@ async def test_destination_out_of_blocks_aborts_and_the_request_finishes_on_its_
     first, _, small = engines
     expected = _unmigrated(first)
     refusal = FaultPlan(drop_outgoing=frozenset({"Abort"})) if abort_lost else FaultPlan()
+    pace = StepPace(PACE_S)
     async with agent_cluster(nats_url) as cluster:
-        a1 = await cluster.add(first, fast_agent_config("v1"))
+        a1 = await cluster.add(first, fast_agent_config("v1", faults=FaultPlan(pace=pace)))
         a3 = await cluster.add(small, fast_agent_config("v3", faults=refusal))
         watcher = await cluster.watch("stuck")
         request = GenerateRequest(request_id="stuck", token_ids=PROMPT, sampling=GREEDY)
         assert (await cluster.generate("v1", request)).accepted
-        while len(watcher.tokens()) < 30:
-            await asyncio.sleep(0.005)
+        await watcher.wait_tokens(30)
         outcome = await a1.migrate("stuck", "v3")
+        pace.release()
         reason = MigrationAbortReason.ACK_TIMEOUT if abort_lost else MigrationAbortReason.OUT_OF_BLOCKS
         assert not outcome.migrated and outcome.reason is reason
         assert a3.engine.stats().num_free_blocks == 2 and a3.engine.stats().num_reserved_blocks == 0
@@ -174,18 +184,21 @@ async def test_lost_or_repeated_handshake_message(
     first, second, _ = engines
     expected = _unmigrated(first)
     plan = FaultPlan(**{f"{fault}_outgoing": frozenset({message})}, max_faults=1)
+    pace = StepPace(PACE_S)
     async with agent_cluster(nats_url) as cluster:
         agents = {}
         for name, engine in (("v1", first), ("v2", second)):
             faults = plan if name == faulty else FaultPlan()
+            if name == "v1":
+                faults = replace(faults, pace=pace)
             agents[name] = await cluster.add(engine, fast_agent_config(name, faults=faults))
         a1, a2 = agents["v1"], agents["v2"]
         watcher = await cluster.watch("faulty")
         request = GenerateRequest(request_id="faulty", token_ids=PROMPT, sampling=GREEDY)
         assert (await cluster.generate("v1", request)).accepted
-        while len(watcher.tokens()) < 30:
-            await asyncio.sleep(0.005)
+        await watcher.wait_tokens(30)
         outcome = await a1.migrate("faulty", "v2")
+        pace.release()
         assert agents[faulty].migration.faults_applied, "the fault was not injected"
         assert outcome.migrated is migrates, outcome.reason
         await watcher.wait_finished(timeout=60)
@@ -206,8 +219,9 @@ async def test_a_queued_request_moves_without_kv(nats_url: str, engines: Any) ->
 
     first, second, _ = engines
     expected = _unmigrated(second)
+    pace = StepPace(0.03)  # the fillers' last 31 steps, while they hold every block, last >= 0.9 s
     async with agent_cluster(nats_url) as cluster:
-        a1 = await cluster.add(first, fast_agent_config("v1"))
+        a1 = await cluster.add(first, fast_agent_config("v1", faults=FaultPlan(pace=pace)))
         a2 = await cluster.add(second, fast_agent_config("v2"))
         for index in range(3):  # 480-token prompts: 16 blocks each once they decode, every block
             prompt = tuple(3 + (i * 7 + index) % 400 for i in range(480))
@@ -227,9 +241,13 @@ async def test_a_queued_request_moves_without_kv(nats_url: str, engines: Any) ->
             "v1", "move_queued", MoveQueued(epoch=1, request_id="moving", destination_id="v2")
         )
         assert reply.accepted, reply
+        async with asyncio.timeout(30):
+            while not (outcomes := [o for o in a1.migration.outcomes if o.request_id == "moving"]):
+                await asyncio.sleep(0.005)
+        pace.release()
+        outcome = outcomes[0]
         await watcher.wait_finished(timeout=60)
         await asyncio.sleep(0.2)
-        outcome = next(o for o in a1.migration.outcomes if o.request_id == "moving")
         assert outcome.migrated and outcome.stages == [], outcome.reason
         assert watcher.tokens() == expected
         assert sum(1 for d in watcher.deltas if d.finish_reason is not None) == 1
