@@ -61,7 +61,7 @@ from schemas import Codec, Subjects
 from schemas.instance import InstanceJoined
 from schemas.rpc import DispatchReply, DispatchRequest, GenerateReply, GenerateRequest, SamplingParams
 
-__all__ = ["bench_cluster", "run_cluster_bench"]
+__all__ = ["bench_cluster", "process_cpu_seconds", "process_syscalls", "run_cluster_bench"]
 
 PROMPT_TOKENS = 128
 OUTPUT_TOKENS = 32
@@ -74,11 +74,12 @@ def _cpu_times(pid: int) -> tuple[float, float]:
     return int(fields[11]) / tick, int(fields[12]) / tick
 
 
-def _cpu_seconds(pid: int) -> float:
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` so far."""
     return sum(_cpu_times(pid))
 
 
-def _syscalls(pid: int) -> tuple[int, int]:
+def process_syscalls(pid: int) -> tuple[int, int]:
     """``(writes, reads)``: system calls so far (``/proc/<pid>/io``; (0, 0) where unreadable)."""
     try:
         fields = dict(line.split(": ") for line in Path(f"/proc/{pid}/io").read_text().splitlines())
@@ -239,8 +240,8 @@ async def run_cluster_bench(
                 times0 = _cpu_times(scheduler.pid) if scheduler.poll() is None else (0.0, 0.0)
                 cpu0 = sum(times0)
                 own0 = _own_cpu_seconds()
-                io0 = _syscalls(scheduler.pid) if scheduler.poll() is None else (0, 0)
-                nats0 = _cpu_seconds(nats_pid) if nats_pid else 0.0
+                io0 = process_syscalls(scheduler.pid) if scheduler.poll() is None else (0, 0)
+                nats0 = process_cpu_seconds(nats_pid) if nats_pid else 0.0
                 ev0 = await bus.last_seq(subjects.events_stream)
                 ld0 = await bus.last_seq(subjects.loads_stream)
                 began = time.time()
@@ -251,8 +252,8 @@ async def run_cluster_bench(
                 times1 = _cpu_times(scheduler.pid) if scheduler.poll() is None else times0
                 sched_cpu = sum(times1) - cpu0
                 own_cpu = _own_cpu_seconds() - own0
-                io1 = _syscalls(scheduler.pid) if scheduler.poll() is None else io0
-                nats_cpu = _cpu_seconds(nats_pid) - nats0 if nats_pid else None
+                io1 = process_syscalls(scheduler.pid) if scheduler.poll() is None else io0
+                nats_cpu = process_cpu_seconds(nats_pid) - nats0 if nats_pid else None
                 cpu = sched_cpu / wall
                 num_requests = int(rate * duration)
                 ev = (await bus.last_seq(subjects.events_stream) - ev0) / wall

@@ -35,6 +35,8 @@ from typing import Any
 from bus import BusConfig, JetStreamBus, event_loop
 from bus.errors import BusError
 from bus.server import EmbeddedNats
+from scheduler.bench_cluster import process_cpu_seconds as _cpu_seconds
+from scheduler.bench_cluster import process_syscalls as _syscalls
 from schemas import Codec, Subjects
 from schemas.instance import InstanceJoined, KVLayout, ModelIdentity
 from schemas.load import LoadReport, PriorityLoad
@@ -45,19 +47,6 @@ __all__ = ["main", "run"]
 
 PROMPT_TOKENS = 128
 NUM_BLOCKS = 851
-
-
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _syscalls(pid: int) -> tuple[int, int]:
-    try:
-        fields = dict(line.split(": ") for line in Path(f"/proc/{pid}/io").read_text().splitlines())
-    except OSError:
-        return 0, 0
-    return int(fields["syscw"]), int(fields["syscr"])
 
 
 class _Fleet:
