@@ -25,6 +25,7 @@ import logging
 import os
 import signal
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -335,19 +336,32 @@ async def _run(options: dict[str, Any]) -> None:
                                       registry=runner.metrics.registry)
         metrics_url = f"http://{options['metrics_host']}:{server.server_port}/metrics"
         click.echo(f"agent {instance_id} metrics {metrics_url}")
-    if options["ready_file"] is not None:
+    ready_file: Path | None = options["ready_file"]
+
+    def announce_ready() -> None:
+        """Write the ready file (once the signal handlers are in place: whoever reads it may signal at
+        once), whole or not at all."""
+        if ready_file is None:
+            return
         ready = {"instance_id": instance_id, "transport_address": runner.transport.address,
                  "metrics_url": metrics_url}
-        options["ready_file"].write_text(json.dumps(ready))
+        partial = ready_file.with_name(ready_file.name + ".partial")
+        partial.write_text(json.dumps(ready))
+        partial.replace(ready_file)
+
     await _serve_until_stopped(runner, drain_on_term=options["drain_on_term"],
-                               drain_timeout_s=options["drain_timeout"])
+                               drain_timeout_s=options["drain_timeout"], on_ready=announce_ready)
     await bus.close()
     if provider is not None:
         provider.shutdown()
 
 
-async def _serve_until_stopped(runner: Any, *, drain_on_term: bool, drain_timeout_s: float) -> None:
-    """Run until SIGINT, a drain that completes, or SIGTERM (a drain, bounded; a second one stops)."""
+async def _serve_until_stopped(
+    runner: Any, *, drain_on_term: bool, drain_timeout_s: float, on_ready: Callable[[], None] | None = None
+) -> None:
+    """Run until SIGINT, a drain that completes, or SIGTERM (a drain, bounded; a second one stops).
+
+    ``on_ready`` runs once the signal handlers are installed."""
     from schemas import TerminateReason
 
     stop = asyncio.Event()
@@ -366,6 +380,8 @@ async def _serve_until_stopped(runner: Any, *, drain_on_term: bool, drain_timeou
     with contextlib.suppress(NotImplementedError):
         loop.add_signal_handler(signal.SIGINT, stop.set)
         loop.add_signal_handler(signal.SIGTERM, on_term)
+    if on_ready is not None:
+        on_ready()
     stop_wait = asyncio.ensure_future(stop.wait())
     drain_wait = asyncio.ensure_future(drain.wait())
     drained = asyncio.ensure_future(runner.stopped.wait())
