@@ -13,13 +13,15 @@ reported, so both sides see the same background load on a shared machine):
 * **shoal**: an embedded nats-server, ``--instances`` ``shoal agent`` s (same
   engine options and torch thread count) and ``shoal serve`` as child
   processes, and that many concurrent streaming HTTP clients in this process
-  (SSE with ``include_usage``).
+  (aiohttp, SSE with ``include_usage``; their connections opened by a burst of
+  warm-up requests first).
 
 Reported per concurrency: output tokens/s of each (``shoal_tps``,
 ``direct_tps``) and their ratio, and shoal's TTFT p50/p99 (time to the first
-SSE chunk carrying text) next to the direct engine's (time to the first
-token), and the CPU time each process spends per 1000 output tokens (which,
-unlike wall-clock rates, hardly depends on what else runs on the machine).
+SSE chunk with a choice, text or not, as ``vllm bench serve`` counts it) next
+to the direct engine's (time to the first token), and the CPU time each
+process spends per 1000 output tokens (which, unlike wall-clock rates, hardly
+depends on what else runs on the machine).
 The shoal run's agent, frontend, NATS and clients all compete for the cores.
 """
 
@@ -105,43 +107,58 @@ def run_direct(preset: str, concurrency: int, prompt_tokens: int, max_tokens: in
             "ttft_p50_ms": 1000 * percentile(ttfts, 0.5), "ttft_p99_ms": 1000 * percentile(ttfts, 0.99)}
 
 
-async def _one_stream(client: Any, url: str, model: str, prompt: list[int], max_tokens: int,
-                      started: float) -> tuple[float | None, int]:
+async def _one_stream(session: Any, url: str, model: str, prompt: list[int], max_tokens: int,
+                      started: float) -> tuple[float | None, int, float]:
+    """One streaming completion: (TTFT, output tokens, when its request was sent, all from ``started``)."""
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
             "stream": True, "stream_options": {"include_usage": True}}
     ttft: float | None = None
     tokens = 0
-    async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
+    sent = time.perf_counter() - started
+    async with session.post(f"{url}/v1/completions", json=body) as response:
         response.raise_for_status()
-        async for line in response.aiter_lines():
+        async for raw in response.content:
+            line = raw.decode().rstrip("\r\n")
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             chunk = json.loads(line[6:])
-            if ttft is None and chunk.get("choices") and chunk["choices"][0].get("text"):
+            if ttft is None and chunk.get("choices"):  # the first token, text or not (as vllm bench serve)
                 ttft = time.perf_counter() - started
             if chunk.get("usage"):
                 tokens = int(chunk["usage"]["completion_tokens"])
-    return ttft, tokens
+    return ttft, tokens, sent
 
 
 async def drive_streams(url: str, model: str, concurrency: int, prompt_tokens: int, max_tokens: int,
                         offset: int) -> dict[str, float]:
-    """One warm-up request, then ``concurrency`` streams at once: tokens/s and TTFT over them."""
-    import httpx
+    """``concurrency`` warm-up requests at once (the client's connections open and stay open, as a
+    serving client's would), then ``concurrency`` streams at once: tokens/s and TTFT over them.
 
-    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
-    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
-        await _one_stream(client, url, model, _prompt(998, prompt_tokens), 4, time.perf_counter())  # warm-up
+    The client is aiohttp, as in ``vllm bench serve``: with httpx's pool the 32 requests of
+    one burst left the client over 250-800 ms on a loaded 2-core machine (aiohttp: under 60 ms),
+    a ramp the engine driven directly never pays. ``send_spread_ms`` reports the client's own ramp.
+    """
+    import aiohttp
+
+    connector = aiohttp.TCPConnector(limit=concurrency + 4)
+    timeout = aiohttp.ClientTimeout(total=600)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        await asyncio.gather(*(
+            _one_stream(session, url, model, _prompt(998 - i, prompt_tokens), 1, time.perf_counter())
+            for i in range(concurrency)
+        ))
         started = time.perf_counter()
         results = await asyncio.gather(*(
-            _one_stream(client, url, model, _prompt(offset + i, prompt_tokens), max_tokens, started)
+            _one_stream(session, url, model, _prompt(offset + i, prompt_tokens), max_tokens, started)
             for i in range(concurrency)
         ))
         wall = time.perf_counter() - started
-    ttfts = [t for t, _ in results if t is not None]
-    total = sum(n for _, n in results)
+    ttfts = [t for t, _, _ in results if t is not None]
+    total = sum(n for _, n, _ in results)
+    sent = [s for _, _, s in results]
     return {"tps": total / wall, "tokens": float(total), "wall_s": wall,
-            "ttft_p50_ms": 1000 * percentile(ttfts, 0.5), "ttft_p99_ms": 1000 * percentile(ttfts, 0.99)}
+            "ttft_p50_ms": 1000 * percentile(ttfts, 0.5), "ttft_p99_ms": 1000 * percentile(ttfts, 0.99),
+            "send_spread_ms": 1000 * (max(sent) - min(sent))}
 
 
 def _direct_share(args: tuple[str, int, int, int, int]) -> dict[str, float]:
@@ -281,7 +298,7 @@ def run_through_shoal(
                 result = event_loop.run(
                     drive_streams(http_url, preset, concurrency, prompt_tokens, max_tokens, offset)
                 )
-                for name, pid in pids.items():  # CPU ms per 1000 output tokens, warm-up request included
+                for name, pid in pids.items():  # CPU ms per 1000 output tokens, warm-up requests included
                     result[f"{name}_cpu_ms_per_ktok"] = (
                         1e6 * (cpu_seconds(pid) - before[name]) / max(result["tokens"], 1.0)
                     )
@@ -342,9 +359,12 @@ def bench_serve(preset: str, concurrencies: tuple[int, ...], prompt_tokens: int,
                 name: s[f"{name}_cpu_ms_per_ktok"] for name in ("agent", "frontend", "nats", "clients")
             },
             "direct_cpu_ms_per_1k_tokens": d["cpu_ms_per_ktok"],
+            "client_send_spread_ms": s["send_spread_ms"],
         }
         click.echo(f"{c:>8} {s['tps']:>12.1f} {d['tps']:>13.1f} {ratio:>6.2f} {s['ttft_p50_ms']:>12.1f} "
                    f"{s['ttft_p99_ms']:>12.1f} {d['ttft_p50_ms']:>11.1f} {d['ttft_p99_ms']:>11.1f}")
+    click.echo("client ramp (first to last request of the burst sent): "
+               + ", ".join(f"{c}: {shoal[c]['send_spread_ms']:.1f} ms" for c in levels))
     click.echo("CPU ms per 1000 output tokens (direct engine | shoal: agent, frontend, nats, clients):")
     for c in levels:
         cpu = results[str(c)]["cpu_ms_per_1k_tokens"]

@@ -13,7 +13,7 @@ Two copies of shoal run side by side, each an embedded nats-server,
   ``ExportTraceServiceRequest`` and counts its spans.
 
 For each concurrency the same streaming workload as ``shoal bench serve``
-(one warm-up request, then that many streams at once) runs ``--rounds`` times
+(that many warm-up requests at once, then that many streams at once) runs ``--rounds`` times
 against each side, alternating (off first in even rounds, on first in odd
 ones); the run of median throughput of each side is reported. After each run
 the bench waits until the receiver has taken nothing new for
@@ -132,10 +132,10 @@ def _run_once(side: _Side, receiver: ReceiverProcess, model: str, concurrency: i
     result = event_loop.run(drive_streams(side.url, model, concurrency, prompt_tokens, max_tokens, offset))
     _wait_until_quiet(receiver, quiet_s)
     spans_after = receiver.stats()
-    for key, value in _placements(side.url).items():  # the warm-up request included
+    for key, value in _placements(side.url).items():  # the warm-up requests included
         result[key] = value - placed_before[key]
     tokens = max(result["tokens"], 1.0)
-    for name, pid in pids.items():  # warm-up request and the export after the run included
+    for name, pid in pids.items():  # warm-up requests and the export after the run included
         result[f"{name}_cpu_ms_per_ktok"] = 1e6 * (cpu_seconds(pid) - cpu_before[name]) / tokens
     result["spans"] = float(spans_after.spans - spans_before.spans)
     result["export_bytes"] = float(spans_after.bytes - spans_before.bytes)
@@ -203,7 +203,7 @@ def run_tracing_rounds(
 def _summary(concurrency: int, rounds: int, measured: dict[str, Any]) -> dict[str, Any]:
     off, on = measured["median"]["off"], measured["median"]["on"]
     runs = measured["runs"]
-    requests = rounds * (concurrency + 1)  # each run sends one warm-up request first
+    requests = rounds * 2 * concurrency  # each run sends ``concurrency`` warm-up requests first
     spans_on = int(sum(run["spans"] for run in runs["on"]))
     return {
         "off_tps": off["tps"], "on_tps": on["tps"],

@@ -86,7 +86,7 @@ async def pieces(turn: Turn) -> AsyncIterator[Piece]:
             turn.finish_reason = chunk.finish_reason
             yield Piece(safe, tokens, logprobs, chunk.finish_reason)
             return
-        if safe or (turn.want_logprobs and tokens):
+        if safe or tokens:  # tokens whose text is held back still make a chunk, as in vLLM
             yield Piece(safe, tokens, logprobs, None)
 
 

@@ -37,5 +37,5 @@ def test_bench_tracing_reports_a_ratio_and_the_spans_its_receiver_took(tmp_path:
     # the frontend's server span, the scheduler's dispatch and the agent's generate tree, per request
     per_request = {"POST /v1/completions", "dispatch", "generate", "queue", "prefill", "decode"}
     assert per_request <= set(result["spans_by_name"]), result["spans_by_name"]
-    assert result["spans_by_name"]["POST /v1/completions"] == 3  # one warm-up and two streams
+    assert result["spans_by_name"]["POST /v1/completions"] == 4  # two warm-ups and two streams
     assert "ratio" in completed.stdout
