@@ -64,6 +64,8 @@ class Lease:
         self._observed: _Observed | None = None
         self.epoch = 0
         self.renewed_at = 0.0
+        #: calls of :meth:`try_acquire` (each reads the lease from the KV store)
+        self.attempts = 0
 
     @property
     def held(self) -> bool:
@@ -80,6 +82,7 @@ class Lease:
 
     async def try_acquire(self, *, min_epoch: int = 0) -> bool:
         """One attempt: take the lease if it is free, released or expired. True on success."""
+        self.attempts += 1
         record, revision = await self.current()
         now = self._clock()
         if record is not None and not record.released and record.holder != self.holder:

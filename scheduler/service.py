@@ -105,6 +105,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+#: a standby reads the lease at most this often (plus every ``lease_ttl_s / 4`` when nothing happens)
+LEASE_POLL_MIN_S = 0.05
+
 #: How many requeued request ids the scheduler remembers (each request moves at most once).
 _REQUEUED_KEPT = 100_000
 
@@ -285,10 +288,18 @@ class SchedulerService:
         self.shadow.verify = self.config.verify_shadow
         self.stats.recovered_at = self._wall()
         while not await self.lease.try_acquire(min_epoch=self.shadow.control_epoch):
+            tried = self._clock()
+            # what it folds wakes a standby (a released lease comes with the holder's last events),
+            # but it reads the lease at most every LEASE_POLL_MIN_S, not once per message
             await self._wait_changed(self.config.lease_ttl_s / 4)
             self._check_tasks()
             if self._stop.is_set():
                 return
+            if (wait := tried + min(LEASE_POLL_MIN_S, self.config.lease_ttl_s / 4) - self._clock()) > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), wait)
+                if self._stop.is_set():
+                    return
         renew = asyncio.create_task(self._renew_lease())
         self._tasks.append(renew)
         # serving before the takeover completes: until then requests get an error (requesters bypass)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 
 import msgspec
@@ -16,7 +17,7 @@ from scheduler.instances import RecordingManager
 from scheduler.lease import LEASE_KEY, LeaseRecord
 from scheduler.logfile import read_bus_log
 from scheduler.replay import replay_log
-from scheduler.service import SchedulerConfig, SchedulerService
+from scheduler.service import LEASE_POLL_MIN_S, SchedulerConfig, SchedulerService
 from schemas import Codec
 from schemas.decisions import Dispatched, Paired, ScaleDown, ScaleUp, SchedulerTick
 from schemas.instance import InstanceFailed
@@ -166,6 +167,13 @@ async def test_only_the_lease_holder_decides_and_a_standby_takes_over(cluster: t
         async with running(second):
             await asyncio.sleep(0.5)
             assert second.role.value == "standby"
+            # a standby folds every decision, but reads the lease at its own pace, not per message
+            attempts, started = second.lease.attempts, time.monotonic()
+            for i in range(100):
+                await dispatch(agent_bus, f"paced{i}")
+                await asyncio.sleep(0.01)
+            polls = second.lease.attempts - attempts
+            assert polls <= (time.monotonic() - started) / LEASE_POLL_MIN_S + 2, polls
             refused = second.dispatch(DispatchRequest(request_id="z", num_prompt_tokens=3))
             assert refused.instance_id is None and refused.reason is DispatchFailReason.NOT_ACTIVE
             assert (await dispatch(agent_bus, "one")).epoch == first.epoch
