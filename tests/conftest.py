@@ -17,11 +17,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
+from hypothesis import settings
 
 from bus.auth import NatsAuth
 from bus.security import SecureDeployment
 from bus.server import EmbeddedNats
 from schemas import Subjects
+
+# property tests check behaviour, not speed: on a shared 2-core machine one example can take
+# longer than hypothesis's default 200 ms deadline (test_codec flaked on it under load)
+settings.register_profile("shoal", deadline=None)
+settings.load_profile("shoal")
 
 
 def _interrupt(signum: int, frame: object) -> None:
