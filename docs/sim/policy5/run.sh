@@ -17,3 +17,10 @@ sweep alone --rates 11,12,13 $P --prompts-by-priority
 sweep preempt_alone --rates 11,12,13 $P --priority-preemption --prompts-by-priority
 sweep reserve32 --rates 11 $P --high-reserve-blocks 32
 sweep chunked512 --rates 11 $P --max-step-tokens 512
+# S-S (Gamma CV 4) with both rules, against docs/sim/policy4/priorities_ss_default.json
+shoal simulate sweep --workload S-S --rates 120,140,160 --requests 3000 --cv 4 --high-share 0.1 \
+  --seeds 0,1,2 --quiet --no-plot $P --priority-preemption --prompts-by-priority --out "$OUT/ss_preempt_alone"
+# three more seeds of M-M with priorities, the default and --prompts-by-priority
+S3="--workload M-M --requests 3000 --high-share 0.1 --seeds 3,4,5 --quiet --no-plot --rates 11,12,13"
+shoal simulate sweep $S3 $P --out "$OUT/seeds345_default"
+shoal simulate sweep $S3 $P --prompts-by-priority --out "$OUT/seeds345_alone"
