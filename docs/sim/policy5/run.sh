@@ -24,3 +24,6 @@ shoal simulate sweep --workload S-S --rates 120,140,160 --requests 3000 --cv 4 -
 S3="--workload M-M --requests 3000 --high-share 0.1 --seeds 3,4,5 --quiet --no-plot --rates 11,12,13"
 shoal simulate sweep $S3 $P --out "$OUT/seeds345_default"
 shoal simulate sweep $S3 $P --prompts-by-priority --out "$OUT/seeds345_alone"
+S6="--workload M-M --requests 3000 --high-share 0.1 --seeds 6,7,8 --quiet --no-plot --rates 11,12,13"
+shoal simulate sweep $S6 $P --out "$OUT/seeds678_default"
+shoal simulate sweep $S6 $P --prompts-by-priority --out "$OUT/seeds678_alone"
