@@ -27,3 +27,6 @@ shoal simulate sweep $S3 $P --prompts-by-priority --out "$OUT/seeds345_alone"
 S6="--workload M-M --requests 3000 --high-share 0.1 --seeds 6,7,8 --quiet --no-plot --rates 11,12,13"
 shoal simulate sweep $S6 $P --out "$OUT/seeds678_default"
 shoal simulate sweep $S6 $P --prompts-by-priority --out "$OUT/seeds678_alone"
+# INFaaS++ on seeds 3-8 (seeds 0-2: docs/sim/policy4/priorities_mm.json)
+shoal simulate sweep --workload M-M --requests 3000 --high-share 0.1 --seeds 3,4,5,6,7,8 --quiet --no-plot \
+  --rates 11,12,13 --policies infaas --out "$OUT/seeds3to8_infaas"
