@@ -1,6 +1,6 @@
 """Round 6 (docs/SIMULATION.md): the P99 of each class's own prefill time, no waiting at all.
 
-    python docs/sim/policy5/floor.py            # M-M at 11 req/s, 10% high, seeds 0-2, A10 profile
+    python docs/sim/priorities6/floor.py            # M-M at 11 req/s, 10% high, seeds 0-2, A10 profile
 
 A request's TTFT is at least its prompt's prefill alone (the profile's ``prefill_ms``); the P99
 of that over a class is the class's TTFT floor, whatever the scheduling.

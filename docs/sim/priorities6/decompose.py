@@ -1,7 +1,7 @@
 """Round 6 (docs/SIMULATION.md): what each request's TTFT is made of, for the slowest of each class.
 
-    python docs/sim/policy5/decompose.py RATE SEED [FLAGS]   # M-M, 3,000 requests, 10% high, shoal
-    python docs/sim/policy5/decompose.py 11 1 prompts_by_priority
+    python docs/sim/priorities6/decompose.py RATE SEED [FLAGS]   # M-M, 3,000 requests, 10% high, shoal
+    python docs/sim/priorities6/decompose.py 11 1 prompts_by_priority
 
 FLAGS: comma-separated SimConfig booleans (priority_preemption, prompts_by_priority). Per request:
 the wait for the step in flight on its instance when it arrived, the rest of the wait until the

@@ -2,11 +2,11 @@
 # Round 6 of docs/SIMULATION.md: the local scheduler's priority rules, measured on M-M with 10% high
 # priority (the round-5 harness: 3,000 requests, seeds 0,1,2, the default policy `shoal`). Every rule
 # is off by default; none was adopted. Compare with docs/sim/policy4/priorities_mm{,_default}.json.
-#   bash docs/sim/policy5/run.sh            # the JSON here, then:
-#   python docs/sim/policy5/classes.py docs/sim/policy4/priorities_mm_default.json docs/sim/policy5/*.json
+#   bash docs/sim/priorities6/run.sh            # the JSON here, then:
+#   python docs/sim/priorities6/classes.py docs/sim/policy4/priorities_mm_default.json docs/sim/priorities6/*.json
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
-OUT=docs/sim/policy5
+OUT=docs/sim/priorities6
 S="--workload M-M --requests 3000 --high-share 0.1 --seeds 0,1,2 --quiet --no-plot"
 sweep() { local name=$1; shift; shoal simulate sweep $S "$@" --out "$OUT/$name"; }
 P="--policies shoal"
