@@ -38,6 +38,14 @@ gets the block for its next token; if none is free, the newest request of the
 lowest priority is preempted by recompute (blocks freed, queued again at its
 original place), possibly the growing request itself.
 
+Three priority rules are available and off by default (measured for the priorities goal in
+docs/SIMULATION.md, round 6, and not adopted): ``priority_preemption`` (a queue head that does
+not fit preempts running requests of a worse priority, newest first, when that makes room; the
+victims leave the step's plan and the head is admitted in the same step),
+``prompts_by_priority`` (the prompts admitted in one step share the first one's priority) and
+``high_priority_reserve_blocks`` (free blocks a request may take only if it has the best priority
+the instance has seen, or if nothing else runs).
+
 Chunked prefill (``max_step_tokens``): a step computes at most that many
 tokens. Decodes take one each; running prompts that are part-way through their
 prefill, then admitted ones, share the rest (at least ``block_size`` tokens, so
@@ -54,6 +62,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -99,6 +108,17 @@ class LocalSchedulerConfig:
     max_prefill_tokens: int | None = None
     #: Tokens computed per step (chunked prefill, see the module docstring); None: whole prompts.
     max_step_tokens: int | None = None
+    #: Measured for the priorities goal and not adopted (docs/SIMULATION.md, round 6), so off by
+    #: default. A queue head that does not fit preempts running requests of a worse priority
+    #: (newest first, vLLM's priority preemption) when that makes room.
+    priority_preemption: bool = False
+    #: The prompts admitted in one step share one priority (a high-priority prompt is not
+    #: prefilled alongside normal ones).
+    prompts_by_priority: bool = False
+    #: Free blocks a queued request may not take unless it has the best priority this instance
+    #: has seen or nothing else runs (memory kept for high priority); no effect where every
+    #: request has one priority.
+    high_priority_reserve_blocks: int = 0
 
     def __post_init__(self) -> None:
         for name in ("num_blocks", "block_size", "max_model_len", "vocab_size", "max_batch_size"):
@@ -106,6 +126,10 @@ class LocalSchedulerConfig:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.max_step_tokens is not None and self.max_step_tokens <= 0:
             raise ValueError(f"max_step_tokens must be positive, got {self.max_step_tokens}")
+        if self.high_priority_reserve_blocks < 0:
+            raise ValueError(
+                f"high_priority_reserve_blocks must be >= 0, got {self.high_priority_reserve_blocks}"
+            )
 
     @property
     def capacity_tokens(self) -> int:
@@ -207,6 +231,7 @@ class LocalScheduler:
         self._num_waiting = 0
         self._num_suspended = 0
         self._next_arrival = 0
+        self._best_priority = sys.maxsize  # the best (lowest) priority ever queued here
         self._step_id = 0
         self._events: list[SchedulerEvent] = []
         self.num_preemptions = 0
@@ -333,6 +358,8 @@ class LocalScheduler:
             raise RequestRejected(request_id, reason, detail)
 
     def _enqueue(self, request: Request) -> None:
+        if request.priority < self._best_priority:
+            self._best_priority = request.priority
         heapq.heappush(self._waiting, (request.priority, request.arrival_seq, request))
         self._num_waiting += 1
 
@@ -406,6 +433,14 @@ class LocalScheduler:
                 budget -= chunk.num_tokens
 
         if not preempted:
+            if self.config.priority_preemption:
+                freed = self._preempt_for_priority(decodes, prefills, preempted)
+                if freed is not None:  # the preempted requests' work left this step
+                    num_context_tokens -= freed
+                    num_prefill_tokens = sum(chunk.num_tokens for chunk in prefills)
+                    budget = self._prefill_budget(len(decodes))
+                    if budget is not None:
+                        budget -= num_prefill_tokens
             num_prefill_tokens += self._admit(prefills, num_prefill_tokens, budget)
 
         return SchedulerOutput(
@@ -435,22 +470,61 @@ class LocalScheduler:
             return None
         return ScheduledPrefill(request, start, start + budget, final=False)
 
+    def _preempt_for_priority(
+        self, decodes: list[Request], prefills: list[ScheduledPrefill], preempted: list[str]
+    ) -> int | None:
+        """Make room for a queue head that does not fit by preempting running requests of a worse
+        priority, newest first (vLLM's priority preemption); only when their blocks do make room.
+
+        The victims leave this step's plan (``decodes``, ``prefills``): returns the decode context
+        tokens taken out of it, or None if nothing was preempted.
+        """
+        head = self._head()
+        if head is None:
+            return None
+        blocks = self.blocks
+        need = blocks.blocks_for_tokens(head.num_tokens) - len(head.block_ids)
+        if need <= blocks.num_free_blocks and self.num_running < self.config.max_batch_size:
+            return None
+        worse = [r for r in self._running if r.status is _RUNNING and r.priority > head.priority]
+        if not worse or blocks.num_free_blocks + sum(len(r.block_ids) for r in worse) < need:
+            return None  # preempting would not let it in: it waits, as before
+        context = 0
+        while need > blocks.num_free_blocks or self.num_running >= self.config.max_batch_size:
+            victim = self._preempt_newest_lowest(preempted)  # the batch's last: a worse priority
+            if victim in decodes:
+                decodes.remove(victim)
+                context += victim.num_tokens
+            prefills[:] = [chunk for chunk in prefills if chunk.request is not victim]
+        return context
+
     def _admit(self, prefills: list[ScheduledPrefill], budget_used: int, budget: int | None) -> int:
-        """Admit queue heads while they fit (and ``budget`` lasts); returns the prompt tokens scheduled."""
+        """Admit queue heads while they fit (and ``budget`` lasts); returns the prompt tokens scheduled.
+
+        With ``prompts_by_priority`` the prompts admitted in one step share the first one's
+        priority: a high-priority prompt is not prefilled alongside normal ones."""
         config = self.config
         blocks = self.blocks
         limit = config.max_prefill_tokens
         admitted_tokens = 0
+        step_priority: int | None = None
         while self.num_running < config.max_batch_size:
             if budget is not None and budget - admitted_tokens <= 0:
                 break
             head = self._head()
             if head is None:
                 break
+            if config.prompts_by_priority:
+                if step_priority is None:
+                    step_priority = head.priority
+                elif head.priority != step_priority:
+                    break
             num_new = head.num_tokens - head.num_computed_tokens
             if limit is not None and prefills and budget_used + admitted_tokens + num_new > limit:
                 break
             need = blocks.blocks_for_tokens(head.num_tokens) - len(head.block_ids)
+            if head.priority > self._best_priority and self._running:
+                need += config.high_priority_reserve_blocks  # kept unless the batch is empty
             if need > blocks.num_free_blocks:
                 break
             heapq.heappop(self._waiting)

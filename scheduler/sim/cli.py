@@ -77,6 +77,15 @@ def _cluster_options(func: Callable[..., Any]) -> Callable[..., Any]:
                      help="Move queued requests (no KV) off an instance whose head of line waited "
                      "this long, to one where they start at once (blocks_ahead rules only); "
                      "0: off. Default: the policy's own (shoal 0.5 s, others off)."),
+        click.option("--priority-preemption", is_flag=True,
+                     help="Engines: a queued request that does not fit preempts running requests of a "
+                     "worse priority (newest first). Measured, not adopted (SIMULATION.md round 6)."),
+        click.option("--prompts-by-priority", is_flag=True,
+                     help="Engines: the prompts admitted in one step share one priority (a high-priority "
+                     "prompt is prefilled without normal ones). Measured, not adopted."),
+        click.option("--high-reserve-blocks", type=click.IntRange(min=0), default=0, show_default=True,
+                     help="Engines: free blocks only requests of the best priority seen may take. "
+                     "Measured, not adopted."),
         click.option("--report-ms", default=100.0, show_default=True, help="Load-report interval (virtual)."),
         click.option("--pairing-ms", default=100.0, show_default=True, help="Pairing interval (virtual)."),
         click.option("--autoscale/--no-autoscale", default=False, show_default=True, help="Auto-scaling."),
@@ -118,6 +127,9 @@ def _base_config(opts: dict[str, Any]) -> SimConfig:
         startup_delay_s=opts["startup_delay_s"],
         max_step_tokens=opts["max_step_tokens"],
         requeue_after_s=opts["requeue_after_s"],
+        priority_preemption=opts["priority_preemption"],
+        prompts_by_priority=opts["prompts_by_priority"],
+        high_priority_reserve_blocks=opts["high_reserve_blocks"],
     )
 
 

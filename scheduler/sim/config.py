@@ -193,6 +193,9 @@ class SimConfig:
       once (``blocks_ahead`` dispatch only); None (the default): the policy's own
       (``PolicySetup.requeue_after_s``: 0.5 s for ``shoal``, off for the rest); 0: off.
       :attr:`requeue_s` is what the run uses;
+    * ``priority_preemption``, ``prompts_by_priority``, ``high_priority_reserve_blocks``: the
+      engines' local priority rules (:class:`~agents.engines.local_scheduler.LocalSchedulerConfig`),
+      measured in round 6 of docs/SIMULATION.md and off by default;
     * ``record_policy_log`` / ``record_migrations``: keep the policy layer's
       inputs and decisions / every finished migration with its machines'
       records (for tests and replays).
@@ -211,6 +214,9 @@ class SimConfig:
     max_virtual_s: float = 1e6
     max_step_tokens: int | None = None
     requeue_after_s: float | None = None
+    priority_preemption: bool = False
+    prompts_by_priority: bool = False
+    high_priority_reserve_blocks: int = 0
     record_policy_log: bool = False
     record_migrations: bool = False
 
@@ -226,6 +232,10 @@ class SimConfig:
             raise ValueError(f"requeue_after_s must be >= 0 (0: off) or None, got {self.requeue_after_s}")
         if self.max_step_tokens is not None and self.max_step_tokens < 1:
             raise ValueError(f"max_step_tokens must be >= 1 or None, got {self.max_step_tokens}")
+        if self.high_priority_reserve_blocks < 0:
+            raise ValueError(
+                f"high_priority_reserve_blocks must be >= 0, got {self.high_priority_reserve_blocks}"
+            )
 
     @property
     def requeue_s(self) -> float | None:

@@ -112,7 +112,12 @@ class Simulator:
         return instance_id
 
     def _join(self, instance_id: str, launched_s: float) -> SimInstance:
-        engine = SimEngine(self.config.profile, max_step_tokens=self.config.max_step_tokens)
+        config = self.config
+        engine = SimEngine(
+            config.profile, max_step_tokens=config.max_step_tokens,
+            priority_preemption=config.priority_preemption, prompts_by_priority=config.prompts_by_priority,
+            high_priority_reserve_blocks=config.high_priority_reserve_blocks,
+        )
         instance = SimInstance(instance_id, engine, launched_s=launched_s, joined_s=self.now)
         self.instances[instance_id] = instance
         self.joins.append((instance_id, launched_s, self.now))
@@ -212,6 +217,10 @@ class Simulator:
             "max_step_tokens": config.max_step_tokens,
             "requeue_after_s": config.requeue_s,
         }
+        if config.priority_preemption or config.prompts_by_priority or config.high_priority_reserve_blocks:
+            parameters["priority_preemption"] = config.priority_preemption
+            parameters["prompts_by_priority"] = config.prompts_by_priority
+            parameters["high_priority_reserve_blocks"] = config.high_priority_reserve_blocks
         if config.autoscale:
             scaling = setup.policy.scaling
             parameters["scaling_band"] = [scaling.min_freeness, scaling.max_freeness]

@@ -330,6 +330,82 @@ def test_abort_between_schedule_and_update_drops_the_output() -> None:
     assert sched.blocks.num_allocated_blocks == len(sched.request("b").block_ids)
 
 
+# ---------------------------------------------------------------- priority rules (opt-in)
+
+
+def _two_normals_running(**kw: int | bool | None) -> LocalScheduler:
+    sched = make(num_blocks=4, block_size=4, **kw)  # type: ignore[arg-type]
+    sched.add_request("old", [1] * 7, sp(max_tokens=50))  # 2 blocks, its 8th token fits
+    sched.add_request("new", [1] * 3, sp(max_tokens=50))  # 1 block
+    run_step(sched)
+    assert sched.blocks.num_free_blocks == 1
+    return sched
+
+
+def test_without_priority_preemption_a_high_request_waits_for_memory() -> None:
+    sched = _two_normals_running()
+    sched.add_request("high", [1] * 8, sp(), priority=-1)  # 2 blocks, 1 free
+    plan, _ = run_step(sched)
+    assert plan.prefills == [] and plan.preempted == []
+    assert sched.request("high").status is RequestStatus.WAITING
+
+
+def test_priority_preemption_admits_a_high_request_by_preempting_the_newest_worse_one() -> None:
+    sched = _two_normals_running(priority_preemption=True)
+    sched.add_request("high", [1] * 8, sp(), priority=-1)
+    plan, outs = run_step(sched)
+    assert plan.preempted == ["new"]
+    assert [p.request.request_id for p in plan.prefills] == ["high"]
+    assert [r.request_id for r in plan.decodes] == ["old"]  # the victim left this step's plan
+    assert {o.request_id for o in outs} == {"high", "old"}
+    assert sched.request("new").status is RequestStatus.PREEMPTED
+    events = [e for e in sched.take_events() if isinstance(e, PreemptionEvent)]
+    assert [e.request_id for e in events] == ["new"]
+
+
+def test_priority_preemption_preempts_nothing_when_it_cannot_make_room() -> None:
+    sched = _two_normals_running(priority_preemption=True)
+    sched.add_request("same", [1] * 8, sp())  # normal too: no worse request to preempt
+    sched.add_request("huge", [1] * 16, sp(), priority=-1)  # 4 blocks: the normals' 3 + 1 free
+    plan, _ = run_step(sched)
+    assert plan.preempted == ["new", "old"]  # together they make room
+    assert [p.request.request_id for p in plan.prefills] == ["huge"]
+    sched2 = make(num_blocks=4, block_size=4, priority_preemption=True)  # type: ignore[arg-type]
+    sched2.add_request("normal", [1] * 7, sp(max_tokens=50))  # 2 blocks
+    sched2.add_request("high-running", [1] * 3, sp(max_tokens=50), priority=-1)  # 1 block
+    run_step(sched2)
+    sched2.add_request("high-big", [1] * 16, sp(), priority=-1)  # 4 blocks: 1 free + 2 worse
+    plan, _ = run_step(sched2)
+    assert plan.preempted == [] and plan.prefills == []  # preempting "normal" would not do
+    assert {r.request_id for r in plan.decodes} == {"normal", "high-running"}
+
+
+def test_prompts_by_priority_prefills_a_high_prompt_without_normal_ones() -> None:
+    for rule, expected in ((False, [["high", "a", "b"]]), (True, [["high"], ["a", "b"]])):
+        sched = make(num_blocks=16, block_size=4, prompts_by_priority=rule)  # type: ignore[arg-type]
+        sched.add_request("a", [1] * 4, sp(max_tokens=5))
+        sched.add_request("b", [1] * 4, sp(max_tokens=5))
+        sched.add_request("high", [1] * 8, sp(max_tokens=5), priority=-1)
+        admitted = []
+        for _ in expected:
+            plan, _ = run_step(sched)
+            admitted.append([p.request.request_id for p in plan.prefills])
+        assert admitted == expected
+
+
+def test_high_priority_reserve_keeps_free_blocks_once_a_high_request_was_seen() -> None:
+    sched = make(num_blocks=8, block_size=4, high_priority_reserve_blocks=3)  # type: ignore[arg-type]
+    sched.add_request("n1", [1] * 16, sp(max_tokens=2))  # 4 blocks: fits, no high seen yet
+    plan, _ = run_step(sched)
+    assert [p.request.request_id for p in plan.prefills] == ["n1"]
+    sched.add_request("h", [1] * 4, sp(max_tokens=50), priority=-1)
+    sched.add_request("n2", [1] * 4, sp(max_tokens=50))  # 1 block, but 4 free - 3 kept: it waits
+    plan, _ = run_step(sched)
+    assert [p.request.request_id for p in plan.prefills] == ["h"]
+    plan, _ = run_step(sched)  # n1 finished: 7 free, n2 takes 1 of the 4 above the reserve
+    assert [p.request.request_id for p in plan.prefills] == ["n2"]
+
+
 # ---------------------------------------------------------------- properties
 
 
@@ -364,6 +440,14 @@ def test_random_loads_respect_capacity_preempt_only_when_needed_and_all_finish(w
     event(f"preempted: {sched.num_preemptions > 0}")
 
 
+@settings(max_examples=60, deadline=None)
+@given(workloads(), st.integers(0, 6))
+def test_random_loads_with_the_priority_rules_keep_capacity_and_all_finish(w: dict, reserve: int) -> None:  # type: ignore[type-arg]
+    w["rules"] = {"priority_preemption": True, "prompts_by_priority": True,
+                  "high_priority_reserve_blocks": min(reserve, w["num_blocks"] - 1)}
+    check_load(w)
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_heavy_overload_preempts_a_lot_and_still_finishes_everything(seed: int) -> None:
     rng = random.Random(seed)
@@ -396,7 +480,9 @@ def check_load(w: dict) -> LocalScheduler:  # type: ignore[type-arg]
         block_size=block_size,
         max_batch_size=w["max_batch_size"],
         max_step_tokens=max_step_tokens,
+        **w.get("rules", {}),
     )
+    priority_preemption = w.get("rules", {}).get("priority_preemption", False)
     arrivals = sorted(w["requests"], key=lambda r: r[0])
     admitted: set[str] = set()
     finished: dict[str, int] = {}
@@ -443,7 +529,10 @@ def check_load(w: dict) -> LocalScheduler:  # type: ignore[type-arg]
         lowest_first = sorted(running_before, key=lambda r: (-r.priority, -r.arrival_seq))
 
         plan = sched.schedule()
-        if plan.preempted:
+        if plan.preempted and priority_preemption:
+            victims = [sched.request(rid) for rid in plan.preempted if rid in sched]
+            assert all(v.status is RequestStatus.PREEMPTED for v in victims)
+        elif plan.preempted:
             assert growth_needed > free_before, "preempted although every running request could grow"
             expected = [r.request_id for r in lowest_first[: len(plan.preempted)]]
             assert plan.preempted == expected, "victims must be the newest of the lowest priority"
