@@ -1,6 +1,7 @@
 """Round 6 (docs/SIMULATION.md): per-priority TTFT of sweep JSON files, per seed and as medians.
 
-    python docs/sim/priorities6/classes.py docs/sim/policy4/priorities_mm_default.json docs/sim/priorities6/*.json
+    python docs/sim/priorities6/classes.py docs/sim/policy4/priorities_mm_default.json \
+        docs/sim/priorities6/*.json
 
 Prints, per file, policy and rate: high and normal P99 TTFT and their ratio (medians over seeds, as
 the round-5 tables: the ratio is of the medians), the per-seed ratios, normal mean TTFT and P99 TPOT.
