@@ -86,6 +86,11 @@ def build_load_report(
         for r in stats.requests
         if r.status is RequestStatus.WAITING or r.status is RequestStatus.PREEMPTED
     )
+    prefill_blocks = sum(
+        blocks_for_tokens(r.num_tokens - r.num_computed_tokens, block_size)
+        for r in stats.requests
+        if r.status.holds_blocks and r.num_tokens - r.num_computed_tokens > 1
+    )
     usage = virtual_usage(
         running,
         stats.head_of_line_demand,
@@ -123,6 +128,7 @@ def build_load_report(
         head_of_line_wait_s=head_of_line_wait_s,
         requeue_candidate=requeue_candidate,
         expected_growth_blocks=growth,
+        prefill_blocks=prefill_blocks,
     )
 
 

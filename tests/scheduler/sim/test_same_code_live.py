@@ -49,6 +49,11 @@ GROWTH_POLICY = PolicyConfig(
     dispatch_policy=DispatchPolicy.BLOCKS_AHEAD_GROWTH,
     pairing=shoal_pairing(low_freeness=35, high_freeness=70),
 )
+#: shoal's policy with the prompts admitted but not yet prefilled counted as work ahead.
+PREFILL_POLICY = PolicyConfig(
+    dispatch_policy=DispatchPolicy.PREFILL_AHEAD,
+    pairing=shoal_pairing(low_freeness=35, high_freeness=70),
+)
 NUM_REQUESTS = 48
 
 
@@ -151,7 +156,9 @@ async def _live_run(
 
 
 @pytest.mark.parametrize(
-    "policy", [POLICY, SHOAL_POLICY, GROWTH_POLICY], ids=["paper-rules", "shoal", "shoal-growth"]
+    "policy",
+    [POLICY, SHOAL_POLICY, GROWTH_POLICY, PREFILL_POLICY],
+    ids=["paper-rules", "shoal", "shoal-growth", "shoal-prefill"],
 )
 async def test_live_recorded_log_through_the_simulators_policy_layer_gives_identical_decisions(
     nats_url: str, policy: PolicyConfig
