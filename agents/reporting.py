@@ -170,13 +170,16 @@ def load_signature(report: LoadReport) -> tuple[object, ...]:
         report.terminating,
         report.num_migrating_out,
         report.num_migrating_in,
+        report.prefill_blocks,
     )
 
 
 def urgent_signature(report: LoadReport) -> tuple[object, ...]:
     """What must reach the scheduler within one report interval: who runs and waits, what was
-    accepted, reserved, migrating, terminating. Not in it: free blocks and the blocks each priority
-    holds, which change with every block a decoding request fills (reported less often while busy)."""
+    accepted, reserved, migrating, terminating, and the prompts still to prefill (a step that admitted
+    prompts began or ended: ``prefill_ahead`` dispatch ranks by it). Not in it: free blocks and the
+    blocks each priority holds, which change with every block a decoding request fills (reported less
+    often while busy)."""
     return (
         report.num_reserved_blocks,
         tuple((group.priority, group.num_running) for group in report.running),
@@ -186,4 +189,5 @@ def urgent_signature(report: LoadReport) -> tuple[object, ...]:
         report.terminating,
         report.num_migrating_out,
         report.num_migrating_in,
+        report.prefill_blocks,
     )

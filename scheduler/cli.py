@@ -57,11 +57,11 @@ def policy_options(function: F) -> F:
                 default=DispatchPolicy.PREFILL_AHEAD.value,
                 show_default=True,
                 help="Dispatch policy. prefill_ahead (the default) is shoal's policy (blocks_ahead: it "
-                "without the prompts in flight counted as work ahead, the default of rounds 2-5; queue_aware: "
-                "the rule before; blocks_ahead_growth: blocks_ahead with the running requests' expected decode "
-                "growth taken off each instance's room); shoal's rules bring its migration rules (room check, no retry of "
-                "an aborted request for 2 s, at most 3 moves per request); the others pair by the paper's "
-                "rules.",
+                "without the prompts in flight counted as work ahead, the default of rounds 2-5; "
+                "queue_aware: the rule before; blocks_ahead_growth: blocks_ahead with the running "
+                "requests' expected decode growth taken off each instance's room); shoal's rules bring "
+                "its migration rules (room check, no retry of an aborted request for 2 s, at most 3 moves "
+                "per request); the others pair by the paper's rules.",
             ),
             click.option(
                 "--low-freeness",

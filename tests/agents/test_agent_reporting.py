@@ -169,3 +169,5 @@ def test_the_report_counts_the_prompts_admitted_but_not_yet_prefilled() -> None:
         engine.stats(), instance_id="a", seq=2, block_size=4, num_accepted=1, config=config
     )
     assert after.prefill_blocks == 0
+    # the step's end changes no count of requests, yet the scheduler must hear of it at once
+    assert urgent_signature(after) != urgent_signature(during)
