@@ -186,6 +186,8 @@ async def test_live_recorded_log_through_the_simulators_policy_layer_gives_ident
     assert {d.policy for d in recorded_dispatches} == {policy.dispatch_policy.value}
     # the agents learned an output length from finished requests and report the growth it implies
     assert any(report.expected_growth_blocks > 0 for _, report in loads)
+    # reports made while a step prefills carry its prompts (what prefill_ahead ranks by)
+    assert any(report.prefill_blocks > 0 for _, report in loads)
     replayed = replay_recorded_log(events, loads, policy)
 
     mismatches = [row for row in replayed if not row.matches]
