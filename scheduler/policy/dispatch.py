@@ -360,9 +360,12 @@ def requeue_choice(
     ahead of it or pending, room for its prompt after the blocks the running requests are still
     expected to grow by), never back to ``source``; among those, the dispatcher's choice. A
     request moved where it only fits for now takes room the running requests need a little later,
-    and they get preempted. Only the ``blocks_ahead`` rules' scores say "starts at once", so any
-    other policy leaves the request. :func:`requeue_request` is the request the dispatcher is asked
-    to place (the instances ruled out in its ``exclude``): dispatching it gives the same decision.
+    and they get preempted. Only the scores of the blocks-ahead rules (``blocks_ahead``,
+    ``blocks_ahead_growth``, ``prefill_ahead``) say "starts at once", so any other policy leaves
+    the request (``prefill_ahead`` scores an instance where it starts at once behind a prefill in
+    flight below zero: there :func:`requeue_request` rules out the rest and the sign is not read).
+    :func:`requeue_request` is the request the dispatcher is asked to place (the instances ruled
+    out in its ``exclude``): dispatching it gives the same decision.
 
     Reports without ``expected_growth_blocks`` (logs from before 2026-12-02, or an instance that
     finished nothing yet) rule nothing out beyond the score, so such logs recompute as they did.
