@@ -20,6 +20,7 @@ NAMES = {
     "azure_conv": "A10 azure-conv", "azure_code": "A10 azure-code", "mm": "M-M", "sl": "S-L (held out)",
     "priorities_mm": "M-M, 10% high", "azure_conv_h100": "H100 azure-conv",
     "azure_code_h100": "H100 azure-code", "chunked_azure_code_h100": "H100 azure-code, chunked",
+    "chunked_azure_conv_h100": "H100 azure-conv, chunked", "priorities_ss": "S-S, 10% high",
 }
 
 

@@ -18,3 +18,5 @@ sweep mm --workload M-M --rates 6,9,10,11,13 --requests 3000
 sweep sl --workload S-L --rates 4,5,6 --requests 3000
 sweep priorities_mm --workload M-M --rates 11,12,13 --requests 3000 --high-share 0.1
 sweep chunked_azure_code_h100 --workload azure-code --rates 5,10,15,20 --requests 2900 $H100 --max-step-tokens 2048
+sweep chunked_azure_conv_h100 --workload azure-conv --rates 40,60,80,100 --requests 3000 $H100 --max-step-tokens 2048
+sweep priorities_ss --workload S-S --rates 120,140,160 --requests 3000 --cv 4 --high-share 0.1
