@@ -86,6 +86,11 @@ def build_load_report(
         for r in stats.requests
         if r.status is RequestStatus.WAITING or r.status is RequestStatus.PREEMPTED
     )
+    prefill_blocks = sum(
+        blocks_for_tokens(r.num_tokens - r.num_computed_tokens, block_size)
+        for r in stats.requests
+        if r.status.holds_blocks and r.num_tokens - r.num_computed_tokens > 1
+    )
     usage = virtual_usage(
         running,
         stats.head_of_line_demand,
@@ -123,6 +128,7 @@ def build_load_report(
         head_of_line_wait_s=head_of_line_wait_s,
         requeue_candidate=requeue_candidate,
         expected_growth_blocks=growth,
+        prefill_blocks=prefill_blocks,
     )
 
 
@@ -164,13 +170,16 @@ def load_signature(report: LoadReport) -> tuple[object, ...]:
         report.terminating,
         report.num_migrating_out,
         report.num_migrating_in,
+        report.prefill_blocks,
     )
 
 
 def urgent_signature(report: LoadReport) -> tuple[object, ...]:
     """What must reach the scheduler within one report interval: who runs and waits, what was
-    accepted, reserved, migrating, terminating. Not in it: free blocks and the blocks each priority
-    holds, which change with every block a decoding request fills (reported less often while busy)."""
+    accepted, reserved, migrating, terminating, and the prompts still to prefill (a step that admitted
+    prompts began or ended: ``prefill_ahead`` dispatch ranks by it). Not in it: free blocks and the
+    blocks each priority holds, which change with every block a decoding request fills (reported less
+    often while busy)."""
     return (
         report.num_reserved_blocks,
         tuple((group.priority, group.num_running) for group in report.running),
@@ -180,4 +189,5 @@ def urgent_signature(report: LoadReport) -> tuple[object, ...]:
         report.terminating,
         report.num_migrating_out,
         report.num_migrating_in,
+        report.prefill_blocks,
     )

@@ -1,7 +1,8 @@
 """``shoal bench requeue``: TTFT of a burst with and without moving queued requests, side by side.
 
 Two local clusters run at once, each an embedded nats-server, ``shoal scheduler``
-(policy ``blocks_ahead``), ``--instances`` torch agents (``--max-batch-size``
+(its default policy: ``prefill_ahead`` since round 6, ``blocks_ahead`` before), ``--instances``
+torch agents (``--max-batch-size``
 slots, given per agent in turn: by default 1 and 8) and ``shoal serve``; they differ only in the scheduler's
 ``--requeue-after-s``. Each round sends the same burst to one cluster, then to
 the other (the order alternates by round): ``--requests`` streaming requests at

@@ -74,7 +74,7 @@ def config_from_options(options: dict[str, Any]) -> FrontendConfig:
 @click.option("--max-concurrent-requests", type=int, default=1024, show_default=True,
               help="In flight before answering 429.")
 @click.option("--max-request-bytes", type=int, default=4 * 1024 * 1024, show_default=True)
-@click.option("--dispatch-policy", default="blocks_ahead", show_default=True,
+@click.option("--dispatch-policy", default="prefill_ahead", show_default=True,
               help="Bypass-mode dispatch policy.")
 @click.option("--dispatch-timeout", type=float, default=0.5, show_default=True,
               help="Seconds to wait for the scheduler before placing by itself (bypass).")

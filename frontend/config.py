@@ -40,7 +40,7 @@ class FrontendConfig:
     max_concurrent_requests: int = 1024
     max_request_bytes: int = 4 * 1024 * 1024
     max_stop_strings: int = 16
-    dispatch_policy: str = "blocks_ahead"
+    dispatch_policy: str = "prefill_ahead"
     dispatch_timeout: float = 0.5
     scheduler_backoff: float = 2.0
     generate_timeout: float = 2.0

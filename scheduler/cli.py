@@ -54,13 +54,14 @@ def policy_options(function: F) -> F:
             click.option(
                 "--policy",
                 type=click.Choice([p.value for p in DispatchPolicy]),
-                default=DispatchPolicy.BLOCKS_AHEAD.value,
+                default=DispatchPolicy.PREFILL_AHEAD.value,
                 show_default=True,
-                help="Dispatch policy. blocks_ahead (the default) is shoal's policy (queue_aware: its "
-                "former rule; blocks_ahead_growth: it with the running requests' expected decode growth "
-                "taken off each instance's room) and brings its migration rules (room check, no retry of "
-                "an aborted request for 2 s, at most 3 moves per request); the others pair by the paper's "
-                "rules.",
+                help="Dispatch policy. prefill_ahead (the default) is shoal's policy (blocks_ahead: it "
+                "without the prompts in flight counted as work ahead, the default of rounds 2-5; "
+                "queue_aware: the rule before; blocks_ahead_growth: blocks_ahead with the running "
+                "requests' expected decode growth taken off each instance's room); shoal's rules bring "
+                "its migration rules (room check, no retry of an aborted request for 2 s, at most 3 moves "
+                "per request); the others pair by the paper's rules.",
             ),
             click.option(
                 "--low-freeness",
@@ -219,8 +220,8 @@ def scheduler(**options: Any) -> None:
         requeue = SHOAL_REQUEUE_AFTER_S if DispatchPolicy(options["policy"]).moves_queued else 0.0
     if requeue and not DispatchPolicy(options["policy"]).moves_queued:
         raise click.BadParameter(
-            f"moving queued requests needs --policy {DispatchPolicy.BLOCKS_AHEAD.value} "
-            f"or {DispatchPolicy.BLOCKS_AHEAD_GROWTH.value}",
+            f"moving queued requests needs --policy {DispatchPolicy.PREFILL_AHEAD.value}, "
+            f"{DispatchPolicy.BLOCKS_AHEAD.value} or {DispatchPolicy.BLOCKS_AHEAD_GROWTH.value}",
             param_hint="--requeue-after-s",
         )
     config = SchedulerConfig(

@@ -54,12 +54,17 @@ class DispatchPolicy(enum.StrEnum):
     #: request's demand and batch slot; an instance that cannot hold its queue is ranked by its
     #: deficit in blocks. Kept unchanged so logs recorded with it recompute exactly.
     QUEUE_AWARE = "queue_aware"
-    #: shoal's default: where the request would start soonest (the blocks of prefill or memory
-    #: ahead of it), then as ``queue_aware`` among instances where it starts at once.
+    #: shoal's default of rounds 2-5 (2026-12-02): where the request would start soonest (the blocks
+    #: of queued prompts or memory ahead of it), then as ``queue_aware`` among instances where it
+    #: starts at once. Kept unchanged so logs recorded with it recompute exactly.
     BLOCKS_AHEAD = "blocks_ahead"
     #: ``blocks_ahead`` with the running requests' expected decode growth taken off every
     #: instance's room (``LoadReport.expected_growth_blocks``).
     BLOCKS_AHEAD_GROWTH = "blocks_ahead_growth"
+    #: shoal's default since round 6: ``blocks_ahead`` with the prompts admitted but not yet prefilled
+    #: (``LoadReport.prefill_blocks``: the step in flight) counted as work ahead where memory does not
+    #: bind, on instances where the request would otherwise start at once too.
+    PREFILL_AHEAD = "prefill_ahead"
 
     @property
     def migrates(self) -> bool:
@@ -72,7 +77,14 @@ class DispatchPolicy(enum.StrEnum):
     def moves_queued(self) -> bool:
         """Whether its scores say where a request "starts at once", so a stalled queue's request may
         move there (:func:`scheduler.policy.dispatch.requeue_choice`)."""
-        return self in (DispatchPolicy.BLOCKS_AHEAD, DispatchPolicy.BLOCKS_AHEAD_GROWTH)
+        return self in (
+            DispatchPolicy.BLOCKS_AHEAD, DispatchPolicy.BLOCKS_AHEAD_GROWTH, DispatchPolicy.PREFILL_AHEAD
+        )
+
+    @property
+    def counts_prefill(self) -> bool:
+        """Whether its score counts the prompts admitted but not yet prefilled as work ahead."""
+        return self is DispatchPolicy.PREFILL_AHEAD
 
     @property
     def is_shoal(self) -> bool:
@@ -82,7 +94,8 @@ class DispatchPolicy(enum.StrEnum):
 
 #: shoal's dispatch rules, the current default first.
 SHOAL_DISPATCH: tuple[DispatchPolicy, ...] = (
-    DispatchPolicy.BLOCKS_AHEAD, DispatchPolicy.QUEUE_AWARE, DispatchPolicy.BLOCKS_AHEAD_GROWTH
+    DispatchPolicy.PREFILL_AHEAD, DispatchPolicy.BLOCKS_AHEAD, DispatchPolicy.QUEUE_AWARE,
+    DispatchPolicy.BLOCKS_AHEAD_GROWTH,
 )
 
 

@@ -82,7 +82,7 @@ class SchedulerConfig:
                 raise ValueError(f"requeue_after_s must be > 0 or None, got {self.requeue_after_s}")
             if not self.policy.dispatch_policy.moves_queued:
                 raise ValueError(
-                    "requeue_after_s moves queued requests with the blocks_ahead rules; "
+                    "requeue_after_s moves queued requests with the blocks_ahead and prefill_ahead rules; "
                     f"the policy is {self.policy.dispatch_policy.value}"
                 )
         if self.snapshot_every_events < 1:

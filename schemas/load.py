@@ -59,3 +59,8 @@ class LoadReport(Message, frozen=True, kw_only=True, tag="load_report"):
     #: output length the agent learned from the requests it finished
     #: (``scheduler.policy.growth.expected_growth_blocks``); 0: no estimate yet (and in older logs).
     expected_growth_blocks: int = 0
+    #: Blocks of prompt tokens admitted here whose prefill is not done yet: the prompts of the step
+    #: in flight (an unchunked engine prefills every prompt it admits in one step) and the rest of a
+    #: chunked prompt. What a request placed here waits to see computed before its own step even
+    #: when nothing is queued. 0 in older logs.
+    prefill_blocks: int = 0

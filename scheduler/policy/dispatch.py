@@ -19,6 +19,9 @@ Four policies, chosen by :class:`~scheduler.config.DispatchPolicy` through
   (see :func:`~scheduler.policy.load.queue_aware_score`);
 * ``blocks_ahead_growth``: ``blocks_ahead`` with the running requests' expected decode
   growth (``expected_growth_blocks`` of the report) taken off each instance's room;
+* ``prefill_ahead``: ``blocks_ahead`` with the prompts admitted but not yet prefilled
+  (``prefill_blocks`` of the report: the step in flight) counted as work ahead where memory
+  does not bind, so a request does not go where it would "start at once" behind a long prefill;
 * ``queue_aware`` (the default until 2026-12-02, kept so its logs recompute): that
   freeness wherever the instance has room, else its memory deficit.
 
@@ -250,6 +253,7 @@ class _QueueAwareDispatcher(_ScoringDispatcher):
             load, demand_blocks, self._config, priority=priority,
             blocks_ahead=self.policy is not DispatchPolicy.QUEUE_AWARE,
             count_growth=self.policy is DispatchPolicy.BLOCKS_AHEAD_GROWTH,
+            count_prefill=self.policy is DispatchPolicy.PREFILL_AHEAD,
         )
 
 
@@ -356,9 +360,12 @@ def requeue_choice(
     ahead of it or pending, room for its prompt after the blocks the running requests are still
     expected to grow by), never back to ``source``; among those, the dispatcher's choice. A
     request moved where it only fits for now takes room the running requests need a little later,
-    and they get preempted. Only the ``blocks_ahead`` rules' scores say "starts at once", so any
-    other policy leaves the request. :func:`requeue_request` is the request the dispatcher is asked
-    to place (the instances ruled out in its ``exclude``): dispatching it gives the same decision.
+    and they get preempted. Only the scores of the blocks-ahead rules (``blocks_ahead``,
+    ``blocks_ahead_growth``, ``prefill_ahead``) say "starts at once", so any other policy leaves
+    the request (``prefill_ahead`` scores an instance where it starts at once behind a prefill in
+    flight below zero: there :func:`requeue_request` rules out the rest and the sign is not read).
+    :func:`requeue_request` is the request the dispatcher is asked to place (the instances ruled
+    out in its ``exclude``): dispatching it gives the same decision.
 
     Reports without ``expected_growth_blocks`` (logs from before 2026-12-02, or an instance that
     finished nothing yet) rule nothing out beyond the score, so such logs recompute as they did.
@@ -367,21 +374,27 @@ def requeue_choice(
         return None
     moved = requeue_request(request, source, loads, config)
     decision = dispatcher.choose(moved, loads, num_dispatched=num_dispatched)
-    if decision is None or decision.score < 0:
+    if decision is None or (decision.score < 0 and not dispatcher.policy.counts_prefill):
         return None
     return decision
 
 
 def requeue_request(
-    request: PendingRequest, source: str, loads: Sequence[InstanceLoad], config: PolicyConfig
+    request: PendingRequest,
+    source: str,
+    loads: Sequence[InstanceLoad],
+    config: PolicyConfig,
 ) -> PendingRequest:
     """``request`` as :func:`requeue_choice` offers it to the dispatcher: ``source`` excluded, and every
     instance that expects growth and where the request would not start at once and stay, in
-    ``loads`` order."""
+    ``loads`` order. Under ``prefill_ahead`` (``config.dispatch_policy.counts_prefill``) every
+    instance where it would not, growth or not: that rule's score is negative also where the
+    request starts at once behind a prefill in flight, so the sign cannot say it."""
+    every_instance = config.dispatch_policy.counts_prefill
     excluded = [source]
     for load in loads:
         if (
-            load.expected_growth_blocks > 0
+            (every_instance or load.expected_growth_blocks > 0)
             and load.instance_id != source
             and not starts_at_once(
                 load, load.demand_blocks(request.num_prompt_tokens), config, priority=request.priority

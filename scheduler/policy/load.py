@@ -84,6 +84,7 @@ class InstanceLoad(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     pending_blocks: int = 0
     num_preemptions: int = 0
     expected_growth_blocks: int = 0
+    prefill_blocks: int = 0
 
     @classmethod
     def from_joined(cls, joined: InstanceJoined) -> InstanceLoad:
@@ -138,6 +139,7 @@ class InstanceLoad(msgspec.Struct, frozen=True, kw_only=True, gc=False):
             pending_blocks=pending_blocks,
             num_preemptions=report.num_preemptions,
             expected_growth_blocks=report.expected_growth_blocks,
+            prefill_blocks=report.prefill_blocks,
         )
 
     @property
@@ -229,6 +231,7 @@ def queue_aware_score(
     priority: int = 0,
     blocks_ahead: bool = True,
     count_growth: bool = False,
+    count_prefill: bool = False,
 ) -> float:
     """shoal's dispatch score: where the request would start soonest, then the most room per request.
 
@@ -257,6 +260,14 @@ def queue_aware_score(
     requests) off the room: an instance whose decoding requests will soon fill it is not a place
     where the request starts at once (it would start, then be preempted or preempt them).
 
+    ``count_prefill`` (the ``prefill_ahead`` rule) also counts the prompts the instance admitted but
+    has not prefilled yet (``prefill_blocks``: the step in flight, a chunked prompt's rest) as work
+    ahead wherever the request's memory fits: an engine that prefills every prompt it admits in one
+    step starts the request only after that step, so an instance where it "starts at once" behind a
+    long prefill ranks by that prefill against one that only decodes or whose queue is shorter.
+    Where memory binds (a deficit) they are not counted: the request waits for blocks to be freed,
+    and the prompts in flight are computed long before.
+
     ``blocks_ahead=False`` is the ``queue_aware`` rule (the default until 2026-12-02): a waiting
     instance scores only its memory deficit, and one with room scores its freeness even when
     prompts are queued ahead.
@@ -275,7 +286,10 @@ def queue_aware_score(
         if room < 0:
             return float(room)
         return room / (batch + num_queued + 1)
-    ahead = max(queued + load.pending_blocks, -room)
+    work = queued + load.pending_blocks
+    if count_prefill and room >= 0:  # where memory binds, the prompts in flight are done long before
+        work += load.prefill_blocks
+    ahead = max(work, -room)
     if ahead > 0:
         return -float(ahead)
     return room / (batch + num_queued + 1)

@@ -16,8 +16,9 @@ name            dispatch                     migration  priorities
                 (the default)                room check
 ==============  ===========================  =========  ==========
 
-``shoal`` is the default policy, live and here: :data:`DispatchPolicy.BLOCKS_AHEAD
-<scheduler.config.DispatchPolicy>` dispatch, :func:`~scheduler.config.shoal_pairing`
+``shoal`` is the default policy, live and here: :data:`DispatchPolicy.PREFILL_AHEAD
+<scheduler.config.DispatchPolicy>` dispatch (``blocks_ahead`` until round 6 of
+docs/SIMULATION.md), :func:`~scheduler.config.shoal_pairing`
 (pairs only destinations with room, sends only what fits, no retry of an aborted
 request for 2 s, at most 3 moves per request) and the move of queued requests after
 :data:`~scheduler.config.SHOAL_REQUEUE_AFTER_S` (``PolicySetup.requeue_after_s``; no other
@@ -89,7 +90,7 @@ _DISPATCH: dict[PolicyName, DispatchPolicy] = {
     PolicyName.LLUMNIX_BASE: DispatchPolicy.FREENESS,
     PolicyName.LLUMNIX: DispatchPolicy.FREENESS,
     PolicyName.SHOAL_V1: DispatchPolicy.FREENESS_AFTER_ADMIT,
-    PolicyName.SHOAL: DispatchPolicy.BLOCKS_AHEAD,
+    PolicyName.SHOAL: DispatchPolicy.PREFILL_AHEAD,
 }
 
 
@@ -190,7 +191,7 @@ class SimConfig:
       and the torch engine run it); None: every admitted prompt prefills in one step;
     * ``requeue_after_s``: the move of queued requests (no KV: the request moves, not its
       cache) off an instance whose head of line waited this long, to one where it starts at
-      once (``blocks_ahead`` dispatch only); None (the default): the policy's own
+      once (``prefill_ahead`` and ``blocks_ahead`` dispatch only); None (the default): the policy's own
       (``PolicySetup.requeue_after_s``: 0.5 s for ``shoal``, off for the rest); 0: off.
       :attr:`requeue_s` is what the run uses;
     * ``priority_preemption``, ``prompts_by_priority``, ``high_priority_reserve_blocks``: the

@@ -42,6 +42,7 @@ class InstanceSnapshot:
         "expected_growth_blocks",
         "head_of_line",
         "num_waiting",
+        "prefill_blocks",
         "running",
         "waiting_demand",
     )
@@ -52,6 +53,7 @@ class InstanceSnapshot:
         self.num_waiting = 0
         self.waiting_demand = 0
         self.expected_growth_blocks = 0
+        self.prefill_blocks = 0
 
 
 class SimInstance:
@@ -133,6 +135,9 @@ class SimInstance:
                 else:
                     entry[0] += 1
                     entry[1] += num_blocks
+                unprefilled = len(request.all_token_ids) - request.num_computed_tokens
+                if unprefilled > 1:
+                    snap.prefill_blocks += -(-unprefilled // block_size)
                 if expected_output > 0:
                     growing.append((len(request.all_token_ids), request.num_prompt_tokens, num_blocks))
             else:
@@ -204,6 +209,7 @@ class SimInstance:
             num_migrating_in=self.num_migrating_in,
             waiting_demand=snap.waiting_demand,
             expected_growth_blocks=snap.expected_growth_blocks,
+            prefill_blocks=snap.prefill_blocks,
         )
 
     def migration_candidates(self, migrating: Collection[str]) -> tuple[list[RunningRequest], list[str]]:

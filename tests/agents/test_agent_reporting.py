@@ -149,3 +149,25 @@ def test_the_report_counts_the_growth_expected_of_decoding_requests() -> None:
         stats, instance_id="a", seq=1, block_size=4, num_accepted=1, config=config, expected_output_tokens=2
     )
     assert past.expected_growth_blocks == 0
+
+
+def test_the_report_counts_the_prompts_admitted_but_not_yet_prefilled() -> None:
+    # block size 4: a 30-token prompt admitted in the step in flight holds 8 blocks and has all 30
+    # tokens still to compute (8 blocks of prefill ahead of anything placed here); once the step ends
+    # it decodes and nothing is left to prefill. The simulator's instances count it the same way.
+    engine = SimEngine("tiny-test", num_blocks=64)
+    engine.add_request("r", list(range(1, 31)), SamplingParams(max_tokens=500), priority=0)
+    config = PolicyConfig()
+    plan, duration = engine.begin_step()
+    during = build_load_report(
+        engine.stats(), instance_id="a", seq=1, block_size=4, num_accepted=1, config=config
+    )
+    assert during.prefill_blocks == 8 and during.num_waiting == 0
+    assert InstanceLoad.from_report(during).prefill_blocks == 8
+    engine.end_step(plan, duration)
+    after = build_load_report(
+        engine.stats(), instance_id="a", seq=2, block_size=4, num_accepted=1, config=config
+    )
+    assert after.prefill_blocks == 0
+    # the step's end changes no count of requests, yet the scheduler must hear of it at once
+    assert urgent_signature(after) != urgent_signature(during)

@@ -96,6 +96,7 @@ class FakeAgent:
         lifetime_reports: int = 6,
         hog_blocks: int = 0,
         growth_blocks: int = 0,
+        prefill_blocks: int = 0,
         queued: QueuedRequest | None = None,
         answers_probes: bool = False,
     ) -> None:
@@ -114,6 +115,8 @@ class FakeAgent:
         self.hog_blocks = hog_blocks
         #: ``LoadReport.expected_growth_blocks``: what its running requests are still expected to take.
         self.growth_blocks = growth_blocks
+        #: ``LoadReport.prefill_blocks``: prompts admitted here whose prefill is still in flight.
+        self.prefill_blocks = prefill_blocks
         #: One request queued here since the agent started (a stalled queue, reported as the head of
         #: line and the request it may give up); None: nothing queued.
         self.queued = queued
@@ -193,6 +196,7 @@ class FakeAgent:
             head_of_line_wait_s=0.0 if queued is None else time.monotonic() - self._started_at,
             requeue_candidate=queued,
             expected_growth_blocks=self.growth_blocks,
+            prefill_blocks=self.prefill_blocks,
         )
 
     async def _report_loop(self) -> None:

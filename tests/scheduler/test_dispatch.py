@@ -257,3 +257,49 @@ def test_a_queued_request_moves_only_where_it_would_start_at_once() -> None:
     # only shoal's dispatch says "starts at once"
     infaas = make_dispatcher(DispatchPolicy.INFAAS, CONFIG)
     assert requeue_choice(infaas, request, "s", [stalled, busy, free], config=CONFIG) is None
+
+
+def test_prefill_ahead_counts_the_prompts_in_flight_as_work_ahead() -> None:
+    # ``a`` has more room but is prefilling 300 blocks of prompts admitted in the step in flight (an
+    # unchunked engine computes them all before its next step); ``b`` only decodes.
+    a = load("a", (3, 400), prefill_blocks=300)
+    b = load("b", (6, 600))
+    # blocks_ahead sees nothing queued on either and picks the most room per request: ``a``, where the
+    # request waits for the whole step in flight
+    assert choose(DispatchPolicy.BLOCKS_AHEAD, [a, b]) == "a"
+    # prefill_ahead: ``a`` has 300 blocks of prefill ahead of the request, ``b`` none
+    assert queue_aware_score(a, 1, CONFIG, count_prefill=True) == -300
+    assert queue_aware_score(b, 1, CONFIG, count_prefill=True) == pytest.approx(399 / 7)
+    assert choose(DispatchPolicy.PREFILL_AHEAD, [a, b]) == "b"
+    # once both prefill, the least work ahead (in flight + queued + pending) wins
+    c = load("c", (6, 600), prefill_blocks=100, head_of_line_demand=50, num_waiting=2, waiting_demand=150)
+    assert queue_aware_score(c, 1, CONFIG, count_prefill=True) == -250
+    assert choose(DispatchPolicy.PREFILL_AHEAD, [a, c]) == "c"
+    assert choose(DispatchPolicy.PREFILL_AHEAD, [a, c.with_dispatch(60)]) == "a"  # 310 ahead of it now
+    # where memory binds the request waits for blocks to be freed, not for the prompts in flight
+    # (they are computed long before): the deficit, as under blocks_ahead
+    full = load("f", (6, 990), prefill_blocks=100)
+    assert queue_aware_score(full, 5, CONFIG, count_prefill=True) == -100  # room 5: the prefill ahead
+    assert queue_aware_score(full, 20, CONFIG, count_prefill=True) == -10  # deficit 10
+    assert queue_aware_score(full, 50, CONFIG, count_prefill=True) == -40  # deficit 40
+    assert queue_aware_score(full, 20, CONFIG) == -10
+
+
+def test_prefill_ahead_moves_a_queued_request_where_it_starts_at_once_least_prefill_first() -> None:
+    from scheduler.policy.dispatch import requeue_choice, requeue_request
+
+    config = PolicyConfig(dispatch_policy=DispatchPolicy.PREFILL_AHEAD)
+    request = PendingRequest(request_id="q", num_prompt_tokens=160)  # 10 blocks
+    stalled = load("s", (5, 990), head_of_line_demand=50, num_waiting=3, waiting_demand=80)
+    busy = load("b", (4, 950), head_of_line_demand=40, num_waiting=1, waiting_demand=40)
+    prefilling = load("p", (2, 300), prefill_blocks=200)  # starts at once, behind a prefill in flight
+    decoding = load("d", (8, 700))  # starts at once, nothing in flight
+    dispatcher = make_dispatcher(DispatchPolicy.PREFILL_AHEAD, config)
+    loads = [stalled, busy, prefilling, decoding]
+    decision = requeue_choice(dispatcher, request, "s", loads, config=config)
+    assert decision is not None and decision.instance_id == "d"
+    # where it would wait for memory or a queue it is never moved; behind a prefill it may be
+    assert requeue_request(request, "s", loads, config).exclude == ("s", "b")
+    decision = requeue_choice(dispatcher, request, "s", [stalled, busy, prefilling], config=config)
+    assert decision is not None and decision.instance_id == "p" and decision.score == -200
+    assert requeue_choice(dispatcher, request, "s", [stalled, busy], config=config) is None

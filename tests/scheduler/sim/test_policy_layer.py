@@ -75,7 +75,7 @@ def test_layer_dispatch_is_make_dispatcher_over_the_folded_views() -> None:
     layer.fold([_joined("b"), _joined("a"), _joined("c")])
     layer.fold([_report("a", 1, 40, 2, 2), _report("b", 1, 10, 1, 1), _report("c", 1, 10, 1, 1)])
     request = PendingRequest(request_id="q", num_prompt_tokens=160, arrival=1.0)
-    expected = make_dispatcher("blocks_ahead", layer.config).choose(
+    expected = make_dispatcher("prefill_ahead", layer.config).choose(
         request, live_loads(layer.state), num_dispatched=0,
     )
     decision = layer.dispatch(request)
@@ -149,4 +149,33 @@ def test_a_run_counting_decode_growth_reports_it_and_replays_to_identical_decisi
     assert grown
     dispatched = [d for d in sim.log.decisions() if isinstance(d, Dispatched)]
     assert {d.policy for d in dispatched} == {"blocks_ahead_growth"}
+    assert replay_policy_log(sim.log.entries, config.setup.policy).decisions() == sim.log.decisions()
+
+
+def test_a_run_counting_prompts_in_flight_reports_them_and_replays_to_identical_decisions() -> None:
+    # L-S (long prompts, short outputs) on 4 instances: reports made while a step prefills carry the
+    # blocks of its prompts (``prefill_blocks``), dispatch and the moves of queued requests count them
+    # as work ahead, and the replay of the policy log recomputes every decision.
+    from scheduler.config import DispatchPolicy
+
+    workload = synthetic_workload(300, 6.0, mix="L-S", seed=3)
+    config = SimConfig(
+        setup=policy_setup("shoal", dispatch=DispatchPolicy.PREFILL_AHEAD),
+        num_instances=4,
+        record_policy_log=True,
+    )
+    sim = Simulator(config, workload)
+    result = sim.run()
+    assert result.num_finished == 300
+    assert sim.log is not None
+    prefilling = [
+        body
+        for entry in sim.log.entries
+        if isinstance(entry, FoldInputs)
+        for body in entry.bodies
+        if getattr(body, "prefill_blocks", 0) > 0
+    ]
+    assert prefilling
+    dispatched = [d for d in sim.log.decisions() if isinstance(d, Dispatched)]
+    assert {d.policy for d in dispatched} == {"prefill_ahead"}
     assert replay_policy_log(sim.log.entries, config.setup.policy).decisions() == sim.log.decisions()

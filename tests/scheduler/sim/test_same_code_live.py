@@ -49,6 +49,11 @@ GROWTH_POLICY = PolicyConfig(
     dispatch_policy=DispatchPolicy.BLOCKS_AHEAD_GROWTH,
     pairing=shoal_pairing(low_freeness=35, high_freeness=70),
 )
+#: shoal's policy with the prompts admitted but not yet prefilled counted as work ahead.
+PREFILL_POLICY = PolicyConfig(
+    dispatch_policy=DispatchPolicy.PREFILL_AHEAD,
+    pairing=shoal_pairing(low_freeness=35, high_freeness=70),
+)
 NUM_REQUESTS = 48
 
 
@@ -151,7 +156,9 @@ async def _live_run(
 
 
 @pytest.mark.parametrize(
-    "policy", [POLICY, SHOAL_POLICY, GROWTH_POLICY], ids=["paper-rules", "shoal", "shoal-growth"]
+    "policy",
+    [POLICY, SHOAL_POLICY, GROWTH_POLICY, PREFILL_POLICY],
+    ids=["paper-rules", "shoal", "shoal-growth", "shoal-prefill"],
 )
 async def test_live_recorded_log_through_the_simulators_policy_layer_gives_identical_decisions(
     nats_url: str, policy: PolicyConfig
@@ -179,6 +186,8 @@ async def test_live_recorded_log_through_the_simulators_policy_layer_gives_ident
     assert {d.policy for d in recorded_dispatches} == {policy.dispatch_policy.value}
     # the agents learned an output length from finished requests and report the growth it implies
     assert any(report.expected_growth_blocks > 0 for _, report in loads)
+    # reports made while a step prefills carry its prompts (what prefill_ahead ranks by)
+    assert any(report.prefill_blocks > 0 for _, report in loads)
     replayed = replay_recorded_log(events, loads, policy)
 
     mismatches = [row for row in replayed if not row.matches]
