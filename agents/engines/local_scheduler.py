@@ -487,8 +487,13 @@ class LocalScheduler:
         if need <= blocks.num_free_blocks and self.num_running < self.config.max_batch_size:
             return None
         worse = [r for r in self._running if r.status is _RUNNING and r.priority > head.priority]
-        if not worse or blocks.num_free_blocks + sum(len(r.block_ids) for r in worse) < need:
-            return None  # preempting would not let it in: it waits, as before
+        slots = self.num_running - self.config.max_batch_size + 1  # batch places to free for the head
+        if (
+            not worse
+            or blocks.num_free_blocks + sum(len(r.block_ids) for r in worse) < need
+            or len(worse) < slots
+        ):
+            return None  # preempting the worse ones would not let it in: it waits, as before
         context = 0
         while need > blocks.num_free_blocks or self.num_running >= self.config.max_batch_size:
             victim = self._preempt_newest_lowest(preempted)  # the batch's last: a worse priority
