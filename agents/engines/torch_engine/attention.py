@@ -8,7 +8,8 @@ and slot) and how the sequences attend:
   through a padded block-table tensor into ``[B, S, kv_heads, head_dim]``
   (reusable memory, see ``GatherWorkspace``) and attended with a length mask by
   ``scaled_dot_product_attention``, all sequences at once (measured faster on
-  CPU than a per-sequence loop, and than a hand-written matmul/softmax);
+  CPU than a per-sequence loop, and than a hand-written matmul/softmax), the
+  query heads of each KV head as that head's query rows;
 * **prefill pieces** (several new tokens of one sequence) attend with
   ``scaled_dot_product_attention`` and a causal mask, over their own fresh
   K/V when the piece starts the sequence, else over the sequence's blocks.
