@@ -53,7 +53,7 @@ def build_engine(
     device: str,
     time_scale: float,
     vllm_options: dict[str, Any] | None = None,
-    max_step_tokens: int | None = 1024,
+    max_step_tokens: int | None = 2048,
     dtype: str | None = None,
 ) -> Any:
     """The engine the options describe (torch is imported only when chosen).
@@ -124,7 +124,7 @@ def build_engine(
               help="KV budget instead of --num-blocks (vllm on CPU: 1 GiB unless VLLM_CPU_KVCACHE_SPACE).")
 @click.option("--block-size", type=int, default=None, help="KV block size [default: torch 16, vllm 32].")
 @click.option("--max-batch-size", type=int, default=256, show_default=True)
-@click.option("--max-step-tokens", type=click.IntRange(min=0), default=1024, show_default=True,
+@click.option("--max-step-tokens", type=click.IntRange(min=0), default=2048, show_default=True,
               help="torch: tokens per step; a longer prompt is prefilled in chunks (0: in one step).")
 @click.option("--max-model-len", type=int, default=None)
 @click.option("--seed", type=int, default=0, show_default=True)

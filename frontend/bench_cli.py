@@ -17,6 +17,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "engine": ("agents.engines.bench:bench_engine", "Engine tokens/s and KV export/import GB/s."),
     "deltas": ("agents.bench_deltas:bench_deltas", "Token deltas per request vs batched per step."),
     "prefill": ("agents.engines.bench_prefill:bench_prefill", "Decode stall under a long prompt."),
+    "step": ("agents.engines.bench_step:bench_step", "Torch engine CPU per prompt token and decode step."),
     "migration": ("agents.bench_migration:bench_migration", "Live vs blocking vs recompute downtime."),
     "cluster": ("scheduler.bench_cluster:bench_cluster", "Dispatch latency at 64 sim instances."),
     "recovery": ("scheduler.bench_recovery:bench_recovery", "Scheduler recovery time by log size."),

@@ -75,10 +75,10 @@ class TorchEngineConfig:
     max_model_len: int | None = None  # default: the model's max_position_embeddings
     max_batch_size: int = 256
     max_prefill_tokens: int | None = None  # prompt tokens admitted per step (scheduler)
-    max_pass_tokens: int = 1024  # tokens per forward pass; longer prompts are chunked
+    max_pass_tokens: int = 2048  # tokens per forward pass; longer prompts are chunked
     #: Tokens computed per step (chunked prefill: a longer prompt continues in the next steps,
     #: alongside the decodes); None: a prompt is prefilled in one step, however long.
-    max_step_tokens: int | None = 1024
+    max_step_tokens: int | None = 2048
     batch_invariant: bool = False
     #: ``step_async(exclusive=True)`` computes a step inline when it should take at most this long
     #: (estimated from the last step, scaled by tokens); longer ones go to a worker thread.

@@ -28,6 +28,8 @@ __all__ = [
     "build_random_model",
     "dense_attention",
     "rope_inverse_frequencies",
+    "rotary_tables",
+    "rotate",
 ]
 
 #: ``attend(layer, q [T, heads, head_dim], k [T, kv_heads, head_dim], v) -> [T, heads * head_dim]``
@@ -74,13 +76,22 @@ def _rotate_half(x: Tensor) -> Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def apply_rotary(q: Tensor, k: Tensor, positions: Tensor, inv_freq: Tensor) -> tuple[Tensor, Tensor]:
-    """Rotate ``q`` [T, H, D] and ``k`` [T, Hkv, D] by ``positions`` [T] (HF's half-split layout)."""
+def rotary_tables(positions: Tensor, inv_freq: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """``cos`` and ``sin`` [T, 1, D] of ``positions`` [T] in ``dtype``: once per pass, for every layer."""
     freqs = positions.to(torch.float32)[:, None] * inv_freq[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
-    cos = emb.cos().to(q.dtype)[:, None, :]
-    sin = emb.sin().to(q.dtype)[:, None, :]
+    return emb.cos().to(dtype)[:, None, :], emb.sin().to(dtype)[:, None, :]
+
+
+def rotate(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+    """Rotate ``q`` [T, H, D] and ``k`` [T, Hkv, D] by the tables of :func:`rotary_tables`."""
     return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def apply_rotary(q: Tensor, k: Tensor, positions: Tensor, inv_freq: Tensor) -> tuple[Tensor, Tensor]:
+    """Rotate ``q`` [T, H, D] and ``k`` [T, Hkv, D] by ``positions`` [T] (HF's half-split layout)."""
+    cos, sin = rotary_tables(positions, inv_freq, q.dtype)
+    return rotate(q, k, cos, sin)
 
 
 class Attention(nn.Module):
@@ -152,13 +163,14 @@ class LlamaForCausalLM(nn.Module):
         if inv_freq.device != input_ids.device:
             inv_freq = self._inv_freq = inv_freq.to(input_ids.device)
         layers: list[DecoderLayer] = list(self.model.layers)  # type: ignore[arg-type]
+        cos, sin = rotary_tables(positions, inv_freq, x.dtype)
         for index, layer in enumerate(layers):
             attn = layer.self_attn
             h = layer.input_layernorm(x)
             q = attn.q_proj(h).view(num_tokens, config.num_heads, config.head_dim)
             k = attn.k_proj(h).view(num_tokens, config.num_kv_heads, config.head_dim)
             v = attn.v_proj(h).view(num_tokens, config.num_kv_heads, config.head_dim)
-            q, k = apply_rotary(q, k, positions, inv_freq)
+            q, k = rotate(q, k, cos, sin)
             x = x + attn.o_proj(attend(index, q, k, v))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return x

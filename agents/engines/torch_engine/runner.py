@@ -57,7 +57,7 @@ class ModelRunner:
         pool: PagedKVPool,
         *,
         batch_invariant: bool = False,
-        max_pass_tokens: int = 1024,
+        max_pass_tokens: int = 2048,
     ) -> None:
         if max_pass_tokens <= 0:
             raise ValueError("max_pass_tokens must be positive")
