@@ -13,11 +13,12 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from bus import BusConfig, BusError, JetStreamBus
 from bus.protocol import StreamConfig
+from scheduler.logfile import RecordedLog
 from schemas import Codec, Subjects
 from schemas.instance import InstanceJoined, KVLayout, ModelIdentity
 from schemas.load import LoadReport, PriorityLoad, QueuedRequest
@@ -266,3 +267,98 @@ async def place(bus: JetStreamBus, request_id: str, prompt: int = 64) -> Dispatc
 from schemas.rpc import SamplingParams  # noqa: E402
 
 _SAMPLING = SamplingParams(max_tokens=4)
+
+
+async def place_under_policy(
+    nats_url: str, prefix: str, agents: Callable[[JetStreamBus], list[FakeAgent]], policy: Any, count: int = 4
+) -> tuple[list[DispatchReply], RecordedLog]:
+    """The fake agents ``agents`` builds report load; a scheduler under dispatch ``policy`` places
+    ``count`` requests, one report interval apart (each request's report lands and expires before
+    the next). Returns the replies and the whole log."""
+    from scheduler.config import PolicyConfig
+    from scheduler.logfile import read_bus_log
+    from scheduler.service import SchedulerConfig, SchedulerService
+
+    async with connected(nats_url, prefix) as agent_bus, connected(nats_url, prefix) as sched_bus:
+        started = agents(agent_bus)
+        for agent in started:
+            await agent.start()
+        config = SchedulerConfig(
+            policy=PolicyConfig(dispatch_policy=policy), lease_ttl_s=1.0, pairing_interval_s=0.1
+        )
+        service = SchedulerService(sched_bus, config)
+        task = asyncio.create_task(service.run())
+        try:
+            await service.wait_active(10)
+            await asyncio.sleep(0.2)  # every instance reported
+            replies = []
+            for k in range(count):
+                replies.append(await place(agent_bus, f"r{k}"))
+                await asyncio.sleep(0.12)
+        finally:
+            await service.stop()
+            await asyncio.wait_for(task, 10)
+        for agent in started:
+            await agent.stop()
+        return replies, await read_bus_log(agent_bus)
+
+
+def assert_dispatches_replay_exactly(log: RecordedLog, policy: Any, count: int = 4) -> list[LoadReport]:
+    """Every one of the ``count`` dispatches was made under ``policy`` and recomputes equal from the
+    log; returns the log's load reports."""
+    from scheduler.replay import replay_log
+    from schemas.decisions import Dispatched
+
+    codec = Codec()
+    dispatched = [b for e in log.events if isinstance(b := codec.decode(e.data).body, Dispatched)]
+    assert [d.policy for d in dispatched] == [policy.value] * count
+    result = replay_log(log)
+    assert result.mismatches == [] and result.num_unverifiable == 0
+    recomputed = [row for row in result.decisions if isinstance(row.decision, Dispatched)]
+    assert len(recomputed) == count and all(row.matches for row in recomputed)
+    return [b for e in log.loads if isinstance(b := codec.decode(e.data).body, LoadReport)]
+
+
+async def move_under_policy(
+    nats_url: str, prefix: str, agents: Callable[[JetStreamBus], list[FakeAgent]], policy: Any
+) -> tuple[list[Any], RecordedLog]:
+    """The fake agents ``agents`` builds report load, one of them with a stalled queue; a scheduler
+    under dispatch ``policy`` moves queued requests after 0.3 s. Runs until the first move and a few
+    ticks more; returns the moves (``Dispatched`` with ``requeued_from``), after checking that each
+    recomputes equal from the log, and the log."""
+    from scheduler.config import PolicyConfig
+    from scheduler.logfile import read_bus_log
+    from scheduler.replay import replay_log
+    from scheduler.service import SchedulerConfig, SchedulerService
+    from schemas.decisions import Dispatched
+
+    async with connected(nats_url, prefix) as agent_bus, connected(nats_url, prefix) as sched_bus:
+        started = agents(agent_bus)
+        for agent in started:
+            await agent.start()
+        config = SchedulerConfig(
+            policy=PolicyConfig(dispatch_policy=policy), lease_ttl_s=1.0, pairing_interval_s=0.05,
+            requeue_after_s=0.3,
+        )
+        service = SchedulerService(sched_bus, config)
+        task = asyncio.create_task(service.run())
+        try:
+            await service.wait_active(10)
+            async with asyncio.timeout(10):
+                while service.stats.requeues == 0:
+                    await asyncio.sleep(0.05)
+            await asyncio.sleep(0.2)  # more ticks: the request does not move twice
+        finally:
+            await service.stop()
+            await asyncio.wait_for(task, 10)
+        for agent in started:
+            await agent.stop()
+        log = await read_bus_log(agent_bus)
+    codec = Codec()
+    bodies = [codec.decode(e.data).body for e in log.events]
+    moves = [b for b in bodies if isinstance(b, Dispatched) and b.requeued_from]
+    result = replay_log(log)
+    assert result.mismatches == [] and result.num_unverifiable == 0
+    replayed = [row for row in result.decisions if row.kind == "requeue"]
+    assert len(replayed) == len(moves) and all(row.matches for row in replayed)
+    return moves, log
