@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from scheduler.cluster_state import live_loads
 from scheduler.config import ScalingConfig
 from scheduler.policy import PendingRequest, make_dispatcher
@@ -123,15 +125,26 @@ def test_a_run_that_moves_queued_requests_replays_to_identical_decisions() -> No
     assert replay_policy_log(sim.log.entries, config.setup.policy).decisions() == sim.log.decisions()
 
 
-def test_a_run_counting_decode_growth_reports_it_and_replays_to_identical_decisions() -> None:
-    # S-L (short prompts, long outputs) on 4 instances: each instance learns the output length from
-    # the requests it finishes and reports the growth it expects; dispatch and the moves of queued
-    # requests take it off the room, and the replay of the policy log recomputes every decision.
+@pytest.mark.parametrize(
+    ("mix", "rate", "policy", "field"),
+    [
+        # S-L (short prompts, long outputs): each instance learns the output length from the requests
+        # it finishes and reports the growth it expects; dispatch and the moves take it off the room
+        ("S-L", 4.0, "blocks_ahead_growth", "expected_growth_blocks"),
+        # L-S (long prompts, short outputs): reports made while a step prefills carry the blocks of its
+        # prompts; dispatch and the moves of queued requests count them as work ahead
+        ("L-S", 6.0, "prefill_ahead", "prefill_blocks"),
+    ],
+)
+def test_a_run_under_a_report_driven_rule_reports_its_input_and_replays_to_identical_decisions(
+    mix: str, rate: float, policy: str, field: str
+) -> None:
+    # 4 instances; the replay of the policy log recomputes every decision.
     from scheduler.config import DispatchPolicy
 
-    workload = synthetic_workload(300, 4.0, mix="S-L", seed=3)
+    workload = synthetic_workload(300, rate, mix=mix, seed=3)
     config = SimConfig(
-        setup=policy_setup("shoal", dispatch=DispatchPolicy.BLOCKS_AHEAD_GROWTH),
+        setup=policy_setup("shoal", dispatch=DispatchPolicy(policy)),
         num_instances=4,
         record_policy_log=True,
     )
@@ -139,43 +152,14 @@ def test_a_run_counting_decode_growth_reports_it_and_replays_to_identical_decisi
     result = sim.run()
     assert result.num_finished == 300
     assert sim.log is not None
-    grown = [
+    reported = [
         body
         for entry in sim.log.entries
         if isinstance(entry, FoldInputs)
         for body in entry.bodies
-        if getattr(body, "expected_growth_blocks", 0) > 0
+        if getattr(body, field, 0) > 0
     ]
-    assert grown
+    assert reported
     dispatched = [d for d in sim.log.decisions() if isinstance(d, Dispatched)]
-    assert {d.policy for d in dispatched} == {"blocks_ahead_growth"}
-    assert replay_policy_log(sim.log.entries, config.setup.policy).decisions() == sim.log.decisions()
-
-
-def test_a_run_counting_prompts_in_flight_reports_them_and_replays_to_identical_decisions() -> None:
-    # L-S (long prompts, short outputs) on 4 instances: reports made while a step prefills carry the
-    # blocks of its prompts (``prefill_blocks``), dispatch and the moves of queued requests count them
-    # as work ahead, and the replay of the policy log recomputes every decision.
-    from scheduler.config import DispatchPolicy
-
-    workload = synthetic_workload(300, 6.0, mix="L-S", seed=3)
-    config = SimConfig(
-        setup=policy_setup("shoal", dispatch=DispatchPolicy.PREFILL_AHEAD),
-        num_instances=4,
-        record_policy_log=True,
-    )
-    sim = Simulator(config, workload)
-    result = sim.run()
-    assert result.num_finished == 300
-    assert sim.log is not None
-    prefilling = [
-        body
-        for entry in sim.log.entries
-        if isinstance(entry, FoldInputs)
-        for body in entry.bodies
-        if getattr(body, "prefill_blocks", 0) > 0
-    ]
-    assert prefilling
-    dispatched = [d for d in sim.log.decisions() if isinstance(d, Dispatched)]
-    assert {d.policy for d in dispatched} == {"prefill_ahead"}
+    assert {d.policy for d in dispatched} == {policy}
     assert replay_policy_log(sim.log.entries, config.setup.policy).decisions() == sim.log.decisions()
