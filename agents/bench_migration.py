@@ -11,7 +11,9 @@ decoding on both instances, and the request to move — ``seq_len`` tokens of KV
 filled without prefill (:func:`agents.bench_harness.admit_filled`) — on the
 source. A client subscribed to its token subject records arrival times.
 
-* **live**: the agent's multi-stage live migration;
+* **live**: the agent's multi-stage live migration, its copies unpaced (``copy_step_share`` 0);
+* **paced**: the same with the copies paced to ``--copy-share`` of the source's steps, on both
+  sides (agents: ``--migration-copy-share``, off by default);
 * **blocking**: the same machinery with ``max_stages=1``: suspend, copy everything, resume there;
 * **recompute**: drop it on the source, send prompt + generated tokens to the destination,
   which prefills them again (the rescue path).
@@ -273,11 +275,11 @@ async def _move(
     else:
         config = source.agent.config.migration
         if method == "blocking":
-            config = replace(config, max_stages=1)
-        elif method == "paced":  # both sides pace: the destination's drivers read its manager's config
-            # catch up to the partial block before suspending: paced stages take long, and what
-            # decodes meanwhile would otherwise go in the last stage (the downtime)
-            config = replace(config, copy_step_share=copy_share, last_stage_max_blocks=0)
+            config = replace(config, max_stages=1, copy_step_share=0.0)
+        elif method == "live":
+            config = replace(config, copy_step_share=0.0)
+        else:  # paced, as agents do by default; both sides pace (the destination reads its manager's config)
+            config = replace(config, copy_step_share=copy_share)
         unpaced = destination.agent.migration.config
         paced = replace(
             unpaced,

@@ -21,7 +21,10 @@ Reported per concurrency: output tokens/s of each (``shoal_tps``,
 SSE chunk with a choice, text or not, as ``vllm bench serve`` counts it) next
 to the direct engine's (time to the first token), and the CPU time each
 process spends per 1000 output tokens (which, unlike wall-clock rates, hardly
-depends on what else runs on the machine).
+depends on what else runs on the machine). ``cpu_ceiling_ratio`` is the direct
+engines' CPU per token over all of shoal's (agents, frontend, NATS, clients):
+where the engines alone keep every core busy (``--instances`` x ``--threads``
+>= the cores), tokens/s go as 1 / CPU per token and shoal's ratio cannot pass it.
 The shoal run's agent, frontend, NATS and clients all compete for the cores.
 """
 
@@ -361,15 +364,20 @@ def bench_serve(preset: str, concurrencies: tuple[int, ...], prompt_tokens: int,
             "direct_cpu_ms_per_1k_tokens": d["cpu_ms_per_ktok"],
             "client_send_spread_ms": s["send_spread_ms"],
         }
+        shoal_cpu = sum(results[str(c)]["cpu_ms_per_1k_tokens"].values())
+        # with every core busy (both sides), tokens/s go as 1 / CPU per token: shoal's ratio cannot pass this
+        results[str(c)]["cpu_ceiling_ratio"] = d["cpu_ms_per_ktok"] / shoal_cpu if shoal_cpu else float("nan")
         click.echo(f"{c:>8} {s['tps']:>12.1f} {d['tps']:>13.1f} {ratio:>6.2f} {s['ttft_p50_ms']:>12.1f} "
                    f"{s['ttft_p99_ms']:>12.1f} {d['ttft_p50_ms']:>11.1f} {d['ttft_p99_ms']:>11.1f}")
     click.echo("client ramp (first to last request of the burst sent): "
                + ", ".join(f"{c}: {shoal[c]['send_spread_ms']:.1f} ms" for c in levels))
-    click.echo("CPU ms per 1000 output tokens (direct engine | shoal: agent, frontend, nats, clients):")
+    click.echo("CPU ms per 1000 output tokens (direct engine | shoal: agent, frontend, nats, clients | "
+               "ceiling: the ratio if every core is busy):")
     for c in levels:
         cpu = results[str(c)]["cpu_ms_per_1k_tokens"]
         click.echo(f"{c:>8} {results[str(c)]['direct_cpu_ms_per_1k_tokens']:>9.0f} | "
-                   + ", ".join(f"{name} {value:.0f}" for name, value in cpu.items()))
+                   + ", ".join(f"{name} {value:.0f}" for name, value in cpu.items())
+                   + f" | {results[str(c)]['cpu_ceiling_ratio']:.2f}")
     meta = {"preset": preset, "prompt_tokens": prompt_tokens, "max_tokens": max_tokens, "threads": threads,
             "instances": instances,
             "rounds": rounds, "load_average": os.getloadavg(), "event_loop": event_loop.loop_name(),

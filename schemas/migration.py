@@ -30,12 +30,17 @@ __all__ = [
 
 
 class PreAllocate(Message, frozen=True, kw_only=True, tag="mig_pre_allocate"):
+    """Reserve a stage's blocks. ``copy_step_share`` is the source's pacing of this migration
+    (``MigrationConfig.copy_step_share``; 0: full speed, as a draining source copies), which the
+    destination's paced writes follow; None (older sources) leaves the destination's own."""
+
     migration_id: str
     request_id: str
     source_id: str
     destination_id: str
     stage: int
     num_blocks: int
+    copy_step_share: float | None = None
 
 
 class Ack(Message, frozen=True, kw_only=True, tag="mig_ack"):

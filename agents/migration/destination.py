@@ -38,6 +38,7 @@ from agents.migration.fsm.actions import (
     SendToPeer,
     WriteBlocks,
 )
+from agents.migration.fsm.config import MigrationConfig
 from agents.migration.fsm.destination import DestinationState
 from agents.migration.fsm.record import DestinationStart
 from agents.migration.host import DriverContext
@@ -71,8 +72,9 @@ class DestinationDriver(MachineDriver):
         headers: Mapping[str, str],
         *,
         on_finished: Callable[[DestinationDriver], None],
+        config: MigrationConfig | None = None,
     ) -> None:
-        super().__init__(manager, state, start)
+        super().__init__(manager, state, start, config)
         self._on_finished = on_finished
         self.reservations: dict[int, Reservation] = {}
         #: the KV transfer token of each stage, sent to the source in our Ack

@@ -25,6 +25,7 @@ import time
 import uuid
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 
 import msgspec
 from opentelemetry import trace
@@ -34,7 +35,7 @@ from agents.engines.protocol import EngineInfo
 from agents.migration.destination import DestinationDriver
 from agents.migration.directory import PeerDirectory
 from agents.migration.fsm.actions import PeerFailed, RequestGone, Tick
-from agents.migration.fsm.config import MigrationConfig
+from agents.migration.fsm.config import MigrationConfig, short_of_memory
 from agents.migration.fsm.destination import start_destination
 from agents.migration.fsm.record import DestinationStart
 from agents.migration.host import MigrationHost
@@ -54,7 +55,7 @@ from schemas import (
     MoveQueued,
 )
 from schemas.instance import InstanceJoined
-from schemas.migration import Abort, Ack, CommitAck, MigrationMessage, StageWritten
+from schemas.migration import Abort, Ack, CommitAck, MigrationMessage, PreAllocate, StageWritten
 from schemas.reasons import MigrationAbortReason
 
 __all__ = ["DESTINATION_FULL", "MigrationManager", "MigrationOutcome", "incompatibility"]
@@ -236,13 +237,18 @@ class MigrationManager:
         if any(o.migration_id == migration_id for o in self.outcomes[-64:]):
             return  # a late message for a migration this agent sourced and finished
         start = DestinationStart(message, self.agent.instance_id, time.time())
+        config = self.config
+        if isinstance(message, PreAllocate) and message.copy_step_share is not None:
+            config = replace(config, copy_step_share=message.copy_step_share)  # write as the source sends
         state, actions = start_destination(
             message,
             destination_id=start.destination_id,
             now=start.at,
-            config=self.config,
+            config=config,
         )
-        driver = DestinationDriver(self, state, start, headers, on_finished=self.destination_finished)
+        driver = DestinationDriver(
+            self, state, start, headers, on_finished=self.destination_finished, config=config
+        )
         if driver.is_final:
             driver.record.started(state, actions)
             self.finished_destinations[migration_id] = driver
@@ -392,6 +398,12 @@ class MigrationManager:
             blocker = migration_blocker(self.agent.engine, request_id)
             if blocker is not None:
                 return refused(MigrationAbortReason.NOT_MIGRATABLE, blocker)
+        if config is None:  # paced unless short of memory here (the destination follows PreAllocate)
+            report = self.agent.load_report()
+            config = self.config.for_source(short_of_memory=short_of_memory(
+                terminating=report.terminating, num_waiting=report.num_waiting,
+                num_free_blocks=report.num_free_blocks, expected_growth_blocks=report.expected_growth_blocks,
+            ))
         driver = SourceDriver(
             self,
             migration_id=migration_id,

@@ -70,6 +70,11 @@ def _cluster_options(func: Callable[..., Any]) -> Callable[..., Any]:
                      help="A migration outcome's claim in the event log, append to answer."),
         click.option("--max-migrations", default=1, show_default=True,
                      help="Concurrent migrations per instance (as source and as destination each)."),
+        click.option("--copy-share", type=click.FloatRange(0.0, 1.0), default=0.0, show_default=True,
+                     help="Paced migration copies, as the agents' --migration-copy-share: a paced stage's "
+                     "copy takes 1/share as long (not from a source short of memory); 0: off."),
+        click.option("--last-stage-max-blocks", type=click.IntRange(min=0), default=2, show_default=True,
+                     help="New full blocks a migration's last stage may copy (agents' option of that name)."),
         click.option("--max-step-tokens", type=click.IntRange(min=1), default=None,
                      help="Engines' per-step token budget (chunked prefill); default: none, a prompt "
                      "prefills in one step."),
@@ -119,7 +124,11 @@ def _base_config(opts: dict[str, Any]) -> SimConfig:
             bandwidth_bytes_per_s=opts["bandwidth_gbps"] * 1e9,
             handshake_latency_s=opts["handshake_ms"] / 1000.0,
             commit_latency_s=opts["commit_ms"] / 1000.0,
-            config=MigrationConfig(max_concurrent_per_instance=opts["max_migrations"]),
+            config=MigrationConfig(
+                max_concurrent_per_instance=opts["max_migrations"],
+                copy_step_share=opts["copy_share"],
+                last_stage_max_blocks=opts["last_stage_max_blocks"],
+            ),
         ),
         report_interval_s=opts["report_ms"] / 1000.0,
         pairing_interval_s=opts["pairing_ms"] / 1000.0,

@@ -22,6 +22,7 @@ from collections.abc import Collection
 from agents.engines.local_scheduler import Request, SchedulerOutput
 from agents.engines.protocol import RequestStatus
 from agents.engines.sim import SimEngine
+from agents.migration.fsm.config import short_of_memory
 from scheduler.config import PolicyConfig
 from scheduler.policy import RunningRequest, freeness, virtual_usage_of_groups
 from scheduler.policy.growth import OutputLengthEstimate, expected_growth_blocks
@@ -156,6 +157,13 @@ class SimInstance:
 
     def current_head_of_line_demand(self) -> int:
         return self.head_of_line_demand(self.snapshot())
+
+    def short_of_memory(self) -> bool:
+        snap = self.snapshot()
+        return short_of_memory(
+            terminating=self.terminating, num_waiting=snap.num_waiting, num_free_blocks=self.num_free_blocks,
+            expected_growth_blocks=snap.expected_growth_blocks,
+        )
 
     def continuation(self, request_id: str) -> Continuation | None:
         """How to continue ``request_id`` elsewhere (what a ``Commit`` carries); None if it is not here."""

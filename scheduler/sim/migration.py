@@ -116,8 +116,9 @@ class MigrationDriver:
                     self._sent.get(key, 0) + candidate.num_blocks + self._model.config.last_stage_max_blocks
                 )
             self.num_started += 1
+            config = self._model.config.for_source(short_of_memory=source.short_of_memory())  # as the agents
             migration = SimMigration(
-                self, f"m{self.num_started}", candidate.request_id, source, destination, self._model.config
+                self, f"m{self.num_started}", candidate.request_id, source, destination, config
             )
             self.active[migration.request_id] = migration
             self.live[migration.migration_id] = migration

@@ -107,6 +107,10 @@ class MigrationInstance(Protocol):
         """Blocks the head of this instance's queue needs now (0 if nothing waits)."""
         ...
 
+    def short_of_memory(self) -> bool:
+        """:func:`agents.migration.fsm.config.short_of_memory` of this instance now."""
+        ...
+
     def migration_candidates(self, migrating: Collection[str]) -> tuple[list[RunningRequest], list[str]]:
         """Running requests as request selection sees them, and those that may not move now."""
         ...

@@ -178,3 +178,19 @@ def test_fault_options_become_the_agents_fault_plan() -> None:
         fault_plan({"fault_drop": ("sideways:Commit",)})
     with pytest.raises(click.BadParameter, match="unknown migration message types"):
         fault_plan({"fault_duplicate": ("out:Bogus",)})
+
+
+def test_agents_and_the_simulator_start_with_the_same_migration_pacing() -> None:
+    """`shoal agent` and `shoal simulate` default to MigrationConfig()'s copy pacing (off)."""
+    from agents.cli import agent
+    from agents.migration.fsm.config import MigrationConfig
+    from scheduler.sim.cli import simulate_command, sweep_command
+
+    def default(command: object, name: str) -> object:
+        params = getattr(command, "params", [])
+        return next(p.default for p in params if p.name == name)
+
+    share = MigrationConfig().copy_step_share
+    assert default(agent, "migration_copy_share") == share
+    for command in (simulate_command, sweep_command):
+        assert default(command, "copy_share") == share

@@ -6,12 +6,21 @@ pass one to every :func:`agents.migration.fsm.step`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-__all__ = ["MIN_PACED_BLOCKS", "MigrationConfig"]
+__all__ = ["MIN_PACED_BLOCKS", "MigrationConfig", "short_of_memory"]
 
 #: Stages of at most this many blocks are never paced (:meth:`MigrationConfig.paces`).
 MIN_PACED_BLOCKS = 4
+
+
+def short_of_memory(
+    *, terminating: bool, num_waiting: int, num_free_blocks: int, expected_growth_blocks: int
+) -> bool:
+    """Whether an instance wants the memory a migration frees now, not in ten times the copy's
+    time: it is leaving, requests wait there to be admitted, or its running requests are expected
+    to need more blocks than are free as they decode (``LoadReport.expected_growth_blocks``)."""
+    return terminating or num_waiting > 0 or expected_growth_blocks > num_free_blocks
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,10 +33,14 @@ class MigrationConfig:
     heard about for ``destination_idle_timeout_s``: keep it well above the
     source's ``copy_timeout_s`` so blocks are never released under a running copy.
 
-    ``copy_step_share`` (0 = off) is read by the shells only, never by the machines: the
-    share of an engine step that each chunk of a stage copy may cost, the last stage
-    excepted (see :mod:`agents.migration.pacing`); the simulator stretches a paced
-    stage's copy time by ``1 / copy_step_share``.
+    ``copy_step_share`` (0 = off) decides nothing in the machines (the source's only passes it
+    on in ``PreAllocate``, for the destination's writes): the share of an engine step that each
+    chunk of a stage copy may cost, the last stage excepted (see :mod:`agents.migration.pacing`);
+    the simulator stretches a paced stage's copy time by ``1 / copy_step_share``. Off by
+    default: at 0.1 co-located decode steps slow by about a tenth while a stage copies, but the
+    copy takes about ten times as long, and the memory a migration frees comes that much later
+    (docs/SIMULATION.md, round 7). Even when on, a source short of memory copies at full speed
+    (:meth:`for_source`).
     """
 
     last_stage_max_blocks: int = 2
@@ -42,6 +55,15 @@ class MigrationConfig:
     max_concurrent_per_instance: int = 1
     #: Pace stage copies to this share of the engine's step time (0: copy at full speed).
     copy_step_share: float = 0.0
+
+    def for_source(self, *, short_of_memory: bool) -> MigrationConfig:
+        """This config for one migration out of a source (the agents and the simulator both ask
+        at its start, with :func:`short_of_memory`): from a source that is short of memory the
+        copies go at full speed (the memory is wanted now, and relief comes ten times sooner);
+        otherwise they are paced, so decoding beside the copy hardly slows."""
+        if self.copy_step_share > 0 and short_of_memory:
+            return replace(self, copy_step_share=0.0)
+        return self
 
     def paces(self, num_blocks: int) -> bool:
         """Whether a stage of ``num_blocks`` blocks is copied paced: pacing is on and the stage is

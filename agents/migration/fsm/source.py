@@ -144,6 +144,7 @@ def _pre_allocate(state: SourceState, num_blocks: int, *, last: bool, now: float
     message = PreAllocate(
         migration_id=state.migration_id, request_id=state.request_id, source_id=state.source_id,
         destination_id=state.destination_id, stage=stage, num_blocks=num_blocks,
+        copy_step_share=config.copy_step_share,
     )
     state = _replace(
         state, phase=SourcePhase.PRE_ALLOCATING, stage=stage, last_stage=last,

@@ -57,7 +57,7 @@ def test_a_migration_copies_in_stages_suspends_for_the_last_and_commits() -> Non
     world.start()
     assert world.src is not None and world.src.phase is SourcePhase.PRE_ALLOCATING
     assert world.to_dst == [PreAllocate(migration_id="m", request_id="r", source_id="a", destination_id="b",
-                                        stage=0, num_blocks=20)]
+                                        stage=0, num_blocks=20, copy_step_share=CONFIG.copy_step_share)]
     world.to_destination(world.to_dst.pop())
     assert world.dst is not None and world.dst.phase is DestinationPhase.RESERVED
     ack = world.to_src.pop()
@@ -88,7 +88,8 @@ def test_source_step_actions_for_the_happy_path() -> None:
     assert actions[1:] == (Suspend(),)  # 1 new block <= last_stage_max_blocks
     state, actions = step(state, Suspended(num_blocks=12), now=0.3, config=CONFIG)
     assert actions == (SendToPeer(message=PreAllocate(migration_id="m", request_id="r", source_id="a",
-                                                      destination_id="b", stage=1, num_blocks=2)),)
+                                                      destination_id="b", stage=1, num_blocks=2,
+                                                      copy_step_share=CONFIG.copy_step_share)),)
     state, _ = step(state, Ack(migration_id="m", stage=1, block_ids=(7, 8)), now=0.4, config=CONFIG)
     state, actions = step(state, CopyDone(stage=1, num_full_blocks=11), now=0.5, config=CONFIG)
     assert actions[-1] == SendCommit(migration_id="m") and state.phase is SourcePhase.COMMITTING
@@ -104,7 +105,8 @@ def test_a_queued_request_moves_with_a_stage_of_zero_blocks_and_no_copy() -> Non
     assert actions == (Suspend(),) and state.phase is SourcePhase.SUSPENDING
     state, actions = step(state, Suspended(num_blocks=0), now=0.1, config=CONFIG)
     assert actions == (SendToPeer(message=PreAllocate(migration_id="m", request_id="r", source_id="a",
-                                                      destination_id="b", stage=0, num_blocks=0)),)
+                                                      destination_id="b", stage=0, num_blocks=0,
+                                                      copy_step_share=CONFIG.copy_step_share)),)
     state, actions = step(state, Ack(migration_id="m", stage=0, block_ids=()), now=0.2, config=CONFIG)
     assert actions == (SendCommit(migration_id="m"),) and state.phase is SourcePhase.COMMITTING
     world = World(full_blocks=0, queued=True)

@@ -12,7 +12,7 @@ import pytest
 
 from agents.agent import FaultPlan, StepPace
 from agents.engines.torch_engine import TorchEngine
-from agents.migration.fsm.config import MigrationConfig
+from agents.migration.fsm.config import MigrationConfig, short_of_memory
 from agents.migration.pacing import CopyPacer, StepClock
 from schemas import GenerateRequest, SamplingParams
 from tests.agents.agent_cluster import agent_cluster, fast_agent_config, unmigrated_tokens
@@ -94,6 +94,21 @@ async def test_an_engine_that_stopped_stepping_is_not_paced() -> None:
     assert await pacer.next_chunk(0) == 40
 
 
+def test_a_source_short_of_memory_copies_at_full_speed() -> None:
+    def short(terminating: bool = False, waiting: int = 0, free: int = 10, growth: int = 4) -> bool:
+        return short_of_memory(
+            terminating=terminating, num_waiting=waiting, num_free_blocks=free, expected_growth_blocks=growth
+        )
+
+    assert not short()
+    assert short(terminating=True) and short(waiting=1) and short(growth=11)
+    paced = MigrationConfig(copy_step_share=0.1)
+    assert paced.for_source(short_of_memory=False) is paced
+    assert paced.for_source(short_of_memory=True).copy_step_share == 0.0
+    unpaced = MigrationConfig(copy_step_share=0.0)
+    assert unpaced.for_source(short_of_memory=False) is unpaced
+
+
 def test_the_share_is_validated() -> None:
     with pytest.raises(ValueError, match="copy_step_share"):
         MigrationConfig(copy_step_share=1.5)
@@ -109,14 +124,19 @@ def _reference_tokens() -> list[int]:
     return unmigrated_tokens(_engine(), PROMPT, SAMPLING, "moving")
 
 
-async def test_a_paced_migration_moves_the_request_exactly_in_chunks(nats_url: str) -> None:
+async def _move_beside_decoding(
+    nats_url: str, shares: tuple[float, float], *, drain_source: bool = False
+) -> tuple[object, dict[int, tuple[int, int]]]:
+    """``moving`` (9+ full blocks) moved from p1 to p2 (``copy_step_share`` of each) while a request
+    decodes on each side; returns the outcome and the destination's paced writes (stage -> chunks,
+    largest), after checking the moved request's tokens are exactly an unmigrated run's."""
     expected = _reference_tokens()
     pace = StepPace(0.02)  # the source until the outcome: the 35 tokens left last >= 0.7 s
     async with agent_cluster(nats_url) as cluster:
         agents = []
-        for name in ("p1", "p2"):
+        for name, share in zip(("p1", "p2"), shares, strict=True):
             config = fast_agent_config(name, faults=FaultPlan(pace=pace) if name == "p1" else FaultPlan())
-            migration = replace(config.migration, copy_step_share=0.5, copy_timeout_s=20.0)
+            migration = replace(config.migration, copy_step_share=share, copy_timeout_s=20.0)
             agents.append(await cluster.add(_engine(), replace(config, migration=migration)))
         source, destination = agents
         for instance, name in (("p1", "bg1"), ("p2", "bg2")):  # co-located requests on both sides
@@ -128,17 +148,39 @@ async def test_a_paced_migration_moves_the_request_exactly_in_chunks(nats_url: s
         request = GenerateRequest(request_id="moving", token_ids=PROMPT, sampling=SAMPLING)
         assert (await cluster.generate("p1", request)).accepted
         await watcher.wait_tokens(5)
+        if drain_source:
+            await source.drain()
         outcome = await source.migrate("moving", "p2")
         pace.release()
         assert outcome.migrated, (outcome.reason, outcome.detail)
-        first = outcome.stages[0]
-        assert first.num_blocks >= 9
-        # the first stage went in several chunks, none of them the whole stage; the last at once
-        assert 2 <= first.num_chunks <= first.num_blocks
-        assert first.largest_chunk_blocks < first.num_blocks
-        assert outcome.stages[-1].num_chunks == 1
+        assert outcome.stages[0].num_blocks >= 9
         written = destination.migration.finished_destinations[outcome.migration_id].write_chunks
-        assert written[0][0] >= 2 and written[0][1] < first.num_blocks  # written paced too
         await watcher.wait_finished(timeout=30)
         assert watcher.tokens() == expected
         await watcher.close()
+    return outcome, written
+
+
+async def test_a_paced_migration_moves_the_request_exactly_in_chunks(nats_url: str) -> None:
+    outcome, written = await _move_beside_decoding(nats_url, (0.5, 0.5))
+    first = outcome.stages[0]  # type: ignore[attr-defined]
+    # the first stage went in several chunks, none of them the whole stage; the last at once
+    assert 2 <= first.num_chunks <= first.num_blocks
+    assert first.largest_chunk_blocks < first.num_blocks
+    assert outcome.stages[-1].num_chunks == 1  # type: ignore[attr-defined]
+    assert written[0][0] >= 2 and written[0][1] < first.num_blocks  # written paced too
+
+
+async def test_the_destination_writes_at_the_pace_the_source_sends(nats_url: str) -> None:
+    """The share travels in PreAllocate: a destination that would not pace follows a pacing source."""
+    outcome, written = await _move_beside_decoding(nats_url, (0.5, 0.0))
+    first = outcome.stages[0]  # type: ignore[attr-defined]
+    assert first.num_chunks >= 2
+    assert written[0][0] >= 2 and written[0][1] < first.num_blocks
+
+
+async def test_a_draining_agent_moves_its_requests_at_full_speed(nats_url: str) -> None:
+    """An instance that is leaving does not pace: its copies and the destination's writes go whole."""
+    outcome, written = await _move_beside_decoding(nats_url, (0.5, 0.5), drain_source=True)
+    assert all(stage.num_chunks == 1 for stage in outcome.stages)  # type: ignore[attr-defined]
+    assert not written

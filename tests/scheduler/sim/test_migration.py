@@ -134,3 +134,33 @@ def test_a_paced_stage_copy_takes_one_over_the_share_longer_and_the_downtime_doe
     assert unpaced_s_per_byte == pytest.approx([1e-7] * len(unpaced_s_per_byte))
     assert paced_s_per_byte == pytest.approx([4e-7] * len(paced_s_per_byte))  # 1 / 0.25 times longer
     assert max(paced_downtime) == pytest.approx(max(unpaced_downtime), abs=0.01)
+
+
+def test_a_draining_source_copies_at_full_speed_though_copies_are_paced() -> None:
+    """As the agents: an instance that is leaving moves its requests unpaced."""
+
+    class Drains(Simulator):
+        """Marks the long request's instance terminating once it has decoded a few tokens."""
+
+        def _on_pair(self, tick: int) -> None:
+            for instance in self.instances.values():
+                if "long" in instance.request_ids and self.now > 0.02:
+                    instance.terminating = instance.dirty = True
+            super()._on_pair(tick)
+
+    model = MigrationModel(
+        bandwidth_bytes_per_s=1e7,
+        handshake_latency_s=0.010,
+        config=MigrationConfig(max_stages=2, copy_step_share=0.25, copy_timeout_s=60.0),
+    )
+    sim = Drains(_long_request_config(model), _long_request())
+    sim.run()
+    committed = [m for m in sim.migrations.finished if m.migrated and m.source_record is not None]
+    assert committed and all(m.config.copy_step_share == 0.0 for m in committed)
+    first = [
+        next(t.input for t in m.source_record.transitions if isinstance(t.input, CopyDone))
+        for m in committed
+        if m.source_record is not None
+    ]
+    per_byte = [(c.duration_s - model.message_s) / c.num_bytes for c in first]
+    assert per_byte == pytest.approx([1e-7] * len(first))
