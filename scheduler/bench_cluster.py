@@ -30,6 +30,12 @@ A last phase at the highest rate runs with the scheduler stopped (the load
 generator places round-robin itself, as a frontend's bypass would) for the
 step-lag baseline. Numbers depend on the machine; on a shared 2-core machine
 everything (NATS, scheduler, agents, load generator) competes for the cores.
+
+``--repeats N`` runs all the phases N times in turn, side by side on the same
+machine: after each phase without the scheduler a new ``shoal scheduler``
+starts, recovers from the log and places a probe before the next phase; every
+row carries its ``repeat`` and each phase gets a row of medians
+(``"repeat": "median"``), which is what the table shows.
 """
 
 from __future__ import annotations
@@ -180,25 +186,22 @@ async def run_cluster_bench(
     workdir: Path,
     baseline: bool = True,
     nats_pid: int | None = None,
+    repeats: int = 1,
 ) -> list[dict[str, Any]]:
     prefix = f"bench{uuid.uuid4().hex[:8]}"
     subjects = Subjects(prefix)
     cli = [sys.executable, "-c", "from frontend.cli import main; main()"]
-    stats_file = workdir / "scheduler-stats.json"
-    scheduler = subprocess.Popen(
-        [
-            *cli,
-            "scheduler",
-            "--nats",
-            url,
-            "--prefix",
-            prefix,
-            "--log-level",
-            "WARNING",
-            "--stats-file",
-            str(stats_file),
-        ]
-    )
+    stats_files: list[Path] = []
+
+    def start_scheduler() -> subprocess.Popen[bytes]:
+        """A fresh ``shoal scheduler`` (it recovers from the log), its decision times in its own file."""
+        stats_files.append(workdir / f"scheduler-stats-{len(stats_files)}.json")
+        return subprocess.Popen(
+            [*cli, "scheduler", "--nats", url, "--prefix", prefix, "--log-level", "WARNING",
+             "--stats-file", str(stats_files[-1])]
+        )
+
+    scheduler = start_scheduler()
     ids = [f"sim-{k:03d}" for k in range(instances)]
     groups = [ids[k::processes] for k in range(processes)]
     agent_procs = [
@@ -230,13 +233,17 @@ async def run_cluster_bench(
                 await asyncio.sleep(0.5)
             generator = _LoadGenerator(bus, ids)
             await generator.phase("warmup", 20.0, 2.0, False)
-            phases = [(f"rate{int(r)}", r, False) for r in rates]
+            rounds = [(f"rate{int(r)}", r, False) for r in rates]
             if baseline:
-                phases.append((f"nosched{int(max(rates))}", max(rates), True))
-            for name, rate, bypass in phases:
+                rounds.append((f"nosched{int(max(rates))}", max(rates), True))
+            phases = [(repeat, *phase) for repeat in range(repeats) for phase in rounds]
+            for repeat, name, rate, bypass in phases:
                 if bypass and scheduler.poll() is None:
                     scheduler.send_signal(signal.SIGTERM)
                     scheduler.wait(30)
+                elif not bypass and scheduler.poll() is not None:  # after a phase without it: a new one
+                    scheduler = start_scheduler()
+                    await _wait_dispatching(bus, generator)
                 times0 = _cpu_times(scheduler.pid) if scheduler.poll() is None else (0.0, 0.0)
                 cpu0 = sum(times0)
                 own0 = _own_cpu_seconds()
@@ -246,7 +253,8 @@ async def run_cluster_bench(
                 ld0 = await bus.last_seq(subjects.loads_stream)
                 began = time.time()
                 wall0 = time.perf_counter()
-                out = await generator.phase(name, rate, duration, bypass)
+                # request ids unique per round: an agent answers a known id as a duplicate, without work
+                out = await generator.phase(f"{name}-r{repeat}", rate, duration, bypass)
                 wall = time.perf_counter() - wall0
                 ended = time.time()
                 times1 = _cpu_times(scheduler.pid) if scheduler.poll() is None else times0
@@ -263,6 +271,7 @@ async def run_cluster_bench(
                     {
                         "rate": rate,
                         "phase": name,
+                        "repeat": repeat,
                         "scheduler": not bypass,
                         "duration_s": round(wall, 2),
                         "requests": int(rate * duration),
@@ -307,7 +316,12 @@ async def run_cluster_bench(
         if path.exists():
             for samples in json.loads(path.read_text()).values():
                 lags.extend((t, lag) for t, lag in samples)
-    decisions = json.loads(stats_file.read_text())["decision_times"] if stats_file.exists() else []
+    decisions = [
+        entry
+        for path in stats_files
+        if path.exists()
+        for entry in json.loads(path.read_text())["decision_times"]
+    ]
     for row, (_, began, ended) in zip(rows, windows, strict=True):
         inside = [ms for t, ms, _ in decisions if began <= t <= ended]
         inbound = [ms for t, _, ms in decisions if began <= t <= ended and ms >= 0]
@@ -318,7 +332,45 @@ async def run_cluster_bench(
         window = [lag * 1e3 for t, lag in lags if began <= t <= ended]
         row["agent_step_lag_p99_ms"] = _percentile(window, 99)
         row["agent_step_lag_p50_ms"] = _percentile(window, 50)
-    return rows
+    return rows if repeats == 1 else rows + median_rows(rows)
+
+
+def median_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per phase, the median over its repeats of every numeric figure (``"repeat": "median"``)."""
+    medians = []
+    for phase in dict.fromkeys(row["phase"] for row in rows):
+        runs = [row for row in rows if row["phase"] == phase]
+        median: dict[str, Any] = {**runs[0], "repeat": "median", "repeats": len(runs)}
+        for key, value in runs[0].items():
+            values = [row[key] for row in runs]
+            numeric = isinstance(value, int | float) and not isinstance(value, bool)
+            if key != "repeat" and numeric and None not in values:
+                median[key] = round(float(np.median(values)), 4)
+        medians.append(median)
+    return medians
+
+
+async def _wait_dispatching(bus: JetStreamBus, generator: _LoadGenerator, timeout: float = 120.0) -> None:
+    """Until a restarted scheduler places requests again (it replays the log first), then a warm-up."""
+    codec = Codec(producer="bench-load")
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            reply = await bus.request(
+                bus.config.subjects.rpc_dispatch,
+                codec.encode(DispatchRequest(request_id=f"probe-{uuid.uuid4().hex[:8]}", num_prompt_tokens=1),
+                             time=time.time()),
+                timeout=1.0,
+            )
+            body = codec.decode(reply.data).body
+            if isinstance(body, DispatchReply) and body.instance_id is not None:
+                break
+        except BusError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the restarted scheduler placed nothing within {timeout:.0f} s")
+        await asyncio.sleep(0.5)
+    await generator.phase(f"rewarm-{uuid.uuid4().hex[:8]}", 20.0, 2.0, False)
 
 
 @click.command("cluster")
@@ -329,6 +381,9 @@ async def run_cluster_bench(
 @click.option("--instances", type=int, default=64, show_default=True)
 @click.option("--processes", type=int, default=4, show_default=True, help="Agent processes.")
 @click.option("--no-baseline", is_flag=True, help="Skip the phase with the scheduler stopped.")
+@click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Rounds of all phases, in turn (a new scheduler after each phase without one, "
+              "recovered from the log); the table shows each phase's medians.")
 @nats_option(None, help="Use this NATS server instead of an embedded one.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None)
 def bench_cluster(
@@ -337,6 +392,7 @@ def bench_cluster(
     instances: int,
     processes: int,
     no_baseline: bool,
+    repeats: int,
     nats_url: str | None,
     json_path: Path | None,
 ) -> None:
@@ -350,15 +406,17 @@ def bench_cluster(
             processes=processes,
             workdir=Path(work),
             baseline=not no_baseline,
+            repeats=repeats,
         )
         if nats_url is None:
             with EmbeddedNats(store_dir=Path(work) / "nats") as server:
                 rows = event_loop.run(run_cluster_bench(server.url, nats_pid=server.pid, **kwargs))
         else:
             rows = event_loop.run(run_cluster_bench(nats_url, **kwargs))
+    median_note = f", medians of {repeats} rounds" if repeats > 1 else ""
     table = Table(
         title=f"{instances} sim instances, prompt {PROMPT_TOKENS}/output {OUTPUT_TOKENS}, "
-        "no per-token streaming (one message per finished request)"
+        f"no per-token streaming (one message per finished request){median_note}"
     )
     for column in (
         "phase",
@@ -372,7 +430,7 @@ def bench_cluster(
         "errors",
     ):
         table.add_column(column)
-    for row in rows:
+    for row in rows if repeats == 1 else [row for row in rows if row["repeat"] == "median"]:
         table.add_row(
             row["phase"],
             str(row["rate"]),
