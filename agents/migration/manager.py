@@ -398,8 +398,8 @@ class MigrationManager:
             blocker = migration_blocker(self.agent.engine, request_id)
             if blocker is not None:
                 return refused(MigrationAbortReason.NOT_MIGRATABLE, blocker)
-        if config is None:  # paced unless short of memory here (the destination follows PreAllocate)
-            report = self.agent.load_report()
+        if config is None and self.config.copy_step_share > 0:  # paced unless short of memory here
+            report = self.agent.load_report()  # (the destination writes at the pace PreAllocate carries)
             config = self.config.for_source(short_of_memory=short_of_memory(
                 terminating=report.terminating, num_waiting=report.num_waiting,
                 num_free_blocks=report.num_free_blocks, expected_growth_blocks=report.expected_growth_blocks,

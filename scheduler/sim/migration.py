@@ -116,7 +116,9 @@ class MigrationDriver:
                     self._sent.get(key, 0) + candidate.num_blocks + self._model.config.last_stage_max_blocks
                 )
             self.num_started += 1
-            config = self._model.config.for_source(short_of_memory=source.short_of_memory())  # as the agents
+            config = self._model.config
+            if config.copy_step_share > 0:  # as the agents: paced unless the source is short of memory
+                config = config.for_source(short_of_memory=source.short_of_memory())
             migration = SimMigration(
                 self, f"m{self.num_started}", candidate.request_id, source, destination, config
             )
