@@ -366,6 +366,7 @@ def run_benchmark(
     max_model_len: int = 2048,
     methods: Sequence[str] = METHODS,
     copy_share: float = 0.1,
+    engine_core: str = "thread",
 ) -> dict[str, Any]:
     """Run every (length, method, repeat) and return the JSON document.
 
@@ -417,7 +418,10 @@ def run_benchmark(
                 max_batch_size=64,
                 dtype="float32",
             )
-        return TorchEngine(preset, num_blocks=num_blocks, block_size=block_size, max_batch_size=64)
+        return TorchEngine(
+            preset, num_blocks=num_blocks, block_size=block_size, max_batch_size=64, core=engine_core,
+            core_threads=1,
+        )
 
     def make(instance_id: str) -> AgentThread:
         config = AgentConfig(
@@ -504,8 +508,13 @@ def run_benchmark(
             "transport": transport,
             "torch_threads_per_agent": 1 if engine == "torch" else "vLLM's CPU default",
             "agents": "two agents in one process, each on its own thread, event loop, NATS connection and "
-            "transport; KV export/import and the steps of an agent with a migration in flight run in "
-            "worker threads (other steps inline)",
+            "transport; KV export/import in worker threads; "
+            + (
+                "the steps of an agent with a migration in flight in worker threads (other steps inline)"
+                if engine_core == "thread"
+                else "each engine's model step in a child process of its own (engine core 'process')"
+            ),
+            **({"engine_core": engine_core} if engine == "torch" else {}),
             "event_loop": event_loop.loop_name(),
             "background_requests_per_instance": background,
             "repeats": repeats,
@@ -628,6 +637,8 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
     type=click.FloatRange(0.0, 1.0, min_open=True),
     help="paced: the share of an engine step each copy chunk may cost.",
 )
+@click.option("--engine-core", type=click.Choice(["thread", "process"]), default="thread", show_default=True,
+              help="torch: where each agent's model step computes (see shoal agent --engine-core).")
 @click.option("--background", default=2, show_default=True, help="Co-located decoding requests per instance.")
 @click.option("--gaps", default=6, show_default=True, help="Tokens observed before each move.")
 @nats_option(None, help="Use this NATS server instead of an embedded one.")
@@ -648,6 +659,7 @@ def bench_migration(
     max_model_len: int,
     methods: str,
     copy_share: float,
+    engine_core: str,
 ) -> None:
     """Live vs blocking vs recompute downtime by sequence length (torch or vllm engine, two agents)."""
     if engine == "vllm" and model is None:
@@ -673,6 +685,7 @@ def bench_migration(
         max_model_len=max_model_len,
         methods=chosen,
         copy_share=copy_share,
+        engine_core=engine_core,
     )
     click.echo(json.dumps(result["setup"], indent=1))
     click.echo(_table(result["rows"]))

@@ -55,6 +55,8 @@ def build_engine(
     vllm_options: dict[str, Any] | None = None,
     max_step_tokens: int | None = 2048,
     dtype: str | None = None,
+    engine_core: str = "thread",
+    threads: int | None = None,
 ) -> Any:
     """The engine the options describe (torch is imported only when chosen).
 
@@ -82,6 +84,8 @@ def build_engine(
                 max_batch_size=max_batch_size,
                 max_step_tokens=max_step_tokens,
                 dtype=None if dtype in (None, "auto") else dtype,
+                core=engine_core,
+                core_threads=threads,
             )
         )
     if engine == "vllm":
@@ -135,6 +139,9 @@ def build_engine(
 @click.option("--gpu-memory-utilization", type=float, default=None, help="vllm: GPU memory share.")
 @click.option("--tensor-parallel-size", type=int, default=None, help="vllm: TP degree (1 with migration).")
 @click.option("--threads", type=int, default=1, show_default=True, help="torch.set_num_threads (CPU).")
+@click.option("--engine-core", type=click.Choice(["thread", "process"]), default="thread", show_default=True,
+              help="torch: where the model step computes: in the agent's process, or in a child process "
+                   "of its own (KV pool in /dev/shm) so the agent's bus work runs beside the step (CPU).")
 @click.option("--cpu-bind", default=None, metavar="auto|nobind|CPUS",
               help="vllm on CPU: the model thread's CPUs, one OpenMP thread each (e.g. 0-2) [default: "
                    "VLLM_CPU_OMP_THREADS_BIND, else auto: one CPU per core, all but the last, as vLLM].")
@@ -282,6 +289,8 @@ async def _run(options: dict[str, Any]) -> None:
         time_scale=options["time_scale"],
         max_step_tokens=options["max_step_tokens"] or None,
         dtype=options["dtype"],
+        engine_core=options["engine_core"],
+        threads=options["threads"],
         vllm_options={
             "dtype": options["dtype"],
             "gpu_memory_utilization": options["gpu_memory_utilization"],
@@ -350,8 +359,12 @@ async def _run(options: dict[str, Any]) -> None:
         partial.write_text(json.dumps(ready))
         partial.replace(ready_file)
 
-    await _serve_until_stopped(runner, drain_on_term=options["drain_on_term"],
-                               drain_timeout_s=options["drain_timeout"], on_ready=announce_ready)
+    try:
+        await _serve_until_stopped(runner, drain_on_term=options["drain_on_term"],
+                                   drain_timeout_s=options["drain_timeout"], on_ready=announce_ready)
+    finally:
+        if callable(close := getattr(engine, "close", None)):
+            close()  # the torch engine's core process
     await bus.close()
     if provider is not None:
         provider.shutdown()

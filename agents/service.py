@@ -341,12 +341,23 @@ class Agent:
         pass needs the GIL between kernels, so publishing alongside it only slows
         it down. The step may compute on this thread (``exclusive``) unless a
         migration needs the loop meanwhile for its handshake and KV transfers.
+        An engine whose step computes in another process (``overlaps_loop``, the
+        torch engine's ``process`` core) starts the step first and publishes
+        while it computes: there is no GIL to share.
         """
-        if self._unpublished:
+        if self._unpublished and not getattr(engine, "overlaps_loop", False):
             await self._flush_deltas()
             await asyncio.sleep(0)  # the NATS client's flusher writes them to the socket now
         self.request_spans.step_started()
-        return await engine.step_async(exclusive=self.migration.is_idle)
+        if not self._unpublished:
+            return await engine.step_async(exclusive=self.migration.is_idle)
+        step = asyncio.ensure_future(engine.step_async(exclusive=self.migration.is_idle))
+        await asyncio.sleep(0)  # the step is planned and handed to the engine's process
+        try:
+            await self._flush_deltas()
+        finally:
+            result = await step
+        return result
 
     def _after_step(self, result: StepResult) -> None:
         """Book a completed step's tokens and queue its deltas (sent by :meth:`_flush_deltas`)."""

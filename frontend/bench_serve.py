@@ -47,7 +47,7 @@ from bus import event_loop
 from frontend.up import ClusterProcesses, _health
 
 __all__ = [
-    "bench_serve", "cpu_seconds", "drive_streams", "engine_options", "median_run", "percentile",
+    "bench_serve", "child_pids", "cpu_seconds", "drive_streams", "engine_options", "median_run", "percentile",
     "process_ids", "run_direct", "run_through_shoal", "spawn_shoal", "start_shoal", "torch_agent_args",
     "wait_ready",
 ]
@@ -61,13 +61,31 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[index]
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds a process has used (all its threads), from /proc; 0.0 if unknown."""
+def cpu_seconds(pid: int, *, children: bool = False) -> float:
+    """User + system CPU seconds a process has used (all its threads), from /proc; 0.0 if unknown.
+
+    ``children``: with its live child processes' (an agent's engine core process).
+    """
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return own + sum(cpu_seconds(child) for child in child_pids(pid)) if children else own
+
+
+def child_pids(pid: int) -> list[int]:
+    """The live processes whose parent is ``pid``, from /proc."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(entry.name))
+    return found
 
 
 def _prompt(index: int, length: int) -> list[int]:
@@ -198,9 +216,11 @@ def median_run(runs: list[dict[str, float]]) -> dict[str, float]:
     return sorted(runs, key=lambda run: run["tps"])[len(runs) // 2]
 
 
-def torch_agent_args(preset: str, options: dict[str, Any], threads: int) -> list[str]:
+def torch_agent_args(
+    preset: str, options: dict[str, Any], threads: int, engine_core: str = "thread"
+) -> list[str]:
     """``shoal agent``'s engine options for a torch preset sized by :func:`engine_options`."""
-    return ["--engine", "torch", "--model", preset, "--threads", str(threads),
+    return ["--engine", "torch", "--model", preset, "--threads", str(threads), "--engine-core", engine_core,
             "--num-blocks", str(options["num_blocks"]), "--max-batch-size", str(options["max_batch_size"]),
             "--max-model-len", str(options["max_model_len"])]
 
@@ -275,7 +295,7 @@ def process_ids(processes: ClusterProcesses) -> dict[str, int]:
 
 def run_through_shoal(
     preset: str, concurrencies: list[int], prompt_tokens: int, max_tokens: int, threads: int, log_dir: Path,
-    *, rounds: int = 1, instances: int = 1,
+    *, rounds: int = 1, instances: int = 1, engine_core: str = "thread",
 ) -> tuple[dict[int, dict[str, float]], dict[int, dict[str, float]]]:
     """``instances`` agents and the frontend as child processes on an embedded NATS; clients here.
 
@@ -287,23 +307,28 @@ def run_through_shoal(
     options = engine_options(preset, max(concurrencies), prompt_tokens, max_tokens)
     processes = ClusterProcesses(log_dir)
     try:
-        http_url = start_shoal(processes, agent_args=torch_agent_args(preset, options, threads), model=preset,
+        agent_args = torch_agent_args(preset, options, threads, engine_core)
+        http_url = start_shoal(processes, agent_args=agent_args, model=preset,
                                max_model_len=options["max_model_len"], instances=instances)
         shoal: dict[int, dict[str, float]] = {}
         direct: dict[int, dict[str, float]] = {}
         pids = process_ids(processes)
         pids["clients"] = os.getpid()
+
+        def cpu(name: str, pid: int) -> float:  # an agent's engine core process counts as the agent's
+            return cpu_seconds(pid, children=name.startswith("agent"))
+
         for n, concurrency in enumerate(concurrencies):
             shoal_runs, direct_runs = [], []
             for round_index in range(rounds):
-                before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+                before = {name: cpu(name, pid) for name, pid in pids.items()}
                 offset = 1000 * (n + 1) + 100 * round_index
                 result = event_loop.run(
                     drive_streams(http_url, preset, concurrency, prompt_tokens, max_tokens, offset)
                 )
                 for name, pid in pids.items():  # CPU ms per 1000 output tokens, warm-up requests included
                     result[f"{name}_cpu_ms_per_ktok"] = (
-                        1e6 * (cpu_seconds(pid) - before[name]) / max(result["tokens"], 1.0)
+                        1e6 * (cpu(name, pid) - before[name]) / max(result["tokens"], 1.0)
                     )
                 result["agent_cpu_ms_per_ktok"] = sum(  # all agents together
                     result.pop(f"{name}_cpu_ms_per_ktok") for name in list(pids) if name.startswith("agent")
@@ -330,9 +355,11 @@ def run_through_shoal(
               help="Alternating shoal/direct runs per concurrency; the median is reported.")
 @click.option("--instances", type=int, default=1, show_default=True,
               help="Agents behind the frontend (and direct engines, one process each, to compare with).")
+@click.option("--engine-core", type=click.Choice(["thread", "process"]), default="thread", show_default=True,
+              help="The agents' --engine-core (the direct engine computes in its own process either way).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None)
 def bench_serve(preset: str, concurrencies: tuple[int, ...], prompt_tokens: int, max_tokens: int,
-                threads: int, rounds: int, instances: int, json_path: Path | None) -> None:
+                threads: int, rounds: int, instances: int, engine_core: str, json_path: Path | None) -> None:
     """Streaming tokens/s and TTFT through shoal (frontend + NATS + agent) vs the engine alone."""
     import torch
 
@@ -342,12 +369,14 @@ def bench_serve(preset: str, concurrencies: tuple[int, ...], prompt_tokens: int,
     if instances < 1:
         raise click.BadParameter("must be >= 1", param_hint="--instances")
     shoal, direct = run_through_shoal(
-        preset, levels, prompt_tokens, max_tokens, threads, log_dir, rounds=rounds, instances=instances
+        preset, levels, prompt_tokens, max_tokens, threads, log_dir, rounds=rounds, instances=instances,
+        engine_core=engine_core,
     )
     results: dict[str, Any] = {}
     machine = platform.processor() or platform.machine()
     click.echo(f"preset {preset}, prompt {prompt_tokens} tokens, {max_tokens} output tokens per request, "
-               f"{instances} instance(s), torch threads {threads}, {os.cpu_count()} CPUs, {machine}")
+               f"{instances} instance(s), engine core {engine_core}, torch threads {threads}, "
+               f"{os.cpu_count()} CPUs, {machine}")
     click.echo(f"{'streams':>8} {'shoal tok/s':>12} {'direct tok/s':>13} {'ratio':>6} "
                f"{'TTFT p50 ms':>12} {'TTFT p99 ms':>12} {'direct p50':>11} {'direct p99':>11}")
     for c in levels:
@@ -379,7 +408,7 @@ def bench_serve(preset: str, concurrencies: tuple[int, ...], prompt_tokens: int,
                    + ", ".join(f"{name} {value:.0f}" for name, value in cpu.items())
                    + f" | {results[str(c)]['cpu_ceiling_ratio']:.2f}")
     meta = {"preset": preset, "prompt_tokens": prompt_tokens, "max_tokens": max_tokens, "threads": threads,
-            "instances": instances,
+            "instances": instances, "engine_core": engine_core,
             "rounds": rounds, "load_average": os.getloadavg(), "event_loop": event_loop.loop_name(),
             "cpus": os.cpu_count(), "median_ratio": statistics.median(r["ratio"] for r in results.values())}
     if json_path is not None:

@@ -152,6 +152,8 @@ def agent_command(
                  for a in (f"--{k.replace('_', '-')}", str(options[k]))]
     if engine != "sim" and options.get("dtype") is not None:
         args += ["--dtype", str(options["dtype"])]
+    if engine == "torch" and options.get("engine_core", "thread") != "thread":
+        args += ["--engine-core", str(options["engine_core"])]
     if options["num_blocks"] is not None:
         args += ["--num-blocks", str(options["num_blocks"])]
     return args
@@ -193,6 +195,8 @@ def _tail(path: Path, lines: int = 15) -> str:
 @click.option("--block-size", type=int, default=32, show_default=True, help="vllm: KV block size (CPU: x32).")
 @click.option("--max-model-len", type=int, default=None, help="vllm: context length.")
 @click.option("--dtype", default=None, help="Model dtype of every agent (torch and vllm).")
+@click.option("--engine-core", type=click.Choice(["thread", "process"]), default="thread", show_default=True,
+              help="torch: where each agent's model step computes (see shoal agent --engine-core).")
 @click.option("--kv-cache-bytes", type=int, default=None,
               help="vllm: KV space per agent in bytes (on CPU 1 GiB unless VLLM_CPU_KVCACHE_SPACE is set).")
 @click.option("--no-scheduler", is_flag=True, help="Run without a scheduler (the frontend places requests).")

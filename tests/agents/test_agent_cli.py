@@ -194,3 +194,51 @@ def test_agents_and_the_simulator_start_with_the_same_migration_pacing() -> None
     assert default(agent, "migration_copy_share") == share
     for command in (simulate_command, sweep_command):
         assert default(command, "copy_share") == share
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(stat[1]) == pid and stat[0] != "Z":
+                found.append(int(entry.name))
+    return found
+
+
+async def test_shoal_agent_with_a_core_process_serves_and_ends_it(nats_url: str, tmp_path: Path) -> None:
+    """``--engine-core process``: the tokens of the in-process engine, and SIGINT ends the child too."""
+    from agents.engines.torch_engine import TorchEngine
+    from tests.agents.agent_cluster import unmigrated_tokens
+
+    prompt = (5, 9, 13, 17, 21)
+    expected = unmigrated_tokens(TorchEngine("tiny", num_blocks=32), prompt, greedy(12), "p1")
+    async with agent_cluster(nats_url) as cluster:
+        ready = tmp_path / "ready.json"
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", "from frontend.cli import main; main()", "agent", "--engine", "torch",
+            "--model", "tiny", "--num-blocks", "32", "--engine-core", "process", "--nats", nats_url,
+            "--prefix", cluster.subjects.prefix, "--instance-id", "core1", "--transport", "tcp",
+            "--ready-file", str(ready), "--log-level", "WARNING",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        )
+        try:
+            async with asyncio.timeout(60):
+                while not ready.exists():
+                    await asyncio.sleep(0.05)
+            (core,) = _children(process.pid)
+            watcher = await cluster.watch("p1")
+            reply = await cluster.generate("core1", GenerateRequest(request_id="p1", token_ids=prompt,
+                                                                    sampling=greedy(12)))
+            assert reply.accepted
+            await watcher.wait_finished()
+            assert watcher.tokens() == expected
+            await watcher.close()
+        finally:
+            process.send_signal(signal.SIGINT)
+            output, _ = await asyncio.wait_for(process.communicate(), 20)
+        assert process.returncode == 0, output.decode()
+        assert not Path(f"/proc/{core}").exists()

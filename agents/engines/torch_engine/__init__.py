@@ -3,7 +3,8 @@
 Modules: ``config`` (shapes, presets, HF config parsing), ``model`` (the
 decoder), ``kv_cache`` (the paged pool and the KV buffer format), ``attention``
 (attention through block tables), ``runner`` (forward passes of one step),
-``sampling``, ``loader`` (checkpoints and random presets) and
+``sampling``, ``loader`` (checkpoints and random presets), ``core`` (the model
+step, in this process or in a child process of its own) and
 ``engine`` (``TorchEngine``, the :class:`agents.engines.protocol.Engine` implementation).
 Its tokenizers are :mod:`agents.engines.tokenizer` (shared with the frontend, no torch).
 """

@@ -16,6 +16,10 @@ loop has nothing else to do (``exclusive=True``) gets short steps computed on
 its own thread instead: the forward pass is Python-heavy on CPU, so a thread
 buys no parallelism there, only GIL hand-offs and interference (measured with
 ``shoal bench serve``: about 1 ms per step at 32 streams, 7-9% of a decode step).
+
+With ``core="process"`` the model and its step live in a child process
+(:mod:`.core`) and every step computes there, the caller's loop free meanwhile;
+scheduling, block tables and migration stay here, on a KV pool both map.
 """
 
 from __future__ import annotations
@@ -43,10 +47,18 @@ from agents.engines.protocol import (
 )
 from agents.engines.scheduled import ScheduledEngine
 from agents.engines.torch_engine.config import ModelConfig
-from agents.engines.torch_engine.kv_cache import KVPoolShape, PagedKVPool, buffer_from_bytes, buffer_to_bytes
-from agents.engines.torch_engine.loader import LoadedModel, load_model
+from agents.engines.torch_engine.core import CoreProcess, LoadedSpec, ModelCore, StepWork
+from agents.engines.torch_engine.kv_cache import (
+    KVPoolShape,
+    PagedKVPool,
+    buffer_from_bytes,
+    buffer_to_bytes,
+    dtype_name,
+)
+from agents.engines.torch_engine.loader import load_model
+from agents.engines.torch_engine.model import LlamaForCausalLM
 from agents.engines.torch_engine.runner import ModelRunner, SequenceWork
-from agents.engines.torch_engine.sampling import SamplingRow, check_sampling_params, request_seed, sample
+from agents.engines.torch_engine.sampling import SamplingRow, check_sampling_params, request_seed
 from schemas import KVLayout, ModelIdentity, SamplingParams
 
 __all__ = ["DEFAULT_KV_CACHE_BYTES", "TorchEngine", "TorchEngineConfig"]
@@ -83,12 +95,19 @@ class TorchEngineConfig:
     #: ``step_async(exclusive=True)`` computes a step inline when it should take at most this long
     #: (estimated from the last step, scaled by tokens); longer ones go to a worker thread.
     inline_step_max_s: float = 0.05
+    #: Where the model step computes: ``thread`` (this process: inline or a worker thread) or
+    #: ``process`` (a child process holding the model, the KV pool in shared memory; CPU only).
+    core: str = "thread"
+    #: torch threads of the ``process`` core (default: this process's ``torch.get_num_threads()``).
+    core_threads: int | None = None
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.max_batch_size <= 0:
             raise ValueError("block_size and max_batch_size must be positive")
         if self.num_blocks is not None and self.kv_cache_bytes is not None:
             raise ValueError("give num_blocks or kv_cache_bytes, not both")
+        if self.core not in ("thread", "process"):
+            raise ValueError(f"core must be 'thread' or 'process', got {self.core!r}")
 
 
 class TorchEngine(ScheduledEngine):
@@ -100,12 +119,32 @@ class TorchEngine(ScheduledEngine):
         elif overrides:
             config = dataclasses.replace(config, **overrides)  # type: ignore[arg-type]
         self.config = config
-        loaded: LoadedModel = load_model(
-            config.model, device=config.device, dtype=config.dtype, seed=config.seed
-        )
-        self.model = loaded.model
+        self.model: LlamaForCausalLM | None = None  # in this process (core "thread") only
+        self._process: CoreProcess | None = None
+        if config.core == "process":
+            self._process = CoreProcess(
+                config.model,
+                seed=config.seed,
+                device=config.device,
+                dtype=config.dtype,
+                threads=config.core_threads,
+                batch_invariant=config.batch_invariant,
+                max_pass_tokens=config.max_pass_tokens,
+            )
+            loaded = self._process.spec
+        else:
+            model = load_model(config.model, device=config.device, dtype=config.dtype, seed=config.seed)
+            self.model = model.model
+            loaded = LoadedSpec(model.config, model.model_id, model.revision, dtype_name(model.model.dtype))
+        try:
+            self._build(config, loaded)
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(self, config: TorchEngineConfig, loaded: LoadedSpec) -> None:
         self.model_config: ModelConfig = loaded.config
-        dtype = str(self.model.dtype).removeprefix("torch.")
+        dtype = loaded.dtype
         shape = KVPoolShape.for_model(loaded.config, block_size=config.block_size, dtype=dtype)
         max_positions = loaded.config.max_position_embeddings
         max_model_len = min(config.max_model_len or max_positions, max_positions)
@@ -117,13 +156,20 @@ class TorchEngine(ScheduledEngine):
                 num_blocks = min(num_blocks, config.max_batch_size * -(-max_model_len // config.block_size))
             if num_blocks <= 0:
                 raise ValueError(f"a KV budget of {budget} bytes holds no {shape.bytes_per_block}-byte block")
-        self.pool = PagedKVPool(shape, num_blocks, device=config.device)
-        self.runner = ModelRunner(
-            self.model,
-            self.pool,
-            batch_invariant=config.batch_invariant,
-            max_pass_tokens=config.max_pass_tokens,
-        )
+        self._core: ModelCore | CoreProcess
+        if self._process is not None:
+            self.pool = self._process.shared_pool(shape, num_blocks)
+            self._core = self._process
+        else:
+            assert self.model is not None
+            self.pool = PagedKVPool(shape, num_blocks, device=config.device)
+            runner = ModelRunner(
+                self.model,
+                self.pool,
+                batch_invariant=config.batch_invariant,
+                max_pass_tokens=config.max_pass_tokens,
+            )
+            self._core = ModelCore(runner)
         eos_ids = loaded.config.eos_token_ids
         self._eos_token_ids = eos_ids
         self.scheduler = LocalScheduler(
@@ -192,6 +238,16 @@ class TorchEngine(ScheduledEngine):
             request_id, prompt_token_ids, sampling, priority, output_token_ids=output_token_ids
         )
 
+    @property
+    def overlaps_loop(self) -> bool:
+        """A step computes in another process: the caller's loop may work meanwhile at no cost to it."""
+        return self._process is not None
+
+    def close(self) -> None:
+        """Stop the engine core process, if there is one (idempotent; the engine is unusable after)."""
+        if self._process is not None:
+            self._process.close()
+
     def step(self) -> StepResult:
         started = time.perf_counter()
         plan = self.scheduler.schedule()
@@ -205,11 +261,16 @@ class TorchEngine(ScheduledEngine):
         work, rows = self._snapshot(plan)
         if not work:
             return self._complete(plan, {}, started)
-        if exclusive and self._expected_step_s(plan) <= self.config.inline_step_max_s:
+        process = self._process
+        if process is None and exclusive and self._expected_step_s(plan) <= self.config.inline_step_max_s:
             return self._complete(plan, self._compute(plan, work, rows), started)
         self._in_step = True
         try:
-            sampled = await asyncio.to_thread(self._compute, plan, work, rows)
+            if process is not None:
+                step = self._step_work(plan, work, rows)
+                sampled = self._sampled(plan, step, *await process.compute_async(step))
+            else:
+                sampled = await asyncio.to_thread(self._compute, plan, work, rows)
         finally:
             self._in_step = False
         return self._complete(plan, sampled, started)
@@ -266,18 +327,22 @@ class TorchEngine(ScheduledEngine):
     ) -> dict[str, int]:
         if not work:
             return {}
-        started = time.perf_counter()
-        logits = self.runner.logits(work)
-        sampled_rows = self._sampled_rows(plan)
-        if len(sampled_rows) < len(work):  # prompt chunks: their logits are not used
-            logits = logits[sampled_rows]
-        result = sample(logits, rows) if rows else None
-        self._last_step = (time.perf_counter() - started, plan.num_prefill_tokens + len(plan.decodes))
-        if result is None:
-            return {}
+        step = self._step_work(plan, work, rows)
+        return self._sampled(plan, step, *self._core.compute(step))
+
+    def _step_work(
+        self, plan: SchedulerOutput, work: list[SequenceWork], rows: list[SamplingRow]
+    ) -> StepWork:
+        return StepWork(work, self._sampled_rows(plan), rows)
+
+    def _sampled(
+        self, plan: SchedulerOutput, step: StepWork, token_ids: list[int], seconds: float
+    ) -> dict[str, int]:
+        """Request id -> sampled token, from a computed step (and the step's time, for ``exclusive``)."""
+        self._last_step = (seconds, plan.num_prefill_tokens + len(plan.decodes))
         scheduled = self._scheduled(plan)
-        requests = [scheduled[i] for i in sampled_rows]
-        return {r.request_id: t for r, t in zip(requests, result.token_ids, strict=True)}
+        requests = [scheduled[i] for i in step.sampled]
+        return {r.request_id: t for r, t in zip(requests, token_ids, strict=True)}
 
     def _complete(self, plan: SchedulerOutput, sampled: dict[str, int], started: float) -> StepResult:
         outputs = self.scheduler.update_from_output(plan, sampled)
@@ -378,4 +443,3 @@ class TorchEngine(ScheduledEngine):
                 self._deferred.append(("release", request_id))
             return len(request.block_ids)
         return self.scheduler.release_request(request_id)
-

@@ -88,19 +88,41 @@ class KVPoolShape:
 class PagedKVPool:
     """``num_blocks`` KV blocks in one tensor, with per-layer views for attention."""
 
-    def __init__(self, shape: KVPoolShape, num_blocks: int, *, device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self,
+        shape: KVPoolShape,
+        num_blocks: int,
+        *,
+        device: torch.device | str = "cpu",
+        tensor: Tensor | None = None,
+    ) -> None:
+        """``tensor``: an existing pool tensor (one in shared memory, say) instead of a new one."""
         if num_blocks <= 0:
             raise ValueError(f"num_blocks must be positive, got {num_blocks}")
         self.shape = shape
         self.num_blocks = num_blocks
         self.dtype = torch_dtype(shape.dtype)
-        self.device = torch.device(device)
-        self.pool = torch.zeros((num_blocks, *shape.block_dims), dtype=self.dtype, device=self.device)
+        if tensor is not None:
+            if tuple(tensor.shape) != (num_blocks, *shape.block_dims) or tensor.dtype != self.dtype:
+                raise ValueError(
+                    f"a pool tensor of {tuple(tensor.shape)} {tensor.dtype} is not {num_blocks} "
+                    f"blocks of {shape}"
+                )
+            self.device = tensor.device
+            self.pool = tensor
+        else:
+            self.device = torch.device(device)
+            self.pool = torch.zeros((num_blocks, *shape.block_dims), dtype=self.dtype, device=self.device)
         #: One row per block: the 2-D view whole-block gathers and scatters go through (the fast path).
         self.rows = self.pool.view(num_blocks, -1)
         #: keys[layer] / values[layer]: strided views [num_blocks, block_size, num_kv_heads, head_dim].
         self.keys = [self.pool[:, layer, 0] for layer in range(shape.num_layers)]
         self.values = [self.pool[:, layer, 1] for layer in range(shape.num_layers)]
+
+    @classmethod
+    def from_tensor(cls, shape: KVPoolShape, tensor: Tensor) -> PagedKVPool:
+        """A pool over an existing tensor (one both the agent and its engine core process map)."""
+        return cls(shape, tensor.shape[0], tensor=tensor)
 
     @property
     def block_size(self) -> int:

@@ -64,13 +64,19 @@ def test_engine_satisfies_the_protocol_and_is_registered() -> None:
         TorchEngine("no-such-model")
 
 
-@pytest.mark.parametrize("sampling", [GREEDY, SEEDED], ids=["greedy", "seeded"])
-def test_migrated_request_decodes_exactly_as_without_the_move(sampling: SamplingParams) -> None:
+@pytest.mark.parametrize(
+    ("sampling", "core"),
+    [(GREEDY, "thread"), (SEEDED, "thread"), (SEEDED, "process")],
+    ids=["greedy", "seeded", "seeded-core-process"],
+)
+def test_migrated_request_decodes_exactly_as_without_the_move(sampling: SamplingParams, core: str) -> None:
+    """``core="process"``: both engines compute in child processes; export and import go through the
+    KV pool they share with this process."""
     prompt = _prompt(21)
     reference = _alone(prompt, sampling, request_id="moving")
 
-    source = TorchEngine("tiny", num_blocks=32, batch_invariant=True)
-    destination = TorchEngine("tiny", num_blocks=32, batch_invariant=True)
+    source = TorchEngine("tiny", num_blocks=32, batch_invariant=True, core=core)
+    destination = TorchEngine("tiny", num_blocks=32, batch_invariant=True, core=core)
     source.add_request("moving", prompt, sampling)
     source.add_request("stays", _prompt(9, 1), sampling)
     destination.add_request("resident", _prompt(40, 2), SEEDED)  # holds the low block ids there

@@ -100,7 +100,7 @@ def test_the_scheduler_never_pairs_two_dtypes() -> None:
     assert compatibility_key(joined["bfloat16"]) != compatibility_key(joined["float32"])
 
 
-def test_shoal_up_gives_every_torch_agent_its_dtype() -> None:
+def test_shoal_up_gives_every_torch_agent_its_dtype_and_engine_core() -> None:
     from frontend.up import agent_command
 
     options = {"engine": "torch", "threads": 1, "time_scale": 1.0, "block_size": 32, "num_blocks": None,
@@ -108,3 +108,6 @@ def test_shoal_up_gives_every_torch_agent_its_dtype() -> None:
     args = agent_command(options, [], "tiny", "agent-0")
     assert args[args.index("--dtype") + 1] == "bfloat16"
     assert "--dtype" not in agent_command({**options, "dtype": None}, [], "tiny", "agent-0")
+    assert "--engine-core" not in args  # the default
+    args = agent_command({**options, "engine_core": "process"}, [], "tiny", "agent-0")
+    assert args[args.index("--engine-core") + 1] == "process"

@@ -28,19 +28,24 @@ PROMPT = tuple((i * 37) % 300 + 1 for i in range(70))
 PACE_S = 0.01
 
 
-def _engine() -> TorchEngine:
-    return TorchEngine("tiny", num_blocks=48, batch_invariant=True)
+def _engine(core: str = "thread") -> TorchEngine:
+    return TorchEngine("tiny", num_blocks=48, batch_invariant=True, core=core)
 
 
 def _reference_tokens() -> list[int]:
     return unmigrated_tokens(_engine(), PROMPT, SAMPLING, "moving")
 
 
-@pytest.mark.parametrize(("kind", "secure"), [("tcp", False), ("ucx", False), ("tcp", True)])
+@pytest.mark.parametrize(
+    ("kind", "secure", "core"),
+    [("tcp", False, "thread"), ("ucx", False, "thread"), ("tcp", True, "thread"), ("tcp", False, "process")],
+)
 async def test_migrated_request_matches_an_unmigrated_run(
-    request: pytest.FixtureRequest, nats_url: str, kind: str, secure: bool
+    request: pytest.FixtureRequest, nats_url: str, kind: str, secure: bool, core: str
 ) -> None:
-    """``secure``: on ``shoal up --secure``'s server, each agent its own NATS user, mutual TLS."""
+    """``secure``: on ``shoal up --secure``'s server, each agent its own NATS user, mutual TLS.
+    ``core="process"``: each engine's model step in a child process (the agents publish while it
+    computes, and copy KV from and into the pools they share with it)."""
     if kind == "ucx" and (reason := ucx_available()) is not None:
         pytest.fail(f"UCX must be exercised here but is unavailable: {reason}")
     transport = TransportConfig(kind=kind, ucx_tls="tcp" if kind == "ucx" else "", send_timeout_s=5.0)
@@ -49,9 +54,9 @@ async def test_migrated_request_matches_an_unmigrated_run(
     pace = StepPace(PACE_S)
     async with agent_cluster(nats_url, secure_nats) as cluster:
         a1 = await cluster.add(
-            _engine(), replace(fast_agent_config("t1", faults=FaultPlan(pace=pace)), transport=transport)
+            _engine(core), replace(fast_agent_config("t1", faults=FaultPlan(pace=pace)), transport=transport)
         )
-        a2 = await cluster.add(_engine(), replace(fast_agent_config("t2"), transport=transport))
+        a2 = await cluster.add(_engine(core), replace(fast_agent_config("t2"), transport=transport))
         assert a1.transport.kind == kind
         for instance, name in (("t1", "bg1"), ("t2", "bg2")):  # co-located requests on both sides
             background = GenerateRequest(
