@@ -196,22 +196,10 @@ def test_agents_and_the_simulator_start_with_the_same_migration_pacing() -> None
         assert default(command, "copy_share") == share
 
 
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(stat[1]) == pid and stat[0] != "Z":
-                found.append(int(entry.name))
-    return found
-
-
 async def test_shoal_agent_with_a_core_process_serves_and_ends_it(nats_url: str, tmp_path: Path) -> None:
     """``--engine-core process``: the tokens of the in-process engine, and SIGINT ends the child too."""
     from agents.engines.torch_engine import TorchEngine
+    from frontend.bench_serve import child_pids
     from tests.agents.agent_cluster import unmigrated_tokens
 
     prompt = (5, 9, 13, 17, 21)
@@ -229,7 +217,7 @@ async def test_shoal_agent_with_a_core_process_serves_and_ends_it(nats_url: str,
             async with asyncio.timeout(60):
                 while not ready.exists():
                     await asyncio.sleep(0.05)
-            (core,) = _children(process.pid)
+            (core,) = child_pids(process.pid)
             watcher = await cluster.watch("p1")
             reply = await cluster.generate("core1", GenerateRequest(request_id="p1", token_ids=prompt,
                                                                     sampling=greedy(12)))

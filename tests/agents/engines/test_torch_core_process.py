@@ -20,6 +20,7 @@ import pytest
 from agents.engines.protocol import EngineError, StepResult
 from agents.engines.torch_engine import TorchEngine
 from schemas import SamplingParams
+from tests.agents.engines.loop_ticks import loop_ticks
 
 GREEDY = SamplingParams(max_tokens=20, ignore_eos=True)
 SEEDED = SamplingParams(max_tokens=20, ignore_eos=True, temperature=0.9, top_p=0.95, seed=99)
@@ -61,30 +62,19 @@ async def test_steps_in_the_core_process_give_the_in_process_tokens_and_leave_th
     assert engine.info == reference.info  # shape and identity come from the core process's model
     for e in (engine, reference):
         _add(e)
-    ticks = 0
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await asyncio.sleep(0)
-
-    task = asyncio.create_task(ticker())
     outputs: dict[str, list[int]] = {}
     loop_ran: list[bool] = []
-    try:
+    async with loop_ticks() as ticks:
         while engine.has_unfinished():
-            ticks = 0
+            ticks.reset()
             step = asyncio.ensure_future(engine.step_async(exclusive=True))
             await asyncio.sleep(0)  # planned and handed over: the step now computes elsewhere
             if "drop" in outputs and engine.request_stats("drop") is not None:
                 assert engine.abort("drop")  # mid-step: applied when the step completes
             result = await step
-            loop_ran.append(ticks > 1)
+            loop_ran.append(ticks.count > 1)
             for out in result.outputs:
                 outputs.setdefault(out.request_id, []).extend(out.token_ids)
-    finally:
-        task.cancel()
     expected: dict[str, list[int]] = {}
     while reference.has_unfinished():
         for out in reference.step().outputs:

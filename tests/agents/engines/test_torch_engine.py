@@ -21,6 +21,7 @@ from agents.engines.protocol import (
 )
 from agents.engines.torch_engine import TorchEngine
 from schemas import SamplingParams
+from tests.agents.engines.loop_ticks import loop_ticks
 
 GREEDY = SamplingParams(max_tokens=24, ignore_eos=True)
 SEEDED = SamplingParams(max_tokens=24, ignore_eos=True, temperature=0.9, top_p=0.95, top_k=100, seed=1234)
@@ -302,29 +303,17 @@ async def test_exclusive_steps_compute_inline_when_short_and_in_a_thread_otherwi
     for e in (engine, reference):
         e.add_request("a", _prompt(20), GREEDY)
         e.add_request("b", _prompt(20, 1), GREEDY)
-    ticks = 0
+    async with loop_ticks() as ticks:
 
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await asyncio.sleep(0)
+        async def step(**kwargs: bool) -> tuple[list[tuple[str, tuple[int, ...]]], bool]:
+            """The step's outputs, and whether other coroutines ran while it computed."""
+            ticks.reset()
+            result = await engine.step_async(**kwargs)
+            return [(o.request_id, o.token_ids) for o in result.outputs], ticks.count > 0
 
-    async def step(**kwargs: bool) -> tuple[list[tuple[str, tuple[int, ...]]], bool]:
-        """The step's outputs, and whether other coroutines ran while it computed."""
-        nonlocal ticks
-        ticks = 0
-        result = await engine.step_async(**kwargs)
-        return [(o.request_id, o.token_ids) for o in result.outputs], ticks > 0
-
-    task = asyncio.create_task(ticker())
-    await asyncio.sleep(0)
-    try:
         first, loop_ran_first = await step(exclusive=True)  # nothing measured yet: a thread
         second, loop_ran_second = await step(exclusive=True)  # a short decode step: inline
         third, loop_ran_third = await step()  # not exclusive: always a thread
-    finally:
-        task.cancel()
     assert (loop_ran_first, loop_ran_second, loop_ran_third) == (True, False, True)
     expected = [[(o.request_id, o.token_ids) for o in reference.step().outputs] for _ in range(3)]
     assert [first, second, third] == expected  # the same tokens whichever way a step ran
