@@ -5,6 +5,7 @@ the agent took (each load-report round takes one):
 KV blocks (total, free, used, reserved for incoming migrations), running and
 waiting requests, cumulative preemptions. Observed as they happen: engine
 step duration and batch size (per step, from the agent's step listeners),
+how late the event loop wakes (the agent's load-report loop measures it),
 and, per migration this agent started as the source, its outcome, the
 :class:`~schemas.reasons.MigrationAbortReason` of one that did not happen
 (label values are the enum's values), its downtime (suspend to resume), each
@@ -30,6 +31,7 @@ __all__ = ["AgentMetrics"]
 _STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 _DOWNTIME_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _STAGE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -75,6 +77,11 @@ class AgentMetrics:
         self.batch_size = Histogram(
             "shoal_agent_batch_size", "Requests scheduled per engine step",
             buckets=_BATCH_BUCKETS, registry=r,
+        )
+        self.loop_lag = Histogram(
+            "shoal_agent_loop_lag_seconds",
+            "How late the agent's event loop woke from a timed sleep (bus messages wait as long)",
+            buckets=_LAG_BUCKETS, registry=r,
         )
         self.migrations = Counter(
             "shoal_agent_migrations", "Migrations this agent started as the source, by outcome",

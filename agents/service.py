@@ -108,6 +108,7 @@ __all__ = ["Agent"]
 log = logging.getLogger(__name__)
 
 _REPLY_CACHE = 16_384
+_LOOP_LAG_WARNING_S = 1.0
 
 
 class Agent:
@@ -170,6 +171,7 @@ class Agent:
         self._epoch_seen = -1
         self._started = False
         self.last_engine_stats: EngineStats | None = None
+        self._last_step_s = 0.0
         self.metrics = AgentMetrics(lambda: self.last_engine_stats)
         self.step_listeners: list[Callable[[StepResult], None]] = [self.metrics.observe_step]
         #: the spans of traced requests (generate RPCs whose headers carry a trace context)
@@ -406,6 +408,7 @@ class Agent:
         for request_id in result.preempted:
             self.migration.request_gone(request_id, MigrationAbortReason.REQUEST_PREEMPTED)
         self.migration.step_done(result.duration_s)
+        self._last_step_s = result.duration_s
         for listener in self.step_listeners:
             listener(result)
 
@@ -623,7 +626,17 @@ class Agent:
                     self._last_report_at = now
                     self._report_stored_at, self._report_error = loop.time(), ""
                     self.num_reports += 1
+            slept_at = loop.time()
             await asyncio.sleep(interval)
+            self._observe_loop_lag(loop.time() - slept_at - interval)
+
+    def _observe_loop_lag(self, lag: float) -> None:
+        """A timed sleep that woke ``lag`` late: every bus message waited as long (a step computing
+        on the loop, a blocking call, a starved machine); a long one is logged, with its cause."""
+        self.metrics.loop_lag.observe(max(0.0, lag))
+        if lag >= _LOOP_LAG_WARNING_S:
+            log.warning("agent %s: event loop blocked for %.1fs (last step %.2fs); RPCs waited as long",
+                        self.instance_id, lag, self._last_step_s)
 
     # ------------------------------------------------------------------ orphans
 

@@ -44,6 +44,7 @@ class FrontendConfig:
     dispatch_timeout: float = 0.5
     scheduler_backoff: float = 2.0
     generate_timeout: float = 2.0
+    generate_retries: int = 2
     max_placement_attempts: int = 4
     gap_grace: float = 0.25
     stall_timeout: float = 30.0
@@ -61,6 +62,8 @@ class FrontendConfig:
             raise ValueError("max_concurrent_requests and max_model_len must be >= 1")
         if self.max_placement_attempts < 1:
             raise ValueError("max_placement_attempts must be >= 1")
+        if self.generate_retries < 0:
+            raise ValueError("generate_retries must be >= 0")
 
     @property
     def model_name(self) -> str:

@@ -304,16 +304,36 @@ class Gateway:
         return decision.instance_id, bypass
 
     async def _generate(self, instance_id: str, request: GenerateRequest) -> str | None:
-        """Start ``request`` on ``instance_id``; None on success, else why not (client faults raise)."""
-        try:
-            reply = await self.bus.request(
-                self.subjects.rpc_agent(instance_id, "generate"),
-                self.codec.encode(request, time=time.time()),
-                timeout=self.config.generate_timeout,
-                headers=bus_tracing.inject({}),
+        """Start ``request`` on ``instance_id``; None on success, else why not (client faults raise).
+
+        An agent that does not answer in ``generate_timeout`` may be busy (a long step, a loaded
+        machine) or may have started the request and its answer be late, so it is asked again,
+        ``generate_retries`` times: generate is idempotent by (request id, owner epoch), and a
+        retry gets the first answer. An instance given up on is sent an abort, so a request it
+        starts late does not run for nobody.
+        """
+        subject = self.subjects.rpc_agent(instance_id, "generate")
+        timed_out: RequestTimeout | None = None
+        for _ in range(1 + self.config.generate_retries):
+            try:
+                reply = await self.bus.request(
+                    subject, self.codec.encode(request, time=time.time()),
+                    timeout=self.config.generate_timeout, headers=bus_tracing.inject({}),
+                )
+            except RequestTimeout as exc:
+                timed_out = exc
+                self.metrics.generate_timeouts.inc()
+                log.warning("%s did not answer generate %s in %.1fs", instance_id, request.request_id,
+                            self.config.generate_timeout)
+                continue
+            except BusError as exc:
+                return f"{instance_id}: {exc}"
+            break
+        else:
+            self.fire_and_forget(
+                self.send_abort(instance_id, request.request_id, CloseReason.UNPLACED), "abort-unanswered"
             )
-        except BusError as exc:
-            return f"{instance_id}: {exc}"
+            return f"{instance_id}: {timed_out}"
         envelope = self.codec.decode_or_none(reply.data)
         body = envelope.body if envelope is not None else None
         if isinstance(body, GenerateReply):

@@ -118,6 +118,10 @@ class FrontendMetrics:
         self.rescues = Counter(
             "shoal_rescues", "Requests rescued from a failed or stalled instance", ["cause"], registry=r
         )
+        self.generate_timeouts = Counter(
+            "shoal_generate_timeouts", "Generate calls an agent did not answer in time (each is asked again)",
+            registry=r,
+        )
         self.resends = Counter("shoal_resend_requests", "Gap repairs asked of agents", registry=r)
         self.stale_deltas = Counter("shoal_stale_deltas", "Deltas dropped as stale or duplicate", registry=r)
         self.rejected = Counter("shoal_rejected", "Requests refused for overload", ["status"], registry=r)

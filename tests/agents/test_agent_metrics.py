@@ -9,6 +9,10 @@ and after a migration refused for an unknown destination.
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
+
+import pytest
 
 from schemas import GenerateRequest, MigrationAbortReason
 from tests.agents.agent_cluster import agent_cluster, fast_agent_config, greedy, sim_engine
@@ -62,3 +66,25 @@ async def test_agent_metrics_move_with_traffic_and_a_forced_migration(nats_url: 
             assert value(moved, "shoal_agent_migration_bytes_total") == moved_bytes > 0
             assert value(moved, "shoal_agent_num_requests_running") == 0
             assert value(moved, "shoal_agent_kv_blocks_free") == 64  # the request left with its blocks
+
+
+async def test_a_blocked_event_loop_is_measured_and_logged(
+    nats_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """While the agent's loop is blocked nothing it serves answers; the lag histogram and a warning say so."""
+    async with agent_cluster(nats_url) as cluster:
+        a1 = await cluster.add(sim_engine(), fast_agent_config("a1"))
+        with serving(a1.metrics.registry) as url:
+            await asyncio.sleep(0.3)
+            before = await scrape(url)
+            assert value(before, "shoal_agent_loop_lag_seconds_count") >= 1
+            assert value(before, "shoal_agent_loop_lag_seconds_bucket", le="1.0") == value(
+                before, "shoal_agent_loop_lag_seconds_count")
+            with caplog.at_level(logging.WARNING, logger="agents.service"):
+                time.sleep(1.3)  # what a blocking call on the agent's loop does
+                await asyncio.sleep(0.3)
+            after = await scrape(url)
+        late = value(after, "shoal_agent_loop_lag_seconds_count") - value(
+            after, "shoal_agent_loop_lag_seconds_bucket", le="1.0")
+        assert late == 1
+        assert any("a1: event loop blocked for 1." in record.getMessage() for record in caplog.records)

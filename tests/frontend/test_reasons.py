@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import msgspec
+
 from agents.engines.protocol import RequestRejected
 from frontend.gateway import Job
 from schemas import AbortRequest, CloseReason, RejectReason, RequestAborted, SamplingParams
@@ -45,13 +47,18 @@ async def test_each_generate_refusal_gets_its_openai_error(nats_url: str) -> Non
                 raise RequestRejected(request_id, _reason, f"the test refuses with {_reason}")
 
             if reason is RejectReason.TERMINATING:
-                agent.terminating = True  # refused by the agent, before its engine is asked
+                agent.terminating = True  # refused by the agent, before its engine is asked ...
+                # ... once the request gets there: its load reports would tell the frontend first
+                vars(agent)["load_report"] = lambda: msgspec.structs.replace(
+                    type(agent).load_report(agent), terminating=False
+                )
             else:
                 engine.add_request = refuse
             try:
                 response = await client.post("/v1/completions", json=body)
             finally:
                 agent.terminating = False
+                vars(agent).pop("load_report", None)
                 vars(engine).pop("add_request", None)  # the engine's own method again
             assert response.status_code == status, (reason, response.text)
             error = response.json()["error"]

@@ -95,7 +95,15 @@ def shoal_up(checkpoint: Path, tmp_path: Path, request: pytest.FixtureRequest) -
         finally:
             process.stdout.close()
     time.sleep(0.5)
+    _print_log_tails(tmp_path / "logs")  # shown by pytest when the test failed
     assert not [name for name, pid in pids.items() if alive(pid)], "a child outlived shoal up"
+
+
+def _print_log_tails(folder: Path, lines: int = 25) -> None:
+    for log in sorted(folder.glob("*.log")):
+        kept = [line for line in log.read_text(errors="replace").splitlines()
+                if "leaked" not in line and "nanobind" not in line and not line.startswith(" - ")]
+        print(f"--- {log.name} (last {lines} lines) ---", *kept[-lines:], sep="\n")
 
 
 async def _stream_text(client: Any, model: str, **kwargs: Any) -> tuple[str, list[str], Any]:
