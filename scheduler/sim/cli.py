@@ -260,7 +260,8 @@ def dumps(document: object) -> str:
 @click.option("--policy", "policies", default="shoal", show_default=True,
               help=f"One of {', '.join(_POLICIES)}; or several, comma-separated, to compare on one workload.")
 @click.option("--trace", default=None,
-              help="azure-conv (default), azure-code, or a CSV arrival_s,input_tokens,output_tokens.")
+              help="azure-conv (default), azure-code, or a trace file: a CSV arrival_s,input_tokens,"
+                   "output_tokens, or an Azure, BurstGPT or Mooncake (JSON lines) trace as published.")
 @click.option("--mix", default=None,
               help="A synthetic length mix instead of a trace: S-S, M-M, L-L, S-L or L-S.")
 @click.option("--rate", type=float, default=None,
@@ -328,7 +329,8 @@ def simulate_command(ctx: click.Context, /, **opts: Any) -> None:
 
 @simulate_command.command(name="sweep")
 @click.option("--workload", "workloads", multiple=True, default=("azure-conv",), show_default=True,
-              help="Repeatable: azure-conv, azure-code, a CSV path, or a mix (S-S, M-M, L-L, S-L, L-S).")
+              help="Repeatable: azure-conv, azure-code, a trace file (see --trace of simulate), or a mix "
+                   "(S-S, M-M, L-L, S-L, L-S).")
 @click.option("--rates", required=True, help="Comma-separated request rates (req/s).")
 @click.option("--policies", default="rr,infaas,llumnix,shoal", show_default=True)
 @click.option("--out", "out_prefix", type=click.Path(), required=True,

@@ -2,8 +2,9 @@
 
 * **Traces**: the Azure LLM inference traces of 2023 shipped in
   ``scheduler/sim/traces/`` (conversation and code: arrival times, prompt and
-  output token counts), or any CSV with the columns
-  ``arrival_s,input_tokens,output_tokens``. A time scale (or a target mean
+  output token counts), or a trace file: a CSV with the columns
+  ``arrival_s,input_tokens,output_tokens``, or the published Azure, BurstGPT
+  or Mooncake files as they are (:mod:`scheduler.sim.trace_formats`). A time scale (or a target mean
   rate) compresses or stretches the arrivals, which sets the load while
   keeping the trace's burstiness.
 * **Synthetic arrivals**: Poisson, or Gamma inter-arrival times whose
@@ -20,13 +21,14 @@ deterministic for a given seed.
 
 from __future__ import annotations
 
-import csv
 import math
 from collections.abc import Sequence
 from pathlib import Path
 
 import msgspec
 import numpy as np
+
+from scheduler.sim.trace_formats import read_trace
 
 __all__ = [
     "AZURE_CREDIT",
@@ -93,19 +95,6 @@ class Workload(msgspec.Struct, frozen=True, kw_only=True):
         return (len(self.requests) - 1) / span if span > 0 else 0.0
 
 
-def _read_trace(path: Path) -> list[tuple[float, int, int]]:
-    rows: list[tuple[float, int, int]] = []
-    with path.open(newline="") as handle:
-        reader = csv.DictReader(handle)
-        missing = {"arrival_s", "input_tokens", "output_tokens"} - set(reader.fieldnames or ())
-        if missing:
-            raise ValueError(f"{path}: missing columns {sorted(missing)}")
-        for row in reader:
-            rows.append((float(row["arrival_s"]), int(row["input_tokens"]), int(row["output_tokens"])))
-    rows.sort(key=lambda r: r[0])
-    return rows
-
-
 def load_trace(
     name_or_path: str | Path,
     *,
@@ -118,20 +107,25 @@ def load_trace(
 
     Arrivals are divided by ``time_scale`` (2 = twice the load); ``rate``, if
     given, picks the time scale that makes the mean rate that many requests per
-    second. Rows with no prompt or no output tokens are dropped.
+    second. The file may be in any format :mod:`~scheduler.sim.trace_formats`
+    reads; rows with no prompt or no output tokens are dropped, and a warning
+    says how many.
     """
     path = TRACES.get(str(name_or_path), Path(name_or_path))
     if not path.is_file():
         raise ValueError(f"no trace {str(name_or_path)!r} (shipped: {', '.join(TRACES)})")
-    rows = [r for r in _read_trace(path) if r[1] > 0 and r[2] > 0]
+    trace = read_trace(path)
+    rows = trace.rows
     available = max(len(rows) - start, 0)
     stop = None if num_requests is None else start + num_requests
     rows = rows[start:stop]
     if not rows:
         raise ValueError(f"{path}: no requests in the chosen window")
     warnings: tuple[str, ...] = ()
+    if trace.num_dropped:
+        warnings += (f"{trace.num_dropped} rows of {path.name} have no prompt or no output tokens: left out",)
     if num_requests is not None and num_requests > available:
-        warnings = (
+        warnings += (
             f"trace truncated: {num_requests} requests asked for, the trace has {available} usable rows "
             f"from row {start}; simulating {len(rows)}",
         )
@@ -157,11 +151,13 @@ def load_trace(
         for k, r in enumerate(natural.requests)
     )
     name = str(name_or_path) if str(name_or_path) in TRACES else path.name
+    credit = AZURE_CREDIT if name in TRACES or (trace.format.name == "shoal" and "azure" in name) else ""
     workload = Workload(
-        requests=requests, description="", credit=AZURE_CREDIT if "azure" in name else "", warnings=warnings
+        requests=requests, description="", credit=credit or trace.format.credit, warnings=warnings
     )
+    shown = name if trace.format.name == "shoal" else f"{name} ({trace.format.name} format)"
     description = (
-        f"trace {name}: {len(requests)} requests from row {start}, time scale {time_scale:.3g} "
+        f"trace {shown}: {len(requests)} requests from row {start}, time scale {time_scale:.3g} "
         f"({workload.mean_rate:.2f} req/s)"
     )
     return msgspec.structs.replace(workload, description=description)
@@ -291,7 +287,7 @@ def build_workload(
     time_scale: float = 1.0,
     start: int = 0,
 ) -> Workload:
-    """A workload by name: a trace (``azure-conv``, ``azure-code`` or a CSV path) or a mix (``M-M``).
+    """A workload by name: a trace (``azure-conv``, ``azure-code`` or a trace file) or a mix (``M-M``).
 
     Traces take ``rate`` (a target mean rate) or ``time_scale``; synthetic
     mixes need ``rate`` and take ``cv`` (Gamma arrivals; 1 is Poisson).

@@ -1,0 +1,143 @@
+"""The request-trace files the simulator reads, recognised by their columns (or keys).
+
+* ``shoal``: CSV ``arrival_s,input_tokens,output_tokens``, arrivals in seconds (the traces
+  shoal ships).
+* ``azure``: CSV ``TIMESTAMP,ContextTokens,GeneratedTokens``, arrivals as dates and times (the
+  Azure LLM inference traces of 2023 and 2024, as published).
+* ``burstgpt``: CSV ``Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type``,
+  arrivals in seconds (BurstGPT).
+* ``mooncake``: JSON lines ``{"timestamp", "input_length", "output_length", "hash_ids"}``,
+  arrivals in milliseconds (Mooncake's traces, as aiperf and Dynamo's tools read them).
+
+Other columns are ignored (a Mooncake row's ``hash_ids``, BurstGPT's model and
+log type). Arrivals are returned in seconds, rows sorted by arrival. A row with
+no prompt or no output tokens (BurstGPT's failed requests have 0 response
+tokens) is dropped and counted; a row that cannot be read is an error naming
+its line.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+__all__ = ["TRACE_FORMATS", "TraceFile", "TraceFormat", "read_trace"]
+
+
+@dataclass(frozen=True, slots=True)
+class TraceFormat:
+    """One trace format: the fields it needs, how an arrival reads, and whom results credit."""
+
+    name: str
+    arrival: str
+    prompt: str
+    output: str
+    #: an arrival field's text or value -> seconds (on the format's own clock)
+    seconds: Callable[[Any], float]
+    credit: str = ""
+
+    @property
+    def fields(self) -> tuple[str, str, str]:
+        return (self.arrival, self.prompt, self.output)
+
+
+def _date_seconds(value: Any) -> float:
+    return datetime.fromisoformat(str(value).strip()).timestamp()
+
+
+TRACE_FORMATS: tuple[TraceFormat, ...] = (
+    TraceFormat("shoal", "arrival_s", "input_tokens", "output_tokens", float),
+    TraceFormat(
+        "azure", "TIMESTAMP", "ContextTokens", "GeneratedTokens", _date_seconds,
+        credit="Trace: Azure LLM inference trace, Microsoft Azure Public Dataset (CC-BY 4.0).",
+    ),
+    TraceFormat(
+        "burstgpt", "Timestamp", "Request tokens", "Response tokens", float,
+        credit='Trace: BurstGPT (Wang et al., "BurstGPT: A Real-world Workload Dataset to Optimize LLM '
+        'Serving Systems", arXiv:2401.17644).',
+    ),
+    TraceFormat(
+        "mooncake", "timestamp", "input_length", "output_length", lambda ms: float(ms) / 1000.0,
+        credit='Trace: Mooncake (Qin et al., "Mooncake: A KVCache-centric Disaggregated Architecture '
+        'for LLM Serving", FAST 2025).',
+    ),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class TraceFile:
+    """A trace's usable rows ``(arrival_s, prompt_tokens, output_tokens)``, by arrival."""
+
+    format: TraceFormat
+    rows: list[tuple[float, int, int]]
+    #: rows dropped for having no prompt or no output tokens
+    num_dropped: int
+
+
+def _format_of(path: Path, fields: set[str]) -> TraceFormat:
+    for known in TRACE_FORMATS:
+        if set(known.fields) <= fields:
+            return known
+    accepted = "; ".join(f"{f.name}: {', '.join(f.fields)}" for f in TRACE_FORMATS)
+    raise ValueError(f"{path}: not a trace shoal reads (fields {sorted(fields)}); it reads {accepted}")
+
+
+def _json_lines(path: Path, handle: Any) -> Iterator[tuple[int, dict[str, Any]]]:
+    for number, line in enumerate(handle, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}, line {number}: not JSON ({exc})") from exc
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}, line {number}: expected a JSON object")
+        yield number, row
+
+
+def read_trace(path: Path) -> TraceFile:
+    """Read ``path`` in whichever format its header (CSV) or first object (JSON lines) names."""
+    with path.open(newline="", encoding="utf-8-sig") as handle:
+        first = handle.readline()
+        handle.seek(0)
+        records: Iterator[tuple[int, dict[str, Any]]]
+        if first.lstrip().startswith("{"):
+            lines = _json_lines(path, handle)
+            try:
+                number, head = next(lines)
+            except StopIteration:
+                raise ValueError(f"{path}: empty trace") from None
+            trace_format = _format_of(path, set(head))
+
+            def chained() -> Iterator[tuple[int, dict[str, Any]]]:
+                yield number, head
+                yield from lines
+
+            records = chained()
+        else:
+            reader = csv.DictReader(handle)
+            trace_format = _format_of(path, {name.strip() for name in reader.fieldnames or ()})
+            reader.fieldnames = [name.strip() for name in reader.fieldnames or ()]
+            records = ((reader.line_num, row) for row in reader)
+        rows: list[tuple[float, int, int]] = []
+        dropped = 0
+        arrival, prompt, output = trace_format.fields
+        for number, row in records:
+            try:
+                at = trace_format.seconds(row[arrival])
+                num_prompt, num_output = int(row[prompt]), int(row[output])
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ValueError(
+                    f"{path}, line {number}: cannot read a {trace_format.name} row ({exc!r})"
+                ) from exc
+            if num_prompt <= 0 or num_output <= 0:
+                dropped += 1
+                continue
+            rows.append((at, num_prompt, num_output))
+    rows.sort(key=lambda r: r[0])
+    return TraceFile(trace_format, rows, dropped)
