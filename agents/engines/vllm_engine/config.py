@@ -63,10 +63,16 @@ class VllmEngineConfig:
     enforce_eager: bool = True
     migration: bool = True
     cpus: tuple[int, ...] = ()
+    #: ``step_async(exclusive=True)`` waits for a step with the caller's loop blocked only when it
+    #: should take at most this long (the last step's time, scaled by tokens); a longer one (a long
+    #: prompt's chunk on CPU) is awaited, so the agent keeps answering RPCs meanwhile
+    inline_step_max_s: float = 0.05
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.max_batch_size <= 0:
             raise ValueError("block_size and max_batch_size must be positive")
+        if self.inline_step_max_s < 0:
+            raise ValueError("inline_step_max_s must be >= 0")
         if any(cpu < 0 for cpu in self.cpus):
             raise ValueError(f"cpus {self.cpus}: CPU ids are >= 0")
         if self.migration and self.tensor_parallel_size != 1:

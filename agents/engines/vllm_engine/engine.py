@@ -205,6 +205,8 @@ class VllmEngine:
         self._num_preemptions = 0
         self._in_step = False
         self._num_steps = 0
+        #: (seconds, tokens) of the last model step, for ``step_async``'s choice
+        self._last_step: tuple[float, int] | None = None
         self._deferred: list[tuple[str, str]] = []
         from agents.engines.vllm_engine.migration import MigrationSupport
 
@@ -337,9 +339,13 @@ class VllmEngine:
         return self._complete(plan, self._model_thread.submit(self._execute, plan).result(), started)
 
     async def step_async(self, *, exclusive: bool = False) -> StepResult:
+        """A step; an ``exclusive`` caller's loop waits blocked for a short one (no hand-off, no GIL
+        shared with the loop), any other is awaited while the model thread computes it."""
         started = time.perf_counter()
         plan = self.scheduler.schedule()
-        if plan.total_num_scheduled_tokens == 0 or exclusive:
+        num_tokens = plan.total_num_scheduled_tokens
+        short = exclusive and self._expected_step_s(num_tokens) <= self.config.inline_step_max_s
+        if num_tokens == 0 or short:
             return self._complete(plan, self._model_thread.submit(self._execute, plan).result(), started)
         self._in_step = True
         try:
@@ -348,10 +354,20 @@ class VllmEngine:
             self._in_step = False
         return self._complete(plan, output, started)
 
+    def _expected_step_s(self, num_tokens: int) -> float:
+        """The last model step's time scaled up by this step's tokens (infinite before any step)."""
+        if self._last_step is None:
+            return float("inf")
+        seconds, tokens = self._last_step
+        return seconds * max(1.0, num_tokens / max(tokens, 1))
+
     def _execute(self, plan: Any) -> Any:
         """The model half of a step (touches only the worker: safe in a thread, one engine at a time)."""
         with _EXECUTE_LOCK:
-            return self._execute_locked(plan)
+            started = time.perf_counter()
+            output = self._execute_locked(plan)
+            self._last_step = (time.perf_counter() - started, plan.total_num_scheduled_tokens)
+            return output
 
     def _execute_locked(self, plan: Any) -> Any:
         executor = self.core.model_executor

@@ -12,6 +12,7 @@ the torch engine too: both engines load it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import threading
 from pathlib import Path
@@ -23,6 +24,7 @@ from agents.engines.protocol import Engine, MigrationError, RequestStatus
 from agents.engines.vllm_engine import vllm_unavailable_reason
 from agents.engines.vllm_engine.checkpoint import build_checkpoint
 from schemas import SamplingParams
+from tests.agents.engines.loop_ticks import loop_ticks
 
 # vLLM's import and start-up warn about its own dependencies (torch.jit, torch.distributed, ...)
 pytestmark = pytest.mark.filterwarnings(
@@ -386,3 +388,30 @@ def test_every_model_step_runs_on_one_thread_pinned_to_the_engines_cpus(
     assert torch.get_num_threads() == threads_before
     assert PINNED_CPU in os.sched_getaffinity(0)
     assert unpinned.config.cpus == ()
+
+
+def test_exclusive_steps_block_the_loop_only_when_short(
+    engines: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An exclusive caller's loop waits blocked for a step expected to be short; a longer one (or any
+    step of a caller that is not exclusive) is awaited, so the agent keeps answering meanwhile."""
+    engine = engines[1]
+    tokens: dict[str, list[int]] = {}
+    engine.add_request("inline", PROMPT, SamplingParams(max_tokens=5, ignore_eos=True))
+
+    async def steps() -> list[bool]:
+        ran: list[bool] = []
+        async with loop_ticks() as ticks:
+            for cap, exclusive in ((0.0, True), (10.0, True), (10.0, False)):
+                config = dataclasses.replace(engine.config, inline_step_max_s=cap)
+                monkeypatch.setattr(engine, "config", config)
+                ticks.reset()
+                result = await engine.step_async(exclusive=exclusive)
+                ran.append(ticks.count > 0)
+                for out in result.outputs:
+                    tokens.setdefault(out.request_id, []).extend(out.token_ids)
+        return ran
+
+    assert asyncio.run(steps()) == [True, False, True]
+    _step_collect(engine, tokens, steps=2)
+    assert not engine.has_unfinished() and len(tokens["inline"]) == 5
