@@ -59,7 +59,9 @@ def policy_options(function: F) -> F:
                 help="Dispatch policy. prefill_ahead (the default) is shoal's policy (blocks_ahead: it "
                 "without the prompts in flight counted as work ahead, the default of rounds 2-5; "
                 "queue_aware: the rule before; blocks_ahead_growth: blocks_ahead with the running "
-                "requests' expected decode growth taken off each instance's room); shoal's rules bring "
+                "requests' expected decode growth taken off each instance's room; prefill_ahead_saturated: "
+                "prefill_ahead with INFaaS++'s choice once the request waits for memory everywhere, an "
+                "ablation, see docs/SIMULATION.md round 8); shoal's rules bring "
                 "its migration rules (room check, no retry of an aborted request for 2 s, at most 3 moves "
                 "per request); the others pair by the paper's rules.",
             ),

@@ -65,6 +65,10 @@ class DispatchPolicy(enum.StrEnum):
     #: (``LoadReport.prefill_blocks``: the step in flight) counted as work ahead where memory does not
     #: bind, on instances where the request would otherwise start at once too.
     PREFILL_AHEAD = "prefill_ahead"
+    #: ``prefill_ahead``, except that a request which would wait for memory on every instance goes
+    #: where INFaaS++ puts it (the least memory load): once the whole cluster queues for blocks,
+    #: counting the prompts queued where it would have room ranks worse than memory alone.
+    PREFILL_AHEAD_SATURATED = "prefill_ahead_saturated"
 
     @property
     def migrates(self) -> bool:
@@ -78,13 +82,14 @@ class DispatchPolicy(enum.StrEnum):
         """Whether its scores say where a request "starts at once", so a stalled queue's request may
         move there (:func:`scheduler.policy.dispatch.requeue_choice`)."""
         return self in (
-            DispatchPolicy.BLOCKS_AHEAD, DispatchPolicy.BLOCKS_AHEAD_GROWTH, DispatchPolicy.PREFILL_AHEAD
+            DispatchPolicy.BLOCKS_AHEAD, DispatchPolicy.BLOCKS_AHEAD_GROWTH, DispatchPolicy.PREFILL_AHEAD,
+            DispatchPolicy.PREFILL_AHEAD_SATURATED,
         )
 
     @property
     def counts_prefill(self) -> bool:
         """Whether its score counts the prompts admitted but not yet prefilled as work ahead."""
-        return self is DispatchPolicy.PREFILL_AHEAD
+        return self in (DispatchPolicy.PREFILL_AHEAD, DispatchPolicy.PREFILL_AHEAD_SATURATED)
 
     @property
     def is_shoal(self) -> bool:
@@ -95,7 +100,7 @@ class DispatchPolicy(enum.StrEnum):
 #: shoal's dispatch rules, the current default first.
 SHOAL_DISPATCH: tuple[DispatchPolicy, ...] = (
     DispatchPolicy.PREFILL_AHEAD, DispatchPolicy.BLOCKS_AHEAD, DispatchPolicy.QUEUE_AWARE,
-    DispatchPolicy.BLOCKS_AHEAD_GROWTH,
+    DispatchPolicy.BLOCKS_AHEAD_GROWTH, DispatchPolicy.PREFILL_AHEAD_SATURATED,
 )
 
 

@@ -22,6 +22,8 @@ Four policies, chosen by :class:`~scheduler.config.DispatchPolicy` through
 * ``prefill_ahead``: ``blocks_ahead`` with the prompts admitted but not yet prefilled
   (``prefill_blocks`` of the report: the step in flight) counted as work ahead where memory
   does not bind, so a request does not go where it would "start at once" behind a long prefill;
+* ``prefill_ahead_saturated``: ``prefill_ahead``, but a request that would wait for memory on
+  every instance goes to the least memory load (INFaaS++'s choice);
 * ``queue_aware`` (the default until 2026-12-02, kept so its logs recompute): that
   freeness wherever the instance has room, else its memory deficit.
 
@@ -53,6 +55,7 @@ from scheduler.policy.load import (
     load_freeness,
     queue_aware_score,
     starts_at_once,
+    waits_for_memory,
 )
 from schemas.decisions import Dispatched, LoadPosition
 
@@ -253,8 +256,33 @@ class _QueueAwareDispatcher(_ScoringDispatcher):
             load, demand_blocks, self._config, priority=priority,
             blocks_ahead=self.policy is not DispatchPolicy.QUEUE_AWARE,
             count_growth=self.policy is DispatchPolicy.BLOCKS_AHEAD_GROWTH,
-            count_prefill=self.policy is DispatchPolicy.PREFILL_AHEAD,
+            count_prefill=self.policy.counts_prefill,
         )
+
+
+class _SaturationAwareDispatcher(_QueueAwareDispatcher):
+    """``prefill_ahead``; a request that would wait for memory on every eligible instance goes where
+    INFaaS++ puts it (the least memory load, used + reserved + every queued and pending demand)."""
+
+    def __init__(self, policy: DispatchPolicy, config: PolicyConfig) -> None:
+        super().__init__(policy, config)
+        self._memory = _InfaasDispatcher(DispatchPolicy.INFAAS, config)
+
+    def choose(
+        self, request: PendingRequest, loads: Sequence[InstanceLoad], *, num_dispatched: int = 0
+    ) -> DispatchDecision | None:
+        decision = super().choose(request, loads, num_dispatched=num_dispatched)
+        if decision is None or decision.score >= 0:
+            return decision  # it starts at once somewhere
+        eligible = [load for load in loads if _eligible(load, request)]
+        if not all(
+            waits_for_memory(load, load.demand_blocks(request.num_prompt_tokens), self._config,
+                             priority=request.priority)
+            for load in eligible
+        ):
+            return decision
+        fallback = self._memory.choose(request, eligible, num_dispatched=num_dispatched)
+        return decision if fallback is None else msgspec.structs.replace(fallback, policy=self.policy)
 
 
 class _RoundRobinDispatcher:
@@ -295,6 +323,8 @@ def make_dispatcher(policy: DispatchPolicy | str, config: PolicyConfig | None = 
         return _FreenessAfterAdmitDispatcher(kind, config)
     if kind is DispatchPolicy.INFAAS:
         return _InfaasDispatcher(kind, config)
+    if kind is DispatchPolicy.PREFILL_AHEAD_SATURATED:
+        return _SaturationAwareDispatcher(kind, config)
     if kind.is_shoal:
         return _QueueAwareDispatcher(kind, config)
     return _RoundRobinDispatcher(config)

@@ -36,6 +36,7 @@ __all__ = [
     "queue_aware_score",
     "room_blocks",
     "starts_at_once",
+    "waits_for_memory",
 ]
 
 #: ``max_model_len`` of a view built without an ``InstanceJoined``.
@@ -272,16 +273,9 @@ def queue_aware_score(
     instance scores only its memory deficit, and one with room scores its freeness even when
     prompts are queued ahead.
     """
-    usage, batch = _usage_and_batch(load, config)
     if load.terminating:
         return -INFINITE_USAGE
-    queued = max(load.waiting_demand, load.head_of_line_demand)
-    num_queued = load.num_waiting
-    if load.num_waiting > 0 and priority < load.head_of_line_priority:
-        queued, num_queued = 0, 0
-    room = load.num_total_blocks - (usage - load.head_of_line_demand) - queued - demand_blocks
-    if count_growth:
-        room -= load.expected_growth_blocks
+    room, queued, num_queued, batch = _room(load, demand_blocks, config, priority, count_growth=count_growth)
     if not blocks_ahead:
         if room < 0:
             return float(room)
@@ -293,6 +287,29 @@ def queue_aware_score(
     if ahead > 0:
         return -float(ahead)
     return room / (batch + num_queued + 1)
+
+
+def _room(
+    load: InstanceLoad, demand_blocks: int, config: PolicyConfig, priority: int, *, count_growth: bool = False
+) -> tuple[float, int, int, int]:
+    """``(room, queued demand, queued requests, batch)`` as :func:`queue_aware_score` reads them: the
+    blocks left after the instance's usage, the queue ahead of the request and its demand."""
+    usage, batch = _usage_and_batch(load, config)
+    queued = max(load.waiting_demand, load.head_of_line_demand)
+    num_queued = load.num_waiting
+    if load.num_waiting > 0 and priority < load.head_of_line_priority:
+        queued, num_queued = 0, 0
+    room = load.num_total_blocks - (usage - load.head_of_line_demand) - queued - demand_blocks
+    if count_growth:
+        room -= load.expected_growth_blocks
+    return room, queued, num_queued, batch
+
+
+def waits_for_memory(
+    load: InstanceLoad, demand_blocks: int, config: PolicyConfig, *, priority: int = 0
+) -> bool:
+    """Whether the request would wait on ``load`` for blocks to be freed (its queue and it do not fit)."""
+    return load.terminating or _room(load, demand_blocks, config, priority)[0] < 0
 
 
 def starts_at_once(

@@ -303,3 +303,27 @@ def test_prefill_ahead_moves_a_queued_request_where_it_starts_at_once_least_pref
     decision = requeue_choice(dispatcher, request, "s", [stalled, busy, prefilling], config=config)
     assert decision is not None and decision.instance_id == "p" and decision.score == -200
     assert requeue_choice(dispatcher, request, "s", [stalled, busy], config=config) is None
+
+
+def test_prefill_ahead_saturated_goes_by_memory_once_the_request_waits_for_it_everywhere() -> None:
+    # A is 41 blocks short with 140 queued, B 51 short with 100 queued: prefill_ahead takes the
+    # shorter queue (B), INFaaS++ the least memory load (A: 1.04 of capacity against 1.05)
+    a = load("a", (2, 900), head_of_line_demand=140, num_waiting=1, waiting_demand=140)
+    b = load("b", (10, 950), head_of_line_demand=100, num_waiting=1, waiting_demand=100)
+    assert choose(DispatchPolicy.PREFILL_AHEAD, [a, b]) == "b"
+    assert choose(DispatchPolicy.INFAAS, [a, b]) == "a"
+    assert choose(DispatchPolicy.PREFILL_AHEAD_SATURATED, [a, b]) == "a"
+    request = PendingRequest(request_id="r", num_prompt_tokens=16)
+    decision = make_dispatcher(DispatchPolicy.PREFILL_AHEAD_SATURATED, CONFIG).choose(request, [a, b])
+    assert decision is not None and decision.to_event(0).policy == "prefill_ahead_saturated"
+    # where the request has room somewhere (only a queue ahead of it there, or nothing), the rule is
+    # prefill_ahead's
+    queued = load("q", (2, 100), head_of_line_demand=50, num_waiting=1, waiting_demand=50)
+    free = load("d", (40, 500))
+    for loads in ([a, b, queued], [a, b, free], [a, b, queued, free]):
+        saturated = choose(DispatchPolicy.PREFILL_AHEAD_SATURATED, loads)
+        assert saturated == choose(DispatchPolicy.PREFILL_AHEAD, loads)
+    assert choose(DispatchPolicy.PREFILL_AHEAD_SATURATED, [a, b, queued]) == "q"
+    # excluded and terminating instances do not count as waiting
+    assert choose(DispatchPolicy.PREFILL_AHEAD_SATURATED, [a, b, free], exclude=("d",)) == "a"
+    assert choose(DispatchPolicy.PREFILL_AHEAD_SATURATED, [a, b, free.as_terminating()]) == "a"
