@@ -45,7 +45,8 @@ def main() -> None:
         new = HERE / f"{stem}_default-median.json"
         if not new.exists():
             continue
-        base = [p for p in json.loads((BASELINES / f"{stem}-median.json").read_text()) if p["policy"] != "shoal"]
+        runs = json.loads((BASELINES / f"{stem}-median.json").read_text())
+        base = [p for p in runs if p["policy"] != "shoal"]
         infaas = {float(p["rate"]): p for p in base if p["policy"] == "infaas"}
         old, cand = _shoal(ROUND6 / f"{stem}_default-median.json"), _shoal(new)
         k = knee(base, str(base[0]["workload"]), "infaas")
@@ -58,9 +59,10 @@ def main() -> None:
             first = rate == min(cand)
             knee_text = f"{k:g}" if first and k is not None else ""
             seconds = " / ".join(f"{x['ttft_p99_s']:.2f}" for x in (i, old[rate], cand[rate]))
-            same = all(old[rate][key] == cand[rate][key] for key in ("ttft_p99_s", "ttft_mean_s", "tpot_p99_s"))
+            keys = ("ttft_p99_s", "ttft_mean_s", "tpot_p99_s")
+            same = "yes" if all(old[rate][key] == cand[rate][key] for key in keys) else ""
             print(f"| {name if first else ''} | {knee_text} | {rate:g}{' (knee)' if rate == k else ''} "
-                  f"| {mark}{c_text}{mark} | {old_mark}{o_text}{old_mark} | {seconds} | {'yes' if same else ''} |")
+                  f"| {mark}{c_text}{mark} | {old_mark}{o_text}{old_mark} | {seconds} | {same} |")
 
 
 if __name__ == "__main__":
