@@ -6,6 +6,7 @@ python docs/sim/policy8/compact.py
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -17,23 +18,12 @@ from scheduler.sim.sweep import knee
 HERE = Path(__file__).parent
 BASELINES = HERE.parent / "policy4"
 ROUND6 = HERE.parent / "policy5"
-NAMES = {
-    "azure_conv": "A10 azure-conv", "azure_code": "A10 azure-code", "mm": "M-M", "sl": "S-L (held out)",
-    "priorities_mm": "M-M, 10% high", "azure_conv_h100": "H100 azure-conv",
-    "azure_code_h100": "H100 azure-code", "chunked_azure_code_h100": "H100 azure-code, chunked",
-    "chunked_azure_conv_h100": "H100 azure-conv, chunked", "priorities_ss": "S-S, 10% high",
-}
-
-
-def _shoal(path: Path) -> dict[float, dict[str, float]]:
-    return {float(p["rate"]): p for p in json.loads(path.read_text()) if p["policy"] == "shoal"}
-
-
-def _cell(i: dict[str, float], s: dict[str, float]) -> tuple[str, bool]:
-    p99 = i["ttft_p99_s"] / s["ttft_p99_s"]
-    mean = s["ttft_mean_s"] / i["ttft_mean_s"]
-    tpot = s["tpot_p99_s"] / i["tpot_p99_s"]
-    return f"{p99:.2f}x, {mean:.2f}, {tpot:.2f}", p99 >= 1 and mean <= 1.05 and tpot <= 1.05
+# round 6's script names the sweeps and reads the files alike
+_spec = importlib.util.spec_from_file_location("round6_compact", ROUND6 / "compact.py")
+assert _spec is not None and _spec.loader is not None
+_round6 = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_round6)
+NAMES, _shoal, _cell = _round6.NAMES, _round6._shoal, _round6._cell
 
 
 def main() -> None:
