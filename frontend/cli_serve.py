@@ -48,6 +48,8 @@ def config_from_options(options: dict[str, Any]) -> FrontendConfig:
         max_request_bytes=options["max_request_bytes"],
         dispatch_policy=options["dispatch_policy"],
         dispatch_timeout=options["dispatch_timeout"],
+        generate_timeout=options["generate_timeout"],
+        generate_retries=options["generate_retries"],
         stall_timeout=options["stall_timeout"],
         instance_stale_after=options["instance_stale_after"],
         request_deadline=options["request_deadline"],
@@ -78,6 +80,11 @@ def config_from_options(options: dict[str, Any]) -> FrontendConfig:
               help="Bypass-mode dispatch policy.")
 @click.option("--dispatch-timeout", type=float, default=0.5, show_default=True,
               help="Seconds to wait for the scheduler before placing by itself (bypass).")
+@click.option("--generate-timeout", type=click.FloatRange(min=0, min_open=True), default=2.0,
+              show_default=True, help="Seconds an agent has to answer a generate before it is asked again.")
+@click.option("--generate-retries", type=click.IntRange(min=0), default=2, show_default=True,
+              help="Times an agent that does not answer a generate is asked again (generate is idempotent) "
+                   "before the request is placed elsewhere and the agent told to drop it.")
 @click.option("--stall-timeout", type=float, default=30.0, show_default=True,
               help="Seconds without a token before a request is rescued elsewhere.")
 @click.option("--instance-stale-after", type=float, default=3.0, show_default=True,

@@ -64,3 +64,22 @@ async def test_a_wrong_key_is_refused_without_echoing_any_key(nats_url: str) -> 
         assert "s3cret" not in denied.text
         ok = await client.post("/v1/completions", json=body, headers={"Authorization": "Bearer s3cret-key"})
         assert ok.status_code == 200
+
+
+def test_shoal_serve_takes_the_generate_timeout_and_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    from frontend import cli_serve
+
+    made: list[FrontendConfig] = []
+    real = cli_serve.config_from_options
+
+    def capture(options: dict[str, object]) -> FrontendConfig:
+        made.append(real(options))
+        raise SystemExit(0)
+
+    monkeypatch.setattr("frontend.cli_serve.config_from_options", capture)
+    result = CliRunner().invoke(serve, ["--generate-timeout", "0.5", "--generate-retries", "0"])
+    assert result.exit_code == 0, result.output
+    assert (made[0].generate_timeout, made[0].generate_retries) == (0.5, 0)
+    assert (FrontendConfig().generate_timeout, FrontendConfig().generate_retries) == (2.0, 2)
+    refused = CliRunner().invoke(serve, ["--generate-retries", "-1"])
+    assert refused.exit_code == 2 and "--generate-retries" in refused.output
