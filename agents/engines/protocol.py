@@ -54,6 +54,7 @@ __all__ = [
     "SchedulerEvent",
     "StepResult",
     "UnknownRequest",
+    "expected_step_s",
 ]
 
 
@@ -192,6 +193,16 @@ class StepResult:
     @property
     def finished(self) -> list[str]:
         return [o.request_id for o in self.outputs if o.finish_reason is not None]
+
+
+def expected_step_s(last_step: tuple[float, int] | None, num_tokens: int) -> float:
+    """How long a step of ``num_tokens`` should take, from the last one's ``(seconds, tokens)``
+    scaled up by tokens (never down); infinite before any step. Engines use it to decide whether a
+    step may compute with the caller's event loop blocked (``step_async(exclusive=True)``)."""
+    if last_step is None:
+        return float("inf")
+    seconds, tokens = last_step
+    return seconds * max(1.0, num_tokens / max(tokens, 1))
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,6 +44,7 @@ from agents.engines.protocol import (
     RequestRejected,
     SchedulerEvent,
     StepResult,
+    expected_step_s,
 )
 from agents.engines.scheduled import ScheduledEngine
 from agents.engines.torch_engine.config import ModelConfig
@@ -262,7 +263,8 @@ class TorchEngine(ScheduledEngine):
         if not work:
             return self._complete(plan, {}, started)
         process = self._process
-        if process is None and exclusive and self._expected_step_s(plan) <= self.config.inline_step_max_s:
+        expected = expected_step_s(self._last_step, plan.num_prefill_tokens + len(plan.decodes))
+        if process is None and exclusive and expected <= self.config.inline_step_max_s:
             return self._complete(plan, self._compute(plan, work, rows), started)
         self._in_step = True
         try:
@@ -274,13 +276,6 @@ class TorchEngine(ScheduledEngine):
         finally:
             self._in_step = False
         return self._complete(plan, sampled, started)
-
-    def _expected_step_s(self, plan: SchedulerOutput) -> float:
-        """The last step's time scaled up by this step's token count (infinite before any step)."""
-        if self._last_step is None:
-            return float("inf")
-        seconds, tokens = self._last_step
-        return seconds * max(1.0, (plan.num_prefill_tokens + len(plan.decodes)) / max(tokens, 1))
 
     def _scheduled(self, plan: SchedulerOutput) -> list[Request]:
         """The requests of ``plan`` in work order: prefills (chunks included), then decodes."""

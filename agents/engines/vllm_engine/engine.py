@@ -60,6 +60,7 @@ from agents.engines.protocol import (
     SchedulerEvent,
     StepResult,
     UnknownRequest,
+    expected_step_s,
 )
 from agents.engines.vllm_engine.compat import require_vllm
 from agents.engines.vllm_engine.config import VllmEngineConfig
@@ -344,7 +345,7 @@ class VllmEngine:
         started = time.perf_counter()
         plan = self.scheduler.schedule()
         num_tokens = plan.total_num_scheduled_tokens
-        short = exclusive and self._expected_step_s(num_tokens) <= self.config.inline_step_max_s
+        short = exclusive and expected_step_s(self._last_step, num_tokens) <= self.config.inline_step_max_s
         if num_tokens == 0 or short:
             return self._complete(plan, self._model_thread.submit(self._execute, plan).result(), started)
         self._in_step = True
@@ -353,13 +354,6 @@ class VllmEngine:
         finally:
             self._in_step = False
         return self._complete(plan, output, started)
-
-    def _expected_step_s(self, num_tokens: int) -> float:
-        """The last model step's time scaled up by this step's tokens (infinite before any step)."""
-        if self._last_step is None:
-            return float("inf")
-        seconds, tokens = self._last_step
-        return seconds * max(1.0, num_tokens / max(tokens, 1))
 
     def _execute(self, plan: Any) -> Any:
         """The model half of a step (touches only the worker: safe in a thread, one engine at a time)."""
