@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -105,24 +105,16 @@ def read_trace(path: Path) -> TraceFile:
     with path.open(newline="", encoding="utf-8-sig") as handle:
         first = handle.readline()
         handle.seek(0)
-        records: Iterator[tuple[int, dict[str, Any]]]
+        records: Iterable[tuple[int, dict[str, Any]]]
         if first.lstrip().startswith("{"):
-            lines = _json_lines(path, handle)
-            try:
-                number, head = next(lines)
-            except StopIteration:
-                raise ValueError(f"{path}: empty trace") from None
-            trace_format = _format_of(path, set(head))
-
-            def chained() -> Iterator[tuple[int, dict[str, Any]]]:
-                yield number, head
-                yield from lines
-
-            records = chained()
+            records = list(_json_lines(path, handle))
+            if not records:
+                raise ValueError(f"{path}: empty trace")
+            trace_format = _format_of(path, set(records[0][1]))
         else:
             reader = csv.DictReader(handle)
-            trace_format = _format_of(path, {name.strip() for name in reader.fieldnames or ()})
             reader.fieldnames = [name.strip() for name in reader.fieldnames or ()]
+            trace_format = _format_of(path, set(reader.fieldnames))
             records = ((reader.line_num, row) for row in reader)
         rows: list[tuple[float, int, int]] = []
         dropped = 0
