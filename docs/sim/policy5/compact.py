@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
@@ -35,18 +37,16 @@ def _cell(i: dict[str, float], s: dict[str, float]) -> tuple[str, bool]:
     return f"{p99:.2f}x, {mean:.2f}, {tpot:.2f}", p99 >= 1 and mean <= 1.05 and tpot <= 1.05
 
 
-def main() -> None:
-    print("| sweep | knee (INFaaS++) | rate | round 6 (`prefill_ahead`): P99 TTFT INFaaS++/shoal, "
-          "mean TTFT and P99 TPOT shoal/INFaaS++ | round 5 (`blocks_ahead`): the same "
-          "| P99 TTFT s: INFaaS++ / round 5 / round 6 |")
-    print("|---|---|---|---|---|---|")
+def rows(candidates: Path, previous: Path) -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """Per sweep point: the first table cells (sweep, knee, rate, both policies' cells, the P99s),
+    and the previous and candidate medians; INFaaS++ is ROUND5's (docs/sim/policy4) runs."""
     for stem, name in NAMES.items():
-        new = HERE / f"{stem}_default-median.json"
+        new = candidates / f"{stem}_default-median.json"
         if not new.exists():
             continue
         base = [p for p in json.loads((ROUND5 / f"{stem}-median.json").read_text()) if p["policy"] != "shoal"]
         infaas = {float(p["rate"]): p for p in base if p["policy"] == "infaas"}
-        old, cand = _shoal(ROUND5 / f"{stem}_default-median.json"), _shoal(new)
+        old, cand = _shoal(previous / f"{stem}_default-median.json"), _shoal(new)
         k = knee(base, str(base[0]["workload"]), "infaas")
         for rate in sorted(cand):
             i = infaas[rate]
@@ -57,8 +57,18 @@ def main() -> None:
             first = rate == min(cand)
             knee_text = f"{k:g}" if first and k is not None else ""
             seconds = " / ".join(f"{x['ttft_p99_s']:.2f}" for x in (i, old[rate], cand[rate]))
-            print(f"| {name if first else ''} | {knee_text} | {rate:g}{' (knee)' if rate == k else ''} "
-                  f"| {mark}{c_text}{mark} | {old_mark}{o_text}{old_mark} | {seconds} |")
+            cells = (f"| {name if first else ''} | {knee_text} | {rate:g}{' (knee)' if rate == k else ''} "
+                     f"| {mark}{c_text}{mark} | {old_mark}{o_text}{old_mark} | {seconds} |")
+            yield cells, old[rate], cand[rate]
+
+
+def main() -> None:
+    print("| sweep | knee (INFaaS++) | rate | round 6 (`prefill_ahead`): P99 TTFT INFaaS++/shoal, "
+          "mean TTFT and P99 TPOT shoal/INFaaS++ | round 5 (`blocks_ahead`): the same "
+          "| P99 TTFT s: INFaaS++ / round 5 / round 6 |")
+    print("|---|---|---|---|---|---|")
+    for cells, _, _ in rows(HERE, ROUND5):
+        print(cells)
 
 
 if __name__ == "__main__":
