@@ -102,8 +102,15 @@ class AgentMetrics:
         self.migration_bytes = Counter(
             "shoal_agent_migration_bytes", "KV bytes sent by migration copy stages", registry=r
         )
+        self.migrations_hurried = Counter(
+            "shoal_agent_migrations_hurried",
+            "Paced migrations (--migration-copy-share) this agent sourced that went on at full speed, by why",
+            ["reason"], registry=r,
+        )
         for outcome in ("migrated", "aborted"):
             self.migrations.labels(outcome=outcome)
+        for why in ("short_of_memory", "slot_wanted"):
+            self.migrations_hurried.labels(reason=why)
         for reason in MigrationAbortReason:
             self.migration_aborts.labels(reason=reason.value)
         r.register(_EngineCollector(engine_stats))
@@ -118,6 +125,8 @@ class AgentMetrics:
         for stage in outcome.stages:
             self.migration_stage_duration.observe(stage.duration_s)
             self.migration_bytes.inc(stage.num_bytes)
+        if outcome.hurried is not None:
+            self.migrations_hurried.labels(reason=outcome.hurried).inc()
         if outcome.migrated:
             self.migrations.labels(outcome="migrated").inc()
             downtime = outcome.downtime_s

@@ -20,6 +20,7 @@ __all__ = [
     "Ack",
     "Commit",
     "CommitAck",
+    "HurryCopy",
     "MigrationEvent",
     "MigrationMessage",
     "MigrationStarted",
@@ -111,7 +112,18 @@ class CommitAck(Message, frozen=True, kw_only=True, tag="mig_commit_ack"):
     resumed_at: float
 
 
-MigrationMessage = PreAllocate | Ack | Abort | StageDone | StageWritten | Commit | CommitAck
+class HurryCopy(Message, frozen=True, kw_only=True, tag="mig_hurry_copy"):
+    """Either side → the other: copy the rest of this migration at full speed, no longer paced
+    (``MigrationConfig.copy_step_share``). ``reason``: ``short_of_memory`` (the source wants the
+    memory now) or ``slot_wanted`` (another migration waits for the sender's slot). Pacing only:
+    the state machines never see it; the agents' shells do."""
+
+    migration_id: str
+    sender_id: str
+    reason: str = ""
+
+
+MigrationMessage = PreAllocate | Ack | Abort | StageDone | StageWritten | HurryCopy | Commit | CommitAck
 
 
 class MigrationStarted(Message, frozen=True, kw_only=True, tag="mig_started"):

@@ -44,7 +44,7 @@ from agents.migration.fsm.record import DestinationStart
 from agents.migration.host import DriverContext
 from agents.migration.pacing import CopyPacer, splits_by_block
 from agents.tracing import parent_context
-from schemas.migration import Ack, Commit, StageWritten
+from schemas.migration import Ack, Commit, HurryCopy, StageWritten
 from schemas.reasons import MigrationAbortReason
 from transport import PendingTransfer, TransportError
 
@@ -86,6 +86,9 @@ class DestinationDriver(MachineDriver):
         self._stop_writes = False
         #: stage -> (chunks, largest chunk in blocks) of the stages written paced
         self.write_chunks: dict[int, tuple[int, int]] = {}
+        #: why the rest of the migration is written at full speed (``HurryCopy.reason``), if it is
+        self.hurried: str | None = None
+        self._pacers: set[CopyPacer] = set()
         self.span = manager.tracer.start_span(
             "migration.destination",
             context=parent_context(headers),
@@ -138,6 +141,7 @@ class DestinationDriver(MachineDriver):
     def _reserve(self, action: Reserve) -> Input:
         engine = self.agent.engine
         if action.stage == 0 and self.manager.num_incoming > self.manager.config.max_concurrent_per_instance:
+            self.manager.slot_wanted(incoming=True)  # paced copies coming in give way
             return ReserveFailed(stage=action.stage, reason=MigrationAbortReason.TOO_MANY_INCOMING)
         if action.stage == 0 and self.agent.terminating:
             return ReserveFailed(stage=action.stage, reason=MigrationAbortReason.DESTINATION_TERMINATING)
@@ -224,7 +228,32 @@ class DestinationDriver(MachineDriver):
         """Whether to write this stage in paced chunks: pacing is on, the engine's buffers split
         by block, and the stage is bigger than a last stage is (so a suspended request's last
         stage is written at once; only a last stage forced by ``max_stages`` may be paced)."""
-        return self.config.paces(num_blocks) and splits_by_block(self.agent.engine.info.engine)
+        return (
+            self.hurried is None
+            and self.config.paces(num_blocks)
+            and splits_by_block(self.agent.engine.info.engine)
+        )
+
+    @property
+    def paced(self) -> bool:
+        """Whether this migration's copies may still be paced (the source paces, no hurry yet)."""
+        return self.hurried is None and self.config.copy_step_share > 0 and not self.is_final
+
+    def hurry(self, reason: str, *, tell: bool = True) -> bool:
+        """Write the rest of this migration at full speed (:meth:`CopyPacer.hurry`), and with
+        ``tell`` have the source send it so too (``HurryCopy``). Whether it was paced until now."""
+        if not self.paced:
+            return False
+        self.hurried = reason
+        for pacer in self._pacers:
+            pacer.hurry()
+        self.span.add_event("hurried", {"shoal.migration.hurry_reason": reason})
+        if tell:
+            message = HurryCopy(
+                migration_id=self.migration_id, sender_id=self.agent.instance_id, reason=reason
+            )
+            self.helper(self.manager.send(self.state.source_id, message, self.span))
+        return True
 
     async def _write_paced(self, stage: int, block_ids: tuple[int, ...], buffer: KVBuffer) -> None:
         """Write the stage in chunks of about ``copy_step_share`` of a step each, one per step
@@ -240,20 +269,23 @@ class DestinationDriver(MachineDriver):
             # the source's send may have used half of the stage's copy_timeout_s already
             time_limit_s=self.config.copy_timeout_s / 4,
         )
+        self._pacers.add(pacer)
         done = 0
-        while done < len(block_ids):
-            units = await pacer.next_chunk(done)
-            if self._stop_writes:
-                return
-            chunk = KVBuffer(
-                units, units * info.bytes_per_block, payload[done * per_block : (done + units) * per_block]
-            )
-            ids = block_ids[done : done + units]
-            if chunk.nbytes > _THREAD_IMPORT_BYTES:
-                await asyncio.to_thread(engine.import_blocks, ids, chunk)
-            else:
-                engine.import_blocks(ids, chunk)
-            done += units
+        try:
+            while done < len(block_ids):
+                units = await pacer.next_chunk(done)
+                if self._stop_writes:
+                    return
+                data = payload[done * per_block : (done + units) * per_block]
+                chunk = KVBuffer(units, units * info.bytes_per_block, data)
+                ids = block_ids[done : done + units]
+                if chunk.nbytes > _THREAD_IMPORT_BYTES:
+                    await asyncio.to_thread(engine.import_blocks, ids, chunk)
+                else:
+                    engine.import_blocks(ids, chunk)
+                done += units
+        finally:
+            self._pacers.discard(pacer)
         self.write_chunks[stage] = (pacer.num_chunks, pacer.largest_chunk)
         self.span.add_event(
             "stage-written-paced",

@@ -137,3 +137,12 @@ class DriverContext(Protocol):
     async def send(self, peer_id: str, message: MigrationMessage, span: Span | None) -> None:
         """Send a handshake message to ``peer_id`` and append it to the migration's log."""
         ...
+
+    def short_of_memory(self) -> bool:
+        """:func:`agents.migration.fsm.config.short_of_memory` of this agent now."""
+        ...
+
+    def slot_wanted(self, *, incoming: bool) -> None:
+        """Another migration waits for a slot (into this agent, or out of it): the paced
+        migrations holding those slots hurry."""
+        ...

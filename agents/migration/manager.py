@@ -24,7 +24,7 @@ import logging
 import time
 import uuid
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 
 import msgspec
@@ -55,7 +55,7 @@ from schemas import (
     MoveQueued,
 )
 from schemas.instance import InstanceJoined
-from schemas.migration import Abort, Ack, CommitAck, MigrationMessage, PreAllocate, StageWritten
+from schemas.migration import Abort, Ack, CommitAck, HurryCopy, MigrationMessage, PreAllocate, StageWritten
 from schemas.reasons import MigrationAbortReason
 
 __all__ = ["DESTINATION_FULL", "MigrationManager", "MigrationOutcome", "incompatibility"]
@@ -223,6 +223,11 @@ class MigrationManager:
             if source is not None:
                 source.on_written(message.stage)
             return
+        if isinstance(message, HurryCopy):  # pacing only, not a machine input
+            hurried = self.destinations.get(migration_id) if source is None else source
+            if hurried is not None:
+                hurried.hurry(message.reason, tell=False)
+            return
         if source is not None:
             if isinstance(message, CommitAck):
                 source.on_commit_ack(message)
@@ -382,6 +387,7 @@ class MigrationManager:
         if joined.model != info.model or joined.kv_layout != info.kv_layout:
             return refused(MigrationAbortReason.INCOMPATIBLE, incompatibility(info, joined))
         if len(self.sources) >= self.config.max_concurrent_per_instance:
+            self.slot_wanted(incoming=False)
             return refused(MigrationAbortReason.TOO_MANY_OUTGOING)
         if request_id in self.sources_by_request:
             return refused(MigrationAbortReason.ALREADY_MIGRATING)
@@ -399,11 +405,8 @@ class MigrationManager:
             if blocker is not None:
                 return refused(MigrationAbortReason.NOT_MIGRATABLE, blocker)
         if config is None and self.config.copy_step_share > 0:  # paced unless short of memory here
-            report = self.agent.load_report()  # (the destination writes at the pace PreAllocate carries)
-            config = self.config.for_source(short_of_memory=short_of_memory(
-                terminating=report.terminating, num_waiting=report.num_waiting,
-                num_free_blocks=report.num_free_blocks, expected_growth_blocks=report.expected_growth_blocks,
-            ))
+            # (the destination writes at the pace PreAllocate carries)
+            config = self.config.for_source(short_of_memory=self.short_of_memory())
         driver = SourceDriver(
             self,
             migration_id=migration_id,
@@ -478,6 +481,23 @@ class MigrationManager:
         self._drive_command()
         return CommandReply(accepted=True, detail="migrating")
 
+    def short_of_memory(self) -> bool:
+        """:func:`agents.migration.fsm.config.short_of_memory` of this agent now."""
+        report = self.agent.load_report()
+        return short_of_memory(
+            terminating=report.terminating, num_waiting=report.num_waiting,
+            num_free_blocks=report.num_free_blocks, expected_growth_blocks=report.expected_growth_blocks,
+        )
+
+    def slot_wanted(self, *, incoming: bool) -> None:
+        """Another migration waits for a slot into (``incoming``) or out of this agent: the paced
+        migrations holding those slots copy the rest at full speed, and tell their peers."""
+        drivers: Iterable[SourceDriver | DestinationDriver] = (
+            self.destinations.values() if incoming else self.sources.values()
+        )
+        for driver in list(drivers):
+            driver.hurry("slot_wanted")
+
     def command_stop(self, destination_id: str) -> bool:
         if self._command is not None and self._command.destination_id == destination_id:
             self._command = None
@@ -494,6 +514,7 @@ class MigrationManager:
             return
         free_slots = self.config.max_concurrent_per_instance - len(self.sources)
         if free_slots <= 0:
+            self.slot_wanted(incoming=False)  # the command wants more moved: paced copies give way
             return
         stats = self.agent.engine.stats()
         exclude = set(self.sources_by_request) | self._command_failures

@@ -19,6 +19,14 @@ blocks. A stage whose paced copy would not finish within half its
 ``copy_timeout_s`` (the destination's write: a quarter) goes at full speed,
 so pacing does not turn into a copy timeout.
 
+Pacing trades a slower copy for steadier decoding, which is worth it only while
+nothing waits for the copy: :meth:`CopyPacer.hurry` sends the rest of a stage
+at full speed at once (a chunk's wait ends early). The shells hurry a migration
+when its source turns short of memory while it copies (checked before each
+chunk: the ``urgent`` callback) and when another migration wants the slot it
+holds at either end (:mod:`agents.migration.manager`); the simulator models
+the same (docs/SIMULATION.md, round 9).
+
 :class:`StepClock` is the agent's record of its steps (the migration manager
 feeds it); :class:`CopyPacer` sizes and spaces one stage's chunks. Both are
 plain asyncio; the sizes come in "units" (blocks) so the same pacer serves the
@@ -28,9 +36,11 @@ source's exports and sends and the destination's writes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import statistics
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 
 __all__ = ["CopyPacer", "StepClock", "splits_by_block"]
 
@@ -113,6 +123,7 @@ class CopyPacer:
         share: float,
         total: int,
         time_limit_s: float,
+        urgent: Callable[[], bool] | None = None,
     ) -> None:
         if not 0 < share <= 1:
             raise ValueError("share must be in (0, 1]")
@@ -122,7 +133,11 @@ class CopyPacer:
         self.time_limit_s = time_limit_s
         self.num_chunks = 0
         self.largest_chunk = 0
-        self.unpaced = False  # went at full speed to stay within the time limit
+        self.unpaced = False  # went at full speed: to stay within the time limit, or hurried
+        self.hurried = False  # :meth:`hurry` was called (or ``urgent`` said so)
+        #: asked before each chunk: whether the rest should go at full speed now
+        self.urgent = urgent
+        self._hurry = asyncio.Event()
         #: the step time before the copy began, which the chunks must not stretch by more than ``share``
         self.baseline_s = clock.step_s
         #: how much longer than the duty cycle says the chunks are spaced (grows while steps run slow)
@@ -131,6 +146,12 @@ class CopyPacer:
         self._units_per_s: float | None = None
         self._chunk_started: float | None = None
         self._chunk_units = 0
+
+    def hurry(self) -> None:
+        """Copy the rest of the stage at full speed: the next chunk is all that remains, and a
+        wait for the next chunk's turn ends now."""
+        self.hurried = self.unpaced = True
+        self._hurry.set()
 
     async def next_chunk(self, done: int) -> int:
         remaining = self.total - done
@@ -157,11 +178,24 @@ class CopyPacer:
         steps = self.clock.num_steps
         rest = work * (1 - self.share) / self.share * self.stretch
         step = self.clock.step_s
-        await self.clock.wait_step(steps, max(rest, 2 * step) if step is not None else rest)
+        await self._unless_hurried(
+            self.clock.wait_step(steps, max(rest, 2 * step) if step is not None else rest)
+        )
         left = rest - (time.perf_counter() - ended)
-        if left > 0:
-            await asyncio.sleep(left)
+        if left > 0 and not self.unpaced:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._hurry.wait(), left)
         self._adjust()
+
+    async def _unless_hurried(self, waiting: Awaitable[bool]) -> None:
+        """Await ``waiting``, or until :meth:`hurry` is called."""
+        wait = asyncio.ensure_future(waiting)
+        hurry = asyncio.ensure_future(self._hurry.wait())
+        try:
+            await asyncio.wait((wait, hurry), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (wait, hurry):
+                task.cancel()
 
     def _adjust(self) -> None:
         """Space the chunks out further while the steps beside them run slower than ``1 + share``
@@ -176,6 +210,10 @@ class CopyPacer:
             self.stretch = max(1.0, self.stretch / 1.25)
 
     def _size(self, remaining: int) -> int:
+        if not self.unpaced and self.urgent is not None and self.urgent():
+            self.hurry()
+        if self.hurried:
+            return remaining
         step = self.clock.step_s
         if step is None or not self.clock.stepping:  # an idle engine: nothing to stall
             return remaining

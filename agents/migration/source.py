@@ -51,7 +51,7 @@ from agents.migration.fsm.record import SourceStart
 from agents.migration.fsm.source import SourceState, start_source
 from agents.migration.host import DriverContext
 from agents.migration.pacing import CopyPacer, splits_by_block
-from schemas.migration import Ack, Commit, CommitAck
+from schemas.migration import Ack, Commit, CommitAck, HurryCopy
 from schemas.reasons import MigrationAbortReason
 from transport import TransferHeader
 
@@ -87,6 +87,8 @@ class MigrationOutcome:
     suspended_at: float | None = None
     resumed_at: float | None = None
     finished_at: float = 0.0
+    #: why its paced copy went at full speed from some point on (``HurryCopy.reason``), if it did
+    hurried: str | None = None
 
     @property
     def num_stages(self) -> int:
@@ -166,6 +168,8 @@ class SourceDriver(MachineDriver):
         )
         self._initial = actions
         self._on_finished = on_finished
+        #: the pacer of the stage being sent paced, if one is
+        self._pacer: CopyPacer | None = None
 
     def begin(self) -> None:
         self.start(self._initial)
@@ -279,7 +283,7 @@ class SourceDriver(MachineDriver):
             if (gate := self.agent.config.faults.copy_gate) is not None:
                 await asyncio.wait_for(gate.wait(), self.config.copy_timeout_s)
             written = self._written_future(action.stage)
-            if self.config.paces(num_blocks) and not self.state.last_stage:
+            if self.config.paces(num_blocks) and not self.state.last_stage and self.outcome.hurried is None:
                 buffer, pacer = await self._send_paced(action, self.config.copy_step_share)
                 span.set_attribute("shoal.migration.chunks", pacer.num_chunks)
                 span.set_attribute("shoal.migration.largest_chunk_blocks", pacer.largest_chunk)
@@ -345,11 +349,12 @@ class SourceDriver(MachineDriver):
         info = engine.info
         num_blocks = action.end_block - action.first_block
         per_block = payload_bytes_per_block(info.engine, info.bytes_per_block)
-        pacer = CopyPacer(
+        pacer = self._pacer = CopyPacer(
             self.manager.step_clock,
             share=share,
             total=num_blocks,
             time_limit_s=self.config.copy_timeout_s / 2,
+            urgent=self._short_of_memory,
         )
         whole: KVBuffer | None = None
         if not splits_by_block(info.engine):
@@ -364,13 +369,40 @@ class SourceDriver(MachineDriver):
             chunk = await self._export(range(first, first + units))
             return memoryview(chunk.payload).cast("B")
 
-        await self.agent.transport.send_paced(
-            self.destination_address,
-            self._header(action.stage, num_blocks * per_block),
-            next_chunk,
-            timeout=self.config.copy_timeout_s,
-        )
+        try:
+            await self.agent.transport.send_paced(
+                self.destination_address,
+                self._header(action.stage, num_blocks * per_block),
+                next_chunk,
+                timeout=self.config.copy_timeout_s,
+            )
+        finally:
+            self._pacer = None
         return whole or KVBuffer(num_blocks, num_blocks * info.bytes_per_block, b""), pacer
+
+    def _short_of_memory(self) -> bool:
+        """Asked before each paced chunk: if this agent is now short of memory, the migration
+        hurries (the rest of it at full speed) and this says so."""
+        if self.outcome.hurried is None and self.manager.short_of_memory():
+            self.hurry("short_of_memory")
+        return self.outcome.hurried is not None
+
+    def hurry(self, reason: str, *, tell: bool = True) -> bool:
+        """Copy the rest of this migration at full speed (:meth:`CopyPacer.hurry`): the stage
+        being sent and every later one, and with ``tell`` the destination's writes too
+        (``HurryCopy``). Whether it was paced until now."""
+        if self.outcome.hurried is not None or self.is_final or self.config.copy_step_share <= 0:
+            return False
+        self.outcome.hurried = reason
+        if self._pacer is not None:
+            self._pacer.hurry()
+        self.span.add_event("hurried", {"shoal.migration.hurry_reason": reason})
+        if tell:
+            message = HurryCopy(
+                migration_id=self.migration_id, sender_id=self.agent.instance_id, reason=reason
+            )
+            self.helper(self.manager.send(self.destination_id, message, self.span))
+        return True
 
     def _written_future(self, stage: int) -> asyncio.Future[None]:
         future = self.written.get(stage)

@@ -197,6 +197,7 @@ def _result_table(results: Sequence[SimResult]) -> Table:
         ("aborted: destination had no room", lambda r: f"{_no_room(r)}"),
         ("downtime mean (ms)", lambda r: f"{1000 * r.migration_downtime_mean_s:.1f}"),
         ("KV copied (GB)", lambda r: f"{r.migration_bytes / 1e9:.1f}"),
+        ("paced stage copies / hurried", lambda r: f"{r.paced_copies} / {r.hurried_copies}"),
         ("churn (>3 moves) / most moves", lambda r: f"{100 * r.churn:.2f}% / {r.max_migrations_per_request}"),
         ("queued requests moved", lambda r: f"{r.requeues}"),
         ("rejected (share)", lambda r: f"{r.rejected} ({100 * r.rejected_share:.2f}%)"),

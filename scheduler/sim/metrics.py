@@ -162,6 +162,9 @@ class SimResult(msgspec.Struct, kw_only=True):
     migrations_started: int = 0
     migration_abort_reasons: dict[str, int] = msgspec.field(default_factory=dict)
     migration_bytes: int = 0
+    #: stage copies paced (``MigrationConfig.copy_step_share``), and of those the ones that hurried
+    paced_copies: int = 0
+    hurried_copies: int = 0
     churn: float
     rejected: int
     rejected_share: float = 0.0
@@ -200,6 +203,8 @@ def summarize(
     migrations_started: int = 0,
     migration_abort_reasons: dict[str, int] | None = None,
     migration_bytes: int = 0,
+    paced_copies: int = 0,
+    hurried_copies: int = 0,
     fragmentation_series: list[tuple[float, float]],
     instances_series: list[tuple[float, int]],
     instance_seconds: float,
@@ -250,6 +255,8 @@ def summarize(
         migrations_started=migrations_started,
         migration_abort_reasons={} if migration_abort_reasons is None else migration_abort_reasons,
         migration_bytes=migration_bytes,
+        paced_copies=paced_copies,
+        hurried_copies=hurried_copies,
         churn=churned / len(records) if records else 0.0,
         rejected=rejected,
         rejected_share=rejected / len(records) if records else 0.0,

@@ -26,7 +26,7 @@ from collections import Counter
 from agents.migration.fsm.actions import RequestGone
 from scheduler.policy import Pairing, select_requests_to_migrate
 from scheduler.sim.config import MigrationModel
-from scheduler.sim.migration_ports import MigrationHost
+from scheduler.sim.migration_ports import MigrationHost, MigrationInstance
 from scheduler.sim.migration_shell import Delivery, Side, SimMigration
 from schemas.migration import Abort, Commit, CommitAck
 from schemas.reasons import MigrationAbortReason
@@ -47,11 +47,14 @@ class MigrationDriver:
         self._outcomes: dict[str, bool] = {}  # migration id -> committed, the first claim logged
         self._epochs: dict[str, int] = {}  # request id -> owner epoch after its last migration
         self._awaiting: dict[str, list[SimMigration]] = {}  # instance id -> suspends waiting for its step
+        self._paced: dict[str, list[SimMigration]] = {}  # instance id -> its paced copies out
         self.num_started = 0
         self.num_committed = 0
         self.num_aborted = 0
         self.downtime_total_s = 0.0
         self.bytes_total = 0
+        self.num_paced = 0  # stage copies paced
+        self.num_hurried = 0  # paced copies that went on at full speed (one at most per migration)
         self.abort_reasons: Counter[MigrationAbortReason] = Counter()
         self._sent: dict[tuple[str, str, int], int] = {}  # pair -> blocks sent under it (room check)
         self._aborted_at: dict[str, float] = {}  # request id -> virtual time of its last abort
@@ -81,6 +84,7 @@ class MigrationDriver:
         limit = self._model.config.max_concurrent_per_instance
         slots = min(limit - source.num_migrating_out, limit - destination.num_migrating_in)
         if slots <= 0:
+            self._hurry_paced(source, destination)  # the slot is wanted: a paced copy gives way
             return
         running, exclude = source.migration_candidates(self.active.keys())
         if len(exclude) >= len(running):
@@ -138,6 +142,9 @@ class MigrationDriver:
         waiting = self._awaiting.pop(instance_id, None)
         for migration in waiting or ():
             migration.step_done()
+        paced = self._paced.get(instance_id)
+        if paced:
+            paced[:] = [m for m in paced if m.recheck_pacing()]
 
     def request_gone(self, instance_id: str, request_id: str, reason: MigrationAbortReason) -> None:
         """A request finished or was preempted on ``instance_id``: tell its source machine."""
@@ -169,6 +176,23 @@ class MigrationDriver:
 
     def await_step_end(self, migration: SimMigration) -> None:
         self._awaiting.setdefault(migration.source.instance_id, []).append(migration)
+
+    def _hurry_paced(self, source: MigrationInstance, destination: MigrationInstance) -> None:
+        """Another migration wants a slot of ``source`` or ``destination``: the paced copies out of
+        the one and into the other go at full speed from now on (as an agent's do when it refuses
+        a migration for want of a slot)."""
+        for migration in self._paced.get(source.instance_id, ()):
+            migration.hurry()
+        for paced in self._paced.values():
+            for migration in paced:
+                if migration.destination is destination:
+                    migration.hurry()
+
+    def pacing(self, migration: SimMigration) -> None:
+        self.num_paced += 1
+        paced = self._paced.setdefault(migration.source.instance_id, [])
+        if migration not in paced:
+            paced.append(migration)
 
     def source_finished(self, migration: SimMigration) -> None:
         """The source machine ended: count it, free its slot, and let the source go on."""
@@ -217,5 +241,6 @@ class MigrationDriver:
             return
         if self.live.pop(migration.migration_id, None) is not None:
             self._outcomes.pop(migration.migration_id, None)
+            self.num_hurried += migration.hurried
             if self.record:
                 self.finished.append(migration)

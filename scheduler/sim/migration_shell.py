@@ -11,7 +11,9 @@ ones and modelled time in place of the network:
 * ``CopyBlocks`` exports the blocks at once and the data lands at the
   destination ``bytes / bandwidth`` later (``BlocksReceived``; divided by
   ``MigrationConfig.copy_step_share`` for a stage the agents pace:
-  :meth:`MigrationConfig.paces`, not the last); the
+  :meth:`MigrationConfig.paces`, not the last, and not from a source short of
+  memory; a paced copy hurries, the rest of it at full speed, when its source
+  turns short of memory or another migration wants its slot: :meth:`SimMigration.hurry`); the
   destination writes it on ``WriteBlocks`` and confirms with ``StageWritten``,
   and only that confirmation becomes the source's ``CopyDone`` (``RejectBlocks``
   becomes its ``CopyFailed``); a cancelled copy never lands;
@@ -88,10 +90,12 @@ class Side(enum.Enum):
 
 
 class Landed(NamedTuple):
-    """A stage's data reached the destination's transport."""
+    """A stage's data reached the destination's transport (``generation``: which schedule of
+    its landing this is; a paced copy that hurries lands again sooner, and the first is dropped)."""
 
     stage: int
     buffer: KVBuffer
+    generation: int = 0
 
 
 class Delivery(NamedTuple):
@@ -123,6 +127,10 @@ class MigrationOwner(Protocol):
 
     def await_step_end(self, migration: SimMigration) -> None:
         """Call :meth:`SimMigration.step_done` when the source's step in flight ends."""
+        ...
+
+    def pacing(self, migration: SimMigration) -> None:
+        """Call :meth:`SimMigration.recheck_pacing` at each of the source's step ends while it says so."""
         ...
 
     def source_finished(self, migration: SimMigration) -> None: ...
@@ -158,6 +166,12 @@ class SimMigration:
         self.ticks = {Side.SOURCE: math.inf, Side.DESTINATION: math.inf}
         self.num_to_destination = 0  # deliveries on their way to the destination side
         self.copies: dict[int, tuple[float, KVBuffer]] = {}  # stage -> (started, data) of live copies
+        #: the paced copy in flight: (stage, started, paced seconds, full-speed seconds, generation)
+        self.paced: tuple[int, float, float, float, int] | None = None
+        self.landing: dict[int, int] = {}  # stage -> the generation of its landing that counts
+        self.hurried = False  # a paced copy of it went on at full speed
+        self.full_speed = False  # the rest of it copies unpaced (hurried, or its source ran short)
+        self._generation = 0
         self.received: dict[int, KVBuffer] = {}  # landed, not yet written
         self.reservations: dict[int, Reservation] = {}
         self.awaiting_suspend = False
@@ -264,6 +278,8 @@ class SimMigration:
         if isinstance(item, Landed):
             if item.stage not in self.copies or self.destination_state is None:
                 return  # the copy was cancelled on its way
+            if item.generation != self.landing.get(item.stage, item.generation):
+                return  # a paced copy that hurried: it landed sooner, at its second schedule
             self.received[item.stage] = item.buffer
             item = BlocksReceived(stage=item.stage)
         if self.destination_state is None:
@@ -396,10 +412,54 @@ class SimMigration:
         self.copies[action.stage] = (self.host.now, buffer)
         copy_s = self.model.copy_s(buffer.num_blocks, self.source.bytes_per_block)
         last = self.source_state is not None and self.source_state.last_stage
-        if self.config.paces(buffer.num_blocks) and not last:  # paced as the agents pace it
-            # ... who go at full speed rather than past half the copy timeout
-            copy_s = min(copy_s / self.config.copy_step_share, max(copy_s, self.config.copy_timeout_s / 2))
-        self.feed(Side.DESTINATION, Landed(action.stage, buffer), after=copy_s)
+        if self.config.paces(buffer.num_blocks) and not last and not self._hurried():
+            # paced as the agents pace it, who go at full speed rather than past half the copy timeout
+            paced_s = min(copy_s / self.config.copy_step_share, max(copy_s, self.config.copy_timeout_s / 2))
+            self._generation += 1
+            self.paced = (action.stage, self.host.now, paced_s, copy_s, self._generation)
+            self.owner.pacing(self)
+            copy_s = paced_s
+        self.landing[action.stage] = self._generation
+        self.feed(Side.DESTINATION, Landed(action.stage, buffer, self._generation), after=copy_s)
+
+    def _hurried(self) -> bool:
+        """Whether the rest of the migration copies at full speed: it was hurried, or its source is
+        short of memory now (as the agents' pacers ask before every chunk). The machines' config
+        stays as it started (their records replay with it); only the shell's pacing changes."""
+        if not self.full_speed and self.source.short_of_memory():
+            self.full_speed = True
+        return self.full_speed
+
+    def recheck_pacing(self) -> bool:
+        """A step of the source ended while a stage copies paced: if the source is now short of
+        memory, the rest of the stage goes at full speed (it lands sooner). Whether the copy is
+        still paced."""
+        if self.paced is None:
+            return False
+        stage, _, _, _, generation = self.paced
+        if stage not in self.copies or generation != self._generation:
+            self.paced = None
+            return False
+        if not self._hurried():
+            return True
+        self.hurry()
+        return False
+
+    def hurry(self) -> None:
+        """Copy the rest of this migration at full speed: the stage in flight lands sooner."""
+        self.full_speed = True
+        if self.paced is None:
+            return
+        stage, started, paced_s, copy_s, generation = self.paced
+        self.paced = None
+        if stage not in self.copies or generation != self._generation:
+            return
+        done = min(1.0, (self.host.now - started) / paced_s) if paced_s > 0 else 1.0
+        self._generation += 1
+        self.landing[stage] = self._generation
+        self.hurried = True
+        buffer = self.copies[stage][1]
+        self.feed(Side.DESTINATION, Landed(stage, buffer, self._generation), after=(1 - done) * copy_s)
 
     def _copy_done(self, stage: int) -> CopyDone | None:
         """The destination wrote ``stage``: the copy is done (None if it was cancelled meanwhile)."""

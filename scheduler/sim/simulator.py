@@ -239,6 +239,8 @@ class Simulator:
             migrations_started=self.migrations.num_started,
             migration_abort_reasons=dict(sorted(self.migrations.abort_reasons.items())),
             migration_bytes=self.migrations.bytes_total,
+            paced_copies=self.migrations.num_paced,
+            hurried_copies=self.migrations.num_hurried,
             downtime_total_s=self.migrations.downtime_total_s,
             fragmentation_series=self.fragmentation_series,
             instances_series=self.instances_series,

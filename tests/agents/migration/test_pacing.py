@@ -15,6 +15,7 @@ from agents.engines.torch_engine import TorchEngine
 from agents.migration.fsm.config import MigrationConfig, short_of_memory
 from agents.migration.pacing import CopyPacer, StepClock
 from schemas import GenerateRequest, SamplingParams
+from schemas.reasons import MigrationAbortReason
 from tests.agents.agent_cluster import agent_cluster, fast_agent_config, unmigrated_tokens
 
 SAMPLING = SamplingParams(max_tokens=40, temperature=1.0, seed=11, ignore_eos=True)
@@ -92,6 +93,35 @@ async def test_an_engine_that_stopped_stepping_is_not_paced() -> None:
     clock.last_step_at -= 5.0  # its last step ended 5 s ago: an idle destination, say
     pacer = CopyPacer(clock, share=0.1, total=40, time_limit_s=60.0)
     assert await pacer.next_chunk(0) == 40
+
+
+async def test_a_hurried_pacer_ends_its_wait_and_sends_the_rest() -> None:
+    clock = _clock(0.2)
+    pacer = CopyPacer(clock, share=0.1, total=100, time_limit_s=60.0)
+    assert await pacer.next_chunk(0) == 1
+    await asyncio.sleep(0.01)
+    waiting = asyncio.ensure_future(pacer.next_chunk(1))  # no step comes: it would wait ~90 ms and more
+    await asyncio.sleep(0.02)
+    assert not waiting.done()
+    started = time.perf_counter()
+    pacer.hurry()
+    assert await asyncio.wait_for(waiting, 1.0) == 99  # at once, all that remains
+    assert time.perf_counter() - started < 0.05
+    assert pacer.hurried and pacer.num_chunks == 2
+
+
+async def test_a_pacer_asks_whether_it_is_urgent_before_each_chunk() -> None:
+    urgent = False
+    clock = _clock(0.2)
+    pacer = CopyPacer(clock, share=0.5, total=100, time_limit_s=60.0, urgent=lambda: urgent)
+    assert await pacer.next_chunk(0) == 1
+    await asyncio.sleep(0.005)
+    clock.step_done(0.2)
+    assert await pacer.next_chunk(1) < 99 and not pacer.hurried
+    urgent = True
+    clock.step_done(0.2)
+    assert await asyncio.wait_for(pacer.next_chunk(50), 1.0) == 50
+    assert pacer.hurried
 
 
 def test_a_source_short_of_memory_copies_at_full_speed() -> None:
@@ -184,3 +214,62 @@ async def test_a_draining_agent_moves_its_requests_at_full_speed(nats_url: str) 
     outcome, written = await _move_beside_decoding(nats_url, (0.5, 0.5), drain_source=True)
     assert all(stage.num_chunks == 1 for stage in outcome.stages)  # type: ignore[attr-defined]
     assert not written
+
+
+async def _move_hurried(nats_url: str, reason: str) -> None:
+    """``moving`` is migrated from p1 to p2 with pacing on both (share 0.5) while its copy waits
+    at a gate; meanwhile the migration is made to hurry (``reason``): every stage then goes in one
+    chunk, the destination hears of it, the source's metric counts it, and the tokens are exactly
+    an unmigrated run's."""
+    expected = _reference_tokens()
+    gate = asyncio.Event()
+    async with agent_cluster(nats_url) as cluster:
+        agents = []
+        for name in ("p1", "p2"):
+            faults = FaultPlan(copy_gate=gate) if name == "p1" else FaultPlan()
+            config = fast_agent_config(name, faults=faults)
+            migration = replace(config.migration, copy_step_share=0.5, copy_timeout_s=20.0)
+            agents.append(await cluster.add(_engine(), replace(config, migration=migration)))
+        source, destination = agents
+        for instance, name in (("p1", "bg1"), ("p2", "bg2")):  # both engines keep stepping
+            background = GenerateRequest(
+                request_id=name, token_ids=(3, 4, 5), sampling=SamplingParams(max_tokens=400, ignore_eos=True)
+            )
+            assert (await cluster.generate(instance, background)).accepted
+        watcher = await cluster.watch("moving")
+        request = GenerateRequest(request_id="moving", token_ids=PROMPT, sampling=SAMPLING)
+        assert (await cluster.generate("p1", request)).accepted
+        await watcher.wait_tokens(5)
+        moving = asyncio.ensure_future(source.migrate("moving", "p2"))
+        while not destination.migration.destinations:  # stage 0 reserved; its copy waits at the gate
+            await asyncio.sleep(0.01)
+        (incoming,) = destination.migration.destinations.values()
+        assert incoming.paced
+        if reason == "slot_wanted":  # a second migration out of p1 finds the slot taken
+            refused = await source.migrate("bg1", "p2")
+            assert refused.reason is MigrationAbortReason.TOO_MANY_OUTGOING
+        else:  # p1 turns short of memory while the migration copies
+            source.migration.short_of_memory = lambda: True  # type: ignore[method-assign]
+        gate.set()
+        outcome = await asyncio.wait_for(moving, 20)
+        assert outcome.migrated, (outcome.reason, outcome.detail)
+        assert outcome.hurried == reason
+        assert all(stage.num_chunks == 1 for stage in outcome.stages)
+        assert incoming.hurried == reason
+        if reason == "slot_wanted":  # hurried before the data came: written at full speed
+            assert not incoming.write_chunks
+        # (short of memory: the source hurries at its first chunk and HurryCopy races the data;
+        # a paced write that began is hurried mid-way: tests above)
+        metrics = source.metrics.render().decode()
+        assert f'shoal_agent_migrations_hurried_total{{reason="{reason}"}} 1.0' in metrics
+        await watcher.wait_finished(timeout=30)
+        assert watcher.tokens() == expected
+        await watcher.close()
+
+
+async def test_a_paced_migration_hurries_when_another_wants_its_slot(nats_url: str) -> None:
+    await _move_hurried(nats_url, "slot_wanted")
+
+
+async def test_a_paced_migration_hurries_when_its_source_runs_short_of_memory(nats_url: str) -> None:
+    await _move_hurried(nats_url, "short_of_memory")

@@ -164,3 +164,31 @@ def test_a_draining_source_copies_at_full_speed_though_copies_are_paced() -> Non
     ]
     per_byte = [(c.duration_s - model.message_s) / c.num_bytes for c in first]
     assert per_byte == pytest.approx([1e-7] * len(first))
+
+
+def test_a_paced_copy_hurries_once_its_source_runs_short_of_memory() -> None:
+    """As the agents' pacers ask before every chunk: a source that turns short of memory (here: it
+    starts draining) while a stage copies paced sends the rest of the stage at full speed."""
+
+    class DrainsMidCopy(Simulator):
+        def _on_step_end(self, instance: SimInstance) -> None:
+            for m in self.migrations.live.values():
+                if m.paced is not None and self.now - m.paced[1] > 0.02 and m.source is instance:
+                    instance.terminating = instance.dirty = True
+            super()._on_step_end(instance)
+
+    share = 0.01  # a first stage of ~28 KiB: 2.9 ms at 1e7 B/s, paced ~0.29 s
+    model = MigrationModel(
+        bandwidth_bytes_per_s=1e7,
+        handshake_latency_s=0.010,
+        config=MigrationConfig(max_stages=2, copy_step_share=share, copy_timeout_s=60.0),
+    )
+    sim = DrainsMidCopy(_long_request_config(model), _long_request(200))
+    result = sim.run()
+    assert result.paced_copies >= 1 and result.hurried_copies == 1
+    (hurried,) = [m for m in sim.migrations.finished if m.hurried]
+    assert hurried.migrated and hurried.source_record is not None
+    first = next(t.input for t in hurried.source_record.transitions if isinstance(t.input, CopyDone))
+    paced_s = first.num_bytes / model.bandwidth_bytes_per_s / share
+    assert 0.02 < first.duration_s < 0.5 * paced_s  # hurried after ~20 ms, not ~paced_s later
+    assert sim.records["long"].num_output_tokens == 200
