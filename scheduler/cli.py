@@ -119,6 +119,7 @@ def _scaling_from_options(options: dict[str, Any]) -> ScalingConfig:
         sustain_s=options["scale_sustain"],
         min_instances=options["min_instances"],
         max_instances=options["max_instances"],
+        startup_grace_s=options.get("scale_startup_grace", ScalingConfig().startup_grace_s),
     )
 
 
@@ -197,6 +198,10 @@ def policy_from_options(
 )
 @click.option("--min-instances", type=int, default=1, show_default=True)
 @click.option("--max-instances", type=int, default=16, show_default=True)
+@click.option("--scale-startup-grace", type=click.FloatRange(min=0), default=ScalingConfig().startup_grace_s,
+              show_default=True,
+              help="Auto-scaling: seconds to wait, once active, for --min-instances to join before starting "
+                   "any (the agents started beside the scheduler); 0: start them at once.")
 @scale_band_options
 @click.option(
     "--loads-per-instance",

@@ -208,7 +208,11 @@ class ScalingConfig:
     Defaults follow the paper ([10, 60], at most 16 instances). A side of the band
     must be crossed for ``sustain_s`` seconds before acting. Scale-up waits while
     launched instances have not joined yet (up to ``launch_timeout_s``); at most
-    ``max_concurrent_terminations`` instances drain at once.
+    ``max_concurrent_terminations`` instances drain at once. A scheduler that
+    becomes active waits up to ``startup_grace_s`` for ``min_instances`` live
+    instances before it scales at all: the ones started beside it (``shoal up``,
+    an operator's) are still joining, and starting more in their place would
+    overshoot.
     """
 
     min_freeness: float = 10.0
@@ -218,12 +222,13 @@ class ScalingConfig:
     max_instances: int = 16
     launch_timeout_s: float = 300.0
     max_concurrent_terminations: int = 1
+    startup_grace_s: float = 60.0
 
     def __post_init__(self) -> None:
         if not self.min_freeness < self.max_freeness:
             raise ValueError("min_freeness must be below max_freeness")
-        if self.sustain_s < 0 or self.launch_timeout_s < 0:
-            raise ValueError("sustain_s and launch_timeout_s must be >= 0")
+        if self.sustain_s < 0 or self.launch_timeout_s < 0 or self.startup_grace_s < 0:
+            raise ValueError("sustain_s, launch_timeout_s and startup_grace_s must be >= 0")
         if not 0 <= self.min_instances <= self.max_instances:
             raise ValueError("need 0 <= min_instances <= max_instances")
         if self.max_concurrent_terminations < 1:

@@ -177,6 +177,7 @@ class SchedulerService:
         self._snapshot_events = 0
         self._snapshot_at = 0.0
         self._active_since = 0.0
+        self._starting_up = True
         self._crashed = False
         #: ``(wall time, handling ms, inbound ms)`` per dispatch (benchmarks): handling is from the
         #: handler's start to the encoded reply; inbound from the requester's ``SENT_HEADER`` stamp
@@ -343,6 +344,7 @@ class SchedulerService:
         )
         self._view = None
         self._active_since = self._clock()
+        self._starting_up = True  # until min_instances are live, or the startup grace ran out
         self._snapshot_at = self._clock()
         self._snapshot_events = follower.state.num_events
         self._checkpoint_at = float("-inf")
@@ -602,7 +604,7 @@ class SchedulerService:
                 self._emit(failed)
                 self.stats.failures_detected += 1
         view = self.view()
-        if self.manager is not None:
+        if self.manager is not None and self._may_scale(view, now):
             timers = self._scaling
             self._scaling, decision = decide_scaling(
                 live_loads(view),
@@ -626,6 +628,18 @@ class SchedulerService:
             emitted.extend(self._requeue_stalled(cursor, now))
         self.stats.ticks += 1
         return emitted
+
+    def _may_scale(self, view: ClusterState, now: float) -> bool:
+        """Whether to take scaling decisions now: not right after becoming active while fewer
+        than ``min_instances`` are live, for up to ``ScalingConfig.startup_grace_s`` (the
+        instances started beside the scheduler are still joining)."""
+        if not self._starting_up:
+            return True
+        scaling = self.config.policy.scaling
+        waited = now - self._active_since
+        if len(live_loads(view)) >= scaling.min_instances or waited >= scaling.startup_grace_s:
+            self._starting_up = False
+        return not self._starting_up
 
     def _requeue_stalled(self, cursor: Cursor, now: float) -> list[Dispatched]:
         """Move queued requests (no KV) off instances whose queue stalled: the head of line has

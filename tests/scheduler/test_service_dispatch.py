@@ -329,6 +329,46 @@ async def test_scaling_decisions_are_logged_and_carried_out_by_the_instance_mana
             await agent.stop()
 
 
+async def test_a_new_scheduler_waits_for_the_instances_started_beside_it(cluster: tuple[str, str]) -> None:
+    """`shoal up --autoscale` starts the scheduler before its agents: the scheduler does not start
+    agents of its own in their place while they join; with none joined by the grace's end, it does."""
+    url, prefix = cluster
+    async with connected(url, prefix) as agent_bus, connected(url, prefix) as sched_bus:
+        manager = RecordingManager()
+        scaling = ScalingConfig(sustain_s=0.2, min_instances=1, max_instances=3, startup_grace_s=1.5)
+        config = SchedulerConfig(policy=PolicyConfig(scaling=scaling), **FAST)  # type: ignore[arg-type]
+        service = SchedulerService(sched_bus, config, instance_manager=manager)
+        async with running(service):
+            await service.wait_active(10)
+            await asyncio.sleep(0.8)  # ticks every 0.1 s with no instance, inside the grace
+            assert manager.started == []
+            for _ in range(50):
+                await asyncio.sleep(0.1)
+                if manager.started:
+                    break
+            assert manager.started == ["scaled-0"]  # the grace ran out: min_instances at once
+
+    prefix = new_prefix()  # a new cluster (the log above holds a launch that never joined)
+    async with connected(url, prefix) as agent_bus, connected(url, prefix) as sched_bus:
+        manager = RecordingManager()
+        scaling = ScalingConfig(sustain_s=0.2, min_instances=1, max_instances=3, startup_grace_s=30)
+        config = SchedulerConfig(policy=PolicyConfig(scaling=scaling), **FAST)  # type: ignore[arg-type]
+        service = SchedulerService(sched_bus, config, instance_manager=manager)
+        async with running(service):
+            await service.wait_active(10)
+            await asyncio.sleep(0.5)
+            beside = FakeAgent(agent_bus, "beside")  # joins late, as an agent of `shoal up` may
+            await beside.start()
+            for _ in range(30):
+                await asyncio.sleep(0.1)
+                if "beside" in service.view().instances:
+                    break
+            await asyncio.sleep(1.0)
+            assert manager.started == []
+            await beside.stop()
+    await delete_streams(url, prefix)
+
+
 async def test_a_standby_recovered_from_a_snapshot_verifies_with_the_active_s_recorded_policy(
     cluster: tuple[str, str],
 ) -> None:
