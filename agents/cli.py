@@ -169,7 +169,8 @@ def build_engine(
 @click.option("--migration-copy-share", type=click.FloatRange(0.0, 1.0), default=0.0, show_default=True,
               help="Pace stage copies to this share of an engine step (0.1: co-located decoding slows by "
                    "about a tenth, the copy takes ~10x longer; a source that is draining or short of "
-                   "memory still copies at full speed); 0: copy at full speed.")
+                   "memory copies at full speed, and a paced copy hurries once its source runs short "
+                   "or another migration wants its slot); 0: copy at full speed.")
 @click.option("--migration-idle-timeout", type=float, default=60.0, show_default=True,
               help="Seconds a destination keeps a reservation it hears nothing about (> copy timeout).")
 @click.option("--orphan-check-interval", type=float, default=2.0, show_default=True,

@@ -108,6 +108,9 @@ __all__ = ["Agent"]
 log = logging.getLogger(__name__)
 
 _REPLY_CACHE = 16_384
+#: Request ids aborted here before any generate for them arrived, kept (most recent) so a late
+#: generate is refused, not run with nobody listening.
+_ABORTED_UNKNOWN = 4_096
 _LOOP_LAG_WARNING_S = 1.0
 
 
@@ -144,6 +147,7 @@ class Agent:
         #: only refuses new requests)
         self._draining = False
         self._replies: OrderedDict[tuple[str, int], GenerateReply] = OrderedDict()
+        self._aborted_unknown: OrderedDict[str, None] = OrderedDict()
         self._transport: KVTransport | None = None
         self._services: list[Service] = []
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -725,6 +729,15 @@ class Agent:
                 reason=RejectReason.TERMINATING,
                 detail="instance is terminating",
             )
+        if request.request_id in self._aborted_unknown:  # the abort overtook it: nobody waits for it
+            return GenerateReply(
+                request_id=request.request_id,
+                instance_id=self.instance_id,
+                accepted=False,
+                num_accepted=self.num_accepted,
+                reason=RejectReason.ABORTED,
+                detail="aborted here before it arrived",
+            )
         num_prompt = (
             len(request.token_ids) if request.num_prompt_tokens is None else request.num_prompt_tokens
         )
@@ -787,8 +800,17 @@ class Agent:
         return self._reply(await self.abort(request.request_id))
 
     async def abort(self, request_id: str) -> AbortReply:
-        """Abort a request here; publishes a final delta with ``FinishReason.ABORT``."""
+        """Abort a request here; publishes a final delta with ``FinishReason.ABORT``.
+
+        An abort for a request this agent never heard of is remembered (the latest
+        ``_ABORTED_UNKNOWN``): a generate for it that arrives later, one the frontend gave up
+        waiting for, is refused (``RejectReason.ABORTED``) instead of run for nobody.
+        """
         found = self.engine.abort(request_id)
+        if not found and self.deltas.get(request_id) is None:
+            self._aborted_unknown[request_id] = None
+            while len(self._aborted_unknown) > _ABORTED_UNKNOWN:
+                self._aborted_unknown.popitem(last=False)
         tokens = self.deltas.live(request_id)
         if found and tokens is not None:
             await self._publish_delta(

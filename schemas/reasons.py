@@ -46,6 +46,7 @@ class RejectReason(enum.StrEnum):
     EXCEEDS_CAPACITY = "exceeds_capacity"  # prompt needs more blocks than the instance has
     INVALID_SAMPLING = "invalid_sampling"  # max_tokens <= 0, min_tokens < 0, ...
     TERMINATING = "terminating"  # the instance is draining: it takes no new request
+    ABORTED = "aborted"  # an abort for it came first (its frontend gave up on this instance)
 
 
 class FinishReason(enum.StrEnum):

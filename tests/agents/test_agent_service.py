@@ -94,6 +94,15 @@ async def test_abort_and_rejection(nats_url: str) -> None:
         await quiet.close()
         missing = await cluster.call("a1", "abort", AbortRequest(request_id="nope"))
         assert missing == AbortReply(request_id="nope", found=False)
+        # a generate the abort overtook (its frontend gave up on this agent) is refused, not run
+        overtaken = GenerateRequest(request_id="nope", token_ids=(1, 2), sampling=greedy(4))
+        late = await cluster.generate("a1", overtaken)
+        assert not late.accepted and late.reason is RejectReason.ABORTED
+        # an abort of a request that ran here and finished leaves nothing behind: a rescue of it
+        # (the next owner epoch) still runs here
+        assert (await cluster.call("a1", "abort", AbortRequest(request_id="quiet"))).found is False
+        rescue = GenerateRequest(request_id="quiet", token_ids=(9, 9), sampling=greedy(6), owner_epoch=1)
+        assert (await cluster.generate("a1", rescue)).accepted
         too_long = await cluster.generate(
             "a1", GenerateRequest(request_id="big", token_ids=tuple(range(1, 400)), sampling=greedy(4))
         )

@@ -27,6 +27,7 @@ EXPECTED: dict[RejectReason, tuple[int, str]] = {
     RejectReason.EXCEEDS_MODEL_CONTEXT: (400, "context_length_exceeded"),
     RejectReason.EXCEEDS_CAPACITY: (503, "service_unavailable"),
     RejectReason.TERMINATING: (503, "service_unavailable"),
+    RejectReason.ABORTED: (503, "service_unavailable"),
 }
 
 
