@@ -721,23 +721,9 @@ class Agent:
         if cached is not None:
             return cached
         if self.terminating:
-            return GenerateReply(
-                request_id=request.request_id,
-                instance_id=self.instance_id,
-                accepted=False,
-                num_accepted=self.num_accepted,
-                reason=RejectReason.TERMINATING,
-                detail="instance is terminating",
-            )
+            return self._refusal(request, RejectReason.TERMINATING, "instance is terminating")
         if request.request_id in self._aborted_unknown:  # the abort overtook it: nobody waits for it
-            return GenerateReply(
-                request_id=request.request_id,
-                instance_id=self.instance_id,
-                accepted=False,
-                num_accepted=self.num_accepted,
-                reason=RejectReason.ABORTED,
-                detail="aborted here before it arrived",
-            )
+            return self._refusal(request, RejectReason.ABORTED, "aborted here before it arrived")
         num_prompt = (
             len(request.token_ids) if request.num_prompt_tokens is None else request.num_prompt_tokens
         )
@@ -752,14 +738,7 @@ class Agent:
                 output_token_ids=outputs,
             )
         except RequestRejected as exc:
-            reply = GenerateReply(
-                request_id=request.request_id,
-                instance_id=self.instance_id,
-                accepted=False,
-                num_accepted=self.num_accepted,
-                reason=exc.reason,
-                detail=str(exc),
-            )
+            reply = self._refusal(request, exc.reason, str(exc))
         else:
             if added:
                 self.num_accepted += 1
@@ -792,6 +771,16 @@ class Agent:
         while len(self._replies) > _REPLY_CACHE:
             self._replies.popitem(last=False)
         return reply
+
+    def _refusal(self, request: GenerateRequest, reason: RejectReason, detail: str) -> GenerateReply:
+        return GenerateReply(
+            request_id=request.request_id,
+            instance_id=self.instance_id,
+            accepted=False,
+            num_accepted=self.num_accepted,
+            reason=reason,
+            detail=detail,
+        )
 
     async def _serve_abort(self, data: bytes, headers: dict[str, str]) -> bytes:
         request: AbortRequest | None = self._decode(data, AbortRequest)

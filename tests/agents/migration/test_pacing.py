@@ -10,13 +10,19 @@ from dataclasses import replace
 
 import pytest
 
-from agents.agent import FaultPlan, StepPace
+from agents.agent import Agent, FaultPlan, StepPace
 from agents.engines.torch_engine import TorchEngine
 from agents.migration.fsm.config import MigrationConfig, short_of_memory
 from agents.migration.pacing import CopyPacer, StepClock
 from schemas import GenerateRequest, SamplingParams
 from schemas.reasons import MigrationAbortReason
-from tests.agents.agent_cluster import agent_cluster, fast_agent_config, unmigrated_tokens
+from tests.agents.agent_cluster import (
+    AgentCluster,
+    TokenWatcher,
+    agent_cluster,
+    fast_agent_config,
+    unmigrated_tokens,
+)
 
 SAMPLING = SamplingParams(max_tokens=40, temperature=1.0, seed=11, ignore_eos=True)
 PROMPT = tuple((i * 53) % 300 + 1 for i in range(150))  # 9 full blocks of 16 at the move
@@ -154,6 +160,27 @@ def _reference_tokens() -> list[int]:
     return unmigrated_tokens(_engine(), PROMPT, SAMPLING, "moving")
 
 
+async def _moving_beside_decoding(
+    cluster: AgentCluster, shares: tuple[float, float], source_faults: FaultPlan, *, background_tokens: int
+) -> tuple[Agent, Agent, TokenWatcher]:
+    """Agents p1 (with ``source_faults``) and p2 pacing copies at ``shares``, a request decoding on
+    each (``background_tokens`` long), and ``moving`` (9+ full blocks) on p1 with 5 tokens out."""
+    agents = []
+    for name, share in zip(("p1", "p2"), shares, strict=True):
+        config = fast_agent_config(name, faults=source_faults if name == "p1" else FaultPlan())
+        migration = replace(config.migration, copy_step_share=share, copy_timeout_s=20.0)
+        agents.append(await cluster.add(_engine(), replace(config, migration=migration)))
+    for instance, name in (("p1", "bg1"), ("p2", "bg2")):  # co-located requests on both sides
+        sampling = SamplingParams(max_tokens=background_tokens, ignore_eos=True)
+        background = GenerateRequest(request_id=name, token_ids=(3, 4, 5), sampling=sampling)
+        assert (await cluster.generate(instance, background)).accepted
+    watcher = await cluster.watch("moving")
+    request = GenerateRequest(request_id="moving", token_ids=PROMPT, sampling=SAMPLING)
+    assert (await cluster.generate("p1", request)).accepted
+    await watcher.wait_tokens(5)
+    return agents[0], agents[1], watcher
+
+
 async def _move_beside_decoding(
     nats_url: str, shares: tuple[float, float], *, drain_source: bool = False
 ) -> tuple[object, dict[int, tuple[int, int]]]:
@@ -163,21 +190,9 @@ async def _move_beside_decoding(
     expected = _reference_tokens()
     pace = StepPace(0.02)  # the source until the outcome: the 35 tokens left last >= 0.7 s
     async with agent_cluster(nats_url) as cluster:
-        agents = []
-        for name, share in zip(("p1", "p2"), shares, strict=True):
-            config = fast_agent_config(name, faults=FaultPlan(pace=pace) if name == "p1" else FaultPlan())
-            migration = replace(config.migration, copy_step_share=share, copy_timeout_s=20.0)
-            agents.append(await cluster.add(_engine(), replace(config, migration=migration)))
-        source, destination = agents
-        for instance, name in (("p1", "bg1"), ("p2", "bg2")):  # co-located requests on both sides
-            background = GenerateRequest(
-                request_id=name, token_ids=(3, 4, 5), sampling=SamplingParams(max_tokens=150, ignore_eos=True)
-            )
-            assert (await cluster.generate(instance, background)).accepted
-        watcher = await cluster.watch("moving")
-        request = GenerateRequest(request_id="moving", token_ids=PROMPT, sampling=SAMPLING)
-        assert (await cluster.generate("p1", request)).accepted
-        await watcher.wait_tokens(5)
+        source, destination, watcher = await _moving_beside_decoding(
+            cluster, shares, FaultPlan(pace=pace), background_tokens=150
+        )
         if drain_source:
             await source.drain()
         outcome = await source.migrate("moving", "p2")
@@ -224,22 +239,9 @@ async def _move_hurried(nats_url: str, reason: str) -> None:
     expected = _reference_tokens()
     gate = asyncio.Event()
     async with agent_cluster(nats_url) as cluster:
-        agents = []
-        for name in ("p1", "p2"):
-            faults = FaultPlan(copy_gate=gate) if name == "p1" else FaultPlan()
-            config = fast_agent_config(name, faults=faults)
-            migration = replace(config.migration, copy_step_share=0.5, copy_timeout_s=20.0)
-            agents.append(await cluster.add(_engine(), replace(config, migration=migration)))
-        source, destination = agents
-        for instance, name in (("p1", "bg1"), ("p2", "bg2")):  # both engines keep stepping
-            background = GenerateRequest(
-                request_id=name, token_ids=(3, 4, 5), sampling=SamplingParams(max_tokens=400, ignore_eos=True)
-            )
-            assert (await cluster.generate(instance, background)).accepted
-        watcher = await cluster.watch("moving")
-        request = GenerateRequest(request_id="moving", token_ids=PROMPT, sampling=SAMPLING)
-        assert (await cluster.generate("p1", request)).accepted
-        await watcher.wait_tokens(5)
+        source, destination, watcher = await _moving_beside_decoding(
+            cluster, (0.5, 0.5), FaultPlan(copy_gate=gate), background_tokens=400
+        )
         moving = asyncio.ensure_future(source.migrate("moving", "p2"))
         while not destination.migration.destinations:  # stage 0 reserved; its copy waits at the gate
             await asyncio.sleep(0.01)
