@@ -33,7 +33,7 @@ from scheduler.sim.config import MigrationModel, PolicyName, PolicySetup, SimCon
 from scheduler.sim.metrics import SimResult
 from scheduler.sim.simulator import ProgressCallback
 from scheduler.sim.simulator import simulate as run_simulation
-from scheduler.sim.sweep import KNEE_FACTOR, SweepSpec, knee, median_points, run_sweep
+from scheduler.sim.sweep import KNEE_FACTOR, SweepInputError, SweepSpec, knee, median_points, run_sweep
 from scheduler.sim.workload import AZURE_CREDIT, build_workload
 
 __all__ = ["dumps", "simulate", "simulate_command", "sweep_command"]
@@ -375,7 +375,10 @@ def sweep_command(
             progress.advance(overall)
             out.with_suffix(".json").write_text(dumps(points))
 
-        run_sweep(spec, _base_config(opts), on_start=on_start, on_result=on_result)
+        try:
+            run_sweep(spec, _base_config(opts), on_start=on_start, on_result=on_result)
+        except SweepInputError as exc:  # a trace window the trace does not hold, a bad trace file
+            raise click.ClickException(str(exc)) from exc
     runs = points
     if spec.seeds:
         points = median_points(runs)

@@ -26,7 +26,16 @@ from scheduler.sim.metrics import SimResult
 from scheduler.sim.simulator import ProgressCallback, simulate
 from scheduler.sim.workload import build_workload
 
-__all__ = ["KNEE_FACTOR", "SweepSpec", "knee", "median_points", "ratios", "run_sweep", "sweep_point"]
+__all__ = [
+    "KNEE_FACTOR",
+    "SweepInputError",
+    "SweepSpec",
+    "knee",
+    "median_points",
+    "ratios",
+    "run_sweep",
+    "sweep_point",
+]
 
 #: The knee of a latency curve: the highest rate whose P99 TTFT is at most this many times
 #: the P99 TTFT at the lightest rate swept.
@@ -67,6 +76,10 @@ def sweep_point(workload: str, rate: float, result: SimResult, seed: int = 0) ->
     return point
 
 
+class SweepInputError(ValueError):
+    """A sweep's workloads cannot be built as asked (a trace window past its end, a bad file)."""
+
+
 def run_sweep(
     spec: SweepSpec,
     base: SimConfig,
@@ -80,13 +93,29 @@ def run_sweep(
     sees each point as soon as its run ends.
     """
     points: list[dict[str, object]] = []
+    try:  # all built first: a bad trace window is an error before hours of runs, not after
+        workloads = {
+            (name, rate, seed): build_workload(
+                name, num_requests=spec.num_requests, rate=rate, cv=spec.cv, seed=seed,
+                high_share=spec.high_share, start=seed * spec.num_requests if spec.seeds else 0,
+            )
+            for name in spec.workloads for rate in spec.rates for seed in spec.run_seeds
+        }
+    except ValueError as exc:
+        raise SweepInputError(str(exc)) from exc
+    if len(spec.run_seeds) > 1:
+        for (name, _rate, seed), workload in workloads.items():
+            if len(workload.requests) < spec.num_requests:
+                raise SweepInputError(
+                    f"{name}: seed {seed} is rows {seed * spec.num_requests}-"
+                    f"{(seed + 1) * spec.num_requests - 1} of the trace, which holds only "
+                    f"{len(workload.requests)} of them: a median over seeds would mix window sizes "
+                    f"(use fewer seeds or fewer --requests)"
+                )
     for workload_name in spec.workloads:
         for rate in spec.rates:
             for seed in spec.run_seeds:
-                workload = build_workload(
-                    workload_name, num_requests=spec.num_requests, rate=rate, cv=spec.cv, seed=seed,
-                    high_share=spec.high_share, start=seed * spec.num_requests if spec.seeds else 0,
-                )
+                workload = workloads[workload_name, rate, seed]
                 for setup in spec.setups:
                     progress = None if on_start is None else on_start(workload_name, rate, setup)
                     result = simulate(replace(base, setup=setup), workload, on_progress=progress)

@@ -101,6 +101,23 @@ def test_sweep_over_seeds_writes_medians_and_finds_the_knee(tmp_path: Path) -> N
     assert "knee (M-M; P99 TTFT within 3x of the lightest rate's): infaas " in result.output
 
 
+def test_seeds_past_a_trace_s_end_are_refused_before_any_run(tmp_path: Path) -> None:
+    """On a trace a seed is a window of its rows: one the trace does not hold in full is a clear
+    error up front, not a median that mixes window sizes (or a traceback after the other runs)."""
+    trace = tmp_path / "short.csv"
+    rows = "".join(f"{i / 10},20,5\n" for i in range(50))
+    trace.write_text("arrival_s,input_tokens,output_tokens\n" + rows)
+    prefix = tmp_path / "out" / "short"
+    result = CliRunner().invoke(cli, [
+        "simulate", "sweep", "--workload", str(trace), "--rates", "2", "--policies", "infaas",
+        "--requests", "20", "--instances", "2", "--seeds", "0,1,2", "--out", str(prefix), "--quiet",
+        "--no-plot",
+    ])
+    assert result.exit_code == 1, result.output
+    assert "seed 2 is rows 40-59 of the trace, which holds only 10 of them" in result.output
+    assert not prefix.with_suffix(".json").exists()  # nothing ran
+
+
 def test_the_knee_is_the_last_rate_before_p99_ttft_leaves_three_times_the_lightest() -> None:
     curve = {2.0: 1.0, 4.0: 1.4, 6.0: 2.9, 8.0: 9.0, 10.0: 2.0}  # 10 is noise past the knee
     points: list[dict[str, object]] = [
