@@ -269,12 +269,27 @@ from schemas.rpc import SamplingParams  # noqa: E402
 _SAMPLING = SamplingParams(max_tokens=4)
 
 
+async def _settled(service: Any, agents: list[FakeAgent]) -> None:
+    """Every request placed so far has finished on its fake agent, and the scheduler holds a report
+    from each agent made after that: the next decision sees none of the last one's load (a fixed
+    sleep did not, on a slow machine)."""
+    async with asyncio.timeout(10):
+        while any(agent.running for agent in agents):
+            await asyncio.sleep(0.01)
+        targets = {agent.instance_id: agent.seq + 1 for agent in agents}
+        while any(
+            (record := service.view().instances.get(instance_id)) is None or record.load.report_seq < seq
+            for instance_id, seq in targets.items()
+        ):
+            await asyncio.sleep(0.01)
+
+
 async def place_under_policy(
     nats_url: str, prefix: str, agents: Callable[[JetStreamBus], list[FakeAgent]], policy: Any, count: int = 4
 ) -> tuple[list[DispatchReply], RecordedLog]:
     """The fake agents ``agents`` builds report load; a scheduler under dispatch ``policy`` places
-    ``count`` requests, one report interval apart (each request's report lands and expires before
-    the next). Returns the replies and the whole log."""
+    ``count`` requests, each once the last has finished and been reported (:func:`_settled`).
+    Returns the replies and the whole log."""
     from scheduler.config import PolicyConfig
     from scheduler.logfile import read_bus_log
     from scheduler.service import SchedulerConfig, SchedulerService
@@ -290,11 +305,11 @@ async def place_under_policy(
         task = asyncio.create_task(service.run())
         try:
             await service.wait_active(10)
-            await asyncio.sleep(0.2)  # every instance reported
+            await _settled(service, started)  # every instance reported
             replies = []
             for k in range(count):
                 replies.append(await place(agent_bus, f"r{k}"))
-                await asyncio.sleep(0.12)
+                await _settled(service, started)
         finally:
             await service.stop()
             await asyncio.wait_for(task, 10)
