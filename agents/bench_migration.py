@@ -75,6 +75,8 @@ class Sample:
     gap_ms_migrating: float | None = None
     copy_s: float | None = None
     chunks: int = 0
+    #: blocks copied while the request was suspended (the last stage): what the downtime carries
+    last_stage_blocks: int | None = None
 
 
 @dataclass
@@ -114,6 +116,8 @@ class Row:
             "paced_ms": self.median("paced", "client_ms"),
             "paced_agent_ms": self.median("paced", "agent_ms"),
             "paced_stages": self.median("paced", "stages"),
+            "live_last_stage_blocks": self.median("live", "last_stage_blocks"),
+            "paced_last_stage_blocks": self.median("paced", "last_stage_blocks"),
             "paced_chunks": self.median("paced", "chunks"),
             "paced_copy_s": self.median("paced", "copy_s"),
             "paced_step_ms_idle": self.median("paced", "step_ms_idle"),
@@ -310,6 +314,7 @@ async def _move(
         sample.stage_bytes = sum(s.num_bytes for s in outcome.stages)
         sample.stage_seconds = sum(s.duration_s for s in outcome.stages)
         sample.chunks = sum(s.num_chunks for s in outcome.stages)
+        sample.last_stage_blocks = outcome.stages[-1].num_blocks if outcome.stages else None
         sample.copy_s = (outcome.suspended_at or time.time()) - outcome.started_at
         idle_steps = source.steps[:steps_before][-gaps - 1 :]
         suspended = outcome.suspended_at or time.time()
@@ -557,9 +562,13 @@ def _pacing_table(rows: list[dict[str, Any]]) -> str:
     """The source's co-located decoding while a live migration copies: unpaced (live) and paced."""
     header = (
         f"{'seq_len':>7} {'method':>6} {'step idle':>9} {'step mig':>8} {'ratio':>5} "
-        f"{'gap idle':>8} {'gap mig':>8} {'ratio':>5} {'copy s':>6} {'downtime':>8}"
+        f"{'gap idle':>8} {'gap mig':>8} {'ratio':>5} {'copy s':>6} {'downtime':>8} {'agent':>6} {'last':>4}"
     )
-    lines = ["co-located decode steps on the source (ms; ratio = median of each run's mig/idle)", header]
+    lines = [
+        "co-located decode steps on the source (ms; ratio = median of each run's mig/idle); downtime at the"
+        " client and the agent (ms); last = blocks copied while suspended",
+        header,
+    ]
     for row in rows:
         for method, prefix in (("live", "colocated_"), ("paced", "paced_")):
             step_idle = row.get(f"{prefix}step_ms_idle")
@@ -571,7 +580,8 @@ def _pacing_table(rows: list[dict[str, Any]]) -> str:
                 f"{_fmt(row[f'{prefix}step_ms_migrating']):>8} {_fmt(row[f'step_ratio_{method}'], 2):>5} "
                 f"{_fmt(row[f'{gap}_ms_idle']):>8} {_fmt(row[f'{gap}_ms_migrating']):>8} "
                 f"{_fmt(row[f'gap_ratio_{method}'], 2):>5} {_fmt(row[f'{method}_copy_s'], 2):>6} "
-                f"{_fmt(row[f'{method}_ms']):>8}"
+                f"{_fmt(row[f'{method}_ms']):>8} {_fmt(row[f'{method}_agent_ms']):>6} "
+                f"{_fmt(row[f'{method}_last_stage_blocks'], 0):>4}"
             )
     return "\n".join(lines)
 

@@ -21,7 +21,10 @@ def test_bench_migration_measures_every_method_on_a_tiny_model(tmp_path: Path) -
         capture_output=True, text=True, timeout=180,
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    text = json.dumps(json.loads(out.read_text()))
+    rows = json.loads(out.read_text())
+    text = json.dumps(rows)
+    # what the downtime carries: the blocks copied while suspended (at least the partial block)
+    assert rows[0]["live_last_stage_blocks"] >= 1, rows[0]
     for method in ("live", "blocking", "recompute"):
         assert f'"{method}"' in text, text[:2000]
     assert "seq_len" in done.stdout and (tmp_path / "migration.png").exists()

@@ -29,11 +29,15 @@ class MigrationConfig:
 
     A stage that leaves at most ``last_stage_max_blocks`` new full blocks makes
     the next stage the last one (suspend, copy the rest, commit); so does
-    reaching ``max_stages``. The destination gives up a reservation it has not
-    heard about for ``destination_idle_timeout_s``: keep it well above the
-    source's ``copy_timeout_s`` so blocks are never released under a running copy.
+    reaching ``max_stages``. After a stage of a paced size (:meth:`paces`) the
+    last stage waits until a stage left no new full block: the blocks decoded
+    during the slow copy go in a small unpaced catch-up stage, not in the
+    suspended last one, so pacing does not lengthen the downtime. The
+    destination gives up a reservation it has not heard about for
+    ``destination_idle_timeout_s``: keep it well above the source's
+    ``copy_timeout_s`` so blocks are never released under a running copy.
 
-    ``copy_step_share`` (0 = off) decides nothing in the machines (the source's only passes it
+    ``copy_step_share`` (0 = off) decides nothing else in the machines (the source's passes it
     on in ``PreAllocate``, for the destination's writes): the share of an engine step that each
     chunk of a stage copy may cost, the last stage excepted (see :mod:`agents.migration.pacing`);
     the simulator stretches a paced stage's copy time by ``1 / copy_step_share``. Off by
