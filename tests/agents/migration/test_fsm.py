@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from agents.migration.fsm import step
 from agents.migration.fsm.actions import (
+    Action,
     AdmitRequest,
     BlocksReceived,
     CancelCopy,
@@ -34,8 +35,9 @@ from agents.migration.fsm.actions import (
     Tick,
     WriteBlocks,
 )
+from agents.migration.fsm.config import MigrationConfig
 from agents.migration.fsm.destination import DestinationPhase, destination_step, start_destination
-from agents.migration.fsm.source import SourcePhase, start_source
+from agents.migration.fsm.source import SourcePhase, SourceState, start_source
 from schemas.migration import Abort, Ack, Commit, CommitAck, PreAllocate, StageDone
 from schemas.reasons import MigrationAbortReason
 from tests.agents.migration.world import CONFIG, World
@@ -100,34 +102,32 @@ def test_source_step_actions_for_the_happy_path() -> None:
     assert actions == (FreeSourceBlocks(), ReportMigrated()) and state.phase is SourcePhase.MIGRATED
 
 
+def _first_stage_copied(
+    config: MigrationConfig, *, full_blocks_after: int
+) -> tuple[SourceState, tuple[Action, ...]]:
+    """A source machine that copied a first stage of 10 blocks, the request at
+    ``full_blocks_after`` full blocks when the copy ended: its state and the actions it took."""
+    state, _ = start_source(migration_id="m", request_id="r", source_id="a", destination_id="b",
+                            num_full_blocks=10, now=0.0, config=config)
+    state, _ = step(state, Ack(migration_id="m", stage=0, block_ids=tuple(range(100, 110))),
+                    now=0.1, config=config)
+    return step(state, CopyDone(stage=0, num_full_blocks=full_blocks_after), now=2.0, config=config)
+
+
 def test_a_paced_stage_is_caught_up_by_a_small_stage_before_the_suspend() -> None:
     # a paced stage takes ~1/share as long, so the request decodes more meanwhile: the blocks it
     # left go in one more (small, unpaced) stage, not in the last one, which runs suspended
     paced = replace(CONFIG, copy_step_share=0.1)
-    state, _ = start_source(migration_id="m", request_id="r", source_id="a", destination_id="b",
-                            num_full_blocks=10, now=0.0, config=paced)
-    state, _ = step(state, Ack(migration_id="m", stage=0, block_ids=tuple(range(100, 110))),
-                    now=0.1, config=paced)
-    state, actions = step(state, CopyDone(stage=0, num_full_blocks=12), now=2.0, config=paced)
+    state, actions = _first_stage_copied(paced, full_blocks_after=12)
     assert isinstance(actions[1], SendToPeer) and isinstance(actions[1].message, PreAllocate)
     assert actions[1].message.num_blocks == 2 and not paced.paces(2) and not state.last_stage
     state, _ = step(state, Ack(migration_id="m", stage=1, block_ids=(7, 8)), now=2.1, config=paced)
     state, actions = step(state, CopyDone(stage=1, num_full_blocks=12), now=2.2, config=paced)
     assert actions[1:] == (Suspend(),)  # the catch-up left nothing new: suspend, copy the partial block
     # unpaced, the same two blocks would have gone into the suspended last stage (as above)
-    state, _ = start_source(migration_id="m", request_id="r", source_id="a", destination_id="b",
-                            num_full_blocks=10, now=0.0, config=CONFIG)
-    state, _ = step(state, Ack(migration_id="m", stage=0, block_ids=tuple(range(100, 110))),
-                    now=0.1, config=CONFIG)
-    _, actions = step(state, CopyDone(stage=0, num_full_blocks=12), now=0.2, config=CONFIG)
-    assert actions[1:] == (Suspend(),)
+    assert _first_stage_copied(CONFIG, full_blocks_after=12)[1][1:] == (Suspend(),)
     # a paced stage that left no new full block suspends at once
-    state, _ = start_source(migration_id="m", request_id="r", source_id="a", destination_id="b",
-                            num_full_blocks=10, now=0.0, config=paced)
-    state, _ = step(state, Ack(migration_id="m", stage=0, block_ids=tuple(range(100, 110))),
-                    now=0.1, config=paced)
-    _, actions = step(state, CopyDone(stage=0, num_full_blocks=10), now=2.0, config=paced)
-    assert actions[1:] == (Suspend(),)
+    assert _first_stage_copied(paced, full_blocks_after=10)[1][1:] == (Suspend(),)
 
 
 def test_a_queued_request_moves_with_a_stage_of_zero_blocks_and_no_copy() -> None:
