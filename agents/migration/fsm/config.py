@@ -37,7 +37,7 @@ class MigrationConfig:
     ``destination_idle_timeout_s``: keep it well above the source's
     ``copy_timeout_s`` so blocks are never released under a running copy.
 
-    ``copy_step_share`` (0 = off) decides nothing else in the machines (the source's passes it
+    ``copy_step_share`` (0 = off) decides nothing else in the machines (the source passes it
     on in ``PreAllocate``, for the destination's writes): the share of an engine step that each
     chunk of a stage copy may cost, the last stage excepted (see :mod:`agents.migration.pacing`);
     the simulator stretches a paced stage's copy time by ``1 / copy_step_share``. Off by
