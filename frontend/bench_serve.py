@@ -26,6 +26,11 @@ engines' CPU per token over all of shoal's (agents, frontend, NATS, clients):
 where the engines alone keep every core busy (``--instances`` x ``--threads``
 >= the cores), tokens/s go as 1 / CPU per token and shoal's ratio cannot pass it.
 The shoal run's agent, frontend, NATS and clients all compete for the cores.
+
+Each round is also reported as a pair (shoal, then the direct engine at once):
+its ratio, and where shoal's wall went (:mod:`frontend.bench_steps`): more
+steps, a longer step (the same work computing slower), or the engine idle
+between steps; the agents' step totals come from their ``/metrics``.
 """
 
 from __future__ import annotations
@@ -37,13 +42,14 @@ import platform
 import statistics
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import click
 
 from bus import event_loop
+from frontend.bench_steps import StepTotals, breakdown_table, scrape_step_totals, step_breakdown
 from frontend.up import ClusterProcesses, _health
 
 __all__ = [
@@ -114,9 +120,12 @@ def run_direct(preset: str, concurrency: int, prompt_tokens: int, max_tokens: in
         engine.add_request(f"d{index}", _prompt(index, prompt_tokens), sampling)
     first: dict[str, float] = {}
     total = 0
+    steps, step_s = 0, 0.0
     while engine.has_unfinished():
         result = engine.step()
         now = time.perf_counter()
+        if result.num_scheduled:  # as an agent's step histogram counts them
+            steps, step_s = steps + 1, step_s + result.duration_s
         for output in result.outputs:
             total += len(output.token_ids)
             if output.token_ids:
@@ -125,7 +134,8 @@ def run_direct(preset: str, concurrency: int, prompt_tokens: int, max_tokens: in
     cpu = time.process_time() - cpu_before
     ttfts = list(first.values())
     return {"tps": total / wall, "tokens": float(total), "wall_s": wall, "cpu_ms_per_ktok": 1e6 * cpu / total,
-            "ttft_p50_ms": 1000 * percentile(ttfts, 0.5), "ttft_p99_ms": 1000 * percentile(ttfts, 0.99)}
+            "ttft_p50_ms": 1000 * percentile(ttfts, 0.5), "ttft_p99_ms": 1000 * percentile(ttfts, 0.99),
+            "steps": float(steps), "step_s": step_s}
 
 
 async def _one_stream(session: Any, url: str, model: str, prompt: list[int], max_tokens: int,
@@ -151,9 +161,10 @@ async def _one_stream(session: Any, url: str, model: str, prompt: list[int], max
 
 
 async def drive_streams(url: str, model: str, concurrency: int, prompt_tokens: int, max_tokens: int,
-                        offset: int) -> dict[str, float]:
+                        offset: int, before_burst: Callable[[], None] | None = None) -> dict[str, float]:
     """``concurrency`` warm-up requests at once (the client's connections open and stay open, as a
     serving client's would), then ``concurrency`` streams at once: tokens/s and TTFT over them.
+    ``before_burst`` runs between the two, before the clock starts.
 
     The client is aiohttp, as in ``vllm bench serve``: with httpx's pool the 32 requests of
     one burst left the client over 250-800 ms on a loaded 2-core machine (aiohttp: under 60 ms),
@@ -168,6 +179,8 @@ async def drive_streams(url: str, model: str, concurrency: int, prompt_tokens: i
             _one_stream(session, url, model, _prompt(998 - i, prompt_tokens), 1, time.perf_counter())
             for i in range(concurrency)
         ))
+        if before_burst is not None:
+            before_burst()
         started = time.perf_counter()
         results = await asyncio.gather(*(
             _one_stream(session, url, model, _prompt(offset + i, prompt_tokens), max_tokens, started)
@@ -208,7 +221,29 @@ def run_direct_instances(
     return {"tps": sum(p["tps"] for p in parts), "tokens": tokens, "wall_s": max(p["wall_s"] for p in parts),
             "cpu_ms_per_ktok": sum(p["cpu_ms_per_ktok"] * p["tokens"] for p in parts) / tokens,
             "ttft_p50_ms": statistics.median(p["ttft_p50_ms"] for p in parts),
-            "ttft_p99_ms": max(p["ttft_p99_ms"] for p in parts)}
+            "ttft_p99_ms": max(p["ttft_p99_ms"] for p in parts),
+            "steps": sum(p["steps"] for p in parts), "step_s": sum(p["step_s"] for p in parts)}
+
+
+def _streams_and_steps(url: str, metrics_urls: list[str], model: str, concurrency: int, prompt_tokens: int,
+                       max_tokens: int, offset: int) -> dict[str, float]:
+    """:func:`drive_streams`, with the agents' steps and step seconds during the burst."""
+    marks: list[StepTotals] = []
+    result = event_loop.run(drive_streams(
+        url, model, concurrency, prompt_tokens, max_tokens, offset,
+        before_burst=lambda: marks.append(scrape_step_totals(metrics_urls)),
+    ))
+    steps = scrape_step_totals(metrics_urls) - marks[0]
+    result["steps"], result["step_s"] = float(steps.steps), steps.seconds
+    return result
+
+
+def _pair(shoal: dict[str, float], direct: dict[str, float], instances: int) -> dict[str, float]:
+    """One round: shoal's tokens/s over the direct engine's run right after it, and why."""
+    return {"ratio": shoal["tps"] / direct["tps"] if direct["tps"] else float("nan"),
+            **step_breakdown(StepTotals(int(shoal["steps"]), shoal["step_s"]), shoal["wall_s"],
+                             StepTotals(int(direct["steps"]), direct["step_s"]), direct["wall_s"],
+                             instances=instances)}
 
 
 def median_run(runs: list[dict[str, float]]) -> dict[str, float]:
@@ -228,20 +263,22 @@ def torch_agent_args(
 def start_shoal(
     processes: ClusterProcesses, *, agent_args: Sequence[str], model: str, max_model_len: int,
     scheduler: bool = False, ready_timeout: float = 180.0, instances: int = 1,
+    agent_metrics_ports: Sequence[int] = (),
 ) -> str:
     """:func:`spawn_shoal`, then :func:`wait_ready`: the frontend's URL once it sees the agents ready."""
     url = spawn_shoal(processes, agent_args=agent_args, model=model, max_model_len=max_model_len,
-                      scheduler=scheduler, instances=instances)
+                      scheduler=scheduler, instances=instances, agent_metrics_ports=agent_metrics_ports)
     wait_ready(processes, url, ready_timeout, instances=instances)
     return url
 
 
 def spawn_shoal(
     processes: ClusterProcesses, *, agent_args: Sequence[str], model: str, max_model_len: int,
-    scheduler: bool = False, instances: int = 1,
+    scheduler: bool = False, instances: int = 1, agent_metrics_ports: Sequence[int] = (),
 ) -> str:
     """Shoal as children of ``processes``: an embedded NATS, ``shoal scheduler`` if asked,
-    ``instances`` ``shoal agent`` s (``agent_args``: their engine options; ids ``bench-0``, ...)
+    ``instances`` ``shoal agent`` s (``agent_args``: their engine options; ids ``bench-0``, ...;
+    agent ``i`` serves ``/metrics`` on 127.0.0.1 port ``agent_metrics_ports[i]`` where given)
     and ``shoal serve``, in ``processes.env``.
 
     Returns the frontend's URL at once. Call it from the main thread: each child is told to
@@ -255,9 +292,11 @@ def spawn_shoal(
     if scheduler:
         processes.spawn("scheduler", ["scheduler", "--nats", url, "--log-level", "WARNING"])
     for index in range(instances):
+        metrics = ([] if index >= len(agent_metrics_ports) else
+                   ["--metrics-port", str(agent_metrics_ports[index]), "--metrics-host", "127.0.0.1"])
         processes.spawn("agent" if index == 0 else f"agent{index}", [
             "agent", "--nats", url, "--instance-id", f"bench-{index}", *agent_args, "--transport", "tcp",
-            "--log-level", "WARNING",
+            "--log-level", "WARNING", *metrics,
         ])
     # without a scheduler a dispatch has no responders at once; with one, the frontend's default wait
     dispatch_timeout = [] if scheduler else ["--dispatch-timeout", "0.2"]
@@ -296,22 +335,29 @@ def process_ids(processes: ClusterProcesses) -> dict[str, int]:
 def run_through_shoal(
     preset: str, concurrencies: list[int], prompt_tokens: int, max_tokens: int, threads: int, log_dir: Path,
     *, rounds: int = 1, instances: int = 1, engine_core: str = "thread",
-) -> tuple[dict[int, dict[str, float]], dict[int, dict[str, float]]]:
+) -> tuple[dict[int, dict[str, float]], dict[int, dict[str, float]], dict[int, list[dict[str, float]]]]:
     """``instances`` agents and the frontend as child processes on an embedded NATS; clients here.
 
     Each concurrency runs ``rounds`` times through shoal, each followed at once by
     the direct engine on the same workload (so both see the same load on a
     shared machine); the run of median throughput of each side is reported.
-    Returns ``(shoal, direct)`` results by concurrency.
+    Returns ``(shoal, direct, pairs)`` by concurrency: the median runs, and per round its
+    paired ratio and :func:`~frontend.bench_steps.step_breakdown`.
     """
+    from bus.server import free_port
+
     options = engine_options(preset, max(concurrencies), prompt_tokens, max_tokens)
     processes = ClusterProcesses(log_dir)
     try:
         agent_args = torch_agent_args(preset, options, threads, engine_core)
+        ports = [free_port() for _ in range(instances)]
+        metrics_urls = [f"http://127.0.0.1:{port}/metrics" for port in ports]
         http_url = start_shoal(processes, agent_args=agent_args, model=preset,
-                               max_model_len=options["max_model_len"], instances=instances)
+                               max_model_len=options["max_model_len"], instances=instances,
+                               agent_metrics_ports=ports)
         shoal: dict[int, dict[str, float]] = {}
         direct: dict[int, dict[str, float]] = {}
+        pairs: dict[int, list[dict[str, float]]] = {}
         pids = process_ids(processes)
         pids["clients"] = os.getpid()
 
@@ -323,9 +369,8 @@ def run_through_shoal(
             for round_index in range(rounds):
                 before = {name: cpu(name, pid) for name, pid in pids.items()}
                 offset = 1000 * (n + 1) + 100 * round_index
-                result = event_loop.run(
-                    drive_streams(http_url, preset, concurrency, prompt_tokens, max_tokens, offset)
-                )
+                result = _streams_and_steps(http_url, metrics_urls, preset, concurrency, prompt_tokens,
+                                            max_tokens, offset)
                 for name, pid in pids.items():  # CPU ms per 1000 output tokens, warm-up requests included
                     result[f"{name}_cpu_ms_per_ktok"] = (
                         1e6 * (cpu(name, pid) - before[name]) / max(result["tokens"], 1.0)
@@ -339,7 +384,10 @@ def run_through_shoal(
                 ))
             shoal[concurrency] = median_run(shoal_runs)
             direct[concurrency] = median_run(direct_runs)
-        return shoal, direct
+            pairs[concurrency] = [
+                _pair(s, d, instances) for s, d in zip(shoal_runs, direct_runs, strict=True)
+            ]
+        return shoal, direct, pairs
     finally:
         processes.stop_all()
 
@@ -368,7 +416,7 @@ def bench_serve(preset: str, concurrencies: tuple[int, ...], prompt_tokens: int,
     log_dir = Path(tempfile.mkdtemp(prefix="shoal-bench-serve-"))
     if instances < 1:
         raise click.BadParameter("must be >= 1", param_hint="--instances")
-    shoal, direct = run_through_shoal(
+    shoal, direct, pairs = run_through_shoal(
         preset, levels, prompt_tokens, max_tokens, threads, log_dir, rounds=rounds, instances=instances,
         engine_core=engine_core,
     )
@@ -392,6 +440,12 @@ def bench_serve(preset: str, concurrencies: tuple[int, ...], prompt_tokens: int,
             },
             "direct_cpu_ms_per_1k_tokens": d["cpu_ms_per_ktok"],
             "client_send_spread_ms": s["send_spread_ms"],
+            "shoal_steps": s["steps"], "direct_steps": d["steps"],
+            "shoal_step_s": s["step_s"], "direct_step_s": d["step_s"],
+            "rounds": pairs[c],
+            "median_of_paired_ratios": statistics.median(p["ratio"] for p in pairs[c]),
+            "wall_breakdown": {key: statistics.median(p[key] for p in pairs[c]) for key in pairs[c][0]
+                               if key != "ratio"},
         }
         shoal_cpu = sum(results[str(c)]["cpu_ms_per_1k_tokens"].values())
         # with every core busy (both sides), tokens/s go as 1 / CPU per token: shoal's ratio cannot pass this
@@ -407,6 +461,8 @@ def bench_serve(preset: str, concurrencies: tuple[int, ...], prompt_tokens: int,
         click.echo(f"{c:>8} {results[str(c)]['direct_cpu_ms_per_1k_tokens']:>9.0f} | "
                    + ", ".join(f"{name} {value:.0f}" for name, value in cpu.items())
                    + f" | {results[str(c)]['cpu_ceiling_ratio']:.2f}")
+    for line in breakdown_table({c: results[str(c)] for c in levels}):
+        click.echo(line)
     meta = {"preset": preset, "prompt_tokens": prompt_tokens, "max_tokens": max_tokens, "threads": threads,
             "instances": instances, "engine_core": engine_core,
             "rounds": rounds, "load_average": os.getloadavg(), "event_loop": event_loop.loop_name(),

@@ -1,0 +1,106 @@
+"""``shoal bench serve``'s account of where shoal's wall time goes, and the benchmark end to end.
+
+The step totals are read from a real agent metrics registry over HTTP, as the
+benchmark reads its agents'; the end-to-end run is the ``tiny`` preset at two
+streams of eight tokens, whose numbers are checked for consistency, not speed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry, start_http_server
+
+from agents.engines.protocol import StepResult
+from agents.metrics import AgentMetrics
+from frontend.bench_steps import StepTotals, scrape_step_totals, step_breakdown
+
+
+def _serve(registry: CollectorRegistry) -> tuple[str, Any]:
+    server, _ = start_http_server(0, addr="127.0.0.1", registry=registry)
+    return f"http://127.0.0.1:{server.server_port}/metrics", server
+
+
+def _stop(server: Any) -> None:
+    server.shutdown()
+    server.server_close()
+
+
+def test_step_totals_come_from_the_agents_step_histogram_summed_over_agents() -> None:
+    urls, servers = [], []
+    for durations in ((0.02, 0.03), (0.5,)):
+        metrics = AgentMetrics(lambda: None)
+        for seconds in durations:
+            metrics.observe_step(StepResult(outputs=[], duration_s=seconds, num_scheduled=4))
+        # an idle step (nothing scheduled) is not counted as one
+        metrics.observe_step(StepResult(outputs=[], duration_s=9.0, num_scheduled=0))
+        url, server = _serve(metrics.registry)
+        urls.append(url)
+        servers.append(server)
+    try:
+        totals = scrape_step_totals(urls)
+        assert totals.steps == 3
+        assert math.isclose(totals.seconds, 0.55)
+        assert totals - StepTotals(1, 0.5) == StepTotals(2, totals.seconds - 0.5)
+    finally:
+        for server in servers:
+            _stop(server)
+
+
+def test_a_metrics_endpoint_without_the_step_histogram_is_an_error_that_names_it() -> None:
+    url, server = _serve(CollectorRegistry())
+    try:
+        with pytest.raises(RuntimeError, match="shoal_agent_step_duration_seconds"):
+            scrape_step_totals([url])
+    finally:
+        _stop(server)
+
+
+def test_the_wall_ratio_splits_into_steps_time_per_step_and_idle() -> None:
+    # direct: 100 steps of 10 ms in a 1.0 s wall; shoal: 101 steps of 11 ms in a 1.2 s wall
+    split = step_breakdown(StepTotals(101, 1.111), 1.2, StepTotals(100, 1.0), 1.0)
+    assert math.isclose(split["wall_factor"], 1.2)
+    assert math.isclose(split["steps_factor"], 1.01)
+    assert math.isclose(split["step_s_factor"], 1.1)
+    assert math.isclose(split["shoal_busy"], 1.111 / 1.2)
+    assert math.isclose(split["direct_busy"], 1.0)
+    assert math.isclose(split["shoal_idle_ms"], 89.0)
+    assert math.isclose(split["direct_idle_ms"], 0.0, abs_tol=1e-9)
+    assert math.isclose(split["step_time_factor"] * split["idle_factor"], split["wall_factor"])
+    # two instances: the busy share is per engine
+    assert math.isclose(step_breakdown(StepTotals(10, 1.0), 1.0, StepTotals(10, 1.0), 1.0, instances=2)
+                        ["shoal_busy"], 0.5)
+    # nothing measured: no figures rather than a division by zero
+    assert all(math.isnan(v) for v in step_breakdown(StepTotals(), 1.0, StepTotals(5, 1.0), 1.0).values())
+
+
+@pytest.mark.slow
+def test_bench_serve_reports_each_round_and_where_its_wall_went(tmp_path: Path) -> None:
+    out = tmp_path / "serve.json"
+    completed = subprocess.run(
+        [sys.executable, "-c", "from frontend.cli import main; main()", "bench", "serve",
+         "--preset", "tiny", "--concurrency", "2", "--prompt-tokens", "8", "--max-tokens", "8",
+         "--rounds", "2", "--json", str(out)],
+        capture_output=True, text=True, timeout=240, check=False,
+    )
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    result = json.loads(out.read_text())["results"]["2"]
+    assert result["shoal_tokens"] == result["direct_tokens"] == 2 * 8
+    # the direct engine prefills both prompts in one step, then decodes 7 more; shoal's agent takes
+    # at least as many steps (one more where the second request arrives during the first's prefill)
+    assert result["direct_steps"] == 8
+    assert 8 <= result["shoal_steps"] <= 16
+    assert 0 < result["shoal_step_s"] and 0 < result["direct_step_s"]
+    assert len(result["rounds"]) == 2
+    for pair in result["rounds"]:
+        assert 0 < pair["shoal_busy"] <= 1 and 0 < pair["direct_busy"] <= 1
+        assert math.isclose(pair["steps_factor"] * pair["step_s_factor"] * pair["idle_factor"],
+                            pair["wall_factor"], rel_tol=1e-9)
+        assert math.isclose(pair["ratio"], 1 / pair["wall_factor"], rel_tol=1e-9)  # same tokens both sides
+    assert "where shoal's wall goes" in completed.stdout
