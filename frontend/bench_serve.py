@@ -27,7 +27,8 @@ where the engines alone keep every core busy (``--instances`` x ``--threads``
 >= the cores), tokens/s go as 1 / CPU per token and shoal's ratio cannot pass it.
 The shoal run's agent, frontend, NATS and clients all compete for the cores.
 
-Each round is also reported as a pair (shoal, then the direct engine at once):
+Each round is also reported as a pair (shoal and the direct engine one right
+after the other, the direct engine first every other round):
 its ratio, and where shoal's wall went (:mod:`frontend.bench_steps`): more
 steps, a longer step (the same work computing slower), or the engine idle
 between steps; the agents' step totals come from their ``/metrics``.
@@ -239,8 +240,9 @@ def _streams_and_steps(url: str, metrics_urls: list[str], model: str, concurrenc
 
 
 def _pair(shoal: dict[str, float], direct: dict[str, float], instances: int) -> dict[str, float]:
-    """One round: shoal's tokens/s over the direct engine's run right after it, and why."""
+    """One round: shoal's tokens/s over the direct engine's run beside it, and why."""
     return {"ratio": shoal["tps"] / direct["tps"] if direct["tps"] else float("nan"),
+            "direct_first": shoal["direct_first"],
             **step_breakdown(StepTotals(int(shoal["steps"]), shoal["step_s"]), shoal["wall_s"],
                              StepTotals(int(direct["steps"]), direct["step_s"]), direct["wall_s"],
                              instances=instances)}
@@ -338,9 +340,10 @@ def run_through_shoal(
 ) -> tuple[dict[int, dict[str, float]], dict[int, dict[str, float]], dict[int, list[dict[str, float]]]]:
     """``instances`` agents and the frontend as child processes on an embedded NATS; clients here.
 
-    Each concurrency runs ``rounds`` times through shoal, each followed at once by
-    the direct engine on the same workload (so both see the same load on a
-    shared machine); the run of median throughput of each side is reported.
+    Each concurrency runs ``rounds`` times through shoal, each next to a run of
+    the direct engine on the same workload (after it, or before it every other
+    round), so both see the same load on a shared machine; the run of median
+    throughput of each side is reported.
     Returns ``(shoal, direct, pairs)`` by concurrency: the median runs, and per round its
     paired ratio and :func:`~frontend.bench_steps.step_breakdown`.
     """
@@ -367,6 +370,13 @@ def run_through_shoal(
         for n, concurrency in enumerate(concurrencies):
             shoal_runs, direct_runs = [], []
             for round_index in range(rounds):
+                # every other round the direct engine goes first, so a drift in the machine's speed
+                # during a round does not always fall on the same side
+                direct_first = round_index % 2 == 1
+                if direct_first:
+                    direct_runs.append(run_direct_instances(
+                        preset, concurrency, prompt_tokens, max_tokens, instances=instances, threads=threads
+                    ))
                 before = {name: cpu(name, pid) for name, pid in pids.items()}
                 offset = 1000 * (n + 1) + 100 * round_index
                 result = _streams_and_steps(http_url, metrics_urls, preset, concurrency, prompt_tokens,
@@ -378,10 +388,12 @@ def run_through_shoal(
                 result["agent_cpu_ms_per_ktok"] = sum(  # all agents together
                     result.pop(f"{name}_cpu_ms_per_ktok") for name in list(pids) if name.startswith("agent")
                 )
+                result["direct_first"] = float(direct_first)
                 shoal_runs.append(result)
-                direct_runs.append(run_direct_instances(
-                    preset, concurrency, prompt_tokens, max_tokens, instances=instances, threads=threads
-                ))
+                if not direct_first:
+                    direct_runs.append(run_direct_instances(
+                        preset, concurrency, prompt_tokens, max_tokens, instances=instances, threads=threads
+                    ))
             shoal[concurrency] = median_run(shoal_runs)
             direct[concurrency] = median_run(direct_runs)
             pairs[concurrency] = [
@@ -445,7 +457,7 @@ def bench_serve(preset: str, concurrencies: tuple[int, ...], prompt_tokens: int,
             "rounds": pairs[c],
             "median_of_paired_ratios": statistics.median(p["ratio"] for p in pairs[c]),
             "wall_breakdown": {key: statistics.median(p[key] for p in pairs[c]) for key in pairs[c][0]
-                               if key != "ratio"},
+                               if key not in ("ratio", "direct_first")},
         }
         shoal_cpu = sum(results[str(c)]["cpu_ms_per_1k_tokens"].values())
         # with every core busy (both sides), tokens/s go as 1 / CPU per token: shoal's ratio cannot pass this
