@@ -502,7 +502,7 @@ def run_benchmark(
         source.stop()
         destination.stop()
         if server is not None:
-            server.stop()
+            server.cleanup()  # the NATS store it made goes too
     return {
         "benchmark": "migration",
         "setup": {

@@ -274,7 +274,12 @@ class JetStreamBus:
             self._acks = None
         self._nc = self._jsm = self._kv = None
         if not nc.is_closed:
-            await nc.close()
+            try:
+                await nc.close()
+            except (RuntimeError, OSError) as exc:
+                # the server went first: nats-py flushes what is still buffered into the dead socket
+                # (uvloop raises there), after it has stopped its own tasks; nothing more can be sent
+                log.warning("NATS connection already lost at close; unsent data dropped (%s)", exc)
 
     async def __aenter__(self) -> Self:
         await self.connect()

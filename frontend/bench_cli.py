@@ -6,11 +6,19 @@ exist yet says so instead of running.
 
 from __future__ import annotations
 
+import contextlib
+import shutil
+import signal
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
 import click
 
 from frontend.cli import LazyGroup
 
-__all__ = ["bench"]
+__all__ = ["bench", "scratch_dir"]
 
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "bus": ("bus.bench:bench_bus", "Append and replay throughput of the bus vs raw nats-py."),
@@ -31,3 +39,37 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
 @click.group(cls=LazyGroup, lazy=BENCHMARKS)
 def bench() -> None:
     """Run a benchmark; each prints a table and can write --json."""
+    _stop_on_sigterm()
+
+
+def _stop_on_sigterm() -> None:
+    """SIGTERM ends a benchmark as Ctrl-C does, so its ``finally`` blocks stop what it started.
+
+    Left at its default, SIGTERM would end the benchmark at once, and its children would get
+    SIGTERM from the kernel (``PR_SET_PDEATHSIG``): an agent takes that as a drain, which waits for
+    a NATS that died too.
+    """
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+@contextlib.contextmanager
+def scratch_dir(prefix: str) -> Iterator[Path]:
+    """A temporary folder for a benchmark's child logs and NATS store.
+
+    Removed when the benchmark finishes or is stopped (Ctrl-C, SIGTERM). Kept when the
+    benchmark fails, for the logs; its path then goes to stderr.
+    """
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield path
+    except KeyboardInterrupt:
+        shutil.rmtree(path, ignore_errors=True)
+        raise
+    except BaseException:
+        click.echo(f"logs kept in {path}", err=True)
+        raise
+    shutil.rmtree(path, ignore_errors=True)

@@ -41,7 +41,6 @@ import json
 import os
 import platform
 import statistics
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -50,6 +49,7 @@ from typing import Any
 import click
 
 from bus import event_loop
+from frontend.bench_cli import scratch_dir
 from frontend.bench_steps import StepTotals, breakdown_table, scrape_step_totals, step_breakdown
 from frontend.up import ClusterProcesses, _health
 
@@ -425,13 +425,13 @@ def bench_serve(preset: str, concurrencies: tuple[int, ...], prompt_tokens: int,
 
     torch.set_num_threads(threads)
     levels = sorted(set(concurrencies), key=int)
-    log_dir = Path(tempfile.mkdtemp(prefix="shoal-bench-serve-"))
     if instances < 1:
         raise click.BadParameter("must be >= 1", param_hint="--instances")
-    shoal, direct, pairs = run_through_shoal(
-        preset, levels, prompt_tokens, max_tokens, threads, log_dir, rounds=rounds, instances=instances,
-        engine_core=engine_core,
-    )
+    with scratch_dir("shoal-bench-serve-") as log_dir:
+        shoal, direct, pairs = run_through_shoal(
+            preset, levels, prompt_tokens, max_tokens, threads, log_dir, rounds=rounds, instances=instances,
+            engine_core=engine_core,
+        )
     results: dict[str, Any] = {}
     machine = platform.processor() or platform.machine()
     click.echo(f"preset {preset}, prompt {prompt_tokens} tokens, {max_tokens} output tokens per request, "

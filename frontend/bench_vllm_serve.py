@@ -241,15 +241,6 @@ def _run_client(command: list[str], log_path: Path, timeout_s: float) -> None:
         raise click.ClickException(f"vllm bench serve failed ({log_path}):\n{tail}")
 
 
-def _terminate_on_sigterm() -> None:
-    """SIGTERM ends the benchmark like Ctrl-C: the ``finally`` blocks stop every server."""
-
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, handler)
-
-
 @click.command("vllm-serve")
 @click.option(
     "--model",
@@ -320,7 +311,6 @@ def bench_vllm_serve(
     kinds = parse_servers(servers)
     if with_nobind and "shoal-nobind" not in kinds:
         kinds = (*kinds, "shoal-nobind")
-    _terminate_on_sigterm()
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="shoal-bench-vllm-serve-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     if model is None:

@@ -7,6 +7,7 @@ client's loop, and every run longer than the probe interval timed out ("tokens b
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,13 +15,16 @@ from pathlib import Path
 
 def test_bench_migration_measures_every_method_on_a_tiny_model(tmp_path: Path) -> None:
     out = tmp_path / "migration.json"
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
     done = subprocess.run(
         [sys.executable, "-c", "from frontend.cli import main; main()", "bench", "migration",
          "--preset", "tiny", "--seq-lens", "64", "--repeats", "1", "--recompute-long-repeats", "1",
          "--json", str(out)],
-        capture_output=True, text=True, timeout=180,
+        capture_output=True, text=True, timeout=180, env={**os.environ, "TMPDIR": str(scratch)},
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert list(scratch.glob("shoal-*")) == []  # the embedded NATS server's store went with it
     rows = json.loads(out.read_text())
     text = json.dumps(rows)
     # what the downtime carries: the blocks copied while suspended (at least the partial block)

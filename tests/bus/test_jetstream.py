@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -214,3 +215,27 @@ async def test_serve_returns_once_a_slow_server_has_the_subscription(
 
 async def _echo(data: bytes, headers: dict[str, str]) -> bytes:
     return data
+
+
+def test_closing_after_the_server_died_loses_nothing_more_and_raises_nothing(tmp_path: Path) -> None:
+    """A component stopping after its nats-server (kill -9, a dead parent) exits cleanly: on uvloop
+    nats-py's close flushed the buffered publishes into the dead socket and raised."""
+    from bus import event_loop
+
+    server = EmbeddedNats(store_dir=tmp_path / "store").start()
+
+    async def publish_then_close() -> None:
+        bus = JetStreamBus(short_config(server.url, Subjects("closing")))
+        await bus.connect()
+        await bus.publish("closing.x", b"before")
+        server.kill()
+        await asyncio.sleep(0.5)  # the client sees the socket close and starts reconnecting
+        for _ in range(3):
+            with contextlib.suppress(Exception):  # buffered while reconnecting, or refused
+                await bus.publish("closing.x", b"after")
+        await bus.close()
+
+    try:
+        event_loop.run(publish_then_close())
+    finally:
+        server.cleanup()

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +22,10 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from agents.engines.protocol import StepResult
 from agents.metrics import AgentMetrics
+from frontend.bench_serve import child_pids
 from frontend.bench_steps import StepTotals, scrape_step_totals, step_breakdown
+
+SHOAL = [sys.executable, "-c", "from frontend.cli import main; main()"]
 
 
 def _serve(registry: CollectorRegistry) -> tuple[str, Any]:
@@ -83,13 +89,15 @@ def test_the_wall_ratio_splits_into_steps_time_per_step_and_idle() -> None:
 @pytest.mark.slow
 def test_bench_serve_reports_each_round_and_where_its_wall_went(tmp_path: Path) -> None:
     out = tmp_path / "serve.json"
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
     completed = subprocess.run(
-        [sys.executable, "-c", "from frontend.cli import main; main()", "bench", "serve",
-         "--preset", "tiny", "--concurrency", "2", "--prompt-tokens", "8", "--max-tokens", "8",
-         "--rounds", "2", "--json", str(out)],
-        capture_output=True, text=True, timeout=240, check=False,
+        [*SHOAL, "bench", "serve", "--preset", "tiny", "--concurrency", "2", "--prompt-tokens", "8",
+         "--max-tokens", "8", "--rounds", "2", "--json", str(out)],
+        capture_output=True, text=True, timeout=240, check=False, env={**os.environ, "TMPDIR": str(scratch)},
     )
     assert completed.returncode == 0, completed.stdout + completed.stderr
+    assert list(scratch.glob("shoal-*")) == []  # the children's logs and NATS store went with them
     result = json.loads(out.read_text())["results"]["2"]
     assert result["shoal_tokens"] == result["direct_tokens"] == 2 * 8
     # the direct engine prefills both prompts in one step, then decodes 7 more; shoal's agent takes
@@ -104,3 +112,41 @@ def test_bench_serve_reports_each_round_and_where_its_wall_went(tmp_path: Path) 
                             pair["wall_factor"], rel_tol=1e-9)
         assert math.isclose(pair["ratio"], 1 / pair["wall_factor"], rel_tol=1e-9)  # same tokens both sides
     assert "where shoal's wall goes" in completed.stdout
+
+
+def _descendants(pid: int) -> set[int]:
+    found = set()
+    for child in child_pids(pid):
+        found |= {child, *_descendants(child)}
+    return found
+
+
+@pytest.mark.slow
+def test_sigterm_stops_bench_serve_and_everything_it_started(tmp_path: Path) -> None:
+    process = subprocess.Popen(
+        [*SHOAL, "bench", "serve", "--preset", "tiny", "--concurrency", "2", "--prompt-tokens", "8",
+         "--max-tokens", "400", "--rounds", "50"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "TMPDIR": str(tmp_path)},
+    )
+    try:
+        deadline = time.monotonic() + 120
+        started: set[int] = set()
+        while time.monotonic() < deadline and process.poll() is None:
+            started = _descendants(process.pid)
+            if len(started) >= 3 and list(tmp_path.glob("shoal-bench-serve-*/frontend.log")):
+                break  # nats-server, the agent and the frontend are up
+            time.sleep(0.2)
+        assert len(started) >= 3, "bench serve did not start its cluster"
+        time.sleep(5)  # into the rounds
+        started |= _descendants(process.pid)
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(Path(f"/proc/{pid}").exists() for pid in started):
+        time.sleep(0.2)
+    assert [pid for pid in started if Path(f"/proc/{pid}").exists()] == []
+    assert list(tmp_path.glob("shoal-bench-serve-*")) == []
