@@ -24,7 +24,6 @@ import json
 import os
 import random
 import statistics
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from typing import Any
 import click
 
 from bus import event_loop
+from frontend.bench_cli import scratch_dir
 from frontend.bench_serve import percentile, wait_ready
 from frontend.up import ClusterProcesses
 
@@ -192,62 +192,63 @@ def bench_requeue(**options: Any) -> None:
         str(max_model_len),
     ]
     modes: dict[str, float | None] = {"off": None, "on": options["requeue_after_s"]}
-    log_root = Path(tempfile.mkdtemp(prefix="shoal-bench-requeue-"))
-    clusters = {mode: ClusterProcesses(log_root / mode) for mode in modes}
-    for processes in clusters.values():
-        processes.log_dir.mkdir(parents=True, exist_ok=True)
-    load_before = os.getloadavg()[0]
-    runs: dict[str, list[dict[str, float]]] = {mode: [] for mode in modes}
-    moves: dict[str, tuple[int, int]] = {}
-    try:
-        urls = {
-            mode: _spawn(
-                clusters[mode],
-                agent_args,
-                slots=options["slots"],
-                instances=options["instances"],
-                requeue_after_s=after,
-                model=options["preset"],
-                max_model_len=max_model_len,
-            )
-            for mode, after in modes.items()
-        }
-        for mode in modes:
-            wait_ready(clusters[mode], urls[mode], instances=options["instances"])
-        for mode in modes:  # warm-up: one request each
-            event_loop.run(_drive(urls[mode], options["preset"], [4], options["prompt_tokens"], 999))
-        for round_index in range(options["rounds"]):
-            lengths = _burst(
-                round_index, options["requests"], options["long_tokens"], options["short_tokens"]
-            )
-            order = list(modes) if round_index % 2 == 0 else list(reversed(modes))
-            for mode in order:
-                time.sleep(1.0)  # let the previous burst's reports settle
-                ttfts = event_loop.run(
-                    _drive(
-                        urls[mode], options["preset"], lengths, options["prompt_tokens"], 1000 * round_index
-                    )
-                )
-                runs[mode].append(
-                    {
-                        "ttft_p50_s": percentile(ttfts, 0.5),
-                        "ttft_p99_s": percentile(ttfts, 0.99),
-                        "ttft_mean_s": statistics.fmean(ttfts),
-                        "num_ttfts": float(len(ttfts)),
-                    }
-                )
-                click.echo(
-                    f"round {round_index} {mode:>3}: p50 {runs[mode][-1]['ttft_p50_s']:.2f}s "
-                    f"p99 {runs[mode][-1]['ttft_p99_s']:.2f}s",
-                    err=True,
-                )
-        for mode in modes:
-            nats = clusters[mode].nats
-            assert nats is not None
-            moves[mode] = event_loop.run(_moves(nats.url))
-    finally:
+    with scratch_dir("shoal-bench-requeue-") as log_root:
+        clusters = {mode: ClusterProcesses(log_root / mode) for mode in modes}
         for processes in clusters.values():
-            processes.stop_all()
+            processes.log_dir.mkdir(parents=True, exist_ok=True)
+        load_before = os.getloadavg()[0]
+        runs: dict[str, list[dict[str, float]]] = {mode: [] for mode in modes}
+        moves: dict[str, tuple[int, int]] = {}
+        try:
+            urls = {
+                mode: _spawn(
+                    clusters[mode],
+                    agent_args,
+                    slots=options["slots"],
+                    instances=options["instances"],
+                    requeue_after_s=after,
+                    model=options["preset"],
+                    max_model_len=max_model_len,
+                )
+                for mode, after in modes.items()
+            }
+            for mode in modes:
+                wait_ready(clusters[mode], urls[mode], instances=options["instances"])
+            for mode in modes:  # warm-up: one request each
+                event_loop.run(_drive(urls[mode], options["preset"], [4], options["prompt_tokens"], 999))
+            for round_index in range(options["rounds"]):
+                lengths = _burst(
+                    round_index, options["requests"], options["long_tokens"], options["short_tokens"]
+                )
+                order = list(modes) if round_index % 2 == 0 else list(reversed(modes))
+                for mode in order:
+                    time.sleep(1.0)  # let the previous burst's reports settle
+                    ttfts = event_loop.run(
+                        _drive(
+                            urls[mode], options["preset"], lengths, options["prompt_tokens"],
+                            1000 * round_index,
+                        )
+                    )
+                    runs[mode].append(
+                        {
+                            "ttft_p50_s": percentile(ttfts, 0.5),
+                            "ttft_p99_s": percentile(ttfts, 0.99),
+                            "ttft_mean_s": statistics.fmean(ttfts),
+                            "num_ttfts": float(len(ttfts)),
+                        }
+                    )
+                    click.echo(
+                        f"round {round_index} {mode:>3}: p50 {runs[mode][-1]['ttft_p50_s']:.2f}s "
+                        f"p99 {runs[mode][-1]['ttft_p99_s']:.2f}s",
+                        err=True,
+                    )
+            for mode in modes:
+                nats = clusters[mode].nats
+                assert nats is not None
+                moves[mode] = event_loop.run(_moves(nats.url))
+        finally:
+            for processes in clusters.values():
+                processes.stop_all()
     load_after = os.getloadavg()[0]
     summary = {
         mode: {key: statistics.median(run[key] for run in runs[mode]) for key in runs[mode][0]}
