@@ -78,11 +78,11 @@ def step_breakdown(
     direct busy / shoal busy. ``wall_factor`` is their product, shoal's wall over the direct one's.
     ``*_idle_ms``: the wall an engine was not stepping (per engine, on average over ``instances``).
     """
-    nan = float("nan")
-    if min(shoal.steps, direct.steps) <= 0 or min(shoal.seconds, direct.seconds, shoal_wall_s, direct_wall_s) <= 0:  # noqa: E501
-        return {key: nan for key in ("shoal_busy", "direct_busy", "steps_factor", "step_s_factor",
-                                     "step_time_factor", "idle_factor", "wall_factor", "shoal_idle_ms",
-                                     "direct_idle_ms")}
+    measured = min(shoal.steps, direct.steps, shoal.seconds, direct.seconds, shoal_wall_s, direct_wall_s)
+    if measured <= 0:
+        keys = ("shoal_busy", "direct_busy", "steps_factor", "step_s_factor", "step_time_factor",
+                "idle_factor", "wall_factor", "shoal_idle_ms", "direct_idle_ms")
+        return {key: float("nan") for key in keys}
     shoal_busy = shoal.seconds / (instances * shoal_wall_s)
     direct_busy = direct.seconds / (instances * direct_wall_s)
     steps_factor = shoal.steps / direct.steps
