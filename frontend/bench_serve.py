@@ -364,6 +364,11 @@ def run_through_shoal(
         pids = process_ids(processes)
         pids["clients"] = os.getpid()
 
+        def run_direct_now(concurrency: int) -> dict[str, float]:
+            return run_direct_instances(
+                preset, concurrency, prompt_tokens, max_tokens, instances=instances, threads=threads
+            )
+
         def cpu(name: str, pid: int) -> float:  # an agent's engine core process counts as the agent's
             return cpu_seconds(pid, children=name.startswith("agent"))
 
@@ -374,9 +379,7 @@ def run_through_shoal(
                 # during a round does not always fall on the same side
                 direct_first = round_index % 2 == 1
                 if direct_first:
-                    direct_runs.append(run_direct_instances(
-                        preset, concurrency, prompt_tokens, max_tokens, instances=instances, threads=threads
-                    ))
+                    direct_runs.append(run_direct_now(concurrency))
                 before = {name: cpu(name, pid) for name, pid in pids.items()}
                 offset = 1000 * (n + 1) + 100 * round_index
                 result = _streams_and_steps(http_url, metrics_urls, preset, concurrency, prompt_tokens,
@@ -391,9 +394,7 @@ def run_through_shoal(
                 result["direct_first"] = float(direct_first)
                 shoal_runs.append(result)
                 if not direct_first:
-                    direct_runs.append(run_direct_instances(
-                        preset, concurrency, prompt_tokens, max_tokens, instances=instances, threads=threads
-                    ))
+                    direct_runs.append(run_direct_now(concurrency))
             shoal[concurrency] = median_run(shoal_runs)
             direct[concurrency] = median_run(direct_runs)
             pairs[concurrency] = [
