@@ -53,7 +53,15 @@ import click
 from bus.server import die_with_parent, free_port
 from frontend.up import _health
 
-__all__ = ["Server", "bench_vllm_serve", "client_command", "parse_result", "server_command", "summarize"]
+__all__ = [
+    "Server",
+    "bench_vllm_serve",
+    "client_command",
+    "paired_ratios",
+    "parse_result",
+    "server_command",
+    "summarize",
+]
 
 _SHOAL = [sys.executable, "-c", "from frontend.cli import main; main()"]
 #: the servers this benchmark knows; ``vllm`` is the baseline every other one is compared with
@@ -150,6 +158,28 @@ def parse_result(path: Path) -> dict[str, float]:
 def summarize(runs: Sequence[dict[str, float]]) -> dict[str, float]:
     """Per figure, the median over rounds."""
     return {key: statistics.median(run[key] for run in runs) for key in runs[0]}
+
+
+#: the figures compared round by round: (our key, the figure's key)
+_PAIRED = (("tps", "output_tps"), ("ttft_p50", "ttft_p50_ms"), ("tpot_p50", "tpot_p50_ms"))
+
+
+def paired_ratios(server: Sequence[dict[str, float]], vllm: Sequence[dict[str, float]]) -> dict[str, Any]:
+    """Each round's figure of ``server`` over vLLM's in the same round, and the median of those ratios.
+
+    Rounds a few minutes apart see a machine of another speed (a shared machine's
+    neighbours, its clock), and the servers of one round run back to back, so the
+    ratio within a round is the figure to take the median of; the ratio of two
+    medians can pair a fast round of one server with a slow round of the other.
+    """
+    if len(server) != len(vllm):
+        raise ValueError(f"{len(server)} rounds of the server against {len(vllm)} of vllm")
+    paired: dict[str, Any] = {}
+    for name, key in _PAIRED:
+        ratios = [s[key] / v[key] if v[key] else float("nan") for s, v in zip(server, vllm, strict=True)]
+        paired[f"{name}_ratios"] = ratios
+        paired[f"median_{name}_ratio"] = statistics.median(ratios)
+    return paired
 
 
 @dataclass
@@ -360,6 +390,9 @@ def bench_vllm_serve(
             ratio = s["output_tps"] / v["output_tps"] if v["output_tps"] else float("nan")
             results[str(concurrency)][kind] = s
             results[str(concurrency)][f"ratio_{kind}" if kind != "shoal" else "ratio"] = ratio
+            results[str(concurrency)][f"paired_{kind}"] = paired_ratios(
+                runs[kind][concurrency], runs["vllm"][concurrency]
+            )
             low, high = min(v["load_before"], s["load_before"]), max(v["load_after"], s["load_after"])
             load = f"{low:.1f}-{high:.1f}"
             click.echo(
@@ -367,6 +400,18 @@ def bench_vllm_serve(
                 f"{v['ttft_p50_ms']:>11.1f} ms {s['ttft_p50_ms']:>7.1f} {v['tpot_p50_ms']:>11.1f} ms "
                 f"{s['tpot_p50_ms']:>7.1f} {load:>10}"
             )
+    if rounds > 1:
+        click.echo(f"\neach round's figure over vllm's in that round: median (range) of {rounds} rounds")
+        click.echo(f"{'conc':>5} {'server':>11} {'tok/s':>20} {'TTFT p50':>20} {'TPOT p50':>20}")
+        for concurrency in levels:
+            for kind in (k for k in kinds if k != "vllm"):
+                paired = results[str(concurrency)][f"paired_{kind}"]
+                cells = [
+                    f"{paired[f'median_{name}_ratio']:.2f} ({min(paired[f'{name}_ratios']):.2f}-"
+                    f"{max(paired[f'{name}_ratios']):.2f})"
+                    for name, _ in _PAIRED
+                ]
+                click.echo(f"{concurrency:>5} {kind:>11} " + " ".join(f"{cell:>20}" for cell in cells))
     meta = {
         "model": str(options.model), "num_prompts": num_prompts, "input_len": input_len,
         "output_len": output_len, "max_model_len": max_model_len, "block_size": block_size,

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 import pytest
 
-from frontend.bench_vllm_serve import EngineOptions, parse_servers, server_command
+from frontend.bench_vllm_serve import EngineOptions, paired_ratios, parse_servers, server_command
 
 OPTIONS = EngineOptions(Path("/ckpt"), max_model_len=1024, block_size=32, kv_cache_bytes=2**30, dtype="auto")
 
@@ -37,3 +37,25 @@ def test_each_shoal_server_runs_one_agent_of_its_engine_on_the_same_checkpoint(t
     assert "/ckpt" in server_command("vllm", OPTIONS, 8000, tmp_path)
     with pytest.raises(ValueError, match="unknown server"):
         server_command("tgi", OPTIONS, 8003, tmp_path)
+
+
+def test_paired_ratios_compare_each_round_with_vllm_in_the_same_round() -> None:
+    # round 0 ran on a fast machine, round 1 on one half as fast: both servers alike
+    vllm = [
+        {"output_tps": 2000.0, "ttft_p50_ms": 50.0, "tpot_p50_ms": 5.0},
+        {"output_tps": 1000.0, "ttft_p50_ms": 100.0, "tpot_p50_ms": 10.0},
+    ]
+    shoal = [
+        {"output_tps": 1900.0, "ttft_p50_ms": 55.0, "tpot_p50_ms": 5.0},
+        {"output_tps": 950.0, "ttft_p50_ms": 110.0, "tpot_p50_ms": 10.0},
+    ]
+    paired = paired_ratios(shoal, vllm)
+    assert paired["tps_ratios"] == pytest.approx([0.95, 0.95])
+    assert paired["median_tps_ratio"] == pytest.approx(0.95)
+    assert paired["median_ttft_p50_ratio"] == pytest.approx(1.1)
+    assert paired["median_tpot_p50_ratio"] == pytest.approx(1.0)
+    # the ratio of the medians would mix the rounds; the paired one does not
+    swapped = paired_ratios(shoal[::-1], vllm)
+    assert swapped["tps_ratios"] == pytest.approx([0.475, 1.9])
+    with pytest.raises(ValueError, match="rounds"):
+        paired_ratios(shoal, vllm[:1])
