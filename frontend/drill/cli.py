@@ -37,9 +37,17 @@ __all__ = ["drill"]
 @click.option("--nats", "nats_url", default=None, metavar="URL", help="NATS of the --against cluster.")
 @click.option("--prefix", default=None, help="Subject prefix (--against: the cluster's; default shoal).")
 @click.option(
-    "--engine", type=click.Choice(["sim", "torch"]), default=None, help="Override the scenario's engine."
+    "--engine",
+    type=click.Choice(["sim", "torch", "vllm"]),
+    default=None,
+    help="Override the scenario's engine (vllm: needs ./install.sh --vllm).",
 )
-@click.option("--model", default=None, help="Override the scenario's model (torch preset or sim profile).")
+@click.option(
+    "--model",
+    default=None,
+    help="Override the scenario's model (torch preset, sim profile, or checkpoint folder; vllm: "
+    "default a small random checkpoint built for the drill).",
+)
 @click.option("--instances", type=int, default=None, help="Override the scenario's number of agents.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None)
 @click.option("--png", "png_path", type=click.Path(dir_okay=False, path_type=Path), default=None)
@@ -68,14 +76,23 @@ def drill(**options: Any) -> None:
     except ScenarioError as exc:
         click.echo(f"shoal drill: {exc}", err=True)
         raise SystemExit(2) from None
-    overrides = {k: options[k] for k in ("engine", "model", "instances") if options[k] is not None}
-    if overrides:
+    overrides = {k: options[k] for k in ("model", "instances") if options[k] is not None}
+    if overrides or options["engine"] is not None:
         scenarios = [
-            s.model_copy(update={"cluster": s.cluster.model_copy(update=overrides)}) for s in scenarios
+            s.model_copy(
+                update={
+                    "cluster": s.cluster.on_engine(options["engine"] or s.cluster.engine).model_copy(
+                        update=overrides
+                    )
+                }
+            )
+            for s in scenarios
         ]
     temporary = options["log_dir"] is None
     log_root = options["log_dir"] or Path(tempfile.mkdtemp(prefix="shoal-drill-"))
     try:
+        if options["up"]:
+            scenarios = _with_vllm_checkpoint(scenarios, log_root)
         results = event_loop.run(_run_all(scenarios, log_root, options))
     except asyncio.CancelledError:
         click.echo("shoal drill: interrupted; everything it started is stopped", err=True)
@@ -93,6 +110,31 @@ def drill(**options: Any) -> None:
         write_png(results, options["png_path"])
         click.echo(f"PNG: {options['png_path']}")
     raise SystemExit(0 if all(r.passed for r in results) else 1)
+
+
+def _with_vllm_checkpoint(scenarios: list[Any], log_root: Path) -> list[Any]:
+    """Scenarios of vllm agents without a checkpoint get one, built once (vLLM loads only folders)."""
+    vllm = [s for s in scenarios if s.cluster.engine == "vllm"]
+    if not vllm:
+        return scenarios
+    from agents.engines.vllm_engine import vllm_unavailable_reason
+
+    reason = vllm_unavailable_reason()
+    if reason is not None:
+        click.echo(f"shoal drill: {reason}", err=True)
+        raise SystemExit(2)
+    if all(s.cluster.model is not None for s in vllm):
+        return scenarios
+    from agents.engines.vllm_engine.checkpoint import build_checkpoint
+
+    checkpoint = str(build_checkpoint(log_root / "checkpoint"))
+    click.echo(f"vllm agents serve a small random checkpoint built in {checkpoint}", err=True)
+    return [
+        s.model_copy(update={"cluster": s.cluster.model_copy(update={"model": checkpoint})})
+        if s.cluster.engine == "vllm" and s.cluster.model is None
+        else s
+        for s in scenarios
+    ]
 
 
 async def _run_all(scenarios: list[Any], log_root: Path, options: dict[str, Any]) -> list[Any]:

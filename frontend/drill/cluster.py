@@ -36,6 +36,24 @@ from frontend.up import Child, ClusterProcesses, agent_command
 __all__ = ["ClusterNotReady", "DrillCluster", "ExternalCluster", "port_refuses", "process_state"]
 
 _KV_PROXY_HOST = "127.0.0.2"
+#: vllm agents: each one's KV space (a drill's requests are short; vLLM on CPU would take 1 GiB each)
+VLLM_DRILL_KV_BYTES = 64 * 2**20
+#: vllm agents: context length and block size (vLLM's CPU attention wants blocks of a multiple of 32)
+VLLM_DRILL_MAX_MODEL_LEN = 2048
+VLLM_DRILL_BLOCK_SIZE = 32
+#: seconds a cluster of vllm agents may take to start (each loads vLLM and warms its model up)
+VLLM_READY_TIMEOUT_S = 300.0
+
+
+def vllm_cpu_binds(instances: int) -> list[str]:
+    """Each vllm agent's ``--cpu-bind``, split as ``shoal up`` splits them (vLLM's CPU build only)."""
+    from agents.engines.vllm_engine import vllm_version
+    from agents.engines.vllm_engine.cpu_binding import physical_cores, split_for_instances
+
+    if not (vllm_version() or "").endswith("+cpu"):
+        return []
+    allowed = sorted(os.sched_getaffinity(0))
+    return split_for_instances(allowed, instances, os.environ, physical_cores(allowed))
 
 
 class ClusterNotReady(RuntimeError):
@@ -107,7 +125,11 @@ class DrillCluster:
         self.spec = spec
         self.log_dir = log_dir
         self.prefix = prefix
+        if spec.engine == "vllm":
+            ready_timeout_s = max(ready_timeout_s, VLLM_READY_TIMEOUT_S)
         self.ready_timeout_s = ready_timeout_s
+        #: vllm agents' ``--cpu-bind``, by agent index (as ``shoal up`` splits the CPUs); empty otherwise
+        self.cpu_binds: list[str] = vllm_cpu_binds(spec.instances) if spec.engine == "vllm" else []
         self.processes = ClusterProcesses(log_dir)
         self.nats = EmbeddedNats(
             store_dir=log_dir / "nats-store", log_file=log_dir / "nats.log", die_with_parent=True
@@ -196,19 +218,29 @@ class DrillCluster:
         await self.wait_ready(len(self.agent_ids))
 
     @property
+    def agent_start_timeout_s(self) -> float:
+        """How long a restarted agent may take to be ready again (vLLM loads and warms up first)."""
+        return VLLM_READY_TIMEOUT_S if self.spec.engine == "vllm" else 60.0
+
+    @property
     def idle_timeout_s(self) -> float:
         """How long a destination keeps a reservation it hears nothing about (its source died)."""
         return max(3 * self.spec.copy_timeout_s, 6.0)
 
     def agent_args(self, instance_id: str, transport_port: int, nats_url: str) -> list[str]:
         spec = self.spec
+        num_blocks = spec.num_blocks
+        if num_blocks is None and spec.engine == "sim":
+            num_blocks = 512
         options = {
             "engine": spec.engine,
             "threads": 1,
             "time_scale": spec.time_scale,
-            "num_blocks": spec.num_blocks
-            if spec.num_blocks is not None
-            else (512 if spec.engine == "sim" else None),
+            "num_blocks": num_blocks,
+            "block_size": VLLM_DRILL_BLOCK_SIZE,
+            "max_model_len": VLLM_DRILL_MAX_MODEL_LEN,
+            "kv_cache_bytes": VLLM_DRILL_KV_BYTES if num_blocks is None else None,
+            "dtype": spec.dtype or ("float32" if spec.engine == "vllm" else None),
         }
         args = agent_command(
             options,
@@ -216,6 +248,10 @@ class DrillCluster:
             spec.resolved_model,
             instance_id,
         )
+        if self.cpu_binds:
+            ids = self.agent_ids
+            index = ids.index(instance_id) if instance_id in ids else len(ids)
+            args += ["--cpu-bind", self.cpu_binds[index % len(self.cpu_binds)]]
         args += [
             "--transport-port",
             str(transport_port),

@@ -426,7 +426,7 @@ class _Injector:
             )
             await self.cluster.add_agent(name)
             record.restarted_at = record.healed_at = self.clock()
-            await self.cluster.wait_ready(len(self.cluster.agent_ids), 60.0)
+            await self.cluster.wait_ready(len(self.cluster.agent_ids), self.cluster.agent_start_timeout_s)
             records.append(record)
         return records
 

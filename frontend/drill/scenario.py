@@ -47,9 +47,14 @@ class _Model(BaseModel):
 class ClusterSpec(_Model):
     """The cluster a drill starts (``--up``): engines, instances, and what the components run with."""
 
-    engine: Literal["sim", "torch"] = "sim"
-    #: torch: a preset (``tiny``) or checkpoint folder; sim: a timing profile
+    engine: Literal["sim", "torch", "vllm"] = "sim"
+    #: torch: a preset (``tiny``) or checkpoint folder; sim: a timing profile; vllm: a checkpoint
+    #: folder (``shoal drill`` builds a small random one when none is given)
     model: str | None = None
+    #: the agents' model dtype (torch, vllm); None: float32 for both on CPU, so greedy answers can be
+    #: compared exactly (in bfloat16, what vLLM picks on CPU, a rescued request's recomputed prefix
+    #: rounds differently from the token-by-token decode it replaces, and greedy tokens can change)
+    dtype: str | None = None
     instances: Annotated[int, Field(ge=1, le=16)] = 3
     num_blocks: Annotated[int | None, Field(ge=4)] = None
     time_scale: Annotated[float, Field(gt=0)] = 10.0
@@ -78,8 +83,29 @@ class ClusterSpec(_Model):
     ] = ()
     handshake_fault_max: Annotated[int | None, Field(ge=1)] = 1
 
+    def on_engine(self, engine: Literal["sim", "torch", "vllm"]) -> ClusterSpec:
+        """This cluster with agents of ``engine`` (``shoal drill --engine``), at the pace it had.
+
+        A scenario written for the sim engine times its fault against requests that last what the
+        sim's steps make them last (``time_scale`` x the profile's). A real engine on a small model
+        steps much faster, so its requests would end before the fault lands (no busy agent to kill,
+        no migration in flight): on a real engine each step lasts at least the sim's one-request
+        decode step (``min_step_s``) unless the scenario set that itself.
+        """
+        if engine == self.engine:
+            return self
+        update: dict[str, object] = {"engine": engine, "model": None}
+        if self.engine == "sim" and self.min_step_s == 0:
+            from agents.engines.profile import TimingModel, load_profile
+
+            decode_ms = TimingModel(load_profile(self.resolved_model)).decode_ms(1, 0)
+            update["min_step_s"] = round(decode_ms * self.time_scale / 1000, 4)
+        return self.model_copy(update=update)
+
     @property
     def resolved_model(self) -> str:
+        if self.model is None and self.engine == "vllm":
+            raise ScenarioError("cluster.model: a vllm drill needs a checkpoint folder")
         return self.model or ("tiny" if self.engine == "torch" else "tiny-test")
 
 
