@@ -50,7 +50,7 @@ from bus.options import auth_file_flags, nats_option
 from bus.server import die_with_parent, free_port
 from scheduler.cli import scale_band_options
 
-__all__ = ["Child", "ClusterProcesses", "agent_command", "child_environment", "up"]
+__all__ = ["Child", "ClusterProcesses", "agent_command", "child_environment", "up", "vllm_cpu_binds"]
 
 _SHOAL = [sys.executable, "-c", "from frontend.cli import main; main()"]
 
@@ -246,18 +246,27 @@ def up(**options: Any) -> None:
         click.echo("stopped", err=True)
 
 
-def _vllm_cpu_binds(instances: int, version: str | None) -> list[str]:
-    """Each vllm agent's ``--cpu-bind`` (vLLM's CPU build only: own cores when there are enough), echoed."""
+def vllm_cpu_binds(instances: int, version: str | None) -> list[str]:
+    """Each vllm agent's ``--cpu-bind`` (vLLM's CPU build only: own cores when there are enough).
+
+    ValueError for a malformed ``VLLM_CPU_OMP_THREADS_BIND``; also how ``shoal drill`` splits them.
+    """
     from agents.engines.vllm_engine.cpu_binding import physical_cores, split_for_instances
 
     if not (version or "").endswith("+cpu"):
         return []
     allowed = sorted(os.sched_getaffinity(0))
+    return split_for_instances(allowed, instances, os.environ, physical_cores(allowed))
+
+
+def _vllm_cpu_binds(instances: int, version: str | None) -> list[str]:
+    """:func:`vllm_cpu_binds`, echoed; a bad ``VLLM_CPU_OMP_THREADS_BIND`` is a usage error."""
     try:
-        binds = split_for_instances(allowed, instances, os.environ, physical_cores(allowed))
+        binds = vllm_cpu_binds(instances, version)
     except ValueError as exc:
         raise click.UsageError(f"VLLM_CPU_OMP_THREADS_BIND: {exc}") from None
-    click.echo(f"cpu binding     vllm model thread CPUs per agent: {' / '.join(binds)}")
+    if binds:
+        click.echo(f"cpu binding     vllm model thread CPUs per agent: {' / '.join(binds)}")
     return binds
 
 

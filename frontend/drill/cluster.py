@@ -31,7 +31,7 @@ import httpx
 from bus.server import EmbeddedNats, free_port
 from frontend.drill.proxy import ChaosProxy
 from frontend.drill.scenario import ClusterSpec
-from frontend.up import Child, ClusterProcesses, agent_command
+from frontend.up import Child, ClusterProcesses, agent_command, vllm_cpu_binds
 
 __all__ = ["ClusterNotReady", "DrillCluster", "ExternalCluster", "port_refuses", "process_state"]
 
@@ -43,17 +43,6 @@ VLLM_DRILL_MAX_MODEL_LEN = 2048
 VLLM_DRILL_BLOCK_SIZE = 32
 #: seconds a cluster of vllm agents may take to start (each loads vLLM and warms its model up)
 VLLM_READY_TIMEOUT_S = 300.0
-
-
-def vllm_cpu_binds(instances: int) -> list[str]:
-    """Each vllm agent's ``--cpu-bind``, split as ``shoal up`` splits them (vLLM's CPU build only)."""
-    from agents.engines.vllm_engine import vllm_version
-    from agents.engines.vllm_engine.cpu_binding import physical_cores, split_for_instances
-
-    if not (vllm_version() or "").endswith("+cpu"):
-        return []
-    allowed = sorted(os.sched_getaffinity(0))
-    return split_for_instances(allowed, instances, os.environ, physical_cores(allowed))
 
 
 class ClusterNotReady(RuntimeError):
@@ -129,7 +118,11 @@ class DrillCluster:
             ready_timeout_s = max(ready_timeout_s, VLLM_READY_TIMEOUT_S)
         self.ready_timeout_s = ready_timeout_s
         #: vllm agents' ``--cpu-bind``, by agent index (as ``shoal up`` splits the CPUs); empty otherwise
-        self.cpu_binds: list[str] = vllm_cpu_binds(spec.instances) if spec.engine == "vllm" else []
+        self.cpu_binds: list[str] = []
+        if spec.engine == "vllm":
+            from agents.engines.vllm_engine import vllm_version
+
+            self.cpu_binds = vllm_cpu_binds(spec.instances, vllm_version())
         self.processes = ClusterProcesses(log_dir)
         self.nats = EmbeddedNats(
             store_dir=log_dir / "nats-store", log_file=log_dir / "nats.log", die_with_parent=True
