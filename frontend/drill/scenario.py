@@ -367,7 +367,10 @@ BUILTIN: dict[str, Scenario] = {
             "The KV transport forwards nothing during a migration: the migration "
             "aborts, the request continues on its source.",
             FaultSpec(kind=FaultKind.BLACKHOLE, target=Target.KV, **_MIGRATION_FAULT),
-            cluster={"copy_delay_s": 0.3, "copy_timeout_s": 2.0},
+            # the copy times out after 2 s: its request has to outlive that, on any engine. Steps of
+            # at least 32 ms make a 128-token request last over 4 s (the sim's own steps here are
+            # 14-27 ms; a small model on a real engine steps in a few ms and would finish first)
+            cluster={"copy_delay_s": 0.3, "copy_timeout_s": 2.0, "min_step_s": 0.032},
             load={"output_tokens": 128, "rate": 3.0},
             phases={"fault_s": 4.0},
             verdicts={"expect_migration_abort": True, "expect_no_recompute": True},

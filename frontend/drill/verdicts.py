@@ -315,8 +315,11 @@ def judge(
         )
     if expect.expect_migration_abort:
         by_fault = {r: n for r, n in log.abort_reasons.items() if r not in _REQUEST_ENDED}
-        verdicts.append(Verdict("a migration aborted by the fault", bool(by_fault),
-                                f"aborts: {log.abort_reasons} (not counted: the request ended first)"))
+        ended = {r: n for r, n in log.abort_reasons.items() if r in _REQUEST_ENDED}
+        detail = f"aborts: {by_fault or 'none'}"
+        if ended:
+            detail += f"; not counted, the request ended first: {ended}"
+        verdicts.append(Verdict("a migration aborted by the fault", bool(by_fault), detail))
     if expect.expect_migration_commit:
         verdicts.append(Verdict("a migration committed", log.committed > 0, f"{log.committed} committed"))
     if expect.expect_rescue:

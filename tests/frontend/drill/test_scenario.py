@@ -110,6 +110,16 @@ def test_the_built_in_suite_covers_the_faults_the_issue_names() -> None:
         assert needed in kinds
 
 
+@pytest.mark.parametrize("engine", ["sim", "torch", "vllm"])
+def test_a_scenario_that_times_a_copy_out_keeps_its_requests_alive_past_the_timeout(engine: str) -> None:
+    # kv-blackhole's migration must end by its copy timeout, not by its request finishing first:
+    # on every engine, a request's steps alone (at the scenario's pace) outlast the timeout twice
+    scenario = BUILTIN["kv-blackhole"]
+    cluster = scenario.cluster.on_engine(engine)  # type: ignore[arg-type]
+    assert scenario.verdicts.expect_migration_abort
+    assert scenario.load.output_tokens * cluster.min_step_s >= 2 * cluster.copy_timeout_s
+
+
 def test_a_yaml_scenario_loads_and_a_bad_one_names_the_field(tmp_path: Path) -> None:
     good = _write(tmp_path, "cluster:\n  instances: 2\nfault:\n  kind: stop\n  target: nats\n", "y.yaml")
     scenario = load_scenario(good)
