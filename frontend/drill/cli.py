@@ -123,6 +123,7 @@ def _with_vllm_checkpoint(scenarios: list[Any], log_root: Path) -> list[Any]:
     if reason is not None:
         click.echo(f"shoal drill: {reason}", err=True)
         raise SystemExit(2)
+    _check_vllm_cpu_binds(max(s.cluster.instances for s in vllm))
     if all(s.cluster.model is not None for s in vllm):
         return scenarios
     from agents.engines.vllm_engine.checkpoint import build_checkpoint
@@ -135,6 +136,17 @@ def _with_vllm_checkpoint(scenarios: list[Any], log_root: Path) -> list[Any]:
         else s
         for s in scenarios
     ]
+
+
+def _check_vllm_cpu_binds(instances: int) -> None:
+    """A malformed ``VLLM_CPU_OMP_THREADS_BIND`` is a usage error before anything starts (as in up)."""
+    from agents.engines.vllm_engine import vllm_version
+    from frontend.up import vllm_cpu_binds
+
+    try:
+        vllm_cpu_binds(instances, vllm_version())
+    except ValueError as exc:
+        raise click.UsageError(f"VLLM_CPU_OMP_THREADS_BIND: {exc}") from None
 
 
 async def _run_all(scenarios: list[Any], log_root: Path, options: dict[str, Any]) -> list[Any]:

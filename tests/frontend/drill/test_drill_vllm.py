@@ -75,6 +75,21 @@ def test_without_vllm_the_drill_says_so_and_exits_2(tmp_path: Path, monkeypatch:
     assert not list(tmp_path.iterdir())  # the drill's folder is removed, nothing was started
 
 
+def test_a_malformed_cpu_bind_list_is_a_usage_error_before_anything_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import agents.engines.vllm_engine as vllm_engine
+
+    monkeypatch.setattr(vllm_engine, "vllm_unavailable_reason", lambda: None)
+    monkeypatch.setattr(vllm_engine, "vllm_version", lambda: "0.32.0+cpu")  # vLLM's CPU build splits CPUs
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0-1,zz")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    result = CliRunner().invoke(drill, ["torch-agent-kill", "--engine", "vllm"])
+    assert result.exit_code == 2, result.output
+    assert "VLLM_CPU_OMP_THREADS_BIND" in result.output and "'zz'" in result.output
+    assert not list(tmp_path.iterdir())  # no checkpoint built, no cluster started
+
+
 @pytest.mark.drill
 @pytest.mark.slow
 @pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
