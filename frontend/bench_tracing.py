@@ -40,7 +40,6 @@ import json
 import os
 import platform
 import statistics
-import tempfile
 import time
 import urllib.request
 from collections import Counter
@@ -53,6 +52,7 @@ import click
 
 from bus import event_loop
 from bus.otlp_receiver import ReceiverProcess
+from frontend.bench_cli import scratch_dir
 from frontend.bench_serve import (
     cpu_seconds,
     drive_streams,
@@ -246,16 +246,16 @@ def bench_tracing(preset: str, concurrencies: tuple[int, ...], prompt_tokens: in
                   threads: int, rounds: int, export_delay_ms: int, json_path: Path | None) -> None:
     """Streaming tokens/s and TTFT through shoal with tracing off vs on (always_on, OTLP/HTTP export)."""
     levels = sorted(set(concurrencies))
-    log_dir = Path(tempfile.mkdtemp(prefix="shoal-bench-tracing-"))
-    measured = run_tracing_rounds(
-        preset, levels, prompt_tokens, max_tokens, threads, log_dir,
-        rounds=rounds, export_delay_ms=export_delay_ms, environ=os.environ,
-    )
+    with scratch_dir("shoal-bench-tracing-") as log_dir:  # kept, and named, only if the benchmark fails
+        measured = run_tracing_rounds(
+            preset, levels, prompt_tokens, max_tokens, threads, log_dir,
+            rounds=rounds, export_delay_ms=export_delay_ms, environ=os.environ,
+        )
     results = {str(c): _summary(c, rounds, measured[c]) for c in levels}
     machine = platform.processor() or platform.machine()
     click.echo(f"preset {preset}, prompt {prompt_tokens} tokens, {max_tokens} output tokens per request, "
                f"torch threads {threads}, {os.cpu_count()} CPUs, {machine}; "
-               f"on: always_on, OTLP http/protobuf, export every {export_delay_ms} ms; logs in {log_dir}")
+               f"on: always_on, OTLP http/protobuf, export every {export_delay_ms} ms")
     click.echo(f"{'streams':>8} {'off tok/s':>10} {'on tok/s':>10} {'ratio':>6} {'TTFT p50 off/on':>16} "
                f"{'TTFT p99 off/on':>16} {'spans':>7} {'per req':>8} {'off spans':>9}")
     for c in levels:

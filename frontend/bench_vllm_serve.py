@@ -40,7 +40,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator, Sequence
@@ -51,6 +50,7 @@ from typing import IO, Any
 import click
 
 from bus.server import die_with_parent, free_port
+from frontend.bench_cli import scratch_dir
 from frontend.up import _health
 
 __all__ = [
@@ -314,7 +314,7 @@ def _run_client(command: list[str], log_path: Path, timeout_s: float) -> None:
     "--log-dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
-    help="Server and client logs, saved results (default: a temporary folder, kept).",
+    help="Keep server and client logs and raw results here (default: a temporary folder, removed).",
 )
 @click.option(
     "--with-nobind",
@@ -329,7 +329,7 @@ def bench_vllm_serve(
     json_path: Path | None,
 ) -> None:  # fmt: skip
     """Output tokens/s, TTFT and TPOT of shoal up --engine vllm vs vllm serve, with vllm bench serve."""
-    from agents.engines.vllm_engine import vllm_unavailable_reason, vllm_version
+    from agents.engines.vllm_engine import vllm_unavailable_reason
 
     reason = vllm_unavailable_reason()
     if reason is not None:
@@ -341,7 +341,22 @@ def bench_vllm_serve(
     kinds = parse_servers(servers)
     if with_nobind and "shoal-nobind" not in kinds:
         kinds = (*kinds, "shoal-nobind")
-    log_dir = log_dir or Path(tempfile.mkdtemp(prefix="shoal-bench-vllm-serve-"))
+    with contextlib.ExitStack() as stack:
+        if log_dir is None:  # removed at the end, kept (and named) if the benchmark fails
+            log_dir = stack.enter_context(scratch_dir("shoal-bench-vllm-serve-"))
+        _measure(
+            log_dir, model, concurrencies, num_prompts, input_len, output_len, max_model_len, block_size,
+            kv_cache_bytes, dtype, rounds, kinds, seed, ready_timeout, client_timeout, json_path,
+        )  # fmt: skip
+
+
+def _measure(
+    log_dir: Path, model: Path | None, concurrencies: tuple[int, ...], num_prompts: int, input_len: int,
+    output_len: int, max_model_len: int, block_size: int, kv_cache_bytes: int, dtype: str, rounds: int,
+    kinds: tuple[str, ...], seed: int, ready_timeout: float, client_timeout: float, json_path: Path | None,
+) -> None:  # fmt: skip
+    from agents.engines.vllm_engine import vllm_version
+
     log_dir.mkdir(parents=True, exist_ok=True)
     if model is None:
         from agents.engines.vllm_engine.checkpoint import build_checkpoint
@@ -351,7 +366,7 @@ def bench_vllm_serve(
     levels = sorted(set(concurrencies))
     click.echo(
         f"model {options.model}, {num_prompts} prompts of {input_len} random tokens, {output_len} "
-        f"output tokens (ignore_eos), vLLM {vllm_version()}, {os.cpu_count()} CPUs; logs in {log_dir}"
+        f"output tokens (ignore_eos), vLLM {vllm_version()}, {os.cpu_count()} CPUs; working folder {log_dir}"
     )
     runs: dict[str, dict[int, list[dict[str, float]]]] = {kind: {} for kind in kinds}
     startup: dict[str, list[float]] = {kind: [] for kind in kinds}

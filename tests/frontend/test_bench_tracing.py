@@ -9,6 +9,7 @@ untraced side nothing.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -23,13 +24,16 @@ pytestmark = [pytest.mark.slow]
 
 def test_bench_tracing_reports_a_ratio_and_the_spans_its_receiver_took(tmp_path: Path) -> None:
     out = tmp_path / "tracing.json"
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
     completed = subprocess.run(
         [sys.executable, "-c", "from frontend.cli import main; main()", "bench", "tracing",
          "--preset", "tiny", "--concurrency", "2", "--prompt-tokens", "8", "--max-tokens", "8",
          "--rounds", "1", "--export-delay-ms", "100", "--json", str(out)],
-        capture_output=True, text=True, timeout=240, check=False,
+        capture_output=True, text=True, timeout=240, check=False, env={**os.environ, "TMPDIR": str(scratch)},
     )
     assert completed.returncode == 0, completed.stdout + completed.stderr
+    assert not list(scratch.glob("shoal-bench-tracing-*"))  # its logs' folder is gone with it
     result = json.loads(out.read_text())["results"]["2"]
     assert result["ratio"] > 0 and result["off_tps"] > 0 and result["on_tps"] > 0
     assert result["off_tokens"] == result["on_tokens"] == 2 * 8
