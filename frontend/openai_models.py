@@ -3,9 +3,12 @@
 :class:`CompletionRequest` and :class:`ChatCompletionRequest` declare every
 field with its range, so FastAPI's OpenAPI schema documents them and a
 schema-driven fuzzer (schemathesis) can exercise them. Unknown fields are
-accepted and ignored, as OpenAI clients and benchmark tools send many. The
+accepted and ignored, as OpenAI clients and benchmark tools send many, unless
+the value would change the answer (:data:`REFUSED_OPTIONS`: ``logit_bias``,
+``response_format`` other than text, tool calling, ``min_p`` ...): such a
+request gets a 400 naming the field, never an answer that ignored it. The
 vLLM extensions real benchmark clients send are accepted: ``ignore_eos``,
-``top_k``, ``min_tokens``, ``repetition_penalty``; ``priority`` is shoal's
+``top_k``, ``min_tokens``, ``repetition_penalty``, ``stop_token_ids``; ``priority`` is shoal's
 extension (lower runs sooner, as in vLLM). Checks that depend on more than one
 field (``n > 1``, an unsupported option) raise :class:`~frontend.errors.APIError`
 in :func:`sampling_of`. Responses are built as plain dicts in
@@ -14,7 +17,8 @@ in :func:`sampling_of`. Responses are built as plain dicts in
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from collections.abc import Callable, Mapping
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -22,17 +26,20 @@ from frontend.errors import APIError, invalid_parameter
 from schemas import SamplingParams
 
 __all__ = [
+    "REFUSED_OPTIONS",
     "ChatCompletionRequest",
     "ChatMessage",
     "CompletionRequest",
     "ContentPart",
     "StreamOptions",
+    "refuse_ignored_options",
     "sampling_of",
     "stop_strings_of",
     "wants_logprobs",
 ]
 
 _MAX_INT = 2**31 - 1
+_TokenId = Annotated[int, Field(ge=0, le=_MAX_INT)]
 
 
 class StreamOptions(BaseModel):
@@ -58,6 +65,7 @@ class _Common(BaseModel):
     frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
     seed: Annotated[int, Field(ge=-(2**63), le=2**63 - 1)] | None = None
     stop: str | list[str] | None = None
+    stop_token_ids: Annotated[list[_TokenId], Field(max_length=64)] | None = None
     n: Annotated[int, Field(ge=1, le=128)] | None = 1
     stream: bool | None = False
     stream_options: StreamOptions | None = None
@@ -110,6 +118,58 @@ def stop_strings_of(request: _Common, max_stop_strings: int) -> tuple[str, ...]:
     return tuple(s for s in stops if s)
 
 
+def _set(value: Any) -> bool:
+    return value not in (None, False, 0, "", [], {})
+
+
+def _given(name: str) -> Callable[[Mapping[str, Any]], bool]:
+    return lambda request: request.get(name) is not None
+
+
+def _tools_used(request: Mapping[str, Any], tools: str, choice: str) -> bool:
+    return _set(request.get(tools)) and request.get(choice) != "none"
+
+
+#: Options shoal does not implement whose value changes the answer, with what makes the value count
+#: and why it is refused: a request that sets one gets a 400 naming it (vLLM's fields among them, as
+#: real clients send them). Options that change nothing a client reads (``user``, ``metadata``,
+#: ``store``, ``service_tier``, ``parallel_tool_calls``, ``prediction`` ...) stay accepted and ignored.
+REFUSED_OPTIONS: dict[str, tuple[Callable[[Mapping[str, Any]], bool], str]] = {
+    "logit_bias": (lambda r: _set(r.get("logit_bias")), "logit_bias is not supported"),
+    "response_format": (
+        lambda r: isinstance(r.get("response_format"), dict) and r["response_format"].get("type") != "text",
+        "response_format other than text (JSON mode, JSON schema) is not supported",
+    ),
+    "tools": (lambda r: _tools_used(r, "tools", "tool_choice"),
+              "tool calling is not supported (tools are accepted with tool_choice 'none')"),
+    "tool_choice": (lambda r: not _set(r.get("tools")) and r.get("tool_choice") not in (None, "none", "auto"),
+                    "tool_choice needs tools, and tool calling is not supported"),
+    "functions": (lambda r: _tools_used(r, "functions", "function_call"),
+                  "function calling is not supported (functions are accepted with function_call 'none')"),
+    "audio": (lambda r: _set(r.get("audio")), "audio output is not supported"),
+    "modalities": (lambda r: "audio" in (r.get("modalities") or ()), "audio output is not supported"),
+    "min_p": (lambda r: _set(r.get("min_p")), "min_p is not supported"),
+    "bad_words": (lambda r: _set(r.get("bad_words")), "bad_words is not supported"),
+    "allowed_token_ids": (lambda r: _set(r.get("allowed_token_ids")), "allowed_token_ids is not supported"),
+    "use_beam_search": (lambda r: _set(r.get("use_beam_search")), "beam search is not supported"),
+    "prompt_logprobs": (lambda r: r.get("prompt_logprobs") is not None, "prompt_logprobs is not supported"),
+    "include_stop_str_in_output": (lambda r: _set(r.get("include_stop_str_in_output")),
+                                   "include_stop_str_in_output is not supported"),
+    **{
+        name: (_given(name), f"structured output ({name}) is not supported")
+        for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs")
+    },
+}
+
+
+def refuse_ignored_options(request: BaseModel) -> None:
+    """A 400 for the first option of :data:`REFUSED_OPTIONS` the request sets (see there)."""
+    extra = request.model_extra or {}
+    for name, (is_set, message) in REFUSED_OPTIONS.items():
+        if name in extra and is_set(extra):
+            raise invalid_parameter(message, name)
+
+
 def _unsupported(condition: bool, message: str, param: str) -> None:
     if condition:
         raise invalid_parameter(message, param)
@@ -130,6 +190,7 @@ def sampling_of(
     (``n > 1``, ``best_of > 1``, ``echo``, ``suffix``, non-zero penalties other
     than ``repetition_penalty``, more than one logprob alternative).
     """
+    refuse_ignored_options(request)
     _unsupported((request.n or 1) != 1, "n > 1 is not supported yet; send n = 1", "n")
     _unsupported(bool(request.presence_penalty), "presence_penalty is not supported", "presence_penalty")
     _unsupported(bool(request.frequency_penalty), "frequency_penalty is not supported", "frequency_penalty")
@@ -154,6 +215,7 @@ def sampling_of(
             repetition_penalty=1.0 if request.repetition_penalty is None else request.repetition_penalty,
             seed=None if request.seed is None else request.seed % (2**63),
             ignore_eos=bool(request.ignore_eos),
+            stop_token_ids=tuple(request.stop_token_ids or ()),
             logprobs=wants_logprobs(request),
         )
     except (TypeError, ValueError) as exc:  # pragma: no cover - the model's ranges already hold

@@ -33,6 +33,8 @@ async def test_completion_streams_and_counts_usage(nats_url: str) -> None:
         assert health["instances"] == ["i0", "i1"]
 
 
+_CHAT = {"messages": [{"role": "user", "content": "x"}]}
+_REFUSED = ("response_format", "tools", "logit_bias", "min_p", "guided_json")
 BAD_INPUTS = [
     ("malformed json", "/v1/completions", b"{not json", 400, "invalid_json"),
     ("json array", "/v1/completions", b"[1, 2]", 400, "invalid_parameter"),
@@ -71,6 +73,14 @@ BAD_INPUTS = [
      b'{"model": "sim:tiny-test", "messages": [{"role": "user", "content": "x\\udfff"}]}', 400,
      "invalid_parameter"),
     ("unknown route", "/v1/nothing", {"model": "sim:tiny-test"}, 404, "not_found"),
+    # options that would change the answer are refused by name, never silently ignored
+    *[(name, path, {"model": "sim:tiny-test", **body}, 400, "invalid_parameter") for name, path, body in [
+        ("response_format", "/v1/chat/completions", {**_CHAT, "response_format": {"type": "json_object"}}),
+        ("tools", "/v1/chat/completions", {**_CHAT, "tools": [{"type": "function", "function": {}}]}),
+        ("logit_bias", "/v1/completions", {"prompt": "x", "logit_bias": {"5": 100}}),
+        ("min_p", "/v1/completions", {"prompt": "x", "min_p": 0.1}),
+        ("guided_json", "/v1/completions", {"prompt": "x", "guided_json": {}}),
+    ]],
 ]
 
 
@@ -86,6 +96,8 @@ async def test_bad_inputs_get_openai_errors_with_the_right_status(nats_url: str)
             error = response.json()["error"]
             assert set(error) == {"message", "type", "param", "code"}, name
             assert error["code"] == code, (name, error)
+            if name in _REFUSED:
+                assert error["param"] == name and "not supported" in error["message"], error
         big = await client.post("/v1/completions", content=b"x" * 200_000,
                                 headers={"content-type": "application/json"})
         assert big.status_code == 413

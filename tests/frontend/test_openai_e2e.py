@@ -94,6 +94,22 @@ async def test_stop_string_ends_the_text_before_it(cluster: Cluster, client: Any
     assert streamed == text[: text.index(stop)] and finish == ["stop"]
 
 
+async def test_stop_token_ids_end_the_text_at_that_token(cluster: Cluster, client: Any) -> None:
+    # vLLM's extension: generation ends at the first of these tokens, whose text is kept (as vLLM keeps
+    # a stop token that is not special). The tiny model's tokens are bytes: an ASCII character is one.
+    full = await client.completions.create(model="tiny", prompt=PROMPT, max_tokens=40, temperature=0)
+    text = full.choices[0].text
+    at = next((i for i in range(2, len(text)) if text[i].isascii() and text[i].isprintable()), None)
+    assert at is not None, text
+    at = text.index(text[at])  # its first occurrence: the first token with that id
+    cut = await client.completions.create(model="tiny", prompt=PROMPT, max_tokens=40, temperature=0,
+                                          extra_body={"stop_token_ids": [ord(text[at])]})
+    assert (cut.choices[0].text, cut.choices[0].finish_reason) == (text[: at + 1], "stop")
+    streamed, finish, _ = await _stream_text(client, max_tokens=40, temperature=0,
+                                             extra_body={"stop_token_ids": [ord(text[at])]})
+    assert (streamed, finish) == (text[: at + 1], ["stop"])
+
+
 async def test_seeds_reproduce_sampled_text(cluster: Cluster, client: Any) -> None:
     runs = [await client.completions.create(model="tiny", prompt=PROMPT, max_tokens=20, temperature=1.0,
                                             seed=seed) for seed in (7, 7, 8)]
