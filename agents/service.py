@@ -387,6 +387,7 @@ class Agent:
                     owner_epoch=tokens.owner_epoch,
                     first_index=output.first_index,
                     token_ids=output.token_ids,
+                    logprobs=output.logprobs,
                     finish_reason=output.finish_reason,
                     num_prompt_tokens=tokens.num_prompt_tokens,
                 )

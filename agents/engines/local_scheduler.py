@@ -565,7 +565,9 @@ class LocalScheduler:
 
     # ------------------------------------------------------------ updating
 
-    def update_from_output(self, output: SchedulerOutput, sampled: Mapping[str, int]) -> list[RequestOutput]:
+    def update_from_output(
+        self, output: SchedulerOutput, sampled: Mapping[str, int], logprobs: Mapping[str, float] | None = None
+    ) -> list[RequestOutput]:
         """Append one sampled token per scheduled request, apply stop rules, free finished ones.
 
         This is the per-token hot path of the simulator, hence the local variables.
@@ -610,8 +612,10 @@ class LocalScheduler:
                 self._finish(request, finish)
                 reason = FINISH_REASONS[finish]
                 any_finished = True
+            logprob = None if logprobs is None else logprobs.get(request_id)
             results.append(
-                RequestOutput(request_id, num_output - 1, (token_id,), reason, request.num_prompt_tokens)
+                RequestOutput(request_id, num_output - 1, (token_id,), reason, request.num_prompt_tokens,
+                              None if logprob is None else (logprob,))
             )
         if any_finished:
             self._running = [r for r in self._running if not r.status.is_finished]

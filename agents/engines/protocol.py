@@ -146,6 +146,8 @@ class RequestOutput(msgspec.Struct, frozen=True):
     token_ids: tuple[int, ...]
     finish_reason: FinishReason | None = None
     num_prompt_tokens: int = 0
+    #: the sampled tokens' logprobs, if the request asks (``SamplingParams.logprobs``) and the engine has them
+    logprobs: tuple[float, ...] | None = None
 
     @property
     def finished(self) -> bool:

@@ -93,6 +93,33 @@ async def test_migration_mid_stream_is_invisible(cluster: Cluster, client: Any) 
     assert usage.completion_tokens == 200 and finish == ["length"]
 
 
+async def test_logprobs_are_the_sampled_tokens_under_the_model(cluster: Cluster, client: Any) -> None:
+    # vLLM's sampled-token logprobs reach the client, streamed or not, and equal the built-in torch
+    # engine's for the same checkpoint (float32 both): the same model's log-softmax at each token
+    from agents.engines.torch_engine import TorchEngine
+    from schemas import SamplingParams
+
+    model, prompt = cluster.config.model, [1, 15, 27, 300, 42]
+    asked = {"model": model, "prompt": prompt, "max_tokens": 8, "temperature": 0, "logprobs": 1,
+             "extra_body": {"ignore_eos": True}}
+    whole = (await client.completions.create(**asked)).choices[0].logprobs
+    streamed = [v for chunk in await _chunks(client, asked) for choice in chunk.choices
+                if choice.logprobs for v in choice.logprobs.token_logprobs]
+    reference = TorchEngine(model, num_blocks=16, dtype="float32")
+    reference.add_request("r", prompt, SamplingParams(max_tokens=8, ignore_eos=True, logprobs=True))
+    expected: list[float] = []
+    while reference.has_unfinished():
+        expected += [v for out in reference.step().outputs for v in out.logprobs or ()]
+    reference.close()
+    assert len(whole.token_logprobs) == 8 and all(v <= 0 for v in whole.token_logprobs)
+    assert whole.token_logprobs == pytest.approx(expected, abs=2e-3)
+    assert streamed == pytest.approx(whole.token_logprobs, abs=1e-6)
+
+
+async def _chunks(client: Any, asked: dict[str, Any]) -> list[Any]:
+    return [chunk async for chunk in await client.completions.create(stream=True, **asked)]
+
+
 async def test_client_disconnect_aborts_and_frees_blocks(cluster: Cluster) -> None:
     url = cluster.base_url  # type: ignore[attr-defined]
     body = {"model": cluster.config.model, "prompt": PROMPT, "max_tokens": 400, "stream": True,

@@ -60,13 +60,17 @@ from schemas import SamplingParams
 if TYPE_CHECKING:
     from agents.engines.torch_engine.config import ModelConfig
 
-__all__ = ["CoreProcess", "LoadedSpec", "ModelCore", "StepWork"]
+__all__ = ["Computed", "CoreProcess", "LoadedSpec", "ModelCore", "StepWork"]
 
 #: The child's program: this module imported under its own name (so what it pickles unpickles here).
 _CHILD = f"import sys; from {__name__} import main; main(sys.argv[1:])"
 _FAILED = "engine core process: "
 #: Seconds a child may take to import torch and build or load its model.
 START_TIMEOUT_S = 600.0
+
+
+#: What a step computed: a token id per sampling row, their logprobs (see ``SampleResult``), seconds.
+Computed = tuple[list[int], list[float | None], float]
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,14 +121,16 @@ class ModelCore:
     def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
 
-    def compute(self, step: StepWork) -> tuple[list[int], float]:
-        """The sampled token ids (one per ``step.sampled`` row) and the seconds it took."""
+    def compute(self, step: StepWork) -> Computed:
+        """The sampled token ids (one per ``step.sampled`` row), their logprobs where asked, the seconds."""
         started = time.perf_counter()
         logits = self.runner.logits(step.work)
         if len(step.sampled) < len(step.work):  # prompt chunks: their logits are not used
             logits = logits[list(step.sampled)]
-        token_ids = sample(logits, step.rows).token_ids if step.rows else []
-        return token_ids, time.perf_counter() - started
+        if not step.rows:
+            return [], [], time.perf_counter() - started
+        result = sample(logits, step.rows)
+        return result.token_ids, result.logprobs, time.perf_counter() - started
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,12 +222,12 @@ class CoreProcess:
                 os.unlink(path)  # both have it mapped (or it failed): nothing to leave behind
         return pool
 
-    def compute(self, step: StepWork) -> tuple[list[int], float]:
+    def compute(self, step: StepWork) -> Computed:
         """One step, waiting on this thread."""
-        result: tuple[list[int], float] = self._call(("step", step.to_wire()), timeout_s=None)
+        result: Computed = self._call(("step", step.to_wire()), timeout_s=None)
         return result
 
-    async def compute_async(self, step: StepWork) -> tuple[list[int], float]:
+    async def compute_async(self, step: StepWork) -> Computed:
         """One step; the event loop runs on while the child computes."""
         self._send(("step", step.to_wire()))
         loop = asyncio.get_running_loop()
@@ -240,7 +246,7 @@ class CoreProcess:
             raise
         finally:
             loop.remove_reader(fd)
-        result: tuple[list[int], float] = self._receive(timeout_s=None)
+        result: Computed = self._receive(timeout_s=None)
         return result
 
     def close(self, timeout_s: float = 5.0) -> None:

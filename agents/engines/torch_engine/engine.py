@@ -48,7 +48,7 @@ from agents.engines.protocol import (
 )
 from agents.engines.scheduled import ScheduledEngine
 from agents.engines.torch_engine.config import ModelConfig
-from agents.engines.torch_engine.core import CoreProcess, LoadedSpec, ModelCore, StepWork
+from agents.engines.torch_engine.core import Computed, CoreProcess, LoadedSpec, ModelCore, StepWork
 from agents.engines.torch_engine.kv_cache import (
     KVPoolShape,
     PagedKVPool,
@@ -63,6 +63,10 @@ from agents.engines.torch_engine.sampling import SamplingRow, check_sampling_par
 from schemas import KVLayout, ModelIdentity, SamplingParams
 
 __all__ = ["DEFAULT_KV_CACHE_BYTES", "TorchEngine", "TorchEngineConfig"]
+
+#: A step's sampled token per request, and the logprobs of those whose sampling asks (None: none asks).
+_Sampled = tuple[dict[str, int], dict[str, float] | None]
+_NOTHING: _Sampled = ({}, None)
 
 DEFAULT_KV_CACHE_BYTES = 256 * 1024**2
 
@@ -253,15 +257,14 @@ class TorchEngine(ScheduledEngine):
         started = time.perf_counter()
         plan = self.scheduler.schedule()
         work, rows = self._snapshot(plan)
-        sampled = self._compute(plan, work, rows)
-        return self._complete(plan, sampled, started)
+        return self._complete(plan, self._compute(plan, work, rows), started)
 
     async def step_async(self, *, exclusive: bool = False) -> StepResult:
         started = time.perf_counter()
         plan = self.scheduler.schedule()
         work, rows = self._snapshot(plan)
         if not work:
-            return self._complete(plan, {}, started)
+            return self._complete(plan, _NOTHING, started)
         process = self._process
         expected = expected_step_s(self._last_step, plan.num_prefill_tokens + len(plan.decodes))
         if process is None and exclusive and expected <= self.config.inline_step_max_s:
@@ -270,7 +273,7 @@ class TorchEngine(ScheduledEngine):
         try:
             if process is not None:
                 step = self._step_work(plan, work, rows)
-                sampled = self._sampled(plan, step, *await process.compute_async(step))
+                sampled = self._sampled(plan, step, await process.compute_async(step))
             else:
                 sampled = await asyncio.to_thread(self._compute, plan, work, rows)
         finally:
@@ -317,30 +320,31 @@ class TorchEngine(ScheduledEngine):
             banned_token_ids=banned,
         )
 
-    def _compute(
-        self, plan: SchedulerOutput, work: list[SequenceWork], rows: list[SamplingRow]
-    ) -> dict[str, int]:
+    def _compute(self, plan: SchedulerOutput, work: list[SequenceWork], rows: list[SamplingRow]) -> _Sampled:
         if not work:
-            return {}
+            return _NOTHING
         step = self._step_work(plan, work, rows)
-        return self._sampled(plan, step, *self._core.compute(step))
+        return self._sampled(plan, step, self._core.compute(step))
 
     def _step_work(
         self, plan: SchedulerOutput, work: list[SequenceWork], rows: list[SamplingRow]
     ) -> StepWork:
         return StepWork(work, self._sampled_rows(plan), rows)
 
-    def _sampled(
-        self, plan: SchedulerOutput, step: StepWork, token_ids: list[int], seconds: float
-    ) -> dict[str, int]:
-        """Request id -> sampled token, from a computed step (and the step's time, for ``exclusive``)."""
+    def _sampled(self, plan: SchedulerOutput, step: StepWork, computed: Computed) -> _Sampled:
+        """Request id -> sampled token and -> its logprob where asked, from a computed step (and the
+        step's time, for ``exclusive``)."""
+        token_ids, logprobs, seconds = computed
         self._last_step = (seconds, plan.num_prefill_tokens + len(plan.decodes))
         scheduled = self._scheduled(plan)
-        requests = [scheduled[i] for i in step.sampled]
-        return {r.request_id: t for r, t in zip(requests, token_ids, strict=True)}
+        ids = [scheduled[i].request_id for i in step.sampled]
+        tokens = dict(zip(ids, token_ids, strict=True))
+        if not logprobs:
+            return tokens, None
+        return tokens, {i: v for i, v in zip(ids, logprobs, strict=True) if v is not None}
 
-    def _complete(self, plan: SchedulerOutput, sampled: dict[str, int], started: float) -> StepResult:
-        outputs = self.scheduler.update_from_output(plan, sampled)
+    def _complete(self, plan: SchedulerOutput, sampled: _Sampled, started: float) -> StepResult:
+        outputs = self.scheduler.update_from_output(plan, *sampled)
         if self._deferred:
             dropped = self._apply_deferred()
             outputs = [o for o in outputs if o.request_id not in dropped]

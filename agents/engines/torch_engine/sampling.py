@@ -79,7 +79,9 @@ class SamplingRow:
 @dataclass(frozen=True, slots=True)
 class SampleResult:
     token_ids: list[int]
-    logprobs: list[float]  # log-probability of each chosen token under the raw model distribution
+    #: log-probability of each chosen token under the raw model distribution, for the rows whose
+    #: params ask for it (``SamplingParams.logprobs``); None for the others, empty if none asks
+    logprobs: list[float | None]
 
 
 def _apply_penalties(logits: Tensor, rows: Sequence[SamplingRow]) -> None:
@@ -112,7 +114,6 @@ def sample(logits: Tensor, rows: Sequence[SamplingRow]) -> SampleResult:
         raise ValueError(f"{logits.shape[0]} logits rows for {len(rows)} sampling rows")
     if not rows:
         return SampleResult([], [])
-    raw_logprobs = logits.log_softmax(-1)
     processed = logits.clone()
     _apply_penalties(processed, rows)
     chosen = processed.argmax(-1)
@@ -138,5 +139,12 @@ def sample(logits: Tensor, rows: Sequence[SamplingRow]) -> SampleResult:
         ]).to(device)
         chosen[index] = (probs / noise).argmax(-1)
     token_ids = chosen.tolist()
-    logprobs = raw_logprobs.gather(-1, chosen[:, None])[:, 0].tolist()
+    wanted = [i for i, row in enumerate(rows) if row.params.logprobs]
+    logprobs: list[float | None] = []
+    if wanted:  # a log-softmax over the vocabulary only for the rows that ask
+        index = torch.tensor(wanted, device=logits.device)
+        values = logits[index].log_softmax(-1).gather(-1, chosen[index][:, None])[:, 0].tolist()
+        logprobs = [None] * len(rows)
+        for i, value in zip(wanted, values, strict=True):
+            logprobs[i] = value
     return SampleResult(token_ids, logprobs)

@@ -160,6 +160,13 @@ def _engine_args(config: VllmEngineConfig) -> Any:
     return EngineArgs(**kwargs)
 
 
+def _sampled_logprobs(lists: Any, num_tokens: int) -> tuple[float, ...] | None:
+    """The sampled tokens' logprobs from vLLM's ``LogprobsLists`` (asked with ``logprobs=0``: column 0)."""
+    if lists is None or len(lists.logprobs) != num_tokens:
+        return None
+    return tuple(float(row[0]) for row in lists.logprobs)
+
+
 class VllmEngine:
     """One vLLM V1 engine in this process; see the module docstring. ``VllmEngine("/path/to/ckpt")``."""
 
@@ -388,10 +395,10 @@ class VllmEngine:
                 first = len(tracked.output_token_ids)
                 tracked.output_token_ids.extend(out.new_token_ids)
                 finish = None if out.finish_reason is None else _FINISH[int(out.finish_reason)]
+                new = tuple(out.new_token_ids)
+                logprobs = _sampled_logprobs(out.new_logprobs, len(new))
                 outputs.append(
-                    RequestOutput(
-                        out.request_id, first, tuple(out.new_token_ids), finish, len(tracked.prompt_token_ids)
-                    )
+                    RequestOutput(out.request_id, first, new, finish, len(tracked.prompt_token_ids), logprobs)
                 )
                 if finish is not None:
                     self._forget(out.request_id)

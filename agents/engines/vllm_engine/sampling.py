@@ -9,7 +9,8 @@ draws from a per-request ``torch.Generator``), penalties over the generated
 tokens (the history becomes "prompt"). :func:`migration_blocker` names those;
 the vllm engine reports such requests as not migratable and the migration
 selection skips them. shoal's wire format has no structured output, ``n``,
-or prompt logprobs, so those cannot reach the engine at all.
+prompt logprobs or logprob alternatives, so those cannot reach the engine at all;
+the sampled token's logprob can (``logprobs``).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def to_vllm_sampling(sampling: SamplingParams, num_generated: int = 0) -> Any:
         seed=sampling.seed,
         stop_token_ids=list(sampling.stop_token_ids),
         ignore_eos=sampling.ignore_eos,
-        logprobs=None,
+        logprobs=0 if sampling.logprobs else None,  # 0: the sampled token's only (vLLM's raw logprobs)
         detokenize=False,
         skip_special_tokens=False,
         output_kind=RequestOutputKind.DELTA,

@@ -84,9 +84,12 @@ def test_requests_without_a_seed_get_one_from_their_id() -> None:
     assert request_seed("req-1", 5) == 5
 
 
-def test_logprobs_are_those_of_the_raw_distribution() -> None:
-    result = sample(LOGITS[None], [SamplingRow(SamplingParams(), 0, 0)])
-    assert result.token_ids == [0] and math.isclose(result.logprobs[0], math.log(0.5), rel_tol=1e-5)
+def test_logprobs_are_those_of_the_raw_distribution_for_the_rows_that_ask() -> None:
+    asks, quiet = SamplingParams(logprobs=True), SamplingParams()
+    result = sample(LOGITS.expand(2, -1), [SamplingRow(quiet, 0, 0), SamplingRow(asks, 0, 0)])
+    assert result.token_ids == [0, 0] and result.logprobs[0] is None
+    assert result.logprobs[1] is not None and math.isclose(result.logprobs[1], math.log(0.5), rel_tol=1e-5)
+    assert sample(LOGITS[None], [SamplingRow(quiet, 0, 0)]).logprobs == []  # none asks: none computed
 
 
 @pytest.mark.parametrize(
