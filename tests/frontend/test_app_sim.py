@@ -105,6 +105,26 @@ async def test_bad_inputs_get_openai_errors_with_the_right_status(nats_url: str)
         assert wrong_method.status_code == 405
 
 
+async def test_models_are_listed_and_retrieved_by_name_and_an_unknown_one_is_a_404(nats_url: str) -> None:
+    aliases = ("meta-llama/Llama-3.1-8B",)  # a Hugging Face id: a name with a slash
+    async with frontend_cluster(nats_url, instances=1, extra_model_names=aliases) as cluster:
+        client = cluster.openai(await cluster.serve())
+        try:
+            listed = await client.models.list()
+            assert [m.id for m in listed.data] == ["sim:tiny-test", *aliases]
+            for name in ("sim:tiny-test", *aliases):
+                card = await client.models.retrieve(name)
+                assert (card.id, card.object, card.owned_by) == (name, "model", "shoal")
+                assert card.model_extra["max_model_len"] == 256
+            import openai
+
+            with pytest.raises(openai.NotFoundError) as missing:
+                await client.models.retrieve("gpt-9")
+            assert missing.value.body["code"] == "model_not_found"  # type: ignore[index]
+        finally:
+            await client.close()
+
+
 @pytest.mark.parametrize("keys", [("secret",)])
 async def test_api_keys_are_enforced(nats_url: str, keys: tuple[str, ...]) -> None:
     async with frontend_cluster(nats_url, instances=1, api_keys=keys) as cluster, cluster.client() as client:
@@ -114,6 +134,9 @@ async def test_api_keys_are_enforced(nats_url: str, keys: tuple[str, ...]) -> No
         assert denied.json()["error"]["code"] == "invalid_api_key"
         ok = await client.post("/v1/completions", json=body, headers={"Authorization": "Bearer secret"})
         assert ok.status_code == 200
+        for path in ("/v1/models", "/v1/models/sim:tiny-test"):
+            assert (await client.get(path)).status_code == 401
+            assert (await client.get(path, headers={"Authorization": "Bearer secret"})).status_code == 200
 
 
 async def test_overload_answers_429_with_retry_after_and_no_instance_answers_503(nats_url: str) -> None:
