@@ -23,6 +23,8 @@ from frontend.turns import Piece
 
 __all__ = ["CHAT", "COMPLETIONS", "ChatFlavor", "CompletionFlavor", "Flavor", "Reply"]
 
+#: an OpenAI body or chunk, as a plain dict
+Json = dict[str, Any]
 BodyT = TypeVar("BodyT", CompletionRequest, ChatCompletionRequest)
 
 
@@ -44,65 +46,72 @@ class Flavor(ABC, Generic[BodyT]):
     chunk_object: ClassVar[str]
 
     @abstractmethod
-    def prompt_ids(self, tokenizer: TextTokenizer, body: BodyT) -> list[int]:
-        """The prompt as token ids (400 for a prompt that cannot be served)."""
+    def prompts(self, tokenizer: TextTokenizer, body: BodyT) -> list[list[int]]:
+        """Each prompt as token ids (400 for a prompt that cannot be served)."""
 
     @abstractmethod
     def requested_max_tokens(self, body: BodyT) -> tuple[int | None, str]:
         """The output bound the client asked for (None: none) and the parameter that carried it."""
 
-    def first_chunk(self, reply: Reply) -> dict[str, Any] | None:
-        """A chunk to send before any text (None: nothing)."""
+    def first_chunk(self, reply: Reply, index: int = 0) -> Json | None:
+        """A chunk to send before any text of choice ``index`` (None: nothing)."""
         return None
 
     @abstractmethod
-    def chunk(self, reply: Reply, piece: Piece, logprobs: dict[str, Any] | None) -> dict[str, Any]:
-        """The SSE chunk carrying one piece of text."""
+    def chunk(self, reply: Reply, piece: Piece, logprobs: Json | None, index: int = 0) -> Json:
+        """The SSE chunk carrying one piece of choice ``index``'s text."""
 
     @abstractmethod
     def logprobs(
         self, token_ids: Sequence[int], logprobs: Sequence[float], decode_one: Callable[[int], str],
         text_offset: int,
-    ) -> dict[str, Any]:
+    ) -> Json:
         """Logprobs of tokens whose text starts ``text_offset`` characters into the output."""
 
     @abstractmethod
+    def choice(self, index: int, text: str, finish_reason: str, logprobs: Json | None) -> Json:
+        """One choice of a (non-streaming) response."""
+
+    @abstractmethod
     def response(
-        self, reply: Reply, text: str, finish_reason: str, num_prompt_tokens: int, num_output_tokens: int,
-        logprobs: dict[str, Any] | None,
-    ) -> dict[str, Any]:
+        self, reply: Reply, choices: list[Json], num_prompt_tokens: int, num_output_tokens: int
+    ) -> Json:
         """The whole (non-streaming) response body."""
 
 
 class CompletionFlavor(Flavor[CompletionRequest]):
-    """``POST /v1/completions``: a prompt string or token ids; ``text_completion`` objects."""
+    """``POST /v1/completions``: prompt strings or token ids, one or several; ``text_completion`` objects."""
 
     endpoint = "completions"
     id_prefix = "cmpl"
     chunk_object = "text_completion"
 
-    def prompt_ids(self, tokenizer: TextTokenizer, body: CompletionRequest) -> list[int]:
+    def prompts(self, tokenizer: TextTokenizer, body: CompletionRequest) -> list[list[int]]:
         return completion_prompt_ids(tokenizer, body.prompt)
 
     def requested_max_tokens(self, body: CompletionRequest) -> tuple[int | None, str]:
         return body.max_tokens, "max_tokens"
 
-    def chunk(self, reply: Reply, piece: Piece, logprobs: dict[str, Any] | None) -> dict[str, Any]:
-        return R.completion_chunk(reply.request_id, reply.created, reply.model, piece.text,
-                                  piece.finish_reason, logprobs, with_usage_field=reply.include_usage)
+    def chunk(self, reply: Reply, piece: Piece, logprobs: Json | None, index: int = 0) -> Json:
+        return R.completion_chunk(
+            reply.request_id, reply.created, reply.model, piece.text, piece.finish_reason, logprobs,
+            with_usage_field=reply.include_usage, index=index,
+        )
 
     def logprobs(
         self, token_ids: Sequence[int], logprobs: Sequence[float], decode_one: Callable[[int], str],
         text_offset: int,
-    ) -> dict[str, Any]:
+    ) -> Json:
         return R.completion_logprobs(token_ids, logprobs, decode_one, text_offset)
 
+    def choice(self, index: int, text: str, finish_reason: str, logprobs: Json | None) -> Json:
+        return R.completion_choice(index, text, finish_reason, logprobs)
+
     def response(
-        self, reply: Reply, text: str, finish_reason: str, num_prompt_tokens: int, num_output_tokens: int,
-        logprobs: dict[str, Any] | None,
-    ) -> dict[str, Any]:
-        return R.completion_response(reply.request_id, reply.created, reply.model, text, finish_reason,
-                                     num_prompt_tokens, num_output_tokens, logprobs)
+        self, reply: Reply, choices: list[Json], num_prompt_tokens: int, num_output_tokens: int
+    ) -> Json:
+        return R.completion_response(reply.request_id, reply.created, reply.model, choices,
+                                     num_prompt_tokens, num_output_tokens)
 
 
 class ChatFlavor(Flavor[ChatCompletionRequest]):
@@ -112,37 +121,39 @@ class ChatFlavor(Flavor[ChatCompletionRequest]):
     id_prefix = "chatcmpl"
     chunk_object = "chat.completion.chunk"
 
-    def prompt_ids(self, tokenizer: TextTokenizer, body: ChatCompletionRequest) -> list[int]:
-        return chat_prompt_ids(tokenizer, body.messages,
-                               add_generation_prompt=body.add_generation_prompt is not False)
+    def prompts(self, tokenizer: TextTokenizer, body: ChatCompletionRequest) -> list[list[int]]:
+        return [chat_prompt_ids(tokenizer, body.messages,
+                                add_generation_prompt=body.add_generation_prompt is not False)]
 
     def requested_max_tokens(self, body: ChatCompletionRequest) -> tuple[int | None, str]:
         if body.max_completion_tokens is not None:
             return body.max_completion_tokens, "max_completion_tokens"
         return body.max_tokens, "max_tokens"
 
-    def first_chunk(self, reply: Reply) -> dict[str, Any] | None:
+    def first_chunk(self, reply: Reply, index: int = 0) -> Json | None:
         role = {"role": "assistant", "content": ""}
         return R.chat_chunk(reply.request_id, reply.created, reply.model, role, None,
-                            with_usage_field=reply.include_usage)
+                            with_usage_field=reply.include_usage, index=index)
 
-    def chunk(self, reply: Reply, piece: Piece, logprobs: dict[str, Any] | None) -> dict[str, Any]:
+    def chunk(self, reply: Reply, piece: Piece, logprobs: Json | None, index: int = 0) -> Json:
         delta = {"content": piece.text} if piece.text or not piece.is_last else {}
         return R.chat_chunk(reply.request_id, reply.created, reply.model, delta, piece.finish_reason,
-                            logprobs, with_usage_field=reply.include_usage)
+                            logprobs, with_usage_field=reply.include_usage, index=index)
 
     def logprobs(
         self, token_ids: Sequence[int], logprobs: Sequence[float], decode_one: Callable[[int], str],
         text_offset: int,
-    ) -> dict[str, Any]:
+    ) -> Json:
         return R.chat_logprobs(token_ids, logprobs, decode_one)
 
+    def choice(self, index: int, text: str, finish_reason: str, logprobs: Json | None) -> Json:
+        return R.chat_choice(index, text, finish_reason, logprobs)
+
     def response(
-        self, reply: Reply, text: str, finish_reason: str, num_prompt_tokens: int, num_output_tokens: int,
-        logprobs: dict[str, Any] | None,
-    ) -> dict[str, Any]:
-        return R.chat_response(reply.request_id, reply.created, reply.model, text, finish_reason,
-                               num_prompt_tokens, num_output_tokens, logprobs)
+        self, reply: Reply, choices: list[Json], num_prompt_tokens: int, num_output_tokens: int
+    ) -> Json:
+        return R.chat_response(reply.request_id, reply.created, reply.model, choices,
+                               num_prompt_tokens, num_output_tokens)
 
 
 COMPLETIONS = CompletionFlavor()

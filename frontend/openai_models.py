@@ -10,7 +10,7 @@ request gets a 400 naming the field, never an answer that ignored it. The
 vLLM extensions real benchmark clients send are accepted: ``ignore_eos``,
 ``top_k``, ``min_tokens``, ``repetition_penalty``, ``stop_token_ids``; ``priority`` is shoal's
 extension (lower runs sooner, as in vLLM). Checks that depend on more than one
-field (``n > 1``, an unsupported option) raise :class:`~frontend.errors.APIError`
+field (an unsupported option) raise :class:`~frontend.errors.APIError`
 in :func:`sampling_of`. Responses are built as plain dicts in
 :mod:`frontend.responses`.
 """
@@ -187,11 +187,11 @@ def sampling_of(
     """The engine's sampling parameters for a request whose output may be ``max_tokens`` long.
 
     Raises a 400 :class:`APIError` for options shoal does not support yet
-    (``n > 1``, ``best_of > 1``, ``echo``, ``suffix``, non-zero penalties other
-    than ``repetition_penalty``, more than one logprob alternative).
+    (``best_of > 1``, ``echo``, ``suffix``, non-zero penalties other than
+    ``repetition_penalty``, more than one logprob alternative, and
+    :data:`REFUSED_OPTIONS`). ``n`` is the route's: each choice is a request.
     """
     refuse_ignored_options(request)
-    _unsupported((request.n or 1) != 1, "n > 1 is not supported yet; send n = 1", "n")
     _unsupported(bool(request.presence_penalty), "presence_penalty is not supported", "presence_penalty")
     _unsupported(bool(request.frequency_penalty), "frequency_penalty is not supported", "frequency_penalty")
     if isinstance(request, CompletionRequest):

@@ -15,9 +15,11 @@ import msgspec
 
 __all__ = [
     "DONE",
+    "chat_choice",
     "chat_chunk",
     "chat_logprobs",
     "chat_response",
+    "completion_choice",
     "completion_chunk",
     "completion_logprobs",
     "completion_response",
@@ -26,11 +28,13 @@ __all__ = [
     "usage_chunk",
 ]
 
+#: an OpenAI body or chunk, as a plain dict
+Json = dict[str, Any]
 DONE = b"data: [DONE]\n\n"
 _encode = msgspec.json.Encoder().encode
 
 
-def sse(payload: dict[str, Any]) -> bytes:
+def sse(payload: Json) -> bytes:
     return b"data: " + _encode(payload) + b"\n\n"
 
 
@@ -44,7 +48,7 @@ def usage(num_prompt_tokens: int, num_output_tokens: int) -> dict[str, int]:
 
 def completion_logprobs(
     token_ids: Sequence[int], logprobs: Sequence[float], decode_one: Callable[[int], str], text_offset: int
-) -> dict[str, Any]:
+) -> Json:
     tokens = [decode_one(t) for t in token_ids]
     offsets: list[int] = []
     at = text_offset
@@ -61,7 +65,7 @@ def completion_logprobs(
 
 def chat_logprobs(
     token_ids: Sequence[int], logprobs: Sequence[float], decode_one: Callable[[int], str]
-) -> dict[str, Any]:
+) -> Json:
     content = []
     for token_id, lp in zip(token_ids, logprobs, strict=True):
         token = decode_one(token_id)
@@ -73,11 +77,11 @@ def chat_logprobs(
 
 def completion_chunk(
     request_id: str, created: int, model: str, text: str, finish_reason: str | None,
-    logprobs: dict[str, Any] | None = None, *, with_usage_field: bool = False,
-) -> dict[str, Any]:
-    chunk: dict[str, Any] = {
+    logprobs: Json | None = None, *, with_usage_field: bool = False, index: int = 0,
+) -> Json:
+    chunk: Json = {
         "id": request_id, "object": "text_completion", "created": created, "model": model,
-        "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}],
+        "choices": [completion_choice(index, text, finish_reason, logprobs)],
     }
     if with_usage_field:
         chunk["usage"] = None
@@ -85,46 +89,54 @@ def completion_chunk(
 
 
 def chat_chunk(
-    request_id: str, created: int, model: str, delta: dict[str, Any], finish_reason: str | None,
-    logprobs: dict[str, Any] | None = None, *, with_usage_field: bool = False,
-) -> dict[str, Any]:
-    chunk: dict[str, Any] = {
+    request_id: str, created: int, model: str, delta: Json, finish_reason: str | None,
+    logprobs: Json | None = None, *, with_usage_field: bool = False, index: int = 0,
+) -> Json:
+    chunk: Json = {
         "id": request_id, "object": "chat.completion.chunk", "created": created, "model": model,
-        "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}],
+        "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}],
     }
     if with_usage_field:
         chunk["usage"] = None
     return chunk
 
 
+def completion_choice(
+    index: int, text: str, finish_reason: str | None, logprobs: Json | None = None
+) -> Json:
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+
+
+def chat_choice(index: int, text: str, finish_reason: str, logprobs: Json | None = None) -> Json:
+    return {
+        "index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
+        "finish_reason": finish_reason,
+    }
+
+
 def completion_response(
-    request_id: str, created: int, model: str, text: str, finish_reason: str,
-    num_prompt_tokens: int, num_output_tokens: int, logprobs: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+    request_id: str, created: int, model: str, choices: list[Json],
+    num_prompt_tokens: int, num_output_tokens: int,
+) -> Json:
     return {
         "id": request_id, "object": "text_completion", "created": created, "model": model,
-        "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}],
-        "usage": usage(num_prompt_tokens, num_output_tokens),
+        "choices": choices, "usage": usage(num_prompt_tokens, num_output_tokens),
     }
 
 
 def chat_response(
-    request_id: str, created: int, model: str, text: str, finish_reason: str,
-    num_prompt_tokens: int, num_output_tokens: int, logprobs: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+    request_id: str, created: int, model: str, choices: list[Json],
+    num_prompt_tokens: int, num_output_tokens: int,
+) -> Json:
     return {
         "id": request_id, "object": "chat.completion", "created": created, "model": model,
-        "choices": [{
-            "index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
-            "finish_reason": finish_reason,
-        }],
-        "usage": usage(num_prompt_tokens, num_output_tokens),
+        "choices": choices, "usage": usage(num_prompt_tokens, num_output_tokens),
     }
 
 
 def usage_chunk(
     request_id: str, object_: str, created: int, model: str, num_prompt_tokens: int, num_output_tokens: int
-) -> dict[str, Any]:
+) -> Json:
     """The last SSE chunk when ``stream_options.include_usage`` is set: no choices, the usage block."""
     return {
         "id": request_id, "object": object_, "created": created, "model": model, "choices": [],

@@ -44,20 +44,24 @@ def _encode(tokenizer: TextTokenizer, text: str, param: str, *, add_special_toke
     return tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
 
-def completion_prompt_ids(tokenizer: TextTokenizer, prompt: Any) -> list[int]:
-    """Token ids of a completions ``prompt``: a string, token ids, or a list of exactly one of those."""
+def completion_prompt_ids(tokenizer: TextTokenizer, prompt: Any) -> list[list[int]]:
+    """Token ids of each prompt of a completions ``prompt``: a string, token ids, or a list of those."""
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
-        if len(prompt) != 1:
-            raise invalid_parameter("only one prompt per request is supported (batch prompts: n/a)", "prompt")
-        prompt = prompt[0]
+        if not all(isinstance(p, str | list) for p in prompt):
+            raise invalid_parameter("a list of prompts holds strings or lists of token ids only", "prompt")
+        return [_one_prompt(tokenizer, p) for p in prompt]
+    return [_one_prompt(tokenizer, prompt)]
+
+
+def _one_prompt(tokenizer: TextTokenizer, prompt: Any) -> list[int]:
     if isinstance(prompt, str):
         ids = _encode(tokenizer, prompt, "prompt")
-    elif isinstance(prompt, list):
-        ids = [int(t) for t in prompt]
+    elif isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+        ids = list(prompt)
         vocab = tokenizer.vocab_size
         if any(not 0 <= t < vocab for t in ids):
             raise invalid_parameter(f"prompt token ids must be in [0, {vocab})", "prompt")
-    else:  # pragma: no cover - pydantic already restricts the type
+    else:
         raise invalid_parameter("prompt must be a string or token ids", "prompt")
     if not ids:
         raise invalid_parameter("the prompt is empty", "prompt")

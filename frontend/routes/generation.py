@@ -7,12 +7,16 @@ output budget against the context length, sampling parameters and stop
 strings, the priority, admission (429 with ``Retry-After`` past
 ``max_concurrent_requests``), then dispatch through the gateway (which emits
 the lifecycle events, and answers 503 when no instance takes the request).
-The answer is an SSE stream of the flavor's chunks (ending in ``data:
-[DONE]``, with a usage chunk when asked) or one JSON body; either way the
-text comes from :func:`frontend.turns.pieces` (incremental detokenization,
-stop strings) and :func:`end_turn` does the accounting exactly once:
-admission slot, request and token metrics, closing (or aborting) the stream.
-A client that goes away aborts its request.
+Each choice (``n`` per prompt; completions may carry several prompts) is a
+request of its own, a :class:`~frontend.turns.Turn`: admitted, placed,
+streamed and ended on its own, all of them or none.
+The answer is an SSE stream of the flavor's chunks, each choice's as they come
+with its ``index`` (ending in ``data: [DONE]``, with a usage chunk when
+asked) or one JSON body; either way the text comes from
+:func:`frontend.turns.pieces` (incremental detokenization, stop strings) and
+:func:`end_turn` does each turn's accounting exactly once: admission slot,
+request and token metrics, closing (or aborting) the stream. A client that
+goes away aborts its requests.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 
+import msgspec
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
@@ -30,7 +35,7 @@ from frontend import responses as R
 from frontend.config import FrontendConfig
 from frontend.dependencies import FrontendState, StateDep, check_api_key, priority_of
 from frontend.detokenize import IncrementalDetokenizer, StopStringMatcher
-from frontend.errors import APIError, context_length_exceeded, model_not_found
+from frontend.errors import APIError, context_length_exceeded, invalid_parameter, model_not_found
 from frontend.flavors import CHAT, COMPLETIONS, BodyT, Flavor, Reply
 from frontend.gateway import Job
 from frontend.http_responses import TurnResponse, json_response
@@ -43,7 +48,7 @@ from frontend.openai_models import (
 )
 from frontend.tokenization import token_text
 from frontend.turns import Turn, padded_logprobs, pieces
-from schemas import CloseReason, FinishReason
+from schemas import CloseReason, FinishReason, SamplingParams
 
 __all__ = ["chat_completions", "completions", "end_turn", "generate", "output_budget", "router"]
 
@@ -66,28 +71,27 @@ async def generate(request: Request, body: BodyT, flavor: Flavor[BodyT], state: 
     check_api_key(request, config)  # not a Depends: that would run before the body validates (401, not 400)
     if body.model not in config.model_names:
         raise model_not_found(body.model)
-    prompt_ids = flavor.prompt_ids(state.tokenizer, body)
-    turn = await _start_turn(request, body, flavor, prompt_ids, state)
+    prompts = flavor.prompts(state.tokenizer, body)
+    turns = await _start_turns(request, body, flavor, prompts, state)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    reply = Reply(turn.request_id, int(time.time()), config.model_name, include_usage)
+    reply = Reply(turns[0].request_id, int(time.time()), config.model_name, include_usage)
     if body.stream:
-        return TurnResponse(
-            _stream(turn, flavor, reply, state), on_exit=functools.partial(end_turn, state, turn, "client")
-        )
+        on_exit = functools.partial(_end_turns, state, turns, "client")
+        return TurnResponse(_stream(turns, flavor, reply, state, body.n or 1), on_exit=on_exit)
     outcome = "client"
     try:
-        text = await _collect(request, turn)
+        texts = await asyncio.gather(*(_collect(request, turn) for turn in turns))
         outcome = "ok"
     finally:
-        end_turn(state, turn, outcome)
-    logprobs = None
-    if turn.want_logprobs and turn.logprobs:
-        aligned = padded_logprobs(turn.token_ids, turn.logprobs)
-        logprobs = flavor.logprobs(turn.token_ids, aligned, _decoder(state), 0)
-    return json_response(200, flavor.response(
-        reply, text, turn.finish_reason or FinishReason.STOP, turn.num_prompt_tokens, turn.num_output_tokens,
-        logprobs,
-    ))
+        _end_turns(state, turns, outcome)
+    choices = []
+    for index, (turn, text) in enumerate(zip(turns, texts, strict=True)):
+        logprobs = None
+        if turn.want_logprobs and turn.logprobs:
+            aligned = padded_logprobs(turn.token_ids, turn.logprobs)
+            logprobs = flavor.logprobs(turn.token_ids, aligned, _decoder(state), 0)
+        choices.append(flavor.choice(index, text, turn.finish_reason or FinishReason.STOP, logprobs))
+    return json_response(200, flavor.response(reply, choices, *_usage(turns, body.n or 1)))
 
 
 def output_budget(config: FrontendConfig, max_model_len: int, num_prompt: int, requested: int | None,
@@ -112,16 +116,50 @@ def output_budget(config: FrontendConfig, max_model_len: int, num_prompt: int, r
     return max(budget, 1)
 
 
-async def _start_turn(
-    request: Request, body: BodyT, flavor: Flavor[BodyT], prompt_ids: list[int], state: FrontendState
-) -> Turn:
-    """Validate what is left, admit, and place the request; the turn's stream is open on return."""
+async def _start_turns(
+    request: Request, body: BodyT, flavor: Flavor[BodyT], prompts: list[list[int]], state: FrontendState
+) -> list[Turn]:
+    """Validate what is left, admit and place every choice: ``n`` per prompt, prompt by prompt (choice
+    ``p * n + i`` is prompt ``p``'s ``i``-th). Each is a request of its own; the ``i``-th of a seeded
+    request samples with ``seed + i``, as vLLM's. Their streams are open on return, or none is."""
     config, gateway = state.config, state.gateway
+    n = body.n or 1
+    if len(prompts) * n > config.max_concurrent_requests:
+        raise invalid_parameter(
+            f"{len(prompts)} prompts x n = {n} is {len(prompts) * n} requests; this server takes at most "
+            f"{config.max_concurrent_requests} at once", "n" if len(prompts) == 1 else "prompt",
+        )
     requested, param = flavor.requested_max_tokens(body)
-    max_tokens = output_budget(config, gateway.max_model_len(), len(prompt_ids), requested, param)
-    sampling = sampling_of(body, max_tokens=max_tokens)
+    max_model_len = gateway.max_model_len()
+    budgets = [output_budget(config, max_model_len, len(ids), requested, param) for ids in prompts]
     stops = stop_strings_of(body, config.max_stop_strings)
     priority = priority_of(request, body.priority)
+    turns: list[Turn] = []
+    try:
+        for prompt_ids, max_tokens in zip(prompts, budgets, strict=True):
+            sampling = sampling_of(body, max_tokens=max_tokens)
+            for index in range(n):
+                seed = None if sampling.seed is None else (sampling.seed + index) % (2**63)
+                job_sampling = msgspec.structs.replace(sampling, seed=seed) if index else sampling
+                turns.append(await _start_turn(request, body, flavor, prompt_ids, state, job_sampling, stops,
+                                               priority))
+    except BaseException:
+        _end_turns(state, turns, "client")
+        raise
+    return turns
+
+
+def _usage(turns: list[Turn], n: int) -> tuple[int, int]:
+    """Prompt tokens (each prompt once, however many choices it has) and output tokens (every choice)."""
+    return sum(turn.num_prompt_tokens for turn in turns[::n]), sum(turn.num_output_tokens for turn in turns)
+
+
+async def _start_turn(
+    request: Request, body: BodyT, flavor: Flavor[BodyT], prompt_ids: list[int], state: FrontendState,
+    sampling: SamplingParams, stops: tuple[str, ...], priority: int,
+) -> Turn:
+    """Admit and place one choice; its stream is open on return."""
+    config, gateway = state.config, state.gateway
     state.admission.admit()
     try:
         request_id = f"{flavor.id_prefix}-{uuid.uuid4().hex}"
@@ -137,6 +175,11 @@ async def _start_turn(
         detokenizer=IncrementalDetokenizer(state.tokenizer, prompt_ids), stops=StopStringMatcher(stops),
         want_logprobs=wants_logprobs(body), num_prompt_tokens=len(prompt_ids),
     )
+
+
+def _end_turns(state: FrontendState, turns: list[Turn], outcome: str) -> None:
+    for turn in turns:
+        end_turn(state, turn, outcome)
 
 
 def end_turn(state: FrontendState, turn: Turn, outcome: str) -> None:
@@ -165,33 +208,77 @@ def _decoder(state: FrontendState) -> Callable[[int], str]:
 
 
 async def _stream(
-    turn: Turn, flavor: Flavor[BodyT], reply: Reply, state: FrontendState
+    turns: list[Turn], flavor: Flavor[BodyT], reply: Reply, state: FrontendState, n: int
 ) -> AsyncIterator[bytes]:
-    """The SSE body of a streaming turn; an error after the stream started is sent as a chunk."""
+    """The SSE body of a streaming request, its choices' chunks as they come (each with its index);
+    an error after the stream started is sent as a chunk."""
     outcome = "client"
-    decode_one = _decoder(state)
-    text_offset = 0
     try:
-        first = flavor.first_chunk(reply)
-        if first is not None:
-            yield R.sse(first)
-        async for piece in pieces(turn):
-            logprobs = None
-            if turn.want_logprobs and piece.token_ids and piece.logprobs:
-                aligned = padded_logprobs(piece.token_ids, piece.logprobs)
-                logprobs = flavor.logprobs(piece.token_ids, aligned, decode_one, text_offset)
-            text_offset += len(piece.text)
-            yield R.sse(flavor.chunk(reply, piece, logprobs))
+        for index in range(len(turns)):
+            first = flavor.first_chunk(reply, index)
+            if first is not None:
+                yield R.sse(first)
+        if len(turns) == 1:
+            async for chunk in _chunks(turns[0], 0, flavor, reply, state):
+                yield chunk
+        else:
+            async for chunk in _merged([_chunks(t, i, flavor, reply, state) for i, t in enumerate(turns)]):
+                yield chunk
         outcome = "ok"
     except APIError as exc:
         outcome = "error"
         yield R.sse(exc.body())
     finally:
-        end_turn(state, turn, outcome)
+        _end_turns(state, turns, outcome)
     if reply.include_usage:
         yield R.sse(R.usage_chunk(reply.request_id, flavor.chunk_object, int(time.time()), reply.model,
-                                  turn.num_prompt_tokens, turn.num_output_tokens))
+                                  *_usage(turns, n)))
     yield R.DONE
+
+
+async def _chunks(
+    turn: Turn, index: int, flavor: Flavor[BodyT], reply: Reply, state: FrontendState
+) -> AsyncIterator[bytes]:
+    """One choice's SSE chunks."""
+    decode_one = _decoder(state)
+    text_offset = 0
+    async for piece in pieces(turn):
+        logprobs = None
+        if turn.want_logprobs and piece.token_ids and piece.logprobs:
+            aligned = padded_logprobs(piece.token_ids, piece.logprobs)
+            logprobs = flavor.logprobs(piece.token_ids, aligned, decode_one, text_offset)
+        text_offset += len(piece.text)
+        yield R.sse(flavor.chunk(reply, piece, logprobs, index))
+
+
+async def _merged(sources: list[AsyncIterator[bytes]]) -> AsyncIterator[bytes]:
+    """The items of several async iterators as each comes; the first error ends them all."""
+    queue: asyncio.Queue[tuple[bytes | None, BaseException | None]] = asyncio.Queue()
+
+    async def pump(source: AsyncIterator[bytes]) -> None:
+        try:
+            async for item in source:
+                await queue.put((item, None))
+        except Exception as exc:
+            await queue.put((None, exc))
+            return
+        await queue.put((None, None))
+
+    tasks = [asyncio.ensure_future(pump(source)) for source in sources]
+    try:
+        running = len(tasks)
+        while running:
+            item, error = await queue.get()
+            if error is not None:
+                raise error
+            if item is None:
+                running -= 1
+            else:
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def _collect(request: Request, turn: Turn) -> str:

@@ -57,7 +57,7 @@ async def test_refused_and_unplaced_requests_give_their_slot_back(nats_url: str)
     async with frontend_cluster(nats_url, instances=0, max_concurrent_requests=1) as cluster, \
             cluster.client() as client:
         body = {"model": "sim:tiny-test", "prompt": "hi", "max_tokens": 2}
-        invalid = await client.post("/v1/completions", json={**body, "n": 2})
+        invalid = await client.post("/v1/completions", json={**body, "best_of": 2})
         assert invalid.status_code == 400
         for path, request in (("/v1/completions", body),
                               ("/v1/chat/completions",

@@ -44,7 +44,10 @@ BAD_INPUTS = [
      400, "invalid_parameter"),
     ("temperature too high", "/v1/completions",
      {"model": "sim:tiny-test", "prompt": "x", "temperature": 5}, 400, "invalid_parameter"),
-    ("n > 1", "/v1/completions", {"model": "sim:tiny-test", "prompt": "x", "n": 2}, 400, "invalid_parameter"),
+    ("best_of > 1", "/v1/completions", {"model": "sim:tiny-test", "prompt": "x", "best_of": 2}, 400,
+     "invalid_parameter"),
+    ("n past its range", "/v1/completions", {"model": "sim:tiny-test", "prompt": "x", "n": 129}, 400,
+     "invalid_parameter"),
     ("context overflow", "/v1/completions",
      {"model": "sim:tiny-test", "prompt": "x" * 300, "max_tokens": 4}, 400, "context_length_exceeded"),
     ("max_tokens past context", "/v1/completions",
@@ -52,7 +55,7 @@ BAD_INPUTS = [
     ("token id out of range", "/v1/completions",
      {"model": "sim:tiny-test", "prompt": [1, 99999]}, 400, "invalid_parameter"),
     ("empty prompt", "/v1/completions", {"model": "sim:tiny-test", "prompt": ""}, 400, "invalid_parameter"),
-    ("two prompts", "/v1/completions", {"model": "sim:tiny-test", "prompt": ["a", "b"]}, 400,
+    ("an empty prompt in a list", "/v1/completions", {"model": "sim:tiny-test", "prompt": ["a", ""]}, 400,
      "invalid_parameter"),
     ("empty messages", "/v1/chat/completions", {"model": "sim:tiny-test", "messages": []}, 400,
      "invalid_parameter"),
@@ -148,6 +151,9 @@ async def test_overload_answers_429_with_retry_after_and_no_instance_answers_503
             assert first.status_code == 200
             second = await client.post("/v1/completions", json={**body, "stream": False})
             assert second.status_code == 429 and second.headers["retry-after"] == "1"
+        # more choices than the server ever takes at once: a 400 that says so (a retry would not help)
+        two = await client.post("/v1/completions", json={**body, "max_tokens": 2, "stream": False, "n": 2})
+        assert two.status_code == 400 and "at most 1 at once" in two.json()["error"]["message"]
         for agent in list(cluster.agents.values()):
             await agent.stop()
         cluster.agents.clear()
@@ -155,6 +161,27 @@ async def test_overload_answers_429_with_retry_after_and_no_instance_answers_503
         refused = await client.post("/v1/completions", json={**body, "max_tokens": 2, "stream": False})
         assert refused.status_code == 503 and "retry-after" in refused.headers
         await client.aclose()
+
+
+async def test_n_choices_take_n_slots_and_a_refused_one_lets_the_placed_ones_go(nats_url: str) -> None:
+    async with frontend_cluster(nats_url, instances=1, max_concurrent_requests=2) as cluster:
+        url = await cluster.serve()
+        async with httpx.AsyncClient(base_url=url, timeout=30.0) as client:
+            body = {"model": "sim:tiny-test", "prompt": "hi", "max_tokens": 200, "stream": True}
+            async with client.stream("POST", "/v1/completions", json=body) as first:
+                assert first.status_code == 200
+                two = await client.post("/v1/completions", json={**body, "stream": False, "n": 2})
+                assert two.status_code == 429  # the first choice got the last slot, the second none
+                gateway = cluster.gateway
+                assert gateway is not None
+                for _ in range(100):
+                    if len(gateway.streams) == 1:
+                        break
+                    await asyncio.sleep(0.05)
+                assert len(gateway.streams) == 1  # the placed choice was let go: only `first` runs
+            both = {**body, "max_tokens": 2, "stream": False, "n": 2}
+            one = await client.post("/v1/completions", json=both)
+            assert one.status_code == 200 and len(one.json()["choices"]) == 2
 
 
 async def _until_no_instances(cluster: object) -> None:

@@ -110,6 +110,52 @@ async def test_stop_token_ids_end_the_text_at_that_token(cluster: Cluster, clien
     assert (streamed, finish) == (text[: at + 1], ["stop"])
 
 
+async def test_n_choices_are_each_a_request_and_stream_by_index(cluster: Cluster, client: Any) -> None:
+    # choice i of a seeded request samples as a request of its own with seed + i (vLLM's rule); the
+    # prompt counts once in the usage, every choice's tokens count
+    asked = {"model": "tiny", "prompt": PROMPT, "max_tokens": 12, "temperature": 1.0}
+    three = await client.completions.create(n=3, seed=40, **asked)
+    alone = [(await client.completions.create(seed=40 + i, **asked)).choices[0].text for i in range(3)]
+    assert [c.index for c in three.choices] == [0, 1, 2]
+    assert [c.text for c in three.choices] == alone and len(set(alone)) == 3
+    assert (three.usage.prompt_tokens, three.usage.completion_tokens) == (len(PROMPT.encode()), 36)
+    texts: dict[int, str] = {}
+    finish: dict[int, str] = {}
+    usage = None
+    with_usage = {"include_usage": True}
+    stream = await client.completions.create(n=3, seed=40, stream=True, stream_options=with_usage, **asked)
+    async for chunk in stream:
+        usage = chunk.usage or usage
+        for choice in chunk.choices:
+            texts[choice.index] = texts.get(choice.index, "") + choice.text
+            finish.update({choice.index: choice.finish_reason} if choice.finish_reason else {})
+    assert [texts[i] for i in range(3)] == alone and finish == {0: "length", 1: "length", 2: "length"}
+    assert usage is not None and usage.completion_tokens == 36
+    chat = await client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                                max_tokens=4, n=2, stream=True)
+    chunks = [chunk async for chunk in chat]
+    roles = [c.index for chunk in chunks for c in chunk.choices if c.delta.role == "assistant"]
+    assert sorted(roles) == [0, 1]  # each choice opens with its role
+
+
+async def test_several_prompts_are_answered_in_order_n_choices_each(cluster: Cluster, client: Any) -> None:
+    prompts = [PROMPT, "Another prompt"]
+    asked = {"model": "tiny", "max_tokens": 10, "temperature": 0}
+    alone = [(await client.completions.create(prompt=p, **asked)).choices[0].text for p in prompts]
+    batch = await client.completions.create(prompt=prompts, n=2, **asked)
+    assert [c.index for c in batch.choices] == [0, 1, 2, 3]
+    assert [c.text for c in batch.choices] == [alone[0], alone[0], alone[1], alone[1]]  # greedy: n alike
+    assert batch.usage.prompt_tokens == sum(len(p.encode()) for p in prompts)  # each prompt once
+    assert batch.usage.completion_tokens == 40
+    ids = await client.completions.create(prompt=[list(PROMPT.encode())], **asked)  # token ids, in a list
+    assert ids.choices[0].text == alone[0]
+    texts: dict[int, str] = {}
+    async for chunk in await client.completions.create(prompt=prompts, stream=True, **asked):
+        for choice in chunk.choices:
+            texts[choice.index] = texts.get(choice.index, "") + choice.text
+    assert texts == {0: alone[0], 1: alone[1]}
+
+
 async def test_seeds_reproduce_sampled_text(cluster: Cluster, client: Any) -> None:
     runs = [await client.completions.create(model="tiny", prompt=PROMPT, max_tokens=20, temperature=1.0,
                                             seed=seed) for seed in (7, 7, 8)]
