@@ -187,13 +187,10 @@ def sampling_of(
     """The engine's sampling parameters for a request whose output may be ``max_tokens`` long.
 
     Raises a 400 :class:`APIError` for options shoal does not support yet
-    (``best_of > 1``, ``echo``, ``suffix``, non-zero penalties other than
-    ``repetition_penalty``, more than one logprob alternative, and
+    (``best_of > 1``, ``echo``, ``suffix``, more than one logprob alternative, and
     :data:`REFUSED_OPTIONS`). ``n`` is the route's: each choice is a request.
     """
     refuse_ignored_options(request)
-    _unsupported(bool(request.presence_penalty), "presence_penalty is not supported", "presence_penalty")
-    _unsupported(bool(request.frequency_penalty), "frequency_penalty is not supported", "frequency_penalty")
     if isinstance(request, CompletionRequest):
         _unsupported((request.best_of or 1) != 1, "best_of > 1 is not supported", "best_of")
         _unsupported(bool(request.echo), "echo is not supported", "echo")
@@ -213,6 +210,8 @@ def sampling_of(
             top_p=1.0 if request.top_p is None else request.top_p,
             top_k=-1 if top_k is None else top_k,
             repetition_penalty=1.0 if request.repetition_penalty is None else request.repetition_penalty,
+            presence_penalty=request.presence_penalty or 0.0,
+            frequency_penalty=request.frequency_penalty or 0.0,
             seed=None if request.seed is None else request.seed % (2**63),
             ignore_eos=bool(request.ignore_eos),
             stop_token_ids=tuple(request.stop_token_ids or ()),

@@ -42,6 +42,10 @@ class SamplingParams(Message, frozen=True, kw_only=True, tag="sampling"):
     top_p: float = 1.0
     top_k: int = -1
     repetition_penalty: float = 1.0
+    #: OpenAI's: subtracted from a token's logit once if it is among the generated tokens (presence),
+    #: and once per time it is there (frequency)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False

@@ -93,27 +93,49 @@ async def test_migration_mid_stream_is_invisible(cluster: Cluster, client: Any) 
     assert usage.completion_tokens == 200 and finish == ["length"]
 
 
-async def test_logprobs_are_the_sampled_tokens_under_the_model(cluster: Cluster, client: Any) -> None:
-    # vLLM's sampled-token logprobs reach the client, streamed or not, and equal the built-in torch
-    # engine's for the same checkpoint (float32 both): the same model's log-softmax at each token
+def _torch_reference(model: str, prompt: list[int], **sampling: Any) -> list[float]:
+    """The built-in torch engine's logprobs for ``prompt`` on the same checkpoint (float32)."""
     from agents.engines.torch_engine import TorchEngine
     from schemas import SamplingParams
 
+    reference = TorchEngine(model, num_blocks=16, dtype="float32")
+    reference.add_request("r", prompt, SamplingParams(ignore_eos=True, logprobs=True, **sampling))
+    expected: list[float] = []
+    while reference.has_unfinished():
+        expected += [v for out in reference.step().outputs for v in out.logprobs or ()]
+    reference.close()
+    return expected
+
+
+async def test_logprobs_are_the_sampled_tokens_under_the_model(cluster: Cluster, client: Any) -> None:
+    # vLLM's sampled-token logprobs reach the client, streamed or not, and equal the built-in torch
+    # engine's for the same checkpoint (float32 both): the same model's log-softmax at each token
     model, prompt = cluster.config.model, [1, 15, 27, 300, 42]
     asked = {"model": model, "prompt": prompt, "max_tokens": 8, "temperature": 0, "logprobs": 1,
              "extra_body": {"ignore_eos": True}}
     whole = (await client.completions.create(**asked)).choices[0].logprobs
     streamed = [v for chunk in await _chunks(client, asked) for choice in chunk.choices
                 if choice.logprobs for v in choice.logprobs.token_logprobs]
-    reference = TorchEngine(model, num_blocks=16, dtype="float32")
-    reference.add_request("r", prompt, SamplingParams(max_tokens=8, ignore_eos=True, logprobs=True))
-    expected: list[float] = []
-    while reference.has_unfinished():
-        expected += [v for out in reference.step().outputs for v in out.logprobs or ()]
-    reference.close()
+    expected = _torch_reference(model, prompt, max_tokens=8)
     assert len(whole.token_logprobs) == 8 and all(v <= 0 for v in whole.token_logprobs)
     assert whole.token_logprobs == pytest.approx(expected, abs=2e-3)
     assert streamed == pytest.approx(whole.token_logprobs, abs=1e-6)
+
+
+async def test_presence_and_frequency_penalties_pick_the_tokens_the_torch_engine_picks(
+    cluster: Cluster, client: Any
+) -> None:
+    # greedy with penalties on the generated tokens: the same tokens as the torch engine's sampler (the
+    # raw logprobs of the picks, compared, stand for the picks), and other tokens than without them
+    model, prompt = cluster.config.model, [1, 15, 27, 300, 42]
+    penalties = {"presence_penalty": 0.5, "frequency_penalty": 1.5}
+    asked = {"model": model, "prompt": prompt, "max_tokens": 24, "temperature": 0, "logprobs": 1,
+             "extra_body": {"ignore_eos": True}}
+    plain = (await client.completions.create(**asked)).choices[0]
+    penalised = (await client.completions.create(**asked, **penalties)).choices[0]
+    assert penalised.text != plain.text
+    expected = _torch_reference(model, prompt, max_tokens=24, **penalties)
+    assert penalised.logprobs.token_logprobs == pytest.approx(expected, abs=2e-3)
 
 
 async def _chunks(client: Any, asked: dict[str, Any]) -> list[Any]:

@@ -59,7 +59,12 @@ from agents.engines.torch_engine.kv_cache import (
 from agents.engines.torch_engine.loader import load_model
 from agents.engines.torch_engine.model import LlamaForCausalLM
 from agents.engines.torch_engine.runner import ModelRunner, SequenceWork
-from agents.engines.torch_engine.sampling import SamplingRow, check_sampling_params, request_seed
+from agents.engines.torch_engine.sampling import (
+    SamplingRow,
+    check_sampling_params,
+    request_seed,
+    wants_history,
+)
 from schemas import KVLayout, ModelIdentity, SamplingParams
 
 __all__ = ["DEFAULT_KV_CACHE_BYTES", "TorchEngine", "TorchEngineConfig"]
@@ -316,7 +321,7 @@ class TorchEngine(ScheduledEngine):
             params=params,
             seed=request_seed(request.request_id, params.seed),
             output_index=num_output,
-            history=tuple(request.all_token_ids) if params.repetition_penalty != 1.0 else (),
+            history=tuple(request.all_token_ids) if wants_history(params) else (),
             banned_token_ids=banned,
         )
 

@@ -30,6 +30,7 @@ __all__ = [
     "noise_seed",
     "request_seed",
     "sample",
+    "wants_history",
 ]
 
 #: Temperatures below this are greedy (as in vLLM).
@@ -62,7 +63,16 @@ def check_sampling_params(sampling: SamplingParams) -> str | None:
         return f"top_k must be -1 (off) or >= 1, got {sampling.top_k}"
     if not sampling.repetition_penalty > 0.0:
         return f"repetition_penalty must be > 0, got {sampling.repetition_penalty}"
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = getattr(sampling, name)
+        if not -2.0 <= value <= 2.0:
+            return f"{name} must be in [-2, 2], got {value}"
     return None
+
+
+def wants_history(params: SamplingParams) -> bool:
+    """Whether sampling ``params`` reads the request's tokens so far (a penalty does)."""
+    return params.repetition_penalty != 1.0 or bool(params.presence_penalty) or bool(params.frequency_penalty)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +82,7 @@ class SamplingRow:
     params: SamplingParams
     seed: int  # see request_seed
     output_index: int  # index of the token being sampled among the request's generated tokens
-    history: Sequence[int] = ()  # prompt + generated tokens, for the repetition penalty
+    history: Sequence[int] = ()  # prompt + generated tokens, for the penalties (see wants_history)
     banned_token_ids: Sequence[int] = ()  # EOS and stop ids while fewer than min_tokens are out
 
 
@@ -85,12 +95,18 @@ class SampleResult:
 
 
 def _apply_penalties(logits: Tensor, rows: Sequence[SamplingRow]) -> None:
+    """vLLM's order: repetition (prompt and output tokens), then frequency and presence (output only)."""
     for index, row in enumerate(rows):
-        penalty = row.params.repetition_penalty
+        params = row.params
+        penalty = params.repetition_penalty
         if penalty != 1.0 and row.history:
             seen = torch.tensor(sorted(set(row.history)), dtype=torch.int64, device=logits.device)
             values = logits[index, seen]
             logits[index, seen] = torch.where(values > 0, values / penalty, values * penalty)
+        if (params.frequency_penalty or params.presence_penalty) and row.output_index and row.history:
+            output = torch.tensor(row.history[-row.output_index:], dtype=torch.int64, device=logits.device)
+            counts = torch.bincount(output, minlength=logits.shape[-1]).to(logits.dtype)
+            logits[index] -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0)
         if row.banned_token_ids:
             banned = torch.tensor(list(row.banned_token_ids), dtype=torch.int64, device=logits.device)
             logits[index, banned] = float("-inf")

@@ -26,8 +26,8 @@ def migration_blocker(sampling: SamplingParams) -> str | None:
     """Why a request with ``sampling`` cannot be moved to another vLLM engine faithfully, or None."""
     if sampling.temperature > 0.0 and sampling.seed is not None:
         return "seeded sampling: vLLM's per-request generator state does not move with the request"
-    if sampling.repetition_penalty != 1.0:
-        return "repetition penalty: vLLM would count the generated tokens as prompt after the move"
+    if sampling.repetition_penalty != 1.0 or sampling.presence_penalty or sampling.frequency_penalty:
+        return "a penalty: vLLM would count the generated tokens as prompt after the move"
     return None
 
 
@@ -44,6 +44,8 @@ def to_vllm_sampling(sampling: SamplingParams, num_generated: int = 0) -> Any:
         top_p=sampling.top_p,
         top_k=sampling.top_k if sampling.top_k > 0 else 0,
         repetition_penalty=sampling.repetition_penalty,
+        presence_penalty=sampling.presence_penalty,
+        frequency_penalty=sampling.frequency_penalty,
         seed=sampling.seed,
         stop_token_ids=list(sampling.stop_token_ids),
         ignore_eos=sampling.ignore_eos,

@@ -105,3 +105,21 @@ def test_invalid_sampling_params_are_named(params: SamplingParams, problem: str)
     message = check_sampling_params(params)
     assert message is not None and problem in message
     assert check_sampling_params(SamplingParams(temperature=0.8, top_p=0.9, top_k=50)) is None
+
+
+def test_presence_and_frequency_penalties_count_the_generated_tokens_only() -> None:
+    # logits log(0.5), log(0.3): token 0 leads token 1 by 0.51. Prompt [0, 0, 2], generated [0, 3].
+    history = (0, 0, 2, 0, 3)
+
+    def greedy(**penalties: float) -> int:
+        row = SamplingRow(SamplingParams(**penalties), seed=0, output_index=2, history=history)
+        return sample(LOGITS[None], [row]).token_ids[0]
+
+    assert greedy() == 0
+    assert greedy(frequency_penalty=0.4) == 0  # one generated 0: 0.4 < 0.51 (the prompt's two not counted)
+    assert greedy(frequency_penalty=0.6) == 1
+    assert greedy(presence_penalty=0.6) == 1
+    assert greedy(presence_penalty=-2.0, frequency_penalty=0.4) == 0  # a negative one favours it
+    first = SamplingRow(SamplingParams(frequency_penalty=2.0), seed=0, output_index=0, history=(0, 0, 2))
+    assert sample(LOGITS[None], [first]).token_ids == [0]  # nothing generated yet: nothing to penalise
+    assert "presence_penalty" in (check_sampling_params(SamplingParams(presence_penalty=2.5)) or "")

@@ -228,11 +228,14 @@ def test_requests_vllm_cannot_move_faithfully_are_marked(engines: Any) -> None:
     engine, _ = engines
     engine.add_request("seeded", PROMPT, SamplingParams(max_tokens=5, temperature=1.0, seed=3))
     engine.add_request("penalty", PROMPT, SamplingParams(max_tokens=5, repetition_penalty=1.2))
+    engine.add_request("presence", PROMPT, SamplingParams(max_tokens=5, presence_penalty=0.5))
+    engine.add_request("frequency", PROMPT, SamplingParams(max_tokens=5, frequency_penalty=-0.5))
     engine.add_request("plain", PROMPT, SamplingParams(max_tokens=5, temperature=1.0))
     assert engine.migration_blocker("seeded") is not None
-    assert engine.migration_blocker("penalty") is not None
+    for penalised in ("penalty", "presence", "frequency"):
+        assert engine.migration_blocker(penalised) is not None
     assert engine.migration_blocker("plain") is None
-    for request_id in ("seeded", "penalty", "plain"):
+    for request_id in ("seeded", "penalty", "presence", "frequency", "plain"):
         engine.abort(request_id)
     assert engine.stats().num_free_blocks == NUM_BLOCKS
 
