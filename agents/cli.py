@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import getpass
 import json
 import logging
 import os
+import shutil
 import signal
+import tempfile
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -205,7 +208,30 @@ def agent(**options: Any) -> None:
 
         torch.set_num_threads(options["threads"])
     faults = fault_plan(options)
-    event_loop.run(_run({**options, "faults": faults}))
+    with _own_temp_folder(options["engine"] == "vllm"):
+        event_loop.run(_run({**options, "faults": faults}))
+
+
+@contextlib.contextmanager
+def _own_temp_folder(wanted: bool) -> Iterator[None]:
+    """The process's temporary files in a folder of its own, removed when the agent ends.
+
+    vLLM leaves files in the temporary folder when it shuts down (its rendezvous store
+    ``vllm_dist_*``, ZeroMQ socket paths): a vllm agent takes them with it (a ``kill -9``
+    leaves that one folder). torch's compile cache is not temporary and stays where it was.
+    """
+    if not wanted:
+        yield
+        return
+    # torch's compile cache stays where it was (torch's default), to be found by the next start
+    cache = os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}")
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", cache)
+    path = tempfile.mkdtemp(prefix="shoal-agent-")
+    os.environ["TMPDIR"] = tempfile.tempdir = path
+    try:
+        yield
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _vllm_cpus(requested: str | None, on_cpu: bool) -> tuple[int, ...]:

@@ -48,7 +48,10 @@ def shoal_up(checkpoint: Path, tmp_path: Path, request: pytest.FixtureRequest) -
     port = free_port()
     # one instance: shoal up's own KV size on CPU (1 GiB; vLLM's would be 90% of RAM); two: 64 MiB each
     kv_bytes = [] if request.param == 1 else ["--kv-cache-bytes", str(64 * 2**20)]
+    scratch = tmp_path / "tmp"  # the processes' temporary folder: nothing of theirs may stay there
+    scratch.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"}
+    env |= {"TMPDIR": str(scratch), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
     process = subprocess.Popen(
         [sys.executable, "-c", "from frontend.cli import main; main()", "up", "--engine", "vllm",
          "--model", str(checkpoint), "--instances", str(request.param), "--port", str(port),
@@ -97,6 +100,7 @@ def shoal_up(checkpoint: Path, tmp_path: Path, request: pytest.FixtureRequest) -
     time.sleep(0.5)
     _print_log_tails(tmp_path / "logs")  # shown by pytest when the test failed
     assert not [name for name, pid in pids.items() if alive(pid)], "a child outlived shoal up"
+    assert not list(scratch.iterdir())  # vLLM's own leftovers (vllm_dist_*) went with their agent
 
 
 def _print_log_tails(folder: Path, lines: int = 25) -> None:
