@@ -126,6 +126,10 @@ def _given(name: str) -> Callable[[Mapping[str, Any]], bool]:
     return lambda request: request.get(name) is not None
 
 
+def _nonempty(name: str) -> Callable[[Mapping[str, Any]], bool]:
+    return lambda request: _set(request.get(name))
+
+
 def _tools_used(request: Mapping[str, Any], tools: str, choice: str) -> bool:
     return _set(request.get(tools)) and request.get(choice) != "none"
 
@@ -135,7 +139,7 @@ def _tools_used(request: Mapping[str, Any], tools: str, choice: str) -> bool:
 #: real clients send them). Options that change nothing a client reads (``user``, ``metadata``,
 #: ``store``, ``service_tier``, ``parallel_tool_calls``, ``prediction`` ...) stay accepted and ignored.
 REFUSED_OPTIONS: dict[str, tuple[Callable[[Mapping[str, Any]], bool], str]] = {
-    "logit_bias": (lambda r: _set(r.get("logit_bias")), "logit_bias is not supported"),
+    "logit_bias": (_nonempty("logit_bias"), "logit_bias is not supported"),
     "response_format": (
         lambda r: isinstance(r.get("response_format"), dict) and r["response_format"].get("type") != "text",
         "response_format other than text (JSON mode, JSON schema) is not supported",
@@ -146,14 +150,15 @@ REFUSED_OPTIONS: dict[str, tuple[Callable[[Mapping[str, Any]], bool], str]] = {
                     "tool_choice needs tools, and tool calling is not supported"),
     "functions": (lambda r: _tools_used(r, "functions", "function_call"),
                   "function calling is not supported (functions are accepted with function_call 'none')"),
-    "audio": (lambda r: _set(r.get("audio")), "audio output is not supported"),
-    "modalities": (lambda r: "audio" in (r.get("modalities") or ()), "audio output is not supported"),
-    "min_p": (lambda r: _set(r.get("min_p")), "min_p is not supported"),
-    "bad_words": (lambda r: _set(r.get("bad_words")), "bad_words is not supported"),
-    "allowed_token_ids": (lambda r: _set(r.get("allowed_token_ids")), "allowed_token_ids is not supported"),
-    "use_beam_search": (lambda r: _set(r.get("use_beam_search")), "beam search is not supported"),
-    "prompt_logprobs": (lambda r: r.get("prompt_logprobs") is not None, "prompt_logprobs is not supported"),
-    "include_stop_str_in_output": (lambda r: _set(r.get("include_stop_str_in_output")),
+    "audio": (_nonempty("audio"), "audio output is not supported"),
+    "modalities": (lambda r: isinstance(r.get("modalities"), list) and "audio" in r["modalities"],
+                   "audio output is not supported"),
+    "min_p": (_nonempty("min_p"), "min_p is not supported"),
+    "bad_words": (_nonempty("bad_words"), "bad_words is not supported"),
+    "allowed_token_ids": (_nonempty("allowed_token_ids"), "allowed_token_ids is not supported"),
+    "use_beam_search": (_nonempty("use_beam_search"), "beam search is not supported"),
+    "prompt_logprobs": (_given("prompt_logprobs"), "prompt_logprobs is not supported"),
+    "include_stop_str_in_output": (_nonempty("include_stop_str_in_output"),
                                    "include_stop_str_in_output is not supported"),
     **{
         name: (_given(name), f"structured output ({name}) is not supported")
