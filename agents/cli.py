@@ -227,10 +227,16 @@ def _own_temp_folder(wanted: bool) -> Iterator[None]:
     cache = os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}")
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", cache)
     path = tempfile.mkdtemp(prefix="shoal-agent-")
+    before = os.environ.get("TMPDIR"), tempfile.tempdir
     os.environ["TMPDIR"] = tempfile.tempdir = path
     try:
         yield
-    finally:
+    finally:  # as it was (the agent may run inside another program: a test, a CliRunner)
+        if before[0] is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = before[0]
+        tempfile.tempdir = before[1]
         shutil.rmtree(path, ignore_errors=True)
 
 

@@ -112,3 +112,15 @@ def test_auto_takes_one_logical_cpu_per_physical_core_as_vllm_on_x86(tmp_path: P
     assert split_for_instances([0, 1, 2, 3], 2, {}, cores) == ["2", "3"]
     # an explicit list is taken as given, siblings included
     assert plan_cpu_binding([0, 1, 2, 3], {}, "0,2", cores).cpus == (0, 2)
+
+
+def test_the_agent_command_leaves_the_temporary_folder_as_it_found_it(tmp_path: Path) -> None:
+    # a vllm agent runs in a temporary folder of its own; in-process (a CliRunner, a test), the
+    # caller's is back afterwards, and the agent's is gone
+    import os
+    import tempfile
+
+    before = os.environ.get("TMPDIR"), tempfile.gettempdir()
+    CliRunner().invoke(agent, ["--engine", "vllm", "--model", str(tmp_path), "--cpu-bind", "100000"])
+    assert (os.environ.get("TMPDIR"), tempfile.gettempdir()) == before
+    assert os.path.isdir(tempfile.gettempdir())
