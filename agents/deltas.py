@@ -123,6 +123,7 @@ class DeltaBuffer:
                     first_index=delta.first_index + skip,
                     token_ids=delta.token_ids[skip:],
                     logprobs=None if delta.logprobs is None else delta.logprobs[skip:],
+                    top_logprobs=None if delta.top_logprobs is None else delta.top_logprobs[skip:],
                     finish_reason=delta.finish_reason,
                     num_prompt_tokens=delta.num_prompt_tokens,
                 )

@@ -388,6 +388,7 @@ class Agent:
                     first_index=output.first_index,
                     token_ids=output.token_ids,
                     logprobs=output.logprobs,
+                    top_logprobs=output.top_logprobs,
                     finish_reason=output.finish_reason,
                     num_prompt_tokens=tokens.num_prompt_tokens,
                 )

@@ -20,6 +20,7 @@ from frontend import responses as R
 from frontend.openai_models import ChatCompletionRequest, CompletionRequest
 from frontend.tokenization import chat_prompt_ids, completion_prompt_ids
 from frontend.turns import Piece
+from schemas import Alternatives
 
 __all__ = ["CHAT", "COMPLETIONS", "ChatFlavor", "CompletionFlavor", "Flavor", "Reply"]
 
@@ -63,10 +64,11 @@ class Flavor(ABC, Generic[BodyT]):
 
     @abstractmethod
     def logprobs(
-        self, token_ids: Sequence[int], logprobs: Sequence[float], decode_one: Callable[[int], str],
-        text_offset: int,
+        self, token_ids: Sequence[int], logprobs: Sequence[float], top: Sequence[Alternatives],
+        decode_one: Callable[[int], str], text_offset: int,
     ) -> Json:
-        """Logprobs of tokens whose text starts ``text_offset`` characters into the output."""
+        """Logprobs of tokens whose text starts ``text_offset`` characters into the output, with the
+        most likely tokens at each position (``top``, empty where none were asked)."""
 
     @abstractmethod
     def choice(self, index: int, text: str, finish_reason: str, logprobs: Json | None) -> Json:
@@ -99,10 +101,10 @@ class CompletionFlavor(Flavor[CompletionRequest]):
         )
 
     def logprobs(
-        self, token_ids: Sequence[int], logprobs: Sequence[float], decode_one: Callable[[int], str],
-        text_offset: int,
+        self, token_ids: Sequence[int], logprobs: Sequence[float], top: Sequence[Alternatives],
+        decode_one: Callable[[int], str], text_offset: int,
     ) -> Json:
-        return R.completion_logprobs(token_ids, logprobs, decode_one, text_offset)
+        return R.completion_logprobs(token_ids, logprobs, top, decode_one, text_offset)
 
     def choice(self, index: int, text: str, finish_reason: str, logprobs: Json | None) -> Json:
         return R.completion_choice(index, text, finish_reason, logprobs)
@@ -141,10 +143,10 @@ class ChatFlavor(Flavor[ChatCompletionRequest]):
                             logprobs, with_usage_field=reply.include_usage, index=index)
 
     def logprobs(
-        self, token_ids: Sequence[int], logprobs: Sequence[float], decode_one: Callable[[int], str],
-        text_offset: int,
+        self, token_ids: Sequence[int], logprobs: Sequence[float], top: Sequence[Alternatives],
+        decode_one: Callable[[int], str], text_offset: int,
     ) -> Json:
-        return R.chat_logprobs(token_ids, logprobs, decode_one)
+        return R.chat_logprobs(token_ids, logprobs, top, decode_one)
 
     def choice(self, index: int, text: str, finish_reason: str, logprobs: Json | None) -> Json:
         return R.chat_choice(index, text, finish_reason, logprobs)

@@ -192,17 +192,19 @@ def sampling_of(
     """The engine's sampling parameters for a request whose output may be ``max_tokens`` long.
 
     Raises a 400 :class:`APIError` for options shoal does not support yet
-    (``best_of > 1``, ``echo``, ``suffix``, more than one logprob alternative, and
-    :data:`REFUSED_OPTIONS`). ``n`` is the route's: each choice is a request.
+    (``best_of > 1``, ``echo``, ``suffix``, and :data:`REFUSED_OPTIONS`). ``n`` is the
+    route's: each choice is a request.
     """
     refuse_ignored_options(request)
     if isinstance(request, CompletionRequest):
         _unsupported((request.best_of or 1) != 1, "best_of > 1 is not supported", "best_of")
         _unsupported(bool(request.echo), "echo is not supported", "echo")
         _unsupported(request.suffix is not None, "suffix is not supported", "suffix")
-        _unsupported((request.logprobs or 0) > 1, "logprobs > 1 (alternatives) is not supported", "logprobs")
+        top_logprobs = request.logprobs or 0
     else:
-        _unsupported((request.top_logprobs or 0) > 1, "top_logprobs > 1 is not supported", "top_logprobs")
+        top_logprobs = request.top_logprobs or 0
+        if top_logprobs and not request.logprobs:
+            raise invalid_parameter("top_logprobs needs logprobs: true", "top_logprobs")
     min_tokens = request.min_tokens or 0
     if min_tokens > max_tokens:
         raise invalid_parameter(f"min_tokens ({min_tokens}) exceeds max_tokens ({max_tokens})", "min_tokens")
@@ -221,6 +223,7 @@ def sampling_of(
             ignore_eos=bool(request.ignore_eos),
             stop_token_ids=tuple(request.stop_token_ids or ()),
             logprobs=wants_logprobs(request),
+            top_logprobs=top_logprobs,
         )
     except (TypeError, ValueError) as exc:  # pragma: no cover - the model's ranges already hold
         raise APIError(400, f"invalid sampling parameters: {exc}") from exc

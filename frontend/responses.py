@@ -13,6 +13,8 @@ from typing import Any
 
 import msgspec
 
+from schemas import Alternatives
+
 __all__ = [
     "DONE",
     "chat_choice",
@@ -30,6 +32,7 @@ __all__ = [
 
 #: an OpenAI body or chunk, as a plain dict
 Json = dict[str, Any]
+
 DONE = b"data: [DONE]\n\n"
 _encode = msgspec.json.Encoder().encode
 
@@ -47,8 +50,11 @@ def usage(num_prompt_tokens: int, num_output_tokens: int) -> dict[str, int]:
 
 
 def completion_logprobs(
-    token_ids: Sequence[int], logprobs: Sequence[float], decode_one: Callable[[int], str], text_offset: int
+    token_ids: Sequence[int], logprobs: Sequence[float], top: Sequence[Alternatives],
+    decode_one: Callable[[int], str], text_offset: int,
 ) -> Json:
+    """``top``: the most likely tokens at each position; each position's ``top_logprobs`` holds them
+    and the sampled token (as vLLM's)."""
     tokens = [decode_one(t) for t in token_ids]
     offsets: list[int] = []
     at = text_offset
@@ -58,21 +64,31 @@ def completion_logprobs(
     return {
         "tokens": tokens,
         "token_logprobs": list(logprobs),
-        "top_logprobs": [{token: lp} for token, lp in zip(tokens, logprobs, strict=True)],
+        "top_logprobs": [
+            {**{decode_one(t): v for t, v in alternatives}, token: lp}
+            for token, lp, alternatives in zip(tokens, logprobs, top, strict=True)
+        ],
         "text_offset": offsets,
     }
 
 
 def chat_logprobs(
-    token_ids: Sequence[int], logprobs: Sequence[float], decode_one: Callable[[int], str]
+    token_ids: Sequence[int], logprobs: Sequence[float], top: Sequence[Alternatives],
+    decode_one: Callable[[int], str],
 ) -> Json:
+    """``top``: the most likely tokens at each position (each position's ``top_logprobs``)."""
     content = []
-    for token_id, lp in zip(token_ids, logprobs, strict=True):
+    for token_id, lp, alternatives in zip(token_ids, logprobs, top, strict=True):
         token = decode_one(token_id)
         content.append({
-            "token": token, "logprob": lp, "bytes": list(token.encode("utf-8")), "top_logprobs": [],
+            "token": token, "logprob": lp, "bytes": list(token.encode("utf-8")),
+            "top_logprobs": [_chat_alternative(decode_one(t), v) for t, v in alternatives],
         })
     return {"content": content}
+
+
+def _chat_alternative(token: str, logprob: float) -> Json:
+    return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
 
 
 def completion_chunk(

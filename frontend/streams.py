@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import msgspec
 
-from schemas import FinishReason, TokenDelta
+from schemas import Alternatives, FinishReason, TokenDelta
 
 __all__ = ["Accepted", "DeltaAssembler"]
 
@@ -31,6 +31,7 @@ class Accepted(msgspec.Struct, frozen=True, gc=False):
     token_ids: tuple[int, ...] = ()
     logprobs: tuple[float, ...] | None = None
     finish_reason: FinishReason | None = None
+    top_logprobs: tuple[Alternatives, ...] | None = None
 
 
 _NOTHING = Accepted()
@@ -86,7 +87,8 @@ class DeltaAssembler:
             return _NOTHING
         tokens: list[int] = []
         logprobs: list[float] | None = [] if delta.logprobs is not None else None
-        finish = self._take(delta, tokens, logprobs)
+        top: list[Alternatives] | None = [] if delta.top_logprobs is not None else None
+        finish = self._take(delta, tokens, logprobs, top)
         while finish is None and self._held:
             candidates = [k for k in self._held if k <= self.num_delivered]
             if not candidates:
@@ -96,7 +98,7 @@ class DeltaAssembler:
                 if held.first_index + len(held.token_ids) < self.num_delivered:
                     self.num_duplicates += 1
                     continue
-                finish = self._take(held, tokens, logprobs)
+                finish = self._take(held, tokens, logprobs, top)
                 if finish is not None:
                     break
         if finish is not None:
@@ -105,11 +107,16 @@ class DeltaAssembler:
         return Accepted(
             token_ids=tuple(tokens),
             logprobs=tuple(logprobs) if logprobs is not None else None,
+            top_logprobs=tuple(top) if top is not None else None,
             finish_reason=finish,
         )
 
     def _take(
-        self, delta: TokenDelta, tokens: list[int], logprobs: list[float] | None
+        self,
+        delta: TokenDelta,
+        tokens: list[int],
+        logprobs: list[float] | None,
+        top: list[Alternatives] | None,
     ) -> FinishReason | None:
         skip = self.num_delivered - delta.first_index
         new = delta.token_ids[skip:]
@@ -119,5 +126,10 @@ class DeltaAssembler:
                 logprobs.extend(delta.logprobs[skip:])
             else:
                 logprobs.extend(0.0 for _ in new)
+        if top is not None:
+            if delta.top_logprobs is not None and len(delta.top_logprobs) == len(delta.token_ids):
+                top.extend(delta.top_logprobs[skip:])
+            else:
+                top.extend(() for _ in new)
         self.num_delivered += len(new)
         return delta.finish_reason

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 
 from frontend.detokenize import IncrementalDetokenizer, StopStringMatcher
 from frontend.gateway import RequestStream
-from schemas import FinishReason
+from schemas import Alternatives, FinishReason
 
-__all__ = ["Piece", "Turn", "padded_logprobs", "pieces"]
+__all__ = ["Piece", "Turn", "padded_logprobs", "padded_top", "pieces"]
 
 
 @dataclass
@@ -37,6 +37,7 @@ class Turn:
     ended: bool = False
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[Alternatives] = field(default_factory=list)
 
     @property
     def request_id(self) -> str:
@@ -51,6 +52,7 @@ class Piece:
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
     finish_reason: FinishReason | None
+    top_logprobs: tuple[Alternatives, ...] = ()
 
     @property
     def is_last(self) -> bool:
@@ -70,24 +72,32 @@ async def pieces(turn: Turn) -> AsyncIterator[Piece]:
         tokens = chunk.token_ids
         turn.num_output_tokens += len(tokens)
         logprobs = chunk.logprobs or ()
+        top = chunk.top_logprobs or ()
         if turn.want_logprobs:
             turn.token_ids.extend(tokens)
             turn.logprobs.extend(logprobs)
+            turn.top_logprobs.extend(top)
         text = turn.detokenizer.push(tokens)
         if chunk.finish_reason is not None:
             text += turn.detokenizer.flush()
         safe, stopped = turn.stops.push(text)
         if stopped:
             turn.finish_reason = FinishReason.STOP
-            yield Piece(safe, tokens, logprobs, FinishReason.STOP)
+            yield Piece(safe, tokens, logprobs, FinishReason.STOP, top)
             return
         if chunk.finish_reason is not None:
             safe += turn.stops.flush()
             turn.finish_reason = chunk.finish_reason
-            yield Piece(safe, tokens, logprobs, chunk.finish_reason)
+            yield Piece(safe, tokens, logprobs, chunk.finish_reason, top)
             return
         if safe or tokens:  # tokens whose text is held back still make a chunk, as in vLLM
-            yield Piece(safe, tokens, logprobs, None)
+            yield Piece(safe, tokens, logprobs, None, top)
+
+
+def padded_top(token_ids: Sequence[int], top: Sequence[Alternatives]) -> tuple[Alternatives, ...]:
+    """Alternatives aligned with tokens (none where the engine gave none)."""
+    values = tuple(top)[: len(token_ids)]
+    return values + ((),) * (len(token_ids) - len(values))
 
 
 def padded_logprobs(token_ids: Sequence[int], logprobs: Sequence[float]) -> tuple[float, ...]:

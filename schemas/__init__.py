@@ -17,11 +17,12 @@ from schemas.reasons import *  # noqa: F403
 from schemas.requests import *  # noqa: F403
 from schemas.rpc import *  # noqa: F403
 from schemas.subjects import Subjects
-from schemas.tokens import TokenDelta, TokenDeltaBatch
+from schemas.tokens import Alternatives, TokenDelta, TokenDeltaBatch
 
 __all__ = [
     "SCHEMA_CHANGES",
     "SCHEMA_VERSION",
+    "Alternatives",
     "Body",
     "Codec",
     "Envelope",

@@ -50,6 +50,8 @@ class SamplingParams(Message, frozen=True, kw_only=True, tag="sampling"):
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: bool = False
+    #: with ``logprobs``: also this many most likely tokens at each position, with their logprobs
+    top_logprobs: int = 0
 
 
 class GenerateRequest(Message, frozen=True, kw_only=True, tag="generate"):

@@ -12,7 +12,10 @@ from __future__ import annotations
 from schemas.base import Message
 from schemas.reasons import FinishReason
 
-__all__ = ["TokenDelta", "TokenDeltaBatch"]
+__all__ = ["Alternatives", "TokenDelta", "TokenDeltaBatch"]
+
+#: the most likely tokens at one position of the output: (token id, logprob) pairs, most likely first
+Alternatives = tuple[tuple[int, float], ...]
 
 
 class TokenDelta(Message, frozen=True, kw_only=True, tag="token_delta"):
@@ -29,6 +32,8 @@ class TokenDelta(Message, frozen=True, kw_only=True, tag="token_delta"):
     first_index: int
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...] | None = None
+    #: per token, the most likely (token id, logprob) pairs, most likely first (``top_logprobs``)
+    top_logprobs: tuple[Alternatives, ...] | None = None
     finish_reason: FinishReason | None = None
     num_prompt_tokens: int = 0
 

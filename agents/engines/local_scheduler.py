@@ -82,7 +82,7 @@ from agents.engines.protocol import (
     SchedulerEvent,
     UnknownRequest,
 )
-from schemas import SamplingParams
+from schemas import Alternatives, SamplingParams
 
 __all__ = [
     "LocalScheduler",
@@ -566,7 +566,11 @@ class LocalScheduler:
     # ------------------------------------------------------------ updating
 
     def update_from_output(
-        self, output: SchedulerOutput, sampled: Mapping[str, int], logprobs: Mapping[str, float] | None = None
+        self,
+        output: SchedulerOutput,
+        sampled: Mapping[str, int],
+        logprobs: Mapping[str, float] | None = None,
+        top_logprobs: Mapping[str, Alternatives] | None = None,
     ) -> list[RequestOutput]:
         """Append one sampled token per scheduled request, apply stop rules, free finished ones.
 
@@ -613,9 +617,10 @@ class LocalScheduler:
                 reason = FINISH_REASONS[finish]
                 any_finished = True
             logprob = None if logprobs is None else logprobs.get(request_id)
+            top = None if top_logprobs is None else top_logprobs.get(request_id)
             results.append(
                 RequestOutput(request_id, num_output - 1, (token_id,), reason, request.num_prompt_tokens,
-                              None if logprob is None else (logprob,))
+                              None if logprob is None else (logprob,), None if top is None else (top,))
             )
         if any_finished:
             self._running = [r for r in self._running if not r.status.is_finished]

@@ -29,7 +29,7 @@ from typing import Protocol, runtime_checkable
 import msgspec
 
 from agents.engines.block_manager import OutOfBlocks, Reservation
-from schemas import KVLayout, ModelIdentity, SamplingParams
+from schemas import Alternatives, KVLayout, ModelIdentity, SamplingParams
 from schemas.reasons import FinishReason, RejectReason
 
 __all__ = [
@@ -148,6 +148,8 @@ class RequestOutput(msgspec.Struct, frozen=True):
     num_prompt_tokens: int = 0
     #: the sampled tokens' logprobs, if the request asks (``SamplingParams.logprobs``) and the engine has them
     logprobs: tuple[float, ...] | None = None
+    #: per token, the most likely (token id, logprob) pairs, if the request asks (``top_logprobs``)
+    top_logprobs: tuple[Alternatives, ...] | None = None
 
     @property
     def finished(self) -> bool:

@@ -47,7 +47,7 @@ from frontend.openai_models import (
     wants_logprobs,
 )
 from frontend.tokenization import token_text
-from frontend.turns import Turn, padded_logprobs, pieces
+from frontend.turns import Turn, padded_logprobs, padded_top, pieces
 from schemas import CloseReason, FinishReason, SamplingParams
 
 __all__ = ["chat_completions", "completions", "end_turn", "generate", "output_budget", "router"]
@@ -89,7 +89,8 @@ async def generate(request: Request, body: BodyT, flavor: Flavor[BodyT], state: 
         logprobs = None
         if turn.want_logprobs and turn.logprobs:
             aligned = padded_logprobs(turn.token_ids, turn.logprobs)
-            logprobs = flavor.logprobs(turn.token_ids, aligned, _decoder(state), 0)
+            top = padded_top(turn.token_ids, turn.top_logprobs)
+            logprobs = flavor.logprobs(turn.token_ids, aligned, top, _decoder(state), 0)
         choices.append(flavor.choice(index, text, turn.finish_reason or FinishReason.STOP, logprobs))
     return json_response(200, flavor.response(reply, choices, *_usage(turns, body.n or 1)))
 
@@ -246,7 +247,8 @@ async def _chunks(
         logprobs = None
         if turn.want_logprobs and piece.token_ids and piece.logprobs:
             aligned = padded_logprobs(piece.token_ids, piece.logprobs)
-            logprobs = flavor.logprobs(piece.token_ids, aligned, decode_one, text_offset)
+            top = padded_top(piece.token_ids, piece.top_logprobs)
+            logprobs = flavor.logprobs(piece.token_ids, aligned, top, decode_one, text_offset)
         text_offset += len(piece.text)
         yield R.sse(flavor.chunk(reply, piece, logprobs, index))
 

@@ -44,6 +44,8 @@ BAD_INPUTS = [
      400, "invalid_parameter"),
     ("temperature too high", "/v1/completions",
      {"model": "sim:tiny-test", "prompt": "x", "temperature": 5}, 400, "invalid_parameter"),
+    ("top_logprobs without logprobs", "/v1/chat/completions", {"model": "sim:tiny-test", **_CHAT,
+                                                                "top_logprobs": 2}, 400, "invalid_parameter"),
     ("best_of > 1", "/v1/completions", {"model": "sim:tiny-test", "prompt": "x", "best_of": 2}, 400,
      "invalid_parameter"),
     ("n past its range", "/v1/completions", {"model": "sim:tiny-test", "prompt": "x", "n": 129}, 400,

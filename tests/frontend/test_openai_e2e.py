@@ -156,6 +156,24 @@ async def test_several_prompts_are_answered_in_order_n_choices_each(cluster: Clu
     assert texts == {0: alone[0], 1: alone[1]}
 
 
+async def test_logprobs_with_alternatives_streamed_or_not(cluster: Cluster, client: Any) -> None:
+    asked = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
+             "temperature": 0, "logprobs": True, "top_logprobs": 4}
+    whole = (await client.chat.completions.create(**asked)).choices[0].logprobs.content
+    streamed = [t for chunk in [c async for c in await client.chat.completions.create(stream=True, **asked)]
+                for choice in chunk.choices if choice.logprobs for t in choice.logprobs.content]
+    assert len(whole) == 8
+    assert [(t.token, t.logprob) for t in streamed] == [(t.token, t.logprob) for t in whole]
+    for token in whole:  # greedy: the pick is the most likely; the 4 come most likely first
+        values = [a.logprob for a in token.top_logprobs]
+        assert len(values) == 4 and values == sorted(values, reverse=True)
+        assert (token.top_logprobs[0].token, values[0]) == (token.token, token.logprob)
+    completion = await client.completions.create(model="tiny", prompt=PROMPT, max_tokens=8, temperature=0,
+                                                 logprobs=2)
+    lp = completion.choices[0].logprobs
+    assert all(max(top.values()) == v for top, v in zip(lp.top_logprobs, lp.token_logprobs, strict=True))
+
+
 async def test_seeds_reproduce_sampled_text(cluster: Cluster, client: Any) -> None:
     runs = [await client.completions.create(model="tiny", prompt=PROMPT, max_tokens=20, temperature=1.0,
                                             seed=seed) for seed in (7, 7, 8)]

@@ -102,7 +102,10 @@ def _torch_reference(model: str, prompt: list[int], **sampling: Any) -> list[flo
     reference.add_request("r", prompt, SamplingParams(ignore_eos=True, logprobs=True, **sampling))
     expected: list[float] = []
     while reference.has_unfinished():
-        expected += [v for out in reference.step().outputs for v in out.logprobs or ()]
+        for out in reference.step().outputs:
+            expected += out.logprobs or ()
+            for alternatives in out.top_logprobs or ():
+                expected += [v for _, v in alternatives]
     reference.close()
     return expected
 
@@ -120,6 +123,21 @@ async def test_logprobs_are_the_sampled_tokens_under_the_model(cluster: Cluster,
     assert len(whole.token_logprobs) == 8 and all(v <= 0 for v in whole.token_logprobs)
     assert whole.token_logprobs == pytest.approx(expected, abs=2e-3)
     assert streamed == pytest.approx(whole.token_logprobs, abs=1e-6)
+    # the 3 most likely tokens at each position, as the torch engine ranks them (greedy: the first is
+    # the pick), in the chat format
+    chat = await client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=4, temperature=0,
+        logprobs=True, top_logprobs=3, extra_body={"ignore_eos": True})
+    content = chat.choices[0].logprobs.content
+    assert all(len(t.top_logprobs) == 3 and t.top_logprobs[0].logprob == pytest.approx(t.logprob, abs=1e-5)
+               and t.top_logprobs[0].logprob >= t.top_logprobs[1].logprob >= t.top_logprobs[2].logprob
+               for t in content)
+    ranked = (await client.completions.create(**{**asked, "logprobs": 3})).choices[0].logprobs
+    reference = _torch_reference(model, prompt, max_tokens=8, top_logprobs=3)  # per token: pick, top 3
+    for i, top in enumerate(ranked.top_logprobs):  # keyed by text: tokens of the same text share a key
+        best = reference[4 * i + 1 : 4 * i + 4]
+        assert max(top.values()) == pytest.approx(best[0], abs=2e-3)
+        assert all(any(abs(v - b) < 2e-3 for b in best) for v in top.values())
 
 
 async def test_presence_and_frequency_penalties_pick_the_tokens_the_torch_engine_picks(

@@ -55,7 +55,7 @@ from agents.engines.torch_engine.kv_cache import KVPoolShape, PagedKVPool, dtype
 from agents.engines.torch_engine.loader import load_model
 from agents.engines.torch_engine.runner import ModelRunner, SequenceWork
 from agents.engines.torch_engine.sampling import SamplingRow, sample
-from schemas import SamplingParams
+from schemas import Alternatives, SamplingParams
 
 if TYPE_CHECKING:
     from agents.engines.torch_engine.config import ModelConfig
@@ -69,8 +69,9 @@ _FAILED = "engine core process: "
 START_TIMEOUT_S = 600.0
 
 
-#: What a step computed: a token id per sampling row, their logprobs (see ``SampleResult``), seconds.
-Computed = tuple[list[int], list[float | None], float]
+#: What a step computed: a token id per sampling row, their logprobs and alternatives (see
+#: ``SampleResult``), and the seconds it took.
+Computed = tuple[list[int], list[float | None], list[Alternatives | None], float]
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,9 +129,9 @@ class ModelCore:
         if len(step.sampled) < len(step.work):  # prompt chunks: their logits are not used
             logits = logits[list(step.sampled)]
         if not step.rows:
-            return [], [], time.perf_counter() - started
+            return [], [], [], time.perf_counter() - started
         result = sample(logits, step.rows)
-        return result.token_ids, result.logprobs, time.perf_counter() - started
+        return result.token_ids, result.logprobs, result.top, time.perf_counter() - started
 
 
 @dataclass(frozen=True, slots=True)

@@ -65,13 +65,14 @@ from agents.engines.torch_engine.sampling import (
     request_seed,
     wants_history,
 )
-from schemas import KVLayout, ModelIdentity, SamplingParams
+from schemas import Alternatives, KVLayout, ModelIdentity, SamplingParams
 
 __all__ = ["DEFAULT_KV_CACHE_BYTES", "TorchEngine", "TorchEngineConfig"]
 
-#: A step's sampled token per request, and the logprobs of those whose sampling asks (None: none asks).
-_Sampled = tuple[dict[str, int], dict[str, float] | None]
-_NOTHING: _Sampled = ({}, None)
+#: A step's sampled token per request, and the logprobs and alternatives of those whose sampling asks
+#: (None: none asks).
+_Sampled = tuple[dict[str, int], dict[str, float] | None, dict[str, Alternatives] | None]
+_NOTHING: _Sampled = ({}, None, None)
 
 DEFAULT_KV_CACHE_BYTES = 256 * 1024**2
 
@@ -339,14 +340,15 @@ class TorchEngine(ScheduledEngine):
     def _sampled(self, plan: SchedulerOutput, step: StepWork, computed: Computed) -> _Sampled:
         """Request id -> sampled token and -> its logprob where asked, from a computed step (and the
         step's time, for ``exclusive``)."""
-        token_ids, logprobs, seconds = computed
+        token_ids, logprobs, top, seconds = computed
         self._last_step = (seconds, plan.num_prefill_tokens + len(plan.decodes))
         scheduled = self._scheduled(plan)
         ids = [scheduled[i].request_id for i in step.sampled]
         tokens = dict(zip(ids, token_ids, strict=True))
         if not logprobs:
-            return tokens, None
-        return tokens, {i: v for i, v in zip(ids, logprobs, strict=True) if v is not None}
+            return tokens, None, None
+        values = {i: v for i, v in zip(ids, logprobs, strict=True) if v is not None}
+        return tokens, values, {i: t for i, t in zip(ids, top, strict=True) if t is not None} if top else None
 
     def _complete(self, plan: SchedulerOutput, sampled: _Sampled, started: float) -> StepResult:
         outputs = self.scheduler.update_from_output(plan, *sampled)

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
-from schemas import SamplingParams
+from schemas import Alternatives, SamplingParams
 
 __all__ = [
     "SampleResult",
@@ -63,6 +63,8 @@ def check_sampling_params(sampling: SamplingParams) -> str | None:
         return f"top_k must be -1 (off) or >= 1, got {sampling.top_k}"
     if not sampling.repetition_penalty > 0.0:
         return f"repetition_penalty must be > 0, got {sampling.repetition_penalty}"
+    if not 0 <= sampling.top_logprobs <= 20:
+        return f"top_logprobs must be in [0, 20], got {sampling.top_logprobs}"
     for name in ("presence_penalty", "frequency_penalty"):
         value = getattr(sampling, name)
         if not -2.0 <= value <= 2.0:
@@ -92,6 +94,8 @@ class SampleResult:
     #: log-probability of each chosen token under the raw model distribution, for the rows whose
     #: params ask for it (``SamplingParams.logprobs``); None for the others, empty if none asks
     logprobs: list[float | None]
+    #: the most likely (token id, logprob) pairs of the rows that ask (``top_logprobs``), as ``logprobs``
+    top: list[Alternatives | None] = field(default_factory=list)
 
 
 def _apply_penalties(logits: Tensor, rows: Sequence[SamplingRow]) -> None:
@@ -156,11 +160,18 @@ def sample(logits: Tensor, rows: Sequence[SamplingRow]) -> SampleResult:
         chosen[index] = (probs / noise).argmax(-1)
     token_ids = chosen.tolist()
     wanted = [i for i, row in enumerate(rows) if row.params.logprobs]
-    logprobs: list[float | None] = []
-    if wanted:  # a log-softmax over the vocabulary only for the rows that ask
-        index = torch.tensor(wanted, device=logits.device)
-        values = logits[index].log_softmax(-1).gather(-1, chosen[index][:, None])[:, 0].tolist()
-        logprobs = [None] * len(rows)
-        for i, value in zip(wanted, values, strict=True):
-            logprobs[i] = value
-    return SampleResult(token_ids, logprobs)
+    if not wanted:
+        return SampleResult(token_ids, [])
+    # a log-softmax over the vocabulary only for the rows that ask
+    index = torch.tensor(wanted, device=logits.device)
+    raw = logits[index].log_softmax(-1)
+    values = raw.gather(-1, chosen[index][:, None])[:, 0].tolist()
+    logprobs: list[float | None] = [None] * len(rows)
+    top: list[Alternatives | None] = [None] * len(rows)
+    for position, (i, value) in enumerate(zip(wanted, values, strict=True)):
+        logprobs[i] = value
+        k = min(rows[i].params.top_logprobs, raw.shape[-1])
+        if k > 0:
+            best = raw[position].topk(k)
+            top[i] = tuple(zip(best.indices.tolist(), best.values.tolist(), strict=True))
+    return SampleResult(token_ids, logprobs, top if any(t is not None for t in top) else [])

@@ -65,7 +65,7 @@ from agents.engines.protocol import (
 from agents.engines.vllm_engine.compat import require_vllm
 from agents.engines.vllm_engine.config import VllmEngineConfig
 from agents.engines.vllm_engine.sampling import migration_blocker, to_vllm_sampling
-from schemas import FinishReason, KVLayout, ModelIdentity, SamplingParams
+from schemas import Alternatives, FinishReason, KVLayout, ModelIdentity, SamplingParams
 
 __all__ = ["VllmEngine"]
 
@@ -161,10 +161,20 @@ def _engine_args(config: VllmEngineConfig) -> Any:
 
 
 def _sampled_logprobs(lists: Any, num_tokens: int) -> tuple[float, ...] | None:
-    """The sampled tokens' logprobs from vLLM's ``LogprobsLists`` (asked with ``logprobs=0``: column 0)."""
+    """The sampled tokens' logprobs from vLLM's ``LogprobsLists`` (column 0 of each row)."""
     if lists is None or len(lists.logprobs) != num_tokens:
         return None
     return tuple(float(row[0]) for row in lists.logprobs)
+
+
+def _top_logprobs(lists: Any, num_tokens: int) -> tuple[Alternatives, ...] | None:
+    """The most likely tokens at each position, from vLLM's ``LogprobsLists`` (columns after the first)."""
+    if lists is None or len(lists.logprobs) != num_tokens or len(lists.logprobs[0]) < 2:
+        return None
+    return tuple(
+        tuple((int(t), float(v)) for t, v in zip(ids[1:], values[1:], strict=True))
+        for ids, values in zip(lists.logprob_token_ids, lists.logprobs, strict=True)
+    )
 
 
 class VllmEngine:
@@ -396,10 +406,10 @@ class VllmEngine:
                 tracked.output_token_ids.extend(out.new_token_ids)
                 finish = None if out.finish_reason is None else _FINISH[int(out.finish_reason)]
                 new = tuple(out.new_token_ids)
-                logprobs = _sampled_logprobs(out.new_logprobs, len(new))
-                outputs.append(
-                    RequestOutput(out.request_id, first, new, finish, len(tracked.prompt_token_ids), logprobs)
-                )
+                lists = out.new_logprobs
+                logprobs, top = _sampled_logprobs(lists, len(new)), _top_logprobs(lists, len(new))
+                num_prompt = len(tracked.prompt_token_ids)
+                outputs.append(RequestOutput(out.request_id, first, new, finish, num_prompt, logprobs, top))
                 if finish is not None:
                     self._forget(out.request_id)
         preempted = tuple(sorted(plan.preempted_req_ids or ()))

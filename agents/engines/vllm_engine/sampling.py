@@ -49,7 +49,8 @@ def to_vllm_sampling(sampling: SamplingParams, num_generated: int = 0) -> Any:
         seed=sampling.seed,
         stop_token_ids=list(sampling.stop_token_ids),
         ignore_eos=sampling.ignore_eos,
-        logprobs=0 if sampling.logprobs else None,  # 0: the sampled token's only (vLLM's raw logprobs)
+        # the sampled token's (vLLM's raw logprobs) and as many of the most likely as asked
+        logprobs=sampling.top_logprobs if sampling.logprobs else None,
         detokenize=False,
         skip_special_tokens=False,
         output_kind=RequestOutputKind.DELTA,

@@ -128,25 +128,33 @@ def test_logprobs_are_the_sampled_tokens_under_the_model_for_the_requests_that_a
     from agents.engines.torch_engine.model import build_random_model
 
     engine = TorchEngine("tiny", num_blocks=32, batch_invariant=True, core=core)
-    asks = SamplingParams(max_tokens=6, ignore_eos=True, logprobs=True, temperature=0.8, seed=3)
+    asks = SamplingParams(max_tokens=6, ignore_eos=True, logprobs=True, top_logprobs=3, temperature=0.8,
+                          seed=3)
     engine.add_request("asks", _prompt(13), asks)
     engine.add_request("quiet", _prompt(9, 1), GREEDY)
     tokens: dict[str, list[int]] = {}
     logprobs: list[float] = []
+    top: list[tuple[tuple[int, float], ...]] = []
     while engine.has_unfinished():
         for out in engine.step().outputs:
             tokens.setdefault(out.request_id, []).extend(out.token_ids)
             if out.request_id == "asks":
                 assert out.logprobs is not None and len(out.logprobs) == len(out.token_ids)
+                assert out.top_logprobs is not None and len(out.top_logprobs) == len(out.token_ids)
                 logprobs.extend(out.logprobs)
+                top.extend(out.top_logprobs)
             else:
-                assert out.logprobs is None  # not asked: not computed
+                assert out.logprobs is None and out.top_logprobs is None  # not asked: not computed
     model = build_random_model(preset("tiny"), seed=0, dtype=torch.float32, device="cpu")
     sequence = _prompt(13) + tokens["asks"]
     with torch.inference_mode():
         dense = model.dense_logits(torch.tensor(sequence)).log_softmax(-1)
     expected = [dense[13 - 1 + i, token].item() for i, token in enumerate(tokens["asks"])]
     assert logprobs == pytest.approx(expected, abs=1e-4)
+    for i, alternatives in enumerate(top):  # the 3 most likely under the model, most likely first
+        best = dense[13 - 1 + i].topk(3)
+        assert [t for t, _ in alternatives] == best.indices.tolist()
+        assert [v for _, v in alternatives] == pytest.approx(best.values.tolist(), abs=1e-4)
     engine.close()
 
 
