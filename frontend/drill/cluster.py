@@ -123,7 +123,9 @@ class DrillCluster:
             from agents.engines.vllm_engine import vllm_version
 
             self.cpu_binds = vllm_cpu_binds(spec.instances, vllm_version())
-        self.processes = ClusterProcesses(log_dir)
+        # the children's temporary files (a vllm agent's own folder) stay in the log folder: what an
+        # agent killed by a fault leaves there goes with the folder when the drill removes it
+        self.processes = ClusterProcesses(log_dir, env={**os.environ, "TMPDIR": str(log_dir / "tmp")})
         self.nats = EmbeddedNats(
             store_dir=log_dir / "nats-store", log_file=log_dir / "nats.log", die_with_parent=True
         )
@@ -164,7 +166,7 @@ class DrillCluster:
     # ------------------------------------------------------------------ start / stop
 
     async def start(self) -> None:
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        (self.log_dir / "tmp").mkdir(parents=True, exist_ok=True)
         self.nats.start()
         self.processes.nats = self.nats
         spec = self.spec
