@@ -13,19 +13,18 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import ClassVar, Generic, TypeVar
 
 from agents.engines.tokenizer import TextTokenizer
 from frontend import responses as R
 from frontend.openai_models import ChatCompletionRequest, CompletionRequest
+from frontend.responses import Json
 from frontend.tokenization import chat_prompt_ids, completion_prompt_ids
 from frontend.turns import Piece
 from schemas import Alternatives
 
 __all__ = ["CHAT", "COMPLETIONS", "ChatFlavor", "CompletionFlavor", "Flavor", "Reply"]
 
-#: an OpenAI body or chunk, as a plain dict
-Json = dict[str, Any]
 BodyT = TypeVar("BodyT", CompletionRequest, ChatCompletionRequest)
 
 

@@ -75,7 +75,7 @@ class _Common(BaseModel):
 
 
 class CompletionRequest(_Common):
-    """``POST /v1/completions``: ``prompt`` is a string or token ids (one prompt per request)."""
+    """``POST /v1/completions``: ``prompt`` is a string or token ids, or a list of them."""
 
     prompt: str | list[int] | list[str] | list[list[int]]
     logprobs: Annotated[int, Field(ge=0, le=20)] | None = None

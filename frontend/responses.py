@@ -17,6 +17,7 @@ from schemas import Alternatives
 
 __all__ = [
     "DONE",
+    "Json",
     "chat_choice",
     "chat_chunk",
     "chat_logprobs",

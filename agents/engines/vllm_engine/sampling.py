@@ -8,9 +8,10 @@ engine cannot rebuild from token ids: a seeded generator's position (vLLM
 draws from a per-request ``torch.Generator``), penalties over the generated
 tokens (the history becomes "prompt"). :func:`migration_blocker` names those;
 the vllm engine reports such requests as not migratable and the migration
-selection skips them. shoal's wire format has no structured output, ``n``,
-prompt logprobs or logprob alternatives, so those cannot reach the engine at all;
-the sampled token's logprob can (``logprobs``).
+selection skips them. shoal's wire format has no structured output or prompt
+logprobs, so those cannot reach the engine at all; ``n`` > 1 reaches it as one
+request per choice; the sampled token's logprob and its alternatives reach it as
+vLLM's ``logprobs`` (``top_logprobs``).
 """
 
 from __future__ import annotations
