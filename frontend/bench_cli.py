@@ -36,6 +36,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
 }
 
 
+#: the signals that stopped this benchmark (set by the SIGTERM handler)
+_stopped: list[int] = []
+
+
 @click.group(cls=LazyGroup, lazy=BENCHMARKS)
 def bench() -> None:
     """Run a benchmark; each prints a table and can write --json."""
@@ -51,6 +55,7 @@ def _stop_on_sigterm() -> None:
     """
 
     def handler(signum: int, frame: Any) -> None:
+        _stopped.append(signum)
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, handler)
@@ -66,10 +71,12 @@ def scratch_dir(prefix: str) -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix=prefix))
     try:
         yield path
-    except KeyboardInterrupt:
-        shutil.rmtree(path, ignore_errors=True)
-        raise
-    except BaseException:
-        click.echo(f"logs kept in {path}", err=True)
+    except BaseException as exc:
+        # stopped (Ctrl-C, SIGTERM), however the interruption surfaced (a stop can end in another
+        # error as the children go): removed; failed on its own: kept for its logs
+        if isinstance(exc, KeyboardInterrupt) or _stopped:
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            click.echo(f"logs kept in {path}", err=True)
         raise
     shutil.rmtree(path, ignore_errors=True)
