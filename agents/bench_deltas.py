@@ -31,6 +31,8 @@ from typing import Any
 
 import click
 
+from bus.event_loop import wait_event
+
 __all__ = ["bench_deltas", "measure_deltas"]
 
 
@@ -115,9 +117,7 @@ async def _run(url: str, requests: int, steps: int, rounds: int) -> dict[str, di
                 started, thread_started = time.perf_counter(), time.thread_time()
                 await publish(step)
                 publish_cpu.append(time.thread_time() - thread_started)
-                try:
-                    await asyncio.wait_for(all_in.wait(), 2.0)
-                except TimeoutError:  # a message lost on the way (core NATS drops for slow consumers)
+                if not await wait_event(all_in, 2.0):  # a message lost (core NATS drops for slow consumers)
                     incomplete += 1
                     continue
                 delivered.append(time.perf_counter() - started)

@@ -62,7 +62,8 @@ async def run_agents(
         lag_out.write_text(json.dumps({iid: engine.lags for iid, engine in engines.items()}))
         for agent in agents:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(agent.kill(), 2)
+                async with asyncio.timeout(2):
+                    await agent.kill()
 
 
 def main() -> None:

@@ -437,9 +437,8 @@ async def _serve_until_stopped(
         if drain.is_set() and not stop.is_set() and not runner.stopped.is_set():
             await runner.drain(TerminateReason.STOP_SIGNAL)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    asyncio.wait({stop_wait, drained}, return_when=asyncio.FIRST_COMPLETED), drain_timeout_s
-                )
+                async with asyncio.timeout(drain_timeout_s):
+                    await asyncio.wait({stop_wait, drained}, return_when=asyncio.FIRST_COMPLETED)
             if not runner.stopped.is_set():
                 log.warning("agent %s: stopping before the drain completed", runner.instance_id)
     finally:

@@ -67,6 +67,7 @@ from agents.reporting import (
 from agents.tracing import RequestSpans, parent_context, tracer_from
 from bus import Bus, BusError, InvalidName, NoResponders, Service
 from bus import tracing as bus_tracing
+from bus.event_loop import wait_event
 from bus.wildcards import validate_subject
 from scheduler.policy.growth import OutputLengthEstimate
 from schemas import (
@@ -319,8 +320,7 @@ class Agent:
                 if self._draining and self.migration.is_idle:
                     self.spawn(self._finish_drain())
                     return
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._work.wait(), self.config.tick_interval_s)
+                await wait_event(self._work, self.config.tick_interval_s)
                 continue
             self._stepping = True
             started = time.perf_counter()
@@ -335,8 +335,7 @@ class Agent:
             if result.num_scheduled == 0:
                 await self._flush_deltas()
                 self._work.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._work.wait(), self.config.idle_sleep_s)
+                await wait_event(self._work, self.config.idle_sleep_s)
             else:
                 await asyncio.sleep(0)
 

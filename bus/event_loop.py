@@ -9,6 +9,9 @@ otherwise. uvloop's C event loop and transports cut the CPU each message costs
 a quarter), which is what dispatch and step-loop tail latency depend on when
 NATS, the scheduler and the agents share a few cores.
 
+:func:`wait_event` is the one way the packages wait for an event with a timeout (see its note;
+``asyncio.wait_for`` is banned there by the lint configuration).
+
 Not here: anything that reads the environment or picks a loop per call site.
 In-process tests run on pytest-asyncio's standard loop, so both loops are exercised.
 """
@@ -16,10 +19,11 @@ In-process tests run on pytest-asyncio's standard loop, so both loops are exerci
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-__all__ = ["loop_factory", "loop_name", "run"]
+__all__ = ["loop_factory", "loop_name", "run", "wait_event"]
 
 T = TypeVar("T")
 
@@ -43,3 +47,19 @@ def run(main: Coroutine[Any, Any, T]) -> T:
     """``asyncio.run(main)`` on uvloop where available."""
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
         return runner.run(main)
+
+
+async def wait_event(event: asyncio.Event, timeout: float) -> bool:
+    """Wait until ``event`` is set, at most ``timeout`` seconds; whether it is set.
+
+    Not ``asyncio.wait_for(event.wait(), timeout)``: on Python 3.11 ``wait_for`` drops a
+    cancellation that arrives in the loop turn the event is set (CPython gh-86296, fixed in 3.12),
+    so a loop around it goes on after its task was cancelled, and whoever awaits that task (an
+    agent's ``kill``, a scheduler's teardown) waits forever. ``asyncio.timeout`` keeps it.
+    """
+    if event.is_set():
+        return True
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout):
+            await event.wait()
+    return event.is_set()

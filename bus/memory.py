@@ -446,7 +446,8 @@ class MemoryBus:
             if not self.broker.deliver(subject, bytes(data), dict(headers) if headers else {}, inbox):
                 raise NoResponders(f"no responders on {subject!r}")
             try:
-                reply = await asyncio.wait_for(future, timeout)
+                async with asyncio.timeout(timeout):
+                    reply = await future
             except TimeoutError as exc:
                 raise RequestTimeout(f"no reply on {subject!r} within {timeout}s") from exc
         finally:

@@ -28,6 +28,7 @@ from nats.aio.subscription import Subscription as NatsSubscription
 from nats.js import api
 from nats.js.manager import JetStreamManager
 
+from bus.event_loop import wait_event
 from bus.flow import Feed
 from bus.seam import translate
 
@@ -201,10 +202,7 @@ class OrderedConsumer(Generic[T]):
         silent = 0
         seen = self._activity
         while not self._ended:
-            try:
-                await asyncio.wait_for(self._reset_wanted.wait(), self._heartbeat)
-            except TimeoutError:
-                pass
+            await wait_event(self._reset_wanted, self._heartbeat)
             if self._ended:
                 return
             if self._activity != seen:

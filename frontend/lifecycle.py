@@ -52,7 +52,8 @@ class LifecycleLog:
         appender = self._appender
         while True:
             try:
-                event = await asyncio.wait_for(self._queue.get(), self._flush_interval)
+                async with asyncio.timeout(self._flush_interval):
+                    event = await self._queue.get()
             except TimeoutError:
                 await self._flush(appender)
                 continue
@@ -87,5 +88,6 @@ class LifecycleLog:
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._appender.flush(), 2.0)
+            async with asyncio.timeout(2.0):
+                await self._appender.flush()
         self._task = None

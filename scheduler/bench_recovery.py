@@ -167,7 +167,8 @@ async def _first_dispatch(url: str, subjects: Subjects, config: SchedulerConfig)
                 await asyncio.sleep(0.005)
         finally:
             await service.stop()
-            await asyncio.wait_for(task, 30)
+            async with asyncio.timeout(30):
+                await task
 
 
 def _bus_config(url: str, subjects: Subjects) -> BusConfig:

@@ -100,7 +100,8 @@ class LocalProcessManager:
             return
         process.send_signal(signal.SIGTERM)
         try:
-            await asyncio.wait_for(process.wait(), self.stop_grace_s)
+            async with asyncio.timeout(self.stop_grace_s):
+                await process.wait()
         except TimeoutError:
             process.kill()
             await process.wait()

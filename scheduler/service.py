@@ -48,6 +48,7 @@ from opentelemetry import trace
 
 from bus import tracing as bus_tracing
 from bus.errors import BusError, BusTimeout, NoResponders, NotConnected
+from bus.event_loop import wait_event
 from bus.protocol import Bus, StoredMessage
 from scheduler.cluster_state import ClusterState, InstanceStatus, initial_state, live_loads
 from scheduler.config import encode_policy
@@ -297,8 +298,7 @@ class SchedulerService:
             if self._stop.is_set():
                 return
             if (wait := tried + min(LEASE_POLL_MIN_S, self.config.lease_ttl_s / 4) - self._clock()) > 0:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stop.wait(), wait)
+                await wait_event(self._stop, wait)
                 if self._stop.is_set():
                     return
         renew = asyncio.create_task(self._renew_lease())
@@ -372,8 +372,7 @@ class SchedulerService:
                 raise task.exception()  # type: ignore[misc]
 
     async def _wait_changed(self, timeout: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._changed.wait(), timeout)
+        await wait_event(self._changed, timeout)
         self._changed.clear()
 
     # -- reading the log -----------------------------------------------------------------

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from bus.event_loop import wait_event
 from schemas import InstanceFailed, InstanceJoined, InstanceLeft
 
 __all__ = ["PeerDirectory"]
@@ -54,8 +55,6 @@ class PeerDirectory:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return None
-            try:
-                await asyncio.wait_for(self._changed.wait(), remaining)
-            except TimeoutError:
+            if not await wait_event(self._changed, remaining):
                 return None
         return joined

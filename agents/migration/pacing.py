@@ -36,11 +36,12 @@ source's exports and sends and the destination's writes.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import statistics
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
+
+from bus.event_loop import wait_event
 
 __all__ = ["CopyPacer", "StepClock", "splits_by_block"]
 
@@ -101,7 +102,8 @@ class StepClock:
         waiter = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
         try:
-            await asyncio.wait_for(waiter, timeout)
+            async with asyncio.timeout(timeout):
+                await waiter
         except TimeoutError:
             return False
         return True
@@ -183,8 +185,7 @@ class CopyPacer:
         )
         left = rest - (time.perf_counter() - ended)
         if left > 0 and not self.unpaced:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._hurry.wait(), left)
+            await wait_event(self._hurry, left)
         self._adjust()
 
     async def _unless_hurried(self, waiting: Awaitable[bool]) -> None:

@@ -281,7 +281,8 @@ class SourceDriver(MachineDriver):
             if delay:
                 await asyncio.sleep(delay)
             if (gate := self.agent.config.faults.copy_gate) is not None:
-                await asyncio.wait_for(gate.wait(), self.config.copy_timeout_s)
+                async with asyncio.timeout(self.config.copy_timeout_s):
+                    await gate.wait()
             written = self._written_future(action.stage)
             if self.config.paces(num_blocks) and not self.state.last_stage and self.outcome.hurried is None:
                 buffer, pacer = await self._send_paced(action, self.config.copy_step_share)
@@ -298,7 +299,8 @@ class SourceDriver(MachineDriver):
                 )
                 chunks, largest = 1, num_blocks
             remaining = self.config.copy_timeout_s - (time.perf_counter() - started)
-            await asyncio.wait_for(written, max(remaining, 0.001))
+            async with asyncio.timeout(max(remaining, 0.001)):
+                await written
         except asyncio.CancelledError:
             span.set_attribute("shoal.migration.cancelled", True)
             span.end()

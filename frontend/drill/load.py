@@ -168,9 +168,8 @@ class LoadGenerator:
 
     async def _send(self, record: RequestRecord, prompt: str) -> None:
         try:
-            await asyncio.wait_for(
-                self._exchange(record, self._body(record, prompt)), self.spec.request_timeout_s
-            )
+            async with asyncio.timeout(self.spec.request_timeout_s):
+                await self._exchange(record, self._body(record, prompt))
         except TimeoutError:
             record.outcome, record.detail = Outcome.LOST, f"no end within {self.spec.request_timeout_s}s"
         except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:

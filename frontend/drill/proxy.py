@@ -89,7 +89,8 @@ class ChaosProxy:
             self._abort(link)
         if self._server is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), 2.0)
+                async with asyncio.timeout(2.0):
+                    await self._server.wait_closed()
         self._server = None
 
     async def __aenter__(self) -> ChaosProxy:

@@ -203,3 +203,18 @@ async def test_while_requests_decode_reports_come_less_often_but_new_work_is_rep
                     break
             assert loop.time() < deadline, "the accepted request was not reported promptly"
             await asyncio.sleep(0.01)
+
+
+async def test_an_agent_killed_as_work_arrives_stops(nats_url: str) -> None:
+    """A kill that lands in the same loop turn as new work (a generate, a migration's wake) ends the agent.
+
+    The idle step loop waits on its work event with a timeout; Python 3.11's ``asyncio.wait_for``
+    dropped a cancellation that arrived together with the event, so the loop ran on and the kill
+    waited for it forever (seen as a hung scheduler test that kills agents under load)."""
+    async with agent_cluster(nats_url) as cluster:
+        for k in range(5):
+            agent = await cluster.add(sim_engine(time_scale=10.0), fast_agent_config(f"k{k}"))
+            await asyncio.sleep(0.05)  # the step loop is idle, waiting for work
+            agent.wake()
+            async with asyncio.timeout(5):
+                await agent.kill()
