@@ -67,7 +67,7 @@ from agents.reporting import (
 from agents.tracing import RequestSpans, parent_context, tracer_from
 from bus import Bus, BusError, InvalidName, NoResponders, Service
 from bus import tracing as bus_tracing
-from bus.event_loop import wait_event
+from bus.event_loop import cancel_and_wait, wait_event
 from bus.wildcards import validate_subject
 from scheduler.policy.growth import OutputLengthEstimate
 from schemas import (
@@ -282,10 +282,7 @@ class Agent:
         self._stopped.set()
 
     async def _cancel_tasks(self) -> None:
-        tasks = [t for t in self._tasks if t is not asyncio.current_task()]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait([t for t in self._tasks if t is not asyncio.current_task()])
         self._tasks.clear()
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:

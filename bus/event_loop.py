@@ -10,7 +10,8 @@ a quarter), which is what dispatch and step-loop tail latency depend on when
 NATS, the scheduler and the agents share a few cores.
 
 :func:`wait_event` is the one way the packages wait for an event with a timeout (see its note;
-``asyncio.wait_for`` is banned there by the lint configuration).
+``asyncio.wait_for`` is banned there by the lint configuration), and :func:`cancel_and_wait` the
+way a component ends its own tasks.
 
 Not here: anything that reads the environment or picks a loop per call site.
 In-process tests run on pytest-asyncio's standard loop, so both loops are exercised.
@@ -20,10 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Any, TypeVar
 
-__all__ = ["loop_factory", "loop_name", "run", "wait_event"]
+__all__ = ["cancel_and_wait", "loop_factory", "loop_name", "run", "wait_event"]
 
 T = TypeVar("T")
 
@@ -63,3 +64,28 @@ async def wait_event(event: asyncio.Event, timeout: float) -> bool:
         async with asyncio.timeout(timeout):
             await event.wait()
     return event.is_set()
+
+
+#: Seconds between cancels of a task that is still running after one (:func:`cancel_and_wait`).
+RECANCEL_S = 0.5
+
+
+async def cancel_and_wait(tasks: Iterable[asyncio.Future[Any]]) -> None:
+    """Cancel ``tasks`` and wait until every one has ended, cancelling again those that go on.
+
+    A cancellation can be lost inside code that is not ours: nats-py awaits its replies with
+    Python 3.11's ``asyncio.wait_for``, which drops a cancel that arrives with the reply (see
+    :func:`wait_event`), and a loop around such a call (a lease renewal, an archive flush) then
+    runs on. Waiting once for such a task hangs its owner's stop; a second cancel, at the task's
+    next await, ends it. A cancellation of the caller itself propagates. What the tasks raised is
+    retrieved and dropped (their owners log their failures as they happen).
+    """
+    ending = list(tasks)
+    pending = {task for task in ending if not task.done()}
+    while pending:
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=RECANCEL_S)
+    for task in ending:
+        if not task.cancelled():
+            task.exception()

@@ -44,6 +44,7 @@ import msgspec
 
 from bus import Bus, BusError, RequestTimeout, Subscription
 from bus import tracing as bus_tracing
+from bus.event_loop import cancel_and_wait
 from frontend import tracing
 from frontend.board import LoadBoard
 from frontend.config import FrontendConfig
@@ -160,11 +161,7 @@ class Gateway:
     async def stop(self) -> None:
         for stream in list(self.streams.values()):
             await stream.close(CloseReason.SHUTDOWN)
-        for task in list(self._tasks):
-            task.cancel()
-        for task in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await cancel_and_wait(self._tasks)
         if self._delta_subscription is not None:
             with contextlib.suppress(Exception):
                 await self._delta_subscription.unsubscribe()

@@ -15,6 +15,7 @@ import logging
 import time
 
 from bus import Appender, Bus
+from bus.event_loop import cancel_and_wait
 from schemas import Codec
 from schemas.requests import RequestEvent, RequestRescued
 
@@ -84,9 +85,7 @@ class LifecycleLog:
         deadline = time.monotonic() + 2.0
         while not self._queue.empty() and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        await cancel_and_wait([self._task])
         with contextlib.suppress(Exception):
             async with asyncio.timeout(2.0):
                 await self._appender.flush()

@@ -48,7 +48,7 @@ from opentelemetry import trace
 
 from bus import tracing as bus_tracing
 from bus.errors import BusError, BusTimeout, NoResponders, NotConnected
-from bus.event_loop import wait_event
+from bus.event_loop import cancel_and_wait, wait_event
 from bus.protocol import Bus, StoredMessage
 from scheduler.cluster_state import ClusterState, InstanceStatus, initial_state, live_loads
 from scheduler.config import encode_policy
@@ -356,11 +356,7 @@ class SchedulerService:
         log.info("scheduler %s active at epoch %d", self.config.scheduler_id, self.epoch)
 
     async def _teardown(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await cancel_and_wait(self._tasks)
         self._tasks = []
         self.outbox.reset()
         if self.role is not Role.STOPPED:

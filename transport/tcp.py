@@ -17,7 +17,6 @@ replaced once, transparently. CUDA tensors are staged through host memory.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import socket
 
@@ -105,8 +104,7 @@ class TcpTransport(TransportBase):
         self._table.close()
         if self._accept_task is not None:
             self._accept_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._accept_task
+            await asyncio.gather(self._accept_task, return_exceptions=True)
             self._accept_task = None
         if self._listener is not None:
             self._listener.close()

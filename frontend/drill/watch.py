@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from bus import BusConfig, BusError, JetStreamBus
+from bus.event_loop import cancel_and_wait
 from schemas import Codec, Subjects
 from schemas.decisions import Dispatched
 from schemas.instance import InstanceJoined, InstanceLeft, InstanceTerminating
@@ -83,9 +84,7 @@ class BusWatch:
 
     async def close(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+            await cancel_and_wait([self._task])
         if self._bus is not None:
             with contextlib.suppress(Exception):
                 await self._bus.close()
