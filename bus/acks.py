@@ -27,6 +27,7 @@ from nats.aio.subscription import Subscription as NatsSubscription
 from nats.nuid import NUID
 
 from bus.errors import AppendFailed, AppendTimeout, InvalidName, NotConnected, StreamNotFound
+from bus.event_loop import cancel_and_wait
 from bus.protocol import MSG_ID_HEADER, Position
 
 __all__ = ["AckTracker"]
@@ -116,8 +117,7 @@ class AckTracker:
         while self._pending and time.monotonic() < deadline and self._nc.is_connected:
             await asyncio.sleep(self._tick)
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await cancel_and_wait([self._task])
             self._task = None
         if self._sub is not None:
             try:

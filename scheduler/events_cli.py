@@ -29,6 +29,7 @@ from rich.table import Table
 
 from bus import BusConfig, BusError, JetStreamBus, StreamNotFound, event_loop
 from bus.auth import NatsAuth, redact_url
+from bus.event_loop import cancel_and_wait
 from bus.options import nats_auth_options, nats_option, pop_nats_auth
 from bus.protocol import StoredMessage
 from scheduler.event_query import EventMatcher, EventQuery, StreamFilter, parse_time
@@ -323,9 +324,7 @@ async def _follow(
                 emit(row)
                 count += 1
     finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(tasks)
 
 
 def _source_options(command: Callable[..., Any]) -> Callable[..., Any]:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from bus.event_loop import cancel_and_wait
 from frontend.drill.scenario import LoadSpec
 
 __all__ = ["LoadGenerator", "Outcome", "RequestRecord"]
@@ -109,9 +110,7 @@ class LoadGenerator:
         )
 
     async def close(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_and_wait(self._tasks)
         await self._http.aclose()
 
     def _body(self, record: RequestRecord, prompt: str) -> dict[str, object]:

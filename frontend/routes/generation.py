@@ -31,6 +31,7 @@ import msgspec
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from bus.event_loop import cancel_and_wait
 from frontend import responses as R
 from frontend.config import FrontendConfig
 from frontend.dependencies import FrontendState, StateDep, check_api_key, priority_of
@@ -278,9 +279,7 @@ async def _merged(sources: list[AsyncIterator[bytes]]) -> AsyncIterator[bytes]:
             else:
                 yield item
     finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(tasks)
 
 
 async def _collect(request: Request, turn: Turn) -> str:
