@@ -123,7 +123,9 @@ async def _start_turns(
 ) -> list[Turn]:
     """Validate what is left, admit and place every choice: ``n`` per prompt, prompt by prompt (choice
     ``p * n + i`` is prompt ``p``'s ``i``-th). Each is a request of its own; the ``i``-th of a seeded
-    request samples with ``seed + i``, as vLLM's. Their streams are open on return, or none is."""
+    request samples with ``seed + i``, as vLLM's. They are placed all at once (a batch of prompts
+    reaches the engines together, not one dispatch round trip after another). Their streams are
+    open on return, or none is: a choice that cannot be placed ends the others."""
     config, gateway = state.config, state.gateway
     n = body.n or 1
     if len(prompts) * n > config.max_concurrent_requests:
@@ -136,19 +138,36 @@ async def _start_turns(
     budgets = [output_budget(config, max_model_len, len(ids), requested, param) for ids in prompts]
     stops = stop_strings_of(body, config.max_stop_strings)
     priority = priority_of(request, body.priority)
-    turns: list[Turn] = []
+    jobs: list[tuple[list[int], SamplingParams]] = []
+    for prompt_ids, max_tokens in zip(prompts, budgets, strict=True):
+        sampling = sampling_of(body, max_tokens=max_tokens)
+        for index in range(n):
+            seed = None if sampling.seed is None else (sampling.seed + index) % (2**63)
+            jobs.append((prompt_ids, msgspec.structs.replace(sampling, seed=seed) if index else sampling))
+    if len(jobs) == 1:
+        return [await _start_turn(request, body, flavor, jobs[0][0], state, jobs[0][1], stops, priority)]
+    tasks = [
+        asyncio.ensure_future(_start_turn(request, body, flavor, ids, state, sampling, stops, priority))
+        for ids, sampling in jobs
+    ]
     try:
-        for prompt_ids, max_tokens in zip(prompts, budgets, strict=True):
-            sampling = sampling_of(body, max_tokens=max_tokens)
-            for index in range(n):
-                seed = None if sampling.seed is None else (sampling.seed + index) % (2**63)
-                job_sampling = msgspec.structs.replace(sampling, seed=seed) if index else sampling
-                turns.append(await _start_turn(request, body, flavor, prompt_ids, state, job_sampling, stops,
-                                               priority))
-    except BaseException:
-        _end_turns(state, turns, "client")
+        await asyncio.wait(tasks)
+    except BaseException:  # the client went away while they were placed: what gets placed ends
+        for task in tasks:
+            task.cancel()
+            task.add_done_callback(functools.partial(_end_placed, state))
         raise
+    failures = [error for task in tasks if (error := task.exception()) is not None]
+    turns = [task.result() for task in tasks if task.exception() is None]
+    if failures:
+        _end_turns(state, turns, "client")
+        raise failures[0]
     return turns
+
+
+def _end_placed(state: FrontendState, task: asyncio.Future[Turn]) -> None:
+    if not task.cancelled() and task.exception() is None:
+        end_turn(state, task.result(), "client")
 
 
 def _usage(turns: list[Turn], n: int) -> tuple[int, int]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 import httpx
 import pytest
@@ -184,6 +185,31 @@ async def test_n_choices_take_n_slots_and_a_refused_one_lets_the_placed_ones_go(
             both = {**body, "max_tokens": 2, "stream": False, "n": 2}
             one = await client.post("/v1/completions", json=both)
             assert one.status_code == 200 and len(one.json()["choices"]) == 2
+
+
+async def test_the_prompts_of_one_request_are_placed_at_once(nats_url: str) -> None:
+    """A batch of prompts (an evaluation harness sends 32 at a time) is dispatched together, so the
+    engine's first step can hold all of them, not one dispatch round trip after another."""
+    async with frontend_cluster(nats_url, instances=1) as cluster, cluster.client() as client:
+        gateway = cluster.gateway
+        assert gateway is not None
+        opened, in_flight, most = gateway.open, [0], [0]
+
+        async def slow_open(job: Any) -> Any:  # a dispatch round trip of 50 ms
+            in_flight[0] += 1
+            most[0] = max(most[0], in_flight[0])
+            try:
+                await asyncio.sleep(0.05)
+                return await opened(job)
+            finally:
+                in_flight[0] -= 1
+
+        gateway.open = slow_open  # type: ignore[method-assign]
+        body = {"model": "sim:tiny-test", "prompt": ["a", "b", "c", "d"], "max_tokens": 2, "n": 2}
+        response = await client.post("/v1/completions", json=body)
+        assert response.status_code == 200, response.text
+        assert [choice["index"] for choice in response.json()["choices"]] == list(range(8))
+        assert most[0] == 8
 
 
 async def _until_no_instances(cluster: object) -> None:
