@@ -66,8 +66,8 @@ async def wait_event(event: asyncio.Event, timeout: float) -> bool:
     return event.is_set()
 
 
-#: Seconds between cancels of a task that is still running after one (:func:`cancel_and_wait`).
-RECANCEL_S = 0.5
+#: Seconds a cancelled task has to end (its cleanup included) before :func:`cancel_and_wait` cancels it again.
+RECANCEL_S = 1.0
 
 
 async def cancel_and_wait(tasks: Iterable[asyncio.Future[Any]]) -> None:
