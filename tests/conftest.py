@@ -24,6 +24,8 @@ from bus.security import SecureDeployment
 from bus.server import EmbeddedNats
 from schemas import Subjects
 
+pytest_plugins = ["tests.hang_report"]
+
 # property tests check behaviour, not speed: on a shared 2-core machine one example can take
 # longer than hypothesis's default 200 ms deadline (test_codec flaked on it under load)
 settings.register_profile("shoal", deadline=None)
