@@ -3,8 +3,9 @@
 :class:`EmbeddedCluster` starts ``size`` :class:`bus.server.EmbeddedNats`
 nodes (``n1`` … ``nN``), each with its own store, client, route and
 monitoring port, routed to each other, and waits until every node's
-``/healthz`` says JetStream is up (a meta leader is elected), so streams
-with ``replicas`` up to ``size`` can be created at once. :attr:`url` lists
+``/healthz`` says JetStream is up (a meta leader is elected). The leader may
+count the last nodes as peers a moment later; a bus creating a stream with
+``replicas`` up to ``size`` waits for that (``bus.jetstream``). :attr:`url` lists
 every node for the clients. A node can be killed (-9) and restarted on the
 same ports and store, as a crashed machine coming back. It is for trying
 shoal and for tests on one machine; a production cluster runs on separate hosts.

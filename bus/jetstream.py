@@ -17,7 +17,8 @@ import contextlib
 import datetime as dt
 import json
 import logging
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
@@ -63,6 +64,11 @@ log = logging.getLogger(__name__)
 R = TypeVar("R")
 
 _STREAM_NAME_IN_USE = 10058
+#: "no suitable peers for placement": a replicated stream asked of a cluster whose meta leader does not
+#: yet count enough of its nodes as up (just started, or one restarting). Provisioning waits for them.
+_NO_SUITABLE_PEERS = 10005
+#: Seconds provisioning waits for a cluster to have the peers a replicated stream needs.
+PLACEMENT_WAIT_S = 20.0
 
 
 def _stored_message(stream: str) -> Convert[StoredMessage]:
@@ -82,6 +88,21 @@ def _kv_change(prefix: str) -> Convert[KvChange]:
         return KvChange(msg.subject[cut:], msg.data, seq)
 
     return convert
+
+
+async def _placed(create: Callable[[], Awaitable[R]]) -> R:
+    """``create()``, called again while the cluster answers that it has no peers to place it on,
+    for up to :data:`PLACEMENT_WAIT_S` (a component started with its NATS cluster waits for the
+    cluster's nodes to know each other, rather than failing)."""
+    deadline = time.monotonic() + PLACEMENT_WAIT_S
+    while True:
+        try:
+            return await create()
+        except nats.js.errors.BadRequestError as exc:
+            if exc.err_code != _NO_SUITABLE_PEERS or time.monotonic() >= deadline:
+                raise
+            log.info("NATS cluster: no peers for a replicated stream yet (%s), retrying", exc.description)
+        await asyncio.sleep(0.25)
 
 
 class JetStreamBus:
@@ -227,11 +248,13 @@ class JetStreamBus:
         except nats.js.errors.BucketNotFoundError:
             pass
         try:
-            await js.create_key_value(
-                bucket=names.kv_bucket,
-                history=streams.kv_history,
-                storage=api.StorageType.FILE,
-                replicas=streams.replicas,
+            await _placed(
+                lambda: js.create_key_value(
+                    bucket=names.kv_bucket,
+                    history=streams.kv_history,
+                    storage=api.StorageType.FILE,
+                    replicas=streams.replicas,
+                )
             )
         except nats.js.errors.BadRequestError as exc:
             if exc.err_code != _STREAM_NAME_IN_USE:  # exists with another config: use it as it is
@@ -251,7 +274,7 @@ class JetStreamBus:
         if existing is not None and _same_stream(existing.config, config):
             return
         try:
-            await translated(jsm.add_stream(config), f"create stream {config.name}")
+            await translated(_placed(lambda: jsm.add_stream(config)), f"create stream {config.name}")
         except BusError as exc:
             cause = exc.__cause__
             if not isinstance(cause, nats.js.errors.BadRequestError) or cause.err_code != _STREAM_NAME_IN_USE:
