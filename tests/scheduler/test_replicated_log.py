@@ -152,13 +152,13 @@ async def test_r3_log_loses_no_acknowledged_event_when_the_stream_leader_is_kill
 async def test_an_r3_bus_started_with_its_cluster_waits_for_the_third_node(tmp_path: Path) -> None:
     """Components started alongside their NATS cluster (``shoal up --nats-cluster 3``, a rollout)
     wait for the nodes an R3 stream needs, instead of failing with "no suitable peers"."""
-    cluster = EmbeddedCluster(tmp_path / "nats", size=3)
+    cluster = EmbeddedCluster(tmp_path / "nats", size=3, die_with_parent=True)
+    late: asyncio.TimerHandle | None = None
     try:
         for node in cluster.nodes[:2]:  # two of three: a meta leader, too few peers for R3
             node.start()
         cluster.wait_healthy()
-        late = asyncio.create_task(asyncio.sleep(1.5))
-        late.add_done_callback(lambda _: cluster.nodes[2].start())
+        late = asyncio.get_running_loop().call_later(1.5, cluster.nodes[2].start)
         bus = _r3(cluster.nodes[0].url, new_prefix())
         started = time.monotonic()
         await bus.connect()
@@ -168,4 +168,6 @@ async def test_an_r3_bus_started_with_its_cluster_waits_for_the_third_node(tmp_p
         assert info.config.num_replicas == 3
         assert waited >= 1.0  # it was created once the third node was up, not before
     finally:
+        if late is not None:
+            late.cancel()  # a failed connect must not leave the third node to start after the stop
         cluster.stop()
