@@ -597,10 +597,12 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
     for key, label in (
         ("live_ms", "live (client)"),
         ("live_agent_ms", "live (agent)"),
+        ("paced_ms", "paced (client)"),
+        ("paced_agent_ms", "paced (agent)"),
         ("blocking_ms", "blocking copy"),
         ("recompute_ms", "recompute"),
     ):
-        points = [(n, row[key]) for n, row in zip(lengths, rows, strict=True) if row[key] is not None]
+        points = [(n, row[key]) for n, row in zip(lengths, rows, strict=True) if row.get(key) is not None]
         if points:
             axis.plot([p[0] for p in points], [max(p[1], 0.1) for p in points], marker="o", label=label)
     axis.set_xscale("log", base=2)
