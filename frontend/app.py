@@ -25,6 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agents.engines.tokenizer import TextTokenizer
 from bus import Bus, BusConfig, JetStreamBus, StreamConfig
+from bus.heap import freeze_startup_heap, register_heap_metrics
 from bus.metrics import BusCollector
 from frontend.config import FrontendConfig
 from frontend.dependencies import PRIORITY_HEADER, FrontendState, install_state, state_of
@@ -46,15 +47,19 @@ def create_app(
     gateway: Gateway | None = None,
     bus_factory: Callable[[BusConfig], Bus] = JetStreamBus,
     tracer_provider: TracerProvider | None = None,
+    freeze_heap: bool = False,
 ) -> FastAPI:
     """The frontend app. Without ``gateway`` its lifespan connects to ``config.nats_url`` and runs one.
 
-    With ``tracer_provider`` every HTTP request gets a server span (:mod:`frontend.tracing`).
+    With ``tracer_provider`` every HTTP request gets a server span (:mod:`frontend.tracing`). With
+    ``freeze_heap`` (``shoal serve``) the lifespan freezes the start-up heap once the gateway runs
+    (:func:`bus.heap.freeze_startup_heap`).
     """
     tokenizer = load_frontend_tokenizer(config.model)
     app = FastAPI(
         title="shoal", version="0.1.0",
-        lifespan=FrontendLifespan(config, tokenizer, gateway=gateway, bus_factory=bus_factory),
+        lifespan=FrontendLifespan(config, tokenizer, gateway=gateway, bus_factory=bus_factory,
+                                  freeze_heap=freeze_heap),
         exception_handlers={
             APIError: on_api_error,
             RequestValidationError: on_validation_error,
@@ -84,6 +89,7 @@ class FrontendLifespan:
     tokenizer: TextTokenizer
     gateway: Gateway | None = None
     bus_factory: Callable[[BusConfig], Bus] = JetStreamBus
+    freeze_heap: bool = False
 
     @asynccontextmanager
     async def __call__(self, app: FastAPI) -> AsyncIterator[None]:
@@ -100,8 +106,11 @@ class FrontendLifespan:
         gateway = Gateway(bus, config)
         counted = bus if isinstance(bus, JetStreamBus) else None
         gateway.metrics.registry.register(BusCollector(lambda: counted))
+        register_heap_metrics(gateway.metrics.registry)
         await gateway.start()
         install_state(app, FrontendState.build(config, self.tokenizer, gateway))
+        if self.freeze_heap:
+            freeze_startup_heap()
         try:
             yield
         finally:

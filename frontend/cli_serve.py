@@ -101,7 +101,7 @@ def serve(**options: Any) -> None:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     config = config_from_options(options)
     provider = tracer_provider(TelemetryConfig.from_env(os.environ), "shoal-frontend")
-    app = create_app(config, tracer_provider=provider)
+    app = create_app(config, tracer_provider=provider, freeze_heap=True)
     try:
         uvicorn.run(app, host=options["host"], port=options["port"], log_level=options["log_level"].lower(),
                     access_log=False)

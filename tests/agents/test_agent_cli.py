@@ -66,6 +66,7 @@ async def test_shoal_agent_serves_and_leaves_cleanly(nats_url: str, tmp_path: Pa
             samples = await scrape(info["metrics_url"])  # --metrics-port 0: a free port, in the ready file
             assert value(samples, "shoal_agent_step_duration_seconds_count") >= 10
             assert value(samples, "shoal_agent_kv_blocks") > 0
+            assert value(samples, "shoal_gc_frozen_objects") > 10_000  # its start-up heap (bus/heap.py)
         finally:
             process.send_signal(signal.SIGTERM)
             output, _ = await asyncio.wait_for(process.communicate(), 20)
