@@ -18,7 +18,7 @@ from agents.engines.tokenizer import ByteTokenizer, TextTokenizer, load_tokenize
 from frontend.errors import APIError, invalid_parameter
 from frontend.openai_models import ChatMessage
 
-__all__ = ["chat_prompt_ids", "completion_prompt_ids", "load_frontend_tokenizer", "token_text"]
+__all__ = ["chat_prompt_ids", "completion_prompt_ids", "encode_text", "load_frontend_tokenizer", "token_text"]
 
 
 def load_frontend_tokenizer(model: str) -> TextTokenizer:
@@ -31,7 +31,9 @@ def load_frontend_tokenizer(model: str) -> TextTokenizer:
     return load_tokenizer(model)
 
 
-def _encode(tokenizer: TextTokenizer, text: str, param: str, *, add_special_tokens: bool = True) -> list[int]:
+def encode_text(
+    tokenizer: TextTokenizer, text: str, param: str, *, add_special_tokens: bool = True
+) -> list[int]:
     """``tokenizer.encode`` of valid Unicode only: JSON can carry a lone surrogate, UTF-8 cannot."""
     try:
         text.encode("utf-8")
@@ -55,7 +57,7 @@ def completion_prompt_ids(tokenizer: TextTokenizer, prompt: Any) -> list[list[in
 
 def _one_prompt(tokenizer: TextTokenizer, prompt: Any) -> list[int]:
     if isinstance(prompt, str):
-        ids = _encode(tokenizer, prompt, "prompt")
+        ids = encode_text(tokenizer, prompt, "prompt")
     elif isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
         ids = list(prompt)
         vocab = tokenizer.vocab_size
@@ -90,7 +92,7 @@ def chat_prompt_ids(
         text = render_chat(tokenizer, rendered, add_generation_prompt=add_generation_prompt)
     except Exception as exc:  # a template error is the messages' fault (e.g. roles out of order)
         raise APIError(400, f"the chat template rejected the messages: {exc}", param="messages") from exc
-    ids = _encode(tokenizer, text, "messages", add_special_tokens=False)
+    ids = encode_text(tokenizer, text, "messages", add_special_tokens=False)
     if not ids:
         raise invalid_parameter("the rendered chat prompt is empty", "messages")
     return ids

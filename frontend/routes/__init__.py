@@ -2,6 +2,7 @@
 
 * :mod:`frontend.routes.generation` — ``POST /v1/completions``, ``POST /v1/chat/completions``;
 * :mod:`frontend.routes.models` — ``GET /v1/models``;
+* :mod:`frontend.routes.tokenize` — ``POST /tokenize``, ``POST /detokenize`` (vLLM's);
 * :mod:`frontend.routes.health` — ``GET /health``, ``GET /metrics``.
 
 Each route is a plain function; what routes share comes through the
@@ -12,9 +13,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from frontend.routes import generation, health, models
+from frontend.routes import generation, health, models, tokenize
 
 __all__ = ["ROUTERS"]
 
 #: In the order the routes were registered before (it is the OpenAPI schema's order).
-ROUTERS: tuple[APIRouter, ...] = (health.router, models.router, generation.router)
+ROUTERS: tuple[APIRouter, ...] = (health.router, models.router, generation.router, tokenize.router)

@@ -25,6 +25,8 @@ _VALID: dict[str, dict[str, Any]] = {
     "/v1/chat/completions": {
         "model": "sim:tiny-test", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
     },
+    "/tokenize": {"model": "sim:tiny-test", "prompt": "hi"},
+    "/detokenize": {"model": "sim:tiny-test", "tokens": [104, 105]},
 }
 
 
@@ -57,8 +59,9 @@ async def test_fuzzed_requests_never_get_a_5xx(nats_url: str) -> None:
     async with frontend_cluster(nats_url, instances=1, max_tokens_cap=4, max_model_len=256) as cluster:
         url = await cluster.serve()
         schema = cluster.app.openapi()
-        for path in ("/v1/completions", "/v1/chat/completions"):
-            failures, statuses = await asyncio.to_thread(_fuzz, schema, url, path, 60)
+        for path, examples in (("/v1/completions", 60), ("/v1/chat/completions", 60), ("/tokenize", 30),
+                               ("/detokenize", 30)):
+            failures, statuses = await asyncio.to_thread(_fuzz, schema, url, path, examples)
             assert not failures, failures[:5]
             # Most generated bodies are invalid (4xx); whether one is also valid is up to
             # chance, so the success path is checked with a known-good body on the same server.
