@@ -67,6 +67,7 @@ async def test_shoal_agent_serves_and_leaves_cleanly(nats_url: str, tmp_path: Pa
             assert value(samples, "shoal_agent_step_duration_seconds_count") >= 10
             assert value(samples, "shoal_agent_kv_blocks") > 0
             assert value(samples, "shoal_gc_frozen_objects") > 10_000  # its start-up heap (bus/heap.py)
+            assert value(samples, "shoal_gc_pause_seconds_count", generation="2") >= 1  # the freeze's
         finally:
             process.send_signal(signal.SIGTERM)
             output, _ = await asyncio.wait_for(process.communicate(), 20)
