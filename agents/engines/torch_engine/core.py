@@ -55,6 +55,7 @@ from agents.engines.torch_engine.kv_cache import KVPoolShape, PagedKVPool, dtype
 from agents.engines.torch_engine.loader import load_model
 from agents.engines.torch_engine.runner import ModelRunner, SequenceWork
 from agents.engines.torch_engine.sampling import SamplingRow, sample
+from bus.heap import freeze_startup_heap
 from schemas import Alternatives, SamplingParams
 
 if TYPE_CHECKING:
@@ -349,6 +350,7 @@ def _serve(conn: Connection) -> None:  # pragma: no cover - runs in the child
                     max_pass_tokens=options.max_pass_tokens,
                 )
                 core = ModelCore(runner)
+                freeze_startup_heap()  # torch and the model: out of the full collections that stall steps
                 reply = ("ok", None)
             elif kind == "step" and core is not None:
                 reply = ("ok", core.compute(StepWork.from_wire(payload)))
