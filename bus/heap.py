@@ -1,10 +1,10 @@
 """A long-running component's startup heap, kept out of the garbage collector's full passes.
 
-A process that has imported torch, FastAPI, nats-py and OpenTelemetry holds about 230,000
-Python objects before it serves anything. CPython's cyclic collector walks all of them in
-every full (generation 2) collection: about 100 ms on the development machine, during which
-the agent's event loop, its step loop and its migration handshakes stand still (a decode step
-late by that much is a TPOT spike a client sees). A full collection comes whenever the objects
+A started torch agent holds about 340,000 Python objects (its imports, the engine, the model's
+modules) before it serves anything. CPython's cyclic collector walks all of them in every full
+(generation 2) collection: 146 ms on the development machine, during which the agent's event
+loop, its step loop and its migration handshakes stand still (a decode step late by that much
+is a TPOT spike a client sees). A full collection comes whenever the objects
 that survived since the last one reach a quarter of the long-lived ones, so a busy process
 meets one every so often, at a moment nobody chooses.
 
@@ -16,8 +16,9 @@ same reason. The frozen objects live for the whole process, as start-up objects 
 how long every collection stopped the process (``shoal_gc_pause_seconds{generation}``), so a
 latency spike can be checked against the collector.
 
-Called by ``shoal agent`` and ``shoal serve`` once they are ready (not by library code: a test
-process that starts components in turn would pin every earlier test's objects). The scheduler
+Called by ``shoal agent``, ``shoal serve`` and the torch engine's core process once they are
+ready (not by library code: a test process that starts components in turn would pin every
+earlier test's objects). The scheduler
 freezes what its recovery built (``scheduler/service.py``).
 """
 
