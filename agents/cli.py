@@ -289,7 +289,7 @@ async def _run(options: dict[str, Any]) -> None:
     from agents.agent import Agent, AgentConfig
     from agents.migration.fsm.config import MigrationConfig
     from bus import BusConfig, JetStreamBus, StreamConfig
-    from bus.heap import freeze_startup_heap, register_heap_metrics
+    from bus.heap import freeze_startup_heap
     from bus.metrics import BusCollector
     from bus.telemetry import TelemetryConfig, tracer_provider
     from schemas import Subjects
@@ -365,7 +365,6 @@ async def _run(options: dict[str, Any]) -> None:
     await bus.connect()
     runner = Agent(engine, bus, config, tracer_provider=provider)
     runner.metrics.registry.register(BusCollector(lambda: bus))
-    register_heap_metrics(runner.metrics.registry)
     await runner.start()
     freeze_startup_heap()  # the model, the engine and every import: out of later full collections
     log.info(

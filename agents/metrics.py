@@ -24,6 +24,7 @@ from prometheus_client.registry import Collector
 
 from agents.engines.protocol import EngineStats, StepResult
 from agents.migration.source import MigrationOutcome
+from bus.heap import register_heap_metrics
 from schemas.reasons import MigrationAbortReason
 
 __all__ = ["AgentMetrics"]
@@ -69,6 +70,7 @@ class AgentMetrics:
         """``engine_stats``: the latest snapshot the agent took (scrapes run on another thread, so
         they read a snapshot the event loop made rather than the engine itself); None before one."""
         self.registry = CollectorRegistry(auto_describe=True)
+        register_heap_metrics(self.registry)  # garbage collection (bus/heap.py)
         r = self.registry
         self.step_duration = Histogram(
             "shoal_agent_step_duration_seconds", "Engine step time (modeled for sim, measured for torch)",

@@ -12,9 +12,9 @@ meets one every so often, at a moment nobody chooses.
 the permanent generation (:func:`gc.freeze`), which later collections skip: they walk only
 what the process allocated since. vLLM freezes its engine core's heap after start-up for the
 same reason. The frozen objects live for the whole process, as start-up objects do anyway.
-:func:`register_heap_metrics` shows the effect on ``/metrics``: how many objects are frozen, and
-how long every collection stopped the process (``shoal_gc_pause_seconds{generation}``), so a
-latency spike can be checked against the collector.
+:func:`register_heap_metrics`, which every component's metrics registry calls, shows the effect on
+``/metrics``: how many objects are frozen, and how long every collection stopped the process
+(``shoal_gc_pause_seconds{generation}``), so a latency spike can be checked against the collector.
 
 Called by ``shoal agent``, ``shoal serve`` and the torch engine's core process once they are
 ready (not by library code: a test process that starts components in turn would pin every

@@ -25,7 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agents.engines.tokenizer import TextTokenizer
 from bus import Bus, BusConfig, JetStreamBus, StreamConfig
-from bus.heap import freeze_startup_heap, register_heap_metrics
+from bus.heap import freeze_startup_heap
 from bus.metrics import BusCollector
 from frontend.config import FrontendConfig
 from frontend.dependencies import PRIORITY_HEADER, FrontendState, install_state, state_of
@@ -106,7 +106,6 @@ class FrontendLifespan:
         gateway = Gateway(bus, config)
         counted = bus if isinstance(bus, JetStreamBus) else None
         gateway.metrics.registry.register(BusCollector(lambda: counted))
-        register_heap_metrics(gateway.metrics.registry)
         await gateway.start()
         install_state(app, FrontendState.build(config, self.tokenizer, gateway))
         if self.freeze_heap:

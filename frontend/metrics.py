@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from bus.heap import register_heap_metrics
 from frontend.board import Readiness
 from scheduler.policy import InstanceLoad
 
@@ -85,6 +86,7 @@ class FrontendMetrics:
         readiness: Callable[[], Mapping[str, Readiness]] = dict,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        register_heap_metrics(self.registry)  # garbage collection (bus/heap.py)
         r = self.registry
         self.requests = Counter(
             "shoal_requests", "Requests by endpoint and outcome", ["endpoint", "outcome"], registry=r

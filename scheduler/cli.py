@@ -26,7 +26,6 @@ import msgspec
 from opentelemetry.sdk.trace import TracerProvider
 
 from bus import BusConfig, JetStreamBus, StreamConfig, event_loop
-from bus.heap import register_heap_metrics
 from bus.metrics import BusCollector
 from bus.options import metrics_options, nats_auth_options, nats_option, nats_replicas_option
 from bus.telemetry import TelemetryConfig, tracer_provider
@@ -291,7 +290,6 @@ async def run_scheduler(
     async with JetStreamBus(bus_config) as bus:
         service = SchedulerService(bus, config, instance_manager=manager, tracer_provider=tracer_provider)
         service.metrics.registry.register(BusCollector(lambda: bus))
-        register_heap_metrics(service.metrics.registry)
         if metrics is not None:
             from prometheus_client import start_http_server
 

@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from bus.heap import register_heap_metrics
 from scheduler.service_config import Role
 from schemas.decisions import Dispatched, Paired, ScaleDown, ScaleUp, SchedulerTick, Unpaired
 from schemas.envelope import Body
@@ -71,6 +72,7 @@ class SchedulerMetrics:
 
     def __init__(self, lease: Callable[[], tuple[Role, int]]) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        register_heap_metrics(self.registry)  # garbage collection (bus/heap.py)
         r = self.registry
         self.decision_latency = Histogram(
             "shoal_scheduler_dispatch_decision_seconds", "Dispatch RPC handling: request in to reply out",
