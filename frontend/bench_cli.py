@@ -1,7 +1,7 @@
 """``shoal bench …``: every benchmark, each defined beside what it measures.
 
-Same lazy scheme as the top-level command: a benchmark whose module does not
-exist yet says so instead of running.
+Same lazy scheme as the top-level command: a benchmark's module is imported
+only when that benchmark runs.
 """
 
 from __future__ import annotations

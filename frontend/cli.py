@@ -2,16 +2,14 @@
 
 Each subcommand parses its options into a frozen config and hands it to the
 component that owns the work; nothing below this module reads the
-environment. Subcommands whose component is not built yet say so and exit
-with status 2 rather than pretending to work.
+environment. Subcommands import their module only when they run, so
+``shoal --help`` stays fast and imports no engine.
 """
 
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import sys
-from collections.abc import Callable
 from typing import Any
 
 import click
@@ -19,20 +17,6 @@ import click
 from frontend.packages import ForeignPackage, check_packages
 
 __all__ = ["main"]
-
-
-def _not_yet(name: str, what: str) -> Callable[..., None]:
-    def command(**_: Any) -> None:
-        raise click.UsageError(f"'shoal {name}' is not implemented yet: {what}")
-
-    return command
-
-
-def _module_exists(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except ModuleNotFoundError:  # a parent package is missing
-        return False
 
 
 class LazyGroup(click.Group):
@@ -51,18 +35,16 @@ class LazyGroup(click.Group):
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name in self.lazy:
-            target, help_text = self.lazy[cmd_name]
-            module_name, _, attr = target.partition(":")
-            if _module_exists(module_name):
-                command: click.Command = getattr(importlib.import_module(module_name), attr)
-            else:
-                command = click.Command(
-                    cmd_name,
-                    callback=_not_yet(cmd_name, help_text),
-                    help=f"[not implemented yet] {help_text}",
-                    context_settings={"ignore_unknown_options": True},
-                    params=[click.Argument(["args"], nargs=-1, type=click.UNPROCESSED)],
-                )
+            module_name, _, attr = self.lazy[cmd_name][0].partition(":")
+            try:
+                module = importlib.import_module(module_name)
+            except ModuleNotFoundError as exc:
+                # a dependency this command needs and this environment lacks (an optional extra)
+                raise click.ClickException(
+                    f"'{ctx.command_path} {cmd_name}' needs the Python module '{exc.name}', "
+                    "which is not installed in this environment"
+                ) from exc
+            command: click.Command = getattr(module, attr)
             return command
         return super().get_command(ctx, cmd_name)
 
@@ -80,8 +62,8 @@ class LazyGroup(click.Group):
                 formatter.write_dl(rows)
 
 
-#: Subcommand name -> (module:attribute, one-line help). A module that does not
-#: exist yet yields a command that says so.
+#: Subcommand name -> (module:attribute, one-line help); the module is imported when the
+#: subcommand runs.
 COMMANDS: dict[str, tuple[str, str]] = {
     "up": ("frontend.up:up", "Run a whole local cluster: NATS, scheduler, agents, frontend."),
     "agent": ("agents.cli:agent", "Run one instance agent driving an engine."),
