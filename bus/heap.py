@@ -1,12 +1,12 @@
 """A long-running component's startup heap, kept out of the garbage collector's full passes.
 
-A started torch agent holds about 340,000 Python objects (its imports, the engine, the model's
-modules) before it serves anything. CPython's cyclic collector walks all of them in every full
-(generation 2) collection: 146 ms on the development machine, during which the agent's event
-loop, its step loop and its migration handshakes stand still (a decode step late by that much
-is a TPOT spike a client sees). A full collection comes whenever the objects
-that survived since the last one reach a quarter of the long-lived ones, so a busy process
-meets one every so often, at a moment nobody chooses.
+A started torch agent holds hundreds of thousands of Python objects (its imports, the engine,
+the model's modules) before it serves anything. CPython's cyclic collector walks all of them in
+every full (generation 2) collection, a pause longer than a decode step during which the agent's
+event loop, its step loop and its migration handshakes stand still (a decode step late by that
+much is a TPOT spike a client sees; docs/operating.md shows how to read the pauses). A full
+collection comes whenever the objects that survived since the last one reach a quarter of the
+long-lived ones, so a busy process meets one every so often, at a moment nobody chooses.
 
 :func:`freeze_startup_heap` collects once, then moves every object alive at that point into
 the permanent generation (:func:`gc.freeze`), which later collections skip: they walk only

@@ -2,7 +2,7 @@
 
 Unpaced, a stage's copy (export, send, receive, write) runs as fast as it can,
 beside the engine's steps on the same cores: the requests decoding on both
-instances slow down for as long as the copy lasts (1.7-2.2x on 2 cores). With
+instances slow down for as long as the copy lasts. With
 ``MigrationConfig.copy_step_share`` = ``s`` > 0, the shells move a stage in
 chunks instead, each sized to cost about ``s`` of one engine step (from the
 measured cost of the chunks so far and the recent step times), and at most
@@ -25,7 +25,7 @@ at full speed at once (a chunk's wait ends early). The shells hurry a migration
 when its source turns short of memory while it copies (checked before each
 chunk: the ``urgent`` callback) and when another migration wants the slot it
 holds at either end (:mod:`agents.migration.manager`); the simulator models
-the same (docs/SIMULATION.md, round 9).
+the same (:mod:`scheduler.sim`).
 
 :class:`StepClock` is the agent's record of its steps (the migration manager
 feeds it); :class:`CopyPacer` sizes and spaces one stage's chunks. Both are

@@ -215,7 +215,7 @@ class PagedAttention:
             allowed &= key_pos >= lens - self.sliding_window
         # The query heads that share a KV head are that head's query rows ([B, Hkv, group, D]):
         # one pass over each gathered KV head serves its whole group, as one query per head with
-        # ``enable_gqa`` does not (measured 1.3x faster in float32, 5x in bfloat16; see SPEED.md).
+        # ``enable_gqa`` does not (faster on CPU, by far the most in bfloat16).
         num_kv_heads = k.shape[2]
         out = F.scaled_dot_product_attention(
             q.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim),

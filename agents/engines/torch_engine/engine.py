@@ -14,8 +14,8 @@ otherwise be handed to an incoming migration while the step still writes
 them); the aborted requests' outputs of that step are dropped. A caller whose
 loop has nothing else to do (``exclusive=True``) gets short steps computed on
 its own thread instead: the forward pass is Python-heavy on CPU, so a thread
-buys no parallelism there, only GIL hand-offs and interference (measured with
-``shoal bench serve``: about 1 ms per step at 32 streams, 7-9% of a decode step).
+buys no parallelism there, only GIL hand-offs and interference between steps (``shoal bench
+serve`` shows the difference in the gap between two decode steps).
 
 With ``core="process"`` the model and its step live in a child process
 (:mod:`.core`) and every step computes there, the caller's loop free meanwhile;

@@ -43,8 +43,8 @@ class MigrationConfig:
     the simulator stretches a paced stage's copy time by ``1 / copy_step_share``. Off by
     default: at 0.1 co-located decode steps slow by about a tenth while a stage copies, but the
     copy takes about ten times as long, and the memory a migration frees comes that much later
-    (docs/SIMULATION.md, round 7). Even when on, a source short of memory copies at full speed
-    (:meth:`for_source`).
+    (the simulator's comparison: docs/simulation.md). Even when on, a source short of memory
+    copies at full speed (:meth:`for_source`).
     """
 
     last_stage_max_blocks: int = 2
