@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The vLLM engine's checks on an NVIDIA GPU, ready for the day a GPU machine is at hand.
-# NOT RUN YET: no GPU has been available to this project (see STATUS.md).
+# The vLLM engine's checks on an NVIDIA GPU. No result of it is in the repository: the vLLM
+# engine has run on CPU only (see STATUS.md).
 #
 #   bash agents/engines/vllm_engine/gpu_check.sh [OUT_DIR]     (from the repository root)
 #
