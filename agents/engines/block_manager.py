@@ -3,7 +3,7 @@
 Every block is in exactly one of three states:
 
 * **free** — on the free list, available to ``allocate`` and ``reserve``;
-* **allocated** — held by one or more requests (a reference count, 1 today);
+* **allocated** — held by one or more requests (a reference count; 1 while no block is shared);
 * **reserved** — set aside by ``reserve`` for an incoming migration, owned by a
   :class:`Reservation` until ``commit`` makes its blocks allocated or
   ``release`` returns them to the free list.

@@ -115,9 +115,9 @@ def _random(name: str, **shape: Any) -> ModelConfig:
     return ModelConfig(name=name, tie_word_embeddings=False, logit_scale=4.0, **shape)
 
 
-#: Seeded random models. ``tiny``: tests. ``small``: serving benchmarks (a decode
-#: step of >= ~10 ms at batch 32 on 2 CPU cores). ``kv-heavy``: migration
-#: benchmarks (128 KiB of float32 KV per token, cheap compute per token).
+#: Seeded random models. ``tiny``: tests. ``small``: serving benchmarks (enough compute
+#: per decode step that the engine, not the serving path, dominates on a few CPU cores).
+#: ``kv-heavy``: migration benchmarks (128 KiB of float32 KV per token, cheap compute per token).
 PRESETS: Mapping[str, ModelConfig] = {
     "tiny": _random(
         "tiny", vocab_size=320, hidden_size=64, intermediate_size=128, num_layers=2,
