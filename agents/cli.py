@@ -35,6 +35,7 @@ from typing import Any
 import click
 
 from bus import event_loop
+from bus.extras import require_engine
 from bus.options import metrics_options, nats_auth_options, nats_option, nats_replicas_option
 
 __all__ = ["agent", "build_engine", "fault_plan"]
@@ -203,6 +204,7 @@ def agent(**options: Any) -> None:
     logging.basicConfig(
         level=options["log_level"].upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
+    require_engine(options["engine"])  # exit 2 naming the extra, before anything starts
     if options["engine"] == "torch":
         import torch
 

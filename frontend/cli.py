@@ -40,6 +40,10 @@ class LazyGroup(click.Group):
                 module = importlib.import_module(module_name)
             except ModuleNotFoundError as exc:
                 # a dependency this command needs and this environment lacks (an optional extra)
+                from bus.extras import missing_extra
+
+                if (missing := missing_extra(exc)) is not None:
+                    raise missing from exc  # names the extra to install; exit status 2
                 raise click.ClickException(
                     f"'{ctx.command_path} {cmd_name}' needs the Python module '{exc.name}', "
                     "which is not installed in this environment"
@@ -93,4 +97,13 @@ def main(argv: list[str] | None = None) -> None:
     except ForeignPackage as exc:
         click.echo(f"shoal: {exc}", err=True)
         raise SystemExit(2) from None
-    cli.main(args=argv if argv is not None else sys.argv[1:], prog_name="shoal")
+    try:
+        cli.main(args=argv if argv is not None else sys.argv[1:], prog_name="shoal")
+    except Exception as exc:  # a module of an extra that is not installed: say which, exit 2
+        from bus.extras import missing_extra  # here: importing bus costs `shoal --help` 0.4 s
+
+        missing = missing_extra(exc)
+        if missing is None:
+            raise
+        missing.show()
+        raise SystemExit(missing.exit_code) from None

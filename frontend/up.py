@@ -46,6 +46,7 @@ from typing import IO, Any
 import click
 
 from bus.auth import redact_url
+from bus.extras import require_engine
 from bus.options import auth_file_flags, nats_option
 from bus.server import die_with_parent, free_port
 from scheduler.cli import scale_band_options
@@ -287,6 +288,7 @@ def _start(
     """Start everything and wait until the frontend sees every instance; False if stopped meanwhile."""
     if options["engine"] == "vllm" and options["model"] is None:
         raise click.UsageError("--engine vllm needs --model CHECKPOINT_FOLDER")
+    require_engine(options["engine"])  # exit 2 naming the extra, before anything starts
     if options["autoscale"] and options["no_scheduler"]:
         raise click.UsageError("--autoscale needs the scheduler (drop --no-scheduler)")
     _check_port_free(options["host"], options["port"])
