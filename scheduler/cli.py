@@ -30,6 +30,7 @@ from bus.metrics import BusCollector
 from bus.options import metrics_options, nats_auth_options, nats_option, nats_replicas_option
 from bus.telemetry import TelemetryConfig, tracer_provider
 from scheduler.config import (
+    DISPATCH_MENU,
     SHOAL_HIGH_FREENESS,
     SHOAL_REQUEUE_AFTER_S,
     DispatchPolicy,
@@ -53,17 +54,15 @@ def policy_options(function: F) -> F:
         [
             click.option(
                 "--policy",
-                type=click.Choice([p.value for p in DispatchPolicy]),
+                type=click.Choice([p.value for p in DISPATCH_MENU]),
                 default=DispatchPolicy.PREFILL_AHEAD.value,
                 show_default=True,
-                help="Dispatch policy. prefill_ahead (the default) is shoal's policy (blocks_ahead: it "
-                "without the prompts in flight counted as work ahead, the default of rounds 2-5; "
-                "queue_aware: the rule before; blocks_ahead_growth: blocks_ahead with the running "
-                "requests' expected decode growth taken off each instance's room; prefill_ahead_saturated: "
-                "prefill_ahead with INFaaS++'s choice once the request waits for memory everywhere, an "
-                "ablation, see docs/SIMULATION.md round 8); shoal's rules bring "
-                "its migration rules (room check, no retry of an aborted request for 2 s, at most 3 moves "
-                "per request); the others pair by the paper's rules.",
+                help="Dispatch policy. prefill_ahead: shoal's, the instance where the request would start "
+                "soonest (the prompts queued or not yet prefilled ahead of it, or the memory it would wait "
+                "for), with shoal's migration rules (room-checked pairs, no retry of an aborted request for "
+                "2 s, at most 3 moves per request) and the move of queued requests; freeness: the Llumnix "
+                "paper's (highest freeness, the paper's migration); infaas++: least memory load counting the "
+                "queue, no migration; round_robin: no migration.",
             ),
             click.option(
                 "--low-freeness",
@@ -77,7 +76,7 @@ def policy_options(function: F) -> F:
                 type=float,
                 default=None,
                 help="Migration destinations are above this freeness "
-                f"[default: {SHOAL_HIGH_FREENESS:g} for shoal's rules (blocks_ahead*, queue_aware), "
+                f"[default: {SHOAL_HIGH_FREENESS:g} for prefill_ahead, "
                 f"{PairingConfig().high_freeness:g} for the others].",
             ),
             click.option(
@@ -188,8 +187,8 @@ def policy_from_options(
     type=click.FloatRange(min=0),
     default=None,
     help="Move a queued request (no KV) off an instance whose head of line waited this long, "
-    f"to where it would start at once (blocks_ahead rules only; default {SHOAL_REQUEUE_AFTER_S} s with "
-    "them, off otherwise; 0: off).",
+    f"to where it would start at once (--policy prefill_ahead only; default {SHOAL_REQUEUE_AFTER_S} s with "
+    "it, off otherwise; 0: off).",
 )
 @click.option(
     "--autoscale-command",
@@ -227,8 +226,7 @@ def scheduler(**options: Any) -> None:
         requeue = SHOAL_REQUEUE_AFTER_S if DispatchPolicy(options["policy"]).moves_queued else 0.0
     if requeue and not DispatchPolicy(options["policy"]).moves_queued:
         raise click.BadParameter(
-            f"moving queued requests needs --policy {DispatchPolicy.PREFILL_AHEAD.value}, "
-            f"{DispatchPolicy.BLOCKS_AHEAD.value} or {DispatchPolicy.BLOCKS_AHEAD_GROWTH.value}",
+            f"moving queued requests needs --policy {DispatchPolicy.PREFILL_AHEAD.value}",
             param_hint="--requeue-after-s",
         )
     config = SchedulerConfig(

@@ -26,8 +26,10 @@ import msgspec
 
 __all__ = [
     "DEFAULT_PRIORITY_CLASSES",
+    "DISPATCH_MENU",
     "SHOAL_HIGH_FREENESS",
     "SHOAL_REQUEUE_AFTER_S",
+    "SUPERSEDED_DISPATCH",
     "DispatchPolicy",
     "PairingConfig",
     "PolicyConfig",
@@ -40,34 +42,37 @@ __all__ = [
 
 
 class DispatchPolicy(enum.StrEnum):
-    """Which rule places a new request (see :mod:`scheduler.policy.dispatch`)."""
+    """Which rule places a new request (see :mod:`scheduler.policy.dispatch`).
 
-    #: The paper: the instance with the highest freeness.
+    The rules ``--policy`` offers are :data:`DISPATCH_MENU`. The others are superseded rules,
+    kept so that a log recorded with one still decodes and recomputes its decisions exactly
+    (``shoal replay``); no command line offers them (:data:`SUPERSEDED_DISPATCH`).
+    """
+
+    #: shoal's default: the instance where the request would start soonest, counting the blocks
+    #: of the prompts queued or admitted but not yet prefilled ahead of it (``LoadReport.prefill_blocks``),
+    #: or the memory it would wait for; among instances where it starts at once, the most room per
+    #: request after admitting it.
+    PREFILL_AHEAD = "prefill_ahead"
+    #: The Llumnix paper's rule: the instance with the highest freeness.
     FREENESS = "freeness"
-    #: The highest freeness the instance would have after admitting the request.
-    FREENESS_AFTER_ADMIT = "freeness_after_admit"
-    #: Instances in id order, one after another (baseline).
-    ROUND_ROBIN = "round_robin"
-    #: INFaaS++: least memory load, counting the demand of every queued request (baseline).
+    #: INFaaS++: the least memory load, counting the demand of every queued request.
     INFAAS = "infaas++"
-    #: shoal's default until 2026-12-02: freeness after admission counting *every* queued
-    #: request's demand and batch slot; an instance that cannot hold its queue is ranked by its
-    #: deficit in blocks. Kept unchanged so logs recorded with it recompute exactly.
+    #: Instances in id order, one after another.
+    ROUND_ROBIN = "round_robin"
+    #: Superseded: the highest freeness the instance would have after admitting the request.
+    FREENESS_AFTER_ADMIT = "freeness_after_admit"
+    #: Superseded: freeness after admission counting every queued request's demand and batch slot;
+    #: an instance that cannot hold its queue is ranked by its deficit in blocks.
     QUEUE_AWARE = "queue_aware"
-    #: shoal's default of rounds 2-5 (2026-12-02): where the request would start soonest (the blocks
-    #: of queued prompts or memory ahead of it), then as ``queue_aware`` among instances where it
-    #: starts at once. Kept unchanged so logs recorded with it recompute exactly.
+    #: Superseded: ``prefill_ahead`` without the prompts admitted but not yet prefilled counted as
+    #: work ahead.
     BLOCKS_AHEAD = "blocks_ahead"
-    #: ``blocks_ahead`` with the running requests' expected decode growth taken off every
+    #: Superseded: ``blocks_ahead`` with the running requests' expected decode growth taken off every
     #: instance's room (``LoadReport.expected_growth_blocks``).
     BLOCKS_AHEAD_GROWTH = "blocks_ahead_growth"
-    #: shoal's default since round 6: ``blocks_ahead`` with the prompts admitted but not yet prefilled
-    #: (``LoadReport.prefill_blocks``: the step in flight) counted as work ahead where memory does not
-    #: bind, on instances where the request would otherwise start at once too.
-    PREFILL_AHEAD = "prefill_ahead"
-    #: ``prefill_ahead``, except that a request which would wait for memory on every instance goes
-    #: where INFaaS++ puts it (the least memory load): once the whole cluster queues for blocks,
-    #: counting the prompts queued where it would have room ranks worse than memory alone.
+    #: Superseded: ``prefill_ahead``, except that a request which would wait for memory on every
+    #: instance goes where INFaaS++ puts it (the least memory load).
     PREFILL_AHEAD_SATURATED = "prefill_ahead_saturated"
 
     @property
@@ -96,8 +101,22 @@ class DispatchPolicy(enum.StrEnum):
         """One of shoal's own rules (they bring :func:`shoal_pairing` and may move queued requests)."""
         return self in SHOAL_DISPATCH
 
+    @property
+    def superseded(self) -> bool:
+        """Kept only so that logs recorded with it recompute; not offered by any command line."""
+        return self in SUPERSEDED_DISPATCH
 
-#: shoal's dispatch rules, the current default first.
+
+#: The dispatch rules a user picks from (``--policy``): shoal's default first, then the paper's
+#: Llumnix rule and the two comparison baselines.
+DISPATCH_MENU: tuple[DispatchPolicy, ...] = (
+    DispatchPolicy.PREFILL_AHEAD, DispatchPolicy.FREENESS, DispatchPolicy.INFAAS, DispatchPolicy.ROUND_ROBIN,
+)
+
+#: Superseded rules: decoded from logs and recomputed by replay, offered by no command line.
+SUPERSEDED_DISPATCH: tuple[DispatchPolicy, ...] = tuple(p for p in DispatchPolicy if p not in DISPATCH_MENU)
+
+#: shoal's dispatch rules, the default first.
 SHOAL_DISPATCH: tuple[DispatchPolicy, ...] = (
     DispatchPolicy.PREFILL_AHEAD, DispatchPolicy.BLOCKS_AHEAD, DispatchPolicy.QUEUE_AWARE,
     DispatchPolicy.BLOCKS_AHEAD_GROWTH, DispatchPolicy.PREFILL_AHEAD_SATURATED,
@@ -176,14 +195,13 @@ class PairingConfig:
 
 #: shoal's default destination threshold: only instances with freeness above 60 receive
 #: migrations. With the paper's 30, migration spreads load so evenly near the knee that no
-#: instance keeps room for a long prompt, which then blocks a queue (docs/SIMULATION.md).
+#: instance keeps room for a long prompt, which then blocks a queue (docs/policies.md).
 SHOAL_HIGH_FREENESS = 60.0
 
 #: shoal's default for moving queued requests (``requeue_after_s``): a queue whose head of line
 #: waited this long gives its newest never-run request to an instance where it starts at once
-#: (:func:`scheduler.policy.dispatch.requeue_choice`). The simulator's ``shoal`` runs with it; 0.5,
-#: 1 and 2 s were measured on every trace of docs/SIMULATION.md ("The default policy"): only
-#: 0.5 s held P99 TTFT <= INFaaS++'s at every load up to 1.5x the knee.
+#: (:func:`scheduler.policy.dispatch.requeue_choice`). The simulator's ``shoal`` runs with it
+#: (how it was chosen: docs/policies.md).
 SHOAL_REQUEUE_AFTER_S = 0.5
 
 

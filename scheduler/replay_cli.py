@@ -35,7 +35,7 @@ from rich.table import Table
 from bus.options import nats_auth_options, nats_option
 from scheduler.cli import policy_from_options, policy_options
 from scheduler.cluster_state import live_loads
-from scheduler.config import DispatchPolicy
+from scheduler.config import DISPATCH_MENU, DispatchPolicy
 from scheduler.events_cli import DEFAULT_PREFIX, events, read_any, time_option
 from scheduler.policy.load import load_freeness
 from scheduler.replay import ReplayOptions, ReplayResult, WhatIf, replay_log
@@ -366,7 +366,7 @@ def _print_timeline(console: Console, timeline: RequestTimeline, as_json: bool) 
     is_flag=True,
     help="Decide again under the recorded rules changed by --what-if-* and show differences.",
 )
-@click.option("--what-if-policy", type=click.Choice([p.value for p in DispatchPolicy]), default=None)
+@click.option("--what-if-policy", type=click.Choice([p.value for p in DISPATCH_MENU]), default=None)
 @click.option("--what-if-low", type=float, default=None, help="Low freeness threshold for the what-if.")
 @click.option("--what-if-high", type=float, default=None, help="High freeness threshold for the what-if.")
 @click.option(

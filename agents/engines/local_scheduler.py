@@ -38,8 +38,9 @@ gets the block for its next token; if none is free, the newest request of the
 lowest priority is preempted by recompute (blocks freed, queued again at its
 original place), possibly the growing request itself.
 
-Three priority rules are available and off by default (measured for the priorities goal in
-docs/SIMULATION.md, round 6, and not adopted): ``priority_preemption`` (a queue head that does
+Three experimental priority rules exist, off by default and offered by no command line (the
+simulator found no gain from them for high-priority requests that did not cost normal ones
+more; docs/policies.md): ``priority_preemption`` (a queue head that does
 not fit preempts running requests of a worse priority, newest first, when that makes room; the
 victims leave the step's plan and the head is admitted in the same step),
 ``prompts_by_priority`` (the prompts admitted in one step share the first one's priority) and
@@ -108,9 +109,8 @@ class LocalSchedulerConfig:
     max_prefill_tokens: int | None = None
     #: Tokens computed per step (chunked prefill, see the module docstring); None: whole prompts.
     max_step_tokens: int | None = None
-    #: Measured for the priorities goal and not adopted (docs/SIMULATION.md, round 6), so off by
-    #: default. A queue head that does not fit preempts running requests of a worse priority
-    #: (newest first, vLLM's priority preemption) when that makes room.
+    #: Experimental, off by default. A queue head that does not fit preempts running requests of
+    #: a worse priority (newest first, vLLM's priority preemption) when that makes room.
     priority_preemption: bool = False
     #: The prompts admitted in one step share one priority (a high-priority prompt is not
     #: prefilled alongside normal ones).

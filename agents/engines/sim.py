@@ -99,16 +99,11 @@ class SimEngine(ScheduledEngine):
         max_prefill_tokens: int | None = None,
         max_step_tokens: int | None = None,
         time_scale: float = 1.0,
-        priority_preemption: bool = False,
-        prompts_by_priority: bool = False,
-        high_priority_reserve_blocks: int = 0,
     ) -> None:
         """``time_scale`` multiplies every modeled duration (0.1 runs ten times faster than modeled).
 
         ``max_step_tokens``: chunked prefill, at most that many tokens computed per step (the
         local scheduler's rule, as the torch engine runs it); None: a prompt prefills in one step.
-        ``priority_preemption``, ``prompts_by_priority``, ``high_priority_reserve_blocks``: the
-        local scheduler's priority rules (:class:`LocalSchedulerConfig`; all off by default).
         """
         if not isinstance(profile, EngineProfile):
             profile = load_profile(profile)
@@ -141,9 +136,6 @@ class SimEngine(ScheduledEngine):
                 max_batch_size=max_batch_size,
                 max_prefill_tokens=max_prefill_tokens,
                 max_step_tokens=max_step_tokens,
-                priority_preemption=priority_preemption,
-                prompts_by_priority=prompts_by_priority,
-                high_priority_reserve_blocks=high_priority_reserve_blocks,
             )
         )
         self._imported: dict[int, int] = {}  # reserved block id -> fingerprint written into it

@@ -1,31 +1,31 @@
 """Dispatch policies: which instance a new request goes to.
 
-Four policies, chosen by :class:`~scheduler.config.DispatchPolicy` through
-:func:`make_dispatcher`:
+The policies, chosen by :class:`~scheduler.config.DispatchPolicy` through
+:func:`make_dispatcher`. The four a user picks (``--policy``):
 
+* ``prefill_ahead`` (shoal's default): the instance where the request would wait
+  least, in blocks ahead of it: the queued and pending prompts' demand, the prompts
+  admitted but not yet prefilled (``prefill_blocks`` of the report: the step in flight)
+  where memory does not bind, or else the memory deficit; among those where it starts
+  at once, the freeness after admission counting every queued request's demand and
+  batch slot (see :func:`~scheduler.policy.load.queue_aware_score`);
 * ``freeness`` (the paper): the highest freeness ``F``;
-* ``freeness_after_admit``: the highest ``F`` the instance would have after
-  admitting this request. Freeness divides by the batch size, so an instance
-  running one long request looks freer than one running several short ones even
-  when a long prompt cannot fit there; judging after admission avoids that;
-* ``round_robin``: eligible instances in id order, the ``n``-th dispatch to the
-  ``n mod k``-th (``n`` comes from the cluster state, so replays agree);
 * ``infaas++``: the least memory load, counting used blocks and the demand of
   every queued request (the paper's INFaaS++ baseline; run without migration);
-* ``blocks_ahead`` (shoal's default): the instance where the request would wait
-  least, in blocks ahead of it (queued and pending prompts' demand plus any memory
-  deficit); among those where it starts at once, the freeness after admission
-  counting every queued request's demand and batch slot
-  (see :func:`~scheduler.policy.load.queue_aware_score`);
+* ``round_robin``: eligible instances in id order, the ``n``-th dispatch to the
+  ``n mod k``-th (``n`` comes from the cluster state, so replays agree).
+
+Superseded rules, kept so that logs recorded with them recompute:
+
+* ``freeness_after_admit``: the highest ``F`` the instance would have after
+  admitting this request;
+* ``blocks_ahead``: ``prefill_ahead`` without the prompts in flight counted as work ahead;
 * ``blocks_ahead_growth``: ``blocks_ahead`` with the running requests' expected decode
   growth (``expected_growth_blocks`` of the report) taken off each instance's room;
-* ``prefill_ahead``: ``blocks_ahead`` with the prompts admitted but not yet prefilled
-  (``prefill_blocks`` of the report: the step in flight) counted as work ahead where memory
-  does not bind, so a request does not go where it would "start at once" behind a long prefill;
 * ``prefill_ahead_saturated``: ``prefill_ahead``, but a request that would wait for memory on
   every instance goes to the least memory load (INFaaS++'s choice);
-* ``queue_aware`` (the default until 2026-12-02, kept so its logs recompute): that
-  freeness wherever the instance has room, else its memory deficit.
+* ``queue_aware``: the freeness after admission wherever the instance has room, else its
+  memory deficit.
 
 Every policy skips terminating instances, excluded ones and instances whose
 model length or whole capacity cannot hold the prompt. Dispatches not yet
@@ -397,8 +397,8 @@ def requeue_choice(
     :func:`requeue_request` is the request the dispatcher is asked to place (the instances ruled
     out in its ``exclude``): dispatching it gives the same decision.
 
-    Reports without ``expected_growth_blocks`` (logs from before 2026-12-02, or an instance that
-    finished nothing yet) rule nothing out beyond the score, so such logs recompute as they did.
+    Reports without ``expected_growth_blocks`` (logs whose agents did not report it, or an instance
+    that finished nothing yet) rule nothing out beyond the score, so such logs recompute as they did.
     """
     if not dispatcher.policy.moves_queued:
         return None

@@ -269,7 +269,7 @@ def queue_aware_score(
     Where memory binds (a deficit) they are not counted: the request waits for blocks to be freed,
     and the prompts in flight are computed long before.
 
-    ``blocks_ahead=False`` is the ``queue_aware`` rule (the default until 2026-12-02): a waiting
+    ``blocks_ahead=False`` is the superseded ``queue_aware`` rule: a waiting
     instance scores only its memory deficit, and one with room scores its freeness even when
     prompts are queued ahead.
     """

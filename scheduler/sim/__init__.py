@@ -1,4 +1,4 @@
-"""The discrete-event cluster simulator behind ``shoal simulate`` (see docs/SIMULATION.md).
+"""The discrete-event cluster simulator behind ``shoal simulate`` (see docs/simulation.md).
 
 N ``sim`` engines on a virtual clock, driven by the live scheduler's fold and
 policies (:class:`PolicyLayer`), with staged live migration, preemption and

@@ -24,11 +24,7 @@ from rich.table import Table
 
 from agents.engines.profile import load_profile
 from agents.migration.fsm.config import MigrationConfig
-from scheduler.config import (
-    DispatchPolicy,
-    PairingConfig,
-    ScalingConfig,
-)
+from scheduler.config import DISPATCH_MENU, DispatchPolicy, PairingConfig, ScalingConfig
 from scheduler.sim.config import MigrationModel, PolicyName, PolicySetup, SimConfig, policy_setup
 from scheduler.sim.metrics import SimResult
 from scheduler.sim.simulator import ProgressCallback
@@ -39,7 +35,7 @@ from scheduler.sim.workload import AZURE_CREDIT, build_workload
 __all__ = ["dumps", "simulate", "simulate_command", "sweep_command"]
 
 _POLICIES = [p.value for p in PolicyName]
-_DISPATCH = [d.value for d in DispatchPolicy]
+_DISPATCH = [d.value for d in DISPATCH_MENU]
 
 
 def _float_pair(text: str) -> tuple[float, float]:
@@ -58,7 +54,7 @@ def _cluster_options(func: Callable[..., Any]) -> Callable[..., Any]:
                      help="Engine profile: a built-in name or a file "
                      "(e.g. from `shoal bench engine --profile-out`)."),
         click.option("--dispatch", type=click.Choice(_DISPATCH), default=None,
-                     help="Override the policy's dispatch rule (ablations)."),
+                     help="Override the policy's dispatch rule (e.g. shoal's migration with freeness)."),
         click.option("--pairing", default=None,
                      help="Migration pairing band 'low,high' in freeness: sources below low, "
                      "destinations above high [default: 3,30; shoal 3,60]."),
@@ -80,17 +76,8 @@ def _cluster_options(func: Callable[..., Any]) -> Callable[..., Any]:
                      "prefills in one step."),
         click.option("--requeue-after-s", type=click.FloatRange(min=0), default=None,
                      help="Move queued requests (no KV) off an instance whose head of line waited "
-                     "this long, to one where they start at once (blocks_ahead rules only); "
+                     "this long, to one where they start at once (prefill_ahead dispatch only); "
                      "0: off. Default: the policy's own (shoal 0.5 s, others off)."),
-        click.option("--priority-preemption", is_flag=True,
-                     help="Engines: a queued request that does not fit preempts running requests of a "
-                     "worse priority (newest first). Measured, not adopted (SIMULATION.md round 6)."),
-        click.option("--prompts-by-priority", is_flag=True,
-                     help="Engines: the prompts admitted in one step share one priority (a high-priority "
-                     "prompt is prefilled without normal ones). Measured, not adopted."),
-        click.option("--high-reserve-blocks", type=click.IntRange(min=0), default=0, show_default=True,
-                     help="Engines: free blocks only requests of the best priority seen may take. "
-                     "Measured, not adopted."),
         click.option("--report-ms", default=100.0, show_default=True, help="Load-report interval (virtual)."),
         click.option("--pairing-ms", default=100.0, show_default=True, help="Pairing interval (virtual)."),
         click.option("--autoscale/--no-autoscale", default=False, show_default=True, help="Auto-scaling."),
@@ -136,9 +123,6 @@ def _base_config(opts: dict[str, Any]) -> SimConfig:
         startup_delay_s=opts["startup_delay_s"],
         max_step_tokens=opts["max_step_tokens"],
         requeue_after_s=opts["requeue_after_s"],
-        priority_preemption=opts["priority_preemption"],
-        prompts_by_priority=opts["prompts_by_priority"],
-        high_priority_reserve_blocks=opts["high_reserve_blocks"],
     )
 
 

@@ -1,28 +1,26 @@
 """Frozen configuration of one simulation: the cluster, the named policies, the migration model.
 
 Built once at the entry point (``shoal simulate`` or a test) and passed down;
-nothing below reads the environment. The six named policies of
-``--policy`` map to a :class:`PolicySetup`:
+nothing below reads the environment. The named policies of ``--policy`` map to
+a :class:`PolicySetup`:
 
-==============  ===========================  =========  ==========
-name            dispatch                     migration  priorities
-==============  ===========================  =========  ==========
-``rr``          round-robin                  no         no
-``infaas``      INFaaS++ (least memory load) no         no
-``llumnix-base``  freeness (the paper)       yes        no (all normal)
-``llumnix``     freeness (the paper)         yes        yes (headroom)
-``shoal-v1``    freeness after admission     yes        yes (headroom)
-``shoal``       queue-aware freeness         yes, with  yes (headroom)
-                (the default)                room check
-==============  ===========================  =========  ==========
+================  ============================  ===========  ===============
+name              dispatch                      migration    priorities
+================  ============================  ===========  ===============
+``rr``            round-robin                   no           no
+``infaas``        INFaaS++ (least memory load)  no           no
+``llumnix-base``  freeness (the paper)          yes          no (all normal)
+``llumnix``       freeness (the paper)          yes          yes (headroom)
+``shoal``         ``prefill_ahead``             yes, with    yes (headroom)
+                  (the default)                 room check
+================  ============================  ===========  ===============
 
 ``shoal`` is the default policy, live and here: :data:`DispatchPolicy.PREFILL_AHEAD
-<scheduler.config.DispatchPolicy>` dispatch (``blocks_ahead`` until round 6 of
-docs/SIMULATION.md), :func:`~scheduler.config.shoal_pairing`
+<scheduler.config.DispatchPolicy>` dispatch, :func:`~scheduler.config.shoal_pairing`
 (pairs only destinations with room, sends only what fits, no retry of an aborted
 request for 2 s, at most 3 moves per request) and the move of queued requests after
 :data:`~scheduler.config.SHOAL_REQUEUE_AFTER_S` (``PolicySetup.requeue_after_s``; no other
-policy moves queued requests). ``shoal-v1`` is the former default.
+policy moves queued requests).
 
 "Priorities no" means every request is submitted with the normal priority,
 to the policies and to the engines alike (the paper's baselines have none);
@@ -57,7 +55,7 @@ __all__ = [
 ]
 
 #: Default KV-copy bandwidth between two instances: 10 GB/s, what Gloo/NCCL reach over
-#: PCIe 4.0 between A10s in one host (docs/SIMULATION.md says more).
+#: PCIe 4.0 between A10s in one host (docs/simulation.md says more).
 DEFAULT_BANDWIDTH_BYTES_PER_S = 10e9
 
 
@@ -68,7 +66,6 @@ class PolicyName(enum.StrEnum):
     INFAAS = "infaas"
     LLUMNIX_BASE = "llumnix-base"
     LLUMNIX = "llumnix"
-    SHOAL_V1 = "shoal-v1"
     SHOAL = "shoal"
 
 
@@ -89,7 +86,6 @@ _DISPATCH: dict[PolicyName, DispatchPolicy] = {
     PolicyName.INFAAS: DispatchPolicy.INFAAS,
     PolicyName.LLUMNIX_BASE: DispatchPolicy.FREENESS,
     PolicyName.LLUMNIX: DispatchPolicy.FREENESS,
-    PolicyName.SHOAL_V1: DispatchPolicy.FREENESS_AFTER_ADMIT,
     PolicyName.SHOAL: DispatchPolicy.PREFILL_AHEAD,
 }
 
@@ -123,8 +119,8 @@ def policy_setup(
     return PolicySetup(
         name=kind,
         policy=config,
-        migrate=kind in (PolicyName.LLUMNIX_BASE, PolicyName.LLUMNIX, PolicyName.SHOAL_V1, PolicyName.SHOAL),
-        priorities=kind in (PolicyName.LLUMNIX, PolicyName.SHOAL_V1, PolicyName.SHOAL),
+        migrate=kind in (PolicyName.LLUMNIX_BASE, PolicyName.LLUMNIX, PolicyName.SHOAL),
+        priorities=kind in (PolicyName.LLUMNIX, PolicyName.SHOAL),
         requeue_after_s=(
             SHOAL_REQUEUE_AFTER_S
             if kind is PolicyName.SHOAL and config.dispatch_policy.moves_queued
@@ -191,12 +187,9 @@ class SimConfig:
       and the torch engine run it); None: every admitted prompt prefills in one step;
     * ``requeue_after_s``: the move of queued requests (no KV: the request moves, not its
       cache) off an instance whose head of line waited this long, to one where it starts at
-      once (``prefill_ahead`` and ``blocks_ahead`` dispatch only); None (the default): the policy's own
-      (``PolicySetup.requeue_after_s``: 0.5 s for ``shoal``, off for the rest); 0: off.
+      once (dispatch rules whose scores say so: ``prefill_ahead``); None (the default): the policy's
+      own (``PolicySetup.requeue_after_s``: 0.5 s for ``shoal``, off for the rest); 0: off.
       :attr:`requeue_s` is what the run uses;
-    * ``priority_preemption``, ``prompts_by_priority``, ``high_priority_reserve_blocks``: the
-      engines' local priority rules (:class:`~agents.engines.local_scheduler.LocalSchedulerConfig`),
-      measured in round 6 of docs/SIMULATION.md and off by default;
     * ``record_policy_log`` / ``record_migrations``: keep the policy layer's
       inputs and decisions / every finished migration with its machines'
       records (for tests and replays).
@@ -215,9 +208,6 @@ class SimConfig:
     max_virtual_s: float = 1e6
     max_step_tokens: int | None = None
     requeue_after_s: float | None = None
-    priority_preemption: bool = False
-    prompts_by_priority: bool = False
-    high_priority_reserve_blocks: int = 0
     record_policy_log: bool = False
     record_migrations: bool = False
 
@@ -233,10 +223,6 @@ class SimConfig:
             raise ValueError(f"requeue_after_s must be >= 0 (0: off) or None, got {self.requeue_after_s}")
         if self.max_step_tokens is not None and self.max_step_tokens < 1:
             raise ValueError(f"max_step_tokens must be >= 1 or None, got {self.max_step_tokens}")
-        if self.high_priority_reserve_blocks < 0:
-            raise ValueError(
-                f"high_priority_reserve_blocks must be >= 0, got {self.high_priority_reserve_blocks}"
-            )
 
     @property
     def requeue_s(self) -> float | None:

@@ -113,11 +113,7 @@ class Simulator:
 
     def _join(self, instance_id: str, launched_s: float) -> SimInstance:
         config = self.config
-        engine = SimEngine(
-            config.profile, max_step_tokens=config.max_step_tokens,
-            priority_preemption=config.priority_preemption, prompts_by_priority=config.prompts_by_priority,
-            high_priority_reserve_blocks=config.high_priority_reserve_blocks,
-        )
+        engine = SimEngine(config.profile, max_step_tokens=config.max_step_tokens)
         instance = SimInstance(instance_id, engine, launched_s=launched_s, joined_s=self.now)
         self.instances[instance_id] = instance
         self.joins.append((instance_id, launched_s, self.now))
@@ -217,10 +213,6 @@ class Simulator:
             "max_step_tokens": config.max_step_tokens,
             "requeue_after_s": config.requeue_s,
         }
-        if config.priority_preemption or config.prompts_by_priority or config.high_priority_reserve_blocks:
-            parameters["priority_preemption"] = config.priority_preemption
-            parameters["prompts_by_priority"] = config.prompts_by_priority
-            parameters["high_priority_reserve_blocks"] = config.high_priority_reserve_blocks
         if config.autoscale:
             scaling = setup.policy.scaling
             parameters["scaling_band"] = [scaling.min_freeness, scaling.max_freeness]

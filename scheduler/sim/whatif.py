@@ -34,7 +34,7 @@ import msgspec
 import numpy as np
 
 from agents.engines.profile import BUILTIN_PROFILES, EngineProfile, load_profile
-from scheduler.config import DispatchPolicy, PolicyConfig, decode_policy
+from scheduler.config import SHOAL_REQUEUE_AFTER_S, DispatchPolicy, PolicyConfig, decode_policy
 from scheduler.logfile import RecordedLog
 from scheduler.sim.config import PolicyName, PolicySetup, SimConfig
 from scheduler.sim.metrics import RequestRecord
@@ -67,8 +67,13 @@ _POLICY_NAMES: dict[DispatchPolicy, PolicyName] = {
     DispatchPolicy.ROUND_ROBIN: PolicyName.ROUND_ROBIN,
     DispatchPolicy.INFAAS: PolicyName.INFAAS,
     DispatchPolicy.FREENESS: PolicyName.LLUMNIX,
-    DispatchPolicy.FREENESS_AFTER_ADMIT: PolicyName.SHOAL,
 }
+
+
+def _policy_name(dispatch: DispatchPolicy) -> PolicyName:
+    """The simulator's name for a recorded dispatch rule: shoal's default and the superseded rules
+    (which all migrate with priorities) run as ``shoal``."""
+    return _POLICY_NAMES.get(dispatch, PolicyName.SHOAL)
 
 
 class WhatIfError(ValueError):
@@ -248,11 +253,12 @@ def simulate_run(
 ) -> Outcome:
     """The workload of ``run`` on its instances under ``policy``, in the simulator."""
     setup = PolicySetup(
-        name=_POLICY_NAMES[policy.dispatch_policy],
+        name=_policy_name(policy.dispatch_policy),
         policy=policy,
         migrate=policy.dispatch_policy.migrates,
         priorities=True,
-    )
+        requeue_after_s=SHOAL_REQUEUE_AFTER_S if policy.dispatch_policy.moves_queued else None,
+    )  # the live scheduler's default move of queued requests
     config = SimConfig(
         setup=setup, profile=profile, num_instances=run.num_instances,
         report_interval_s=report_interval_s, pairing_interval_s=pairing_interval_s,

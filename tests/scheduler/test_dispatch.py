@@ -171,10 +171,10 @@ def test_queue_aware_sees_the_whole_queue_where_freeness_sees_its_head() -> None
     assert DispatchPolicy.BLOCKS_AHEAD.migrates
 
 
-def test_the_former_default_keeps_its_rule_so_its_logs_recompute() -> None:
-    """``queue_aware`` (recorded in logs until 2026-12-02) still scores as it did: an instance with
-    room scores its freeness after admission even with prompts queued ahead, one without room its
-    deficit. ``blocks_ahead`` (the default now) scores the queue ahead instead."""
+def test_the_superseded_queue_aware_rule_keeps_its_scores_so_its_logs_recompute() -> None:
+    """``queue_aware`` still scores as it did: an instance with room scores its freeness after
+    admission even with prompts queued ahead, one without room its deficit. ``blocks_ahead``
+    scores the queue ahead instead."""
     a = load("a", (3, 300), head_of_line_demand=100, num_waiting=4, waiting_demand=500)
     b = load("b", (6, 600))
     old = queue_aware_score(a, 1, CONFIG, blocks_ahead=False)

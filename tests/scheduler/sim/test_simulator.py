@@ -210,27 +210,6 @@ def test_moving_queued_requests_off_a_stalled_queue_cuts_the_tail() -> None:
     assert off.parameters["requeue_after_s"] is None
     infaas = SimConfig(setup=policy_setup("infaas"), num_instances=4)
     assert infaas.requeue_s is None and SimConfig(setup=policy_setup("llumnix")).requeue_s is None
-    assert SimConfig(setup=policy_setup("shoal", dispatch=DispatchPolicy.QUEUE_AWARE)).requeue_s is None
+    assert SimConfig(setup=policy_setup("shoal", dispatch=DispatchPolicy.FREENESS)).requeue_s is None
     with pytest.raises(ValueError, match="requeue_after_s"):
         SimConfig(requeue_after_s=-1.0)
-
-
-def test_priority_preemption_reaches_the_engines_and_lets_a_high_request_in_at_once() -> None:
-    # one 256-token instance filled by three normal requests; a high one arrives when none fits
-    normal = [SimRequest(request_id=f"n{k}", arrival_s=0.0, num_prompt_tokens=72, num_output_tokens=40)
-              for k in range(3)]
-    high = SimRequest(request_id="h", arrival_s=0.05, num_prompt_tokens=64, num_output_tokens=4, priority=-1)
-    workload = Workload(requests=(*normal, high), description="hand-made")
-    runs = {}
-    for rule in (False, True):
-        config = SimConfig(
-            setup=policy_setup("shoal"), profile=TINY, num_instances=1, priority_preemption=rule
-        )
-        sim = Simulator(config, workload)
-        runs[rule] = (sim.run(), sim.records["h"])
-    (before, high_before), (after, high_after) = runs[False], runs[True]
-    assert after.num_finished == before.num_finished == 4
-    assert "priority_preemption" not in before.parameters and after.parameters["priority_preemption"] is True
-    assert after.preemptions > before.preemptions  # a normal request made room
-    waited = high_before.first_token_s - high_before.arrival_s
-    assert high_after.first_token_s - high_after.arrival_s < waited / 2
