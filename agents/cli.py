@@ -1,6 +1,8 @@
 """``shoal agent``: run one instance agent driving one engine until stopped or drained.
 
-Parses options into frozen configs (engine, transport, migration, agent), sets
+Parses its options into one frozen
+:class:`~agents.engines.agent_cli.AgentCliConfig` (which declares them), turns
+it into the engine, transport, migration and agent configs, sets
 torch's thread count before the engine is built, connects to NATS, starts the
 :class:`~agents.service.Agent` and runs until SIGINT (a clean stop with
 ``InstanceLeft``) or until a drain completes. SIGTERM *drains*: the instance
@@ -29,16 +31,16 @@ import signal
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import click
 
+from agents.config import AgentConfig, FaultPlan, StepPace
+from agents.engines.agent_cli import AgentCliConfig, FaultOptions
 from bus import event_loop
-from bus.extras import require_engine
-from bus.options import metrics_options, nats_auth_options, nats_option, nats_replicas_option
+from bus.cli_config import click_options, from_options
 
-__all__ = ["agent", "build_engine", "fault_plan"]
+__all__ = ["agent", "agent_config", "build_engine", "fault_plan"]
 
 log = logging.getLogger(__name__)
 
@@ -116,102 +118,20 @@ def build_engine(
 
 
 @click.command("agent")
-@nats_option()
-@nats_auth_options
-@nats_replicas_option
-@click.option("--prefix", default="shoal", show_default=True, help="Subject prefix of the cluster.")
-@click.option("--instance-id", default=None, help="Instance id (default: agent-<random>).")
-@click.option("--engine", type=click.Choice(["torch", "sim", "vllm"]), default="torch", show_default=True)
-@click.option(
-    "--model", default="tiny", show_default=True, help="torch: preset name or HF checkpoint folder."
-)
-@click.option("--profile", default="tiny-test", show_default=True, help="sim: timing profile.")
-@click.option("--time-scale", type=float, default=1.0, show_default=True, help="sim: step time multiplier.")
-@click.option("--num-blocks", type=int, default=None, help="KV blocks (default: engine's choice).")
-@click.option("--kv-cache-bytes", type=int, default=None,
-              help="KV budget instead of --num-blocks (vllm on CPU: 1 GiB unless VLLM_CPU_KVCACHE_SPACE).")
-@click.option("--block-size", type=int, default=None, help="KV block size [default: torch 16, vllm 32].")
-@click.option("--max-batch-size", type=int, default=256, show_default=True)
-@click.option("--max-step-tokens", type=click.IntRange(min=0), default=2048, show_default=True,
-              help="torch: tokens per step; a longer prompt is prefilled in chunks (0: in one step).")
-@click.option("--max-model-len", type=int, default=None)
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--device", default="cpu", show_default=True)
-@click.option("--dtype", default=None,
-              help="Model dtype (auto, float32, bfloat16, float16) [torch: float32 on CPU, bfloat16 on "
-                   "CUDA]; agents of different dtypes are never paired and refuse to migrate to each other.")
-@click.option("--gpu-memory-utilization", type=float, default=None, help="vllm: GPU memory share.")
-@click.option("--tensor-parallel-size", type=int, default=None, help="vllm: TP degree (1 with migration).")
-@click.option("--threads", type=int, default=1, show_default=True, help="torch.set_num_threads (CPU).")
-@click.option("--engine-core", type=click.Choice(["thread", "process"]), default="thread", show_default=True,
-              help="torch: where the model step computes: in the agent's process, or in a child process "
-                   "of its own (KV pool in /dev/shm) so the agent's bus work runs beside the step (CPU).")
-@click.option("--cpu-bind", default=None, metavar="auto|nobind|CPUS",
-              help="vllm on CPU: the model thread's CPUs, one OpenMP thread each (e.g. 0-2) [default: "
-                   "VLLM_CPU_OMP_THREADS_BIND, else auto: one CPU per core, all but the last, as vLLM].")
-@click.option(
-    "--transport",
-    "transport_kind",
-    type=click.Choice(["auto", "ucx", "tcp"]),
-    default="auto",
-    show_default=True,
-    help="KV data plane; auto tries UCX then TCP.",
-)
-@click.option("--transport-host", default="127.0.0.1", show_default=True,
-              help="Bind host of the KV transport.")
-@click.option("--transport-advertise", default="", metavar="HOST",
-              help="Host peers use for KV transfers (default: --transport-host).")
-@click.option("--transport-port", type=int, default=0, show_default=True)
-@click.option("--ucx-tls", default="", help="UCX transport list, e.g. 'tcp'.")
-@click.option("--report-interval", type=float, default=0.1, show_default=True, help="Seconds.")
-@click.option("--heartbeat-interval", type=float, default=1.0, show_default=True, help="Seconds.")
-@click.option("--last-stage-max-blocks", type=int, default=2, show_default=True)
-@click.option("--max-stages", type=int, default=8, show_default=True)
-@click.option("--max-concurrent-migrations", type=int, default=1, show_default=True)
-@click.option("--migration-copy-timeout", type=float, default=30.0, show_default=True,
-              help="Seconds one stage's KV copy may take before the migration aborts.")
-@click.option("--migration-copy-share", type=click.FloatRange(0.0, 1.0), default=0.0, show_default=True,
-              help="Pace stage copies to this share of an engine step (0.1: co-located decoding slows by "
-                   "about a tenth, the copy takes ~10x longer; a source that is draining or short of "
-                   "memory copies at full speed, and a paced copy hurries once its source runs short "
-                   "or another migration wants its slot); 0: copy at full speed.")
-@click.option("--migration-idle-timeout", type=float, default=60.0, show_default=True,
-              help="Seconds a destination keeps a reservation it hears nothing about (> copy timeout).")
-@click.option("--orphan-check-interval", type=float, default=2.0, show_default=True,
-              help="Seconds between probes for a listener of each request's tokens; a request nobody "
-                   "listens to twice in a row (its frontend died) is aborted. 0: never.")
-@click.option("--drain-on-term/--no-drain-on-term", default=True, show_default=True,
-              help="SIGTERM drains (migrate requests away, then leave) instead of stopping at once.")
-@click.option("--drain-timeout", type=float, default=120.0, show_default=True,
-              help="Seconds a SIGTERM drain may take before the agent stops anyway.")
-@click.option("--fault-copy-delay", type=float, default=0.0, show_default=True,
-              help="Fault injection: sleep this long before each stage's KV copy (source side).")
-@click.option("--fault-min-step", type=click.FloatRange(min=0), default=0.0, show_default=True,
-              help="Fault injection: each engine step lasts at least this long (s), however fast the engine.")
-@click.option("--fault-drop", "fault_drop", multiple=True, metavar="DIRECTION:TYPE",
-              help="Fault injection: lose handshake messages, e.g. out:Commit or in:Ack (repeatable).")
-@click.option("--fault-duplicate", "fault_duplicate", multiple=True, metavar="DIRECTION:TYPE",
-              help="Fault injection: repeat handshake messages, e.g. out:PreAllocate (repeatable).")
-@click.option("--fault-max", type=int, default=None,
-              help="Fault injection: affect at most this many messages of each kind.")
-@click.option("--otlp-endpoint", default=None,
-              help="OTLP endpoint for spans (default: OTEL_EXPORTER_OTLP_ENDPOINT; unset: no tracing).")
-@click.option("--ready-file", type=click.Path(dir_okay=False, path_type=Path), default=None)
-@metrics_options
-@click.option("--log-level", default="INFO", show_default=True)
+@click_options(AgentCliConfig)
 def agent(**options: Any) -> None:
     """Run one instance agent driving an engine."""
+    config = from_options(AgentCliConfig, options)
     logging.basicConfig(
-        level=options["log_level"].upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
+        level=config.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
-    require_engine(options["engine"])  # exit 2 naming the extra, before anything starts
-    if options["engine"] == "torch":
+    if config.engine == "torch":
         import torch
 
-        torch.set_num_threads(options["threads"])
-    faults = fault_plan(options)
-    with _own_temp_folder(options["engine"] == "vllm"):
-        event_loop.run(_run({**options, "faults": faults}))
+        torch.set_num_threads(config.threads)
+    faults = fault_plan(config.faults)
+    with _own_temp_folder(config.engine == "vllm"):
+        event_loop.run(_run(config, faults))
 
 
 @contextlib.contextmanager
@@ -261,108 +181,107 @@ def _vllm_cpus(requested: str | None, on_cpu: bool) -> tuple[int, ...]:
     return binding.cpus
 
 
-def fault_plan(options: dict[str, Any]) -> Any:
+def fault_plan(options: FaultOptions) -> FaultPlan:
     """The :class:`~agents.config.FaultPlan` the ``--fault-*`` options describe (bad ones: a usage error)."""
-    from agents.config import FaultPlan, StepPace
-
-    sets: dict[str, set[str]] = {"drop_outgoing": set(), "drop_incoming": set(),
-                                 "duplicate_outgoing": set(), "duplicate_incoming": set()}
-    for what in ("drop", "duplicate"):
-        for value in options.get(f"fault_{what}", ()):
-            direction, _, kind = value.partition(":")
-            if direction not in ("in", "out") or not kind:
-                raise click.BadParameter(f"{value!r}: expected in:TYPE or out:TYPE",
-                                         param_hint=f"--fault-{what}")
-            sets[f"{what}_{'incoming' if direction == 'in' else 'outgoing'}"].add(kind)
     try:
-        min_step_s = options.get("fault_min_step", 0.0)
-        return FaultPlan(drop_outgoing=frozenset(sets["drop_outgoing"]),
-                         drop_incoming=frozenset(sets["drop_incoming"]),
-                         duplicate_outgoing=frozenset(sets["duplicate_outgoing"]),
-                         duplicate_incoming=frozenset(sets["duplicate_incoming"]),
-                         max_faults=options.get("fault_max"),
-                         copy_delay_s=options.get("fault_copy_delay", 0.0),
-                         pace=StepPace(min_step_s) if min_step_s else None)
+        return FaultPlan(drop_outgoing=options.messages("drop", "out"),
+                         drop_incoming=options.messages("drop", "in"),
+                         duplicate_outgoing=options.messages("duplicate", "out"),
+                         duplicate_incoming=options.messages("duplicate", "in"),
+                         max_faults=options.fault_max,
+                         copy_delay_s=options.fault_copy_delay,
+                         pace=StepPace(options.fault_min_step) if options.fault_min_step else None)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--fault-*") from None
 
 
-async def _run(options: dict[str, Any]) -> None:
-    from agents.agent import Agent, AgentConfig
+def agent_config(options: AgentCliConfig, instance_id: str, faults: FaultPlan) -> AgentConfig:
+    """The :class:`~agents.config.AgentConfig` of an agent started with ``options``."""
     from agents.migration.fsm.config import MigrationConfig
+    from transport import TransportConfig
+
+    return AgentConfig(
+        instance_id=instance_id,
+        report_interval_s=options.report_interval,
+        heartbeat_interval_s=options.heartbeat_interval,
+        orphan_check_interval_s=options.orphan_check_interval,
+        migration=MigrationConfig(
+            last_stage_max_blocks=options.last_stage_max_blocks,
+            max_stages=options.max_stages,
+            max_concurrent_per_instance=options.max_concurrent_migrations,
+            copy_timeout_s=options.migration_copy_timeout,
+            copy_step_share=options.migration_copy_share,
+            destination_idle_timeout_s=options.migration_idle_timeout,
+        ),
+        faults=faults,
+        transport=TransportConfig(
+            kind=options.transport_kind,
+            host=options.transport_host,
+            advertise_host=options.transport_advertise,
+            port=options.transport_port,
+            ucx_tls=options.ucx_tls,
+        ),
+    )
+
+
+def _engine(options: AgentCliConfig) -> Any:
+    """The engine ``options`` describe; vllm on CPU: the KV space and the model thread's CPUs decided here."""
+    kv_cache_bytes, cpus = options.kv_cache_bytes, None
+    if options.engine == "vllm":
+        from agents.engines.vllm_engine import vllm_version
+        from agents.engines.vllm_engine.config import default_kv_cache_bytes
+
+        kv_cache_bytes = default_kv_cache_bytes(options.kv_cache_bytes, vllm_version(), os.environ)
+        if kv_cache_bytes != options.kv_cache_bytes:
+            log.info(
+                "vllm on CPU: %g GiB of KV space (--kv-cache-bytes; vLLM's own default is 90%% of RAM)",
+                (kv_cache_bytes or 0) / 2**30,
+            )
+        cpus = _vllm_cpus(options.cpu_bind, (vllm_version() or "").endswith("+cpu"))
+    return build_engine(
+        options.engine,
+        model=options.model,
+        profile=options.profile,
+        num_blocks=options.num_blocks,
+        kv_cache_bytes=kv_cache_bytes,
+        block_size=options.block_size,
+        max_batch_size=options.max_batch_size,
+        max_model_len=options.max_model_len,
+        seed=options.seed,
+        device=options.device,
+        time_scale=options.time_scale,
+        max_step_tokens=options.max_step_tokens or None,
+        dtype=options.dtype,
+        engine_core=options.engine_core,
+        threads=options.threads,
+        vllm_options={
+            "dtype": options.dtype,
+            "gpu_memory_utilization": options.gpu_memory_utilization,
+            "tensor_parallel_size": options.tensor_parallel_size,
+            "cpus": cpus,
+        },
+    )
+
+
+async def _run(options: AgentCliConfig, faults: FaultPlan) -> None:
+    from agents.agent import Agent
     from bus import BusConfig, JetStreamBus, StreamConfig
     from bus.heap import freeze_startup_heap
     from bus.metrics import BusCollector
     from bus.telemetry import TelemetryConfig, tracer_provider
     from schemas import Subjects
-    from transport import TransportConfig
 
-    instance_id = options["instance_id"] or f"agent-{uuid.uuid4().hex[:8]}"
-    if options["engine"] == "vllm":
-        from agents.engines.vllm_engine import vllm_version
-        from agents.engines.vllm_engine.config import default_kv_cache_bytes
-
-        kv_cache_bytes = default_kv_cache_bytes(options["kv_cache_bytes"], vllm_version(), os.environ)
-        if kv_cache_bytes != options["kv_cache_bytes"]:
-            log.info(
-                "vllm on CPU: %g GiB of KV space (--kv-cache-bytes; vLLM's own default is 90%% of RAM)",
-                (kv_cache_bytes or 0) / 2**30,
-            )
-            options = {**options, "kv_cache_bytes": kv_cache_bytes}
-        on_cpu = (vllm_version() or "").endswith("+cpu")
-        options = {**options, "cpus": _vllm_cpus(options["cpu_bind"], on_cpu)}
-    engine = build_engine(
-        options["engine"],
-        model=options["model"],
-        profile=options["profile"],
-        num_blocks=options["num_blocks"],
-        kv_cache_bytes=options["kv_cache_bytes"],
-        block_size=options["block_size"],
-        max_batch_size=options["max_batch_size"],
-        max_model_len=options["max_model_len"],
-        seed=options["seed"],
-        device=options["device"],
-        time_scale=options["time_scale"],
-        max_step_tokens=options["max_step_tokens"] or None,
-        dtype=options["dtype"],
-        engine_core=options["engine_core"],
-        threads=options["threads"],
-        vllm_options={
-            "dtype": options["dtype"],
-            "gpu_memory_utilization": options["gpu_memory_utilization"],
-            "tensor_parallel_size": options["tensor_parallel_size"],
-            "cpus": options.get("cpus"),
-        },
-    )
-    config = AgentConfig(
-        instance_id=instance_id,
-        report_interval_s=options["report_interval"],
-        heartbeat_interval_s=options["heartbeat_interval"],
-        orphan_check_interval_s=options["orphan_check_interval"],
-        migration=MigrationConfig(
-            last_stage_max_blocks=options["last_stage_max_blocks"],
-            max_stages=options["max_stages"],
-            max_concurrent_per_instance=options["max_concurrent_migrations"],
-            copy_timeout_s=options["migration_copy_timeout"],
-            copy_step_share=options["migration_copy_share"],
-            destination_idle_timeout_s=options["migration_idle_timeout"],
-        ),
-        faults=options["faults"],
-        transport=TransportConfig(
-            kind=options["transport_kind"],
-            host=options["transport_host"],
-            advertise_host=options["transport_advertise"],
-            port=options["transport_port"],
-            ucx_tls=options["ucx_tls"],
-        ),
-    )
+    instance_id = options.instance_id or f"agent-{uuid.uuid4().hex[:8]}"
+    engine = _engine(options)
+    config = agent_config(options, instance_id, faults)
     environ = dict(os.environ)
-    if options["otlp_endpoint"]:
-        environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = options["otlp_endpoint"]
+    if options.otlp_endpoint:
+        environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = options.otlp_endpoint
     provider = tracer_provider(TelemetryConfig.from_env(environ), "shoal-agent", instance_id=instance_id)
+    nats = options.nats
     bus = JetStreamBus(
-        BusConfig(url=options["nats_url"], auth=options["nats_auth"], subjects=Subjects(options["prefix"]),
-                  streams=StreamConfig(replicas=options["nats_replicas"]), name=instance_id)
+        BusConfig(url=nats.nats_url, auth=nats.auth.auth, subjects=Subjects(nats.prefix),
+                  streams=StreamConfig(replicas=nats.nats_replicas), name=instance_id)
     )
     await bus.connect()
     runner = Agent(engine, bus, config, tracer_provider=provider)
@@ -376,14 +295,15 @@ async def _run(options: dict[str, Any]) -> None:
         runner.transport.address,
     )
     metrics_url = None
-    if options["metrics_port"] is not None:
+    metrics = options.metrics
+    if metrics.metrics_port is not None:
         from prometheus_client import start_http_server
 
-        server, _ = start_http_server(options["metrics_port"], addr=options["metrics_host"],
+        server, _ = start_http_server(metrics.metrics_port, addr=metrics.metrics_host,
                                       registry=runner.metrics.registry)
-        metrics_url = f"http://{options['metrics_host']}:{server.server_port}/metrics"
+        metrics_url = f"http://{metrics.metrics_host}:{server.server_port}/metrics"
         click.echo(f"agent {instance_id} metrics {metrics_url}")
-    ready_file: Path | None = options["ready_file"]
+    ready_file = options.ready_file
 
     def announce_ready() -> None:
         """Write the ready file (once the signal handlers are in place: whoever reads it may signal at
@@ -397,8 +317,8 @@ async def _run(options: dict[str, Any]) -> None:
         partial.replace(ready_file)
 
     try:
-        await _serve_until_stopped(runner, drain_on_term=options["drain_on_term"],
-                                   drain_timeout_s=options["drain_timeout"], on_ready=announce_ready)
+        await _serve_until_stopped(runner, drain_on_term=options.drain_on_term,
+                                   drain_timeout_s=options.drain_timeout, on_ready=announce_ready)
     finally:
         if callable(close := getattr(engine, "close", None)):
             close()  # the torch engine's core process

@@ -1,23 +1,27 @@
-"""Command-line options shared by ``shoal`` commands: the NATS deployment and the metrics endpoint.
+"""Command-line options shared by ``shoal`` commands: the NATS connection and the metrics endpoint.
 
-``--nats URL`` (comma-separated for a cluster), also read from the
-``SHOAL_NATS_URL`` environment variable by click at the entry point, never
-below it. ``--nats-url``, the older spelling of some commands, still parses
-but is no longer shown in ``--help``. ``--metrics-port`` / ``--metrics-host``
-(:func:`metrics_options`) are where a long-running process serves Prometheus
-``/metrics``. :func:`nats_auth_options` adds how to authenticate to NATS and
-check its TLS certificate (``--nats-user`` / ``--nats-password``,
+Declared as typed configs (:mod:`bus.cli_config`) that every component's
+config nests: :class:`NatsOptions` (``--nats URL``, comma-separated for a
+cluster, also read from ``SHOAL_NATS_URL`` by click at the entry point and
+never below it; the older spelling ``--nats-url`` still parses but is not
+shown in ``--help``; ``--nats-replicas``, the replication factor of the
+streams and the KV bucket a component provisions; ``--prefix``, the subject
+prefix of the cluster), :class:`NatsAuthOptions` (how to authenticate to
+NATS and check its TLS certificate: ``--nats-user`` / ``--nats-password``,
 ``--nats-token``, ``--nats-nkey-seed``, ``--nats-creds``, ``--nats-tls-ca``,
 ``--nats-tls-cert`` / ``--nats-tls-key``, each also read from its
-``SHOAL_NATS_*`` variable) and hands the command one
-:class:`bus.auth.NatsAuth` as ``nats_auth``; secrets are never echoed or
-shown as defaults. :func:`nats_replicas_option` is the replication factor of
-the streams and the KV bucket a component provisions. Nothing here connects
-to or serves anything.
+``SHOAL_NATS_*`` variable; secrets are never echoed, shown as defaults or put
+on a child's command line) and :class:`MetricsOptions` (``--metrics-port`` /
+``--metrics-host``: where a long-running process serves Prometheus
+``/metrics``). The decorators (:func:`nats_option`, :func:`nats_auth_options`,
+:func:`nats_replicas_option`, :func:`metrics_options`) add the same options
+to commands that take no config object. Nothing here connects to or serves
+anything.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from pathlib import Path
@@ -26,11 +30,15 @@ from typing import Any, TypeVar, cast
 import click
 
 from bus.auth import NatsAuth
+from bus.cli_config import CliConfig, ConfigError, click_options, nested, option, option_like, to_argv
 
 __all__ = [
     "AUTH_ENVVARS",
     "DEFAULT_NATS_URL",
     "NATS_ENVVAR",
+    "MetricsOptions",
+    "NatsAuthOptions",
+    "NatsOptions",
     "auth_file_flags",
     "metrics_options",
     "nats_auth_options",
@@ -43,19 +51,83 @@ DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 NATS_ENVVAR = "SHOAL_NATS_URL"
 
 _F = TypeVar("_F", bound=Callable[..., Any])
+_FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
 
 
-class _AliasedOption(click.Option):
-    """An option whose help shows its first name only; the others are hidden aliases."""
+@dataclasses.dataclass(frozen=True)
+class NatsAuthOptions(CliConfig):
+    """How a component authenticates to NATS; :attr:`auth` is the :class:`~bus.auth.NatsAuth` it makes."""
 
-    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
-        record = super().get_help_record(ctx)
-        if record is None:
-            return None
-        names, help_text = record
-        shown = self.opts[0]
-        metavar = names.rsplit(" ", 1)[-1] if " " in names else ""
-        return (f"{shown} {metavar}".strip(), help_text)
+    nats_user: str | None = option("--nats-user", default=None, envvar="SHOAL_NATS_USER", metavar="TEXT",
+                                   help="NATS user name (with --nats-password).")
+    nats_password: str | None = option("--nats-password", default=None, envvar="SHOAL_NATS_PASSWORD",
+                                       metavar="TEXT", secret=True,
+                                       help="NATS password (prefer the variable).")
+    nats_token: str | None = option("--nats-token", default=None, envvar="SHOAL_NATS_TOKEN", metavar="TEXT",
+                                    secret=True, help="NATS authentication token (prefer the variable).")
+    nats_nkey_seed: Path | None = option("--nats-nkey-seed", default=None, envvar="SHOAL_NATS_NKEY_SEED",
+                                         type=_FILE, metavar="FILE",
+                                         help="File holding this process's nkey seed.")
+    nats_creds: Path | None = option("--nats-creds", default=None, envvar="SHOAL_NATS_CREDS", type=_FILE,
+                                     metavar="FILE", help="NATS credentials file (user JWT and seed).")
+    nats_tls_ca: Path | None = option("--nats-tls-ca", default=None, envvar="SHOAL_NATS_TLS_CA", type=_FILE,
+                                      metavar="FILE", help="CA of the NATS server's certificate.")
+    nats_tls_cert: Path | None = option("--nats-tls-cert", default=None, envvar="SHOAL_NATS_TLS_CERT",
+                                        type=_FILE, metavar="FILE", help="Client certificate for mutual TLS.")
+    nats_tls_key: Path | None = option("--nats-tls-key", default=None, envvar="SHOAL_NATS_TLS_KEY",
+                                       type=_FILE, metavar="FILE", help="Key of the client certificate.")
+
+    def validate(self) -> None:
+        try:
+            self.auth  # noqa: B018 - NatsAuth checks the combination
+        except ValueError as exc:
+            raise ConfigError("--nats-*", str(exc)) from None
+
+    @property
+    def auth(self) -> NatsAuth:
+        values = {f.name.removeprefix("nats_"): getattr(self, f.name) for f in dataclasses.fields(self)}
+        return NatsAuth(**{name: value for name, value in values.items() if value not in (None, "")})
+
+    @classmethod
+    def from_auth(cls, auth: NatsAuth) -> NatsAuthOptions:
+        """The options that say ``auth`` (a parent hands its child the files of a deployment's user)."""
+        return cls(**{f.name: getattr(auth, f.name.removeprefix("nats_")) for f in dataclasses.fields(cls)})
+
+
+#: the environment variables of the authentication options, by :class:`NatsAuth` field
+AUTH_ENVVARS: dict[str, str] = {
+    f.name.removeprefix("nats_"): f.metadata["shoal.cli"].envvar for f in dataclasses.fields(NatsAuthOptions)
+}
+
+
+def nats_url_option(default: str | None = DEFAULT_NATS_URL, *,
+                    help: str = "NATS server URL(s), comma-separated.") -> Any:
+    """The ``--nats URL`` field (env ``SHOAL_NATS_URL``; hidden alias ``--nats-url``)."""
+    return option("--nats", "--nats-url", default=default, envvar=NATS_ENVVAR, metavar="URL", help=help,
+                  hidden_aliases=True, show_default=default is not None)
+
+
+@dataclasses.dataclass(frozen=True)
+class NatsOptions(CliConfig):
+    """Where a component finds its cluster: the NATS deployment, how to log in, the replicas, the prefix."""
+
+    nats_url: str = nats_url_option()
+    auth: NatsAuthOptions = nested(NatsAuthOptions)
+    nats_replicas: int = option(
+        "--nats-replicas", default=1, min=1, max=5, envvar="SHOAL_NATS_REPLICAS",
+        help="Replicas of the event and load streams and the KV bucket (needs a NATS cluster of that size).")
+    prefix: str = option("--prefix", default="shoal", help="Subject prefix of the cluster.")
+
+
+@dataclasses.dataclass(frozen=True)
+class MetricsOptions(CliConfig):
+    """Where a long-running process serves Prometheus ``/metrics`` (port None: nowhere)."""
+
+    metrics_port: int | None = option(
+        "--metrics-port", default=None, min=0, max=65535, metavar="PORT",
+        help="Serve Prometheus /metrics on this port (0: any free port; unset: off).")
+    metrics_host: str = option("--metrics-host", default="127.0.0.1",
+                               help="Bind host of the /metrics endpoint.")
 
 
 def nats_option(
@@ -65,36 +137,17 @@ def nats_option(
 
     ``default=None`` for commands that start an embedded server when no URL is given.
     """
-    return click.option(
-        "--nats", "--nats-url", "nats_url", cls=_AliasedOption, default=default, envvar=NATS_ENVVAR,
-        show_envvar=True, show_default=default is not None, metavar="URL", help=help,
-    )
+
+    @dataclasses.dataclass(frozen=True)
+    class _Url(CliConfig):
+        nats_url: str | None = nats_url_option(default, help=help)
+
+    return click_options(_Url)
 
 
 def metrics_options(function: _F) -> _F:
     """``--metrics-port PORT`` (unset: no endpoint; 0: any free port, printed) and ``--metrics-host``."""
-    function = click.option(
-        "--metrics-host", default="127.0.0.1", show_default=True, help="Bind host of the /metrics endpoint."
-    )(function)
-    return click.option(
-        "--metrics-port", type=click.IntRange(0, 65535), default=None, metavar="PORT",
-        help="Serve Prometheus /metrics on this port (0: any free port; unset: off).",
-    )(function)
-
-
-#: parameter → (flag, environment variable, is a file, help)
-_AUTH_OPTIONS: dict[str, tuple[str, str, bool, str]] = {
-    "user": ("--nats-user", "SHOAL_NATS_USER", False, "NATS user name (with --nats-password)."),
-    "password": ("--nats-password", "SHOAL_NATS_PASSWORD", False, "NATS password (prefer the variable)."),
-    "token": ("--nats-token", "SHOAL_NATS_TOKEN", False, "NATS authentication token (prefer the variable)."),
-    "nkey_seed": ("--nats-nkey-seed", "SHOAL_NATS_NKEY_SEED", True, "File holding this process's nkey seed."),
-    "creds": ("--nats-creds", "SHOAL_NATS_CREDS", True, "NATS credentials file (user JWT and seed)."),
-    "tls_ca": ("--nats-tls-ca", "SHOAL_NATS_TLS_CA", True, "CA of the NATS server's certificate."),
-    "tls_cert": ("--nats-tls-cert", "SHOAL_NATS_TLS_CERT", True, "Client certificate for mutual TLS."),
-    "tls_key": ("--nats-tls-key", "SHOAL_NATS_TLS_KEY", True, "Key of the client certificate."),
-}
-#: the environment variables :func:`nats_auth_options` reads, by :class:`NatsAuth` field
-AUTH_ENVVARS: dict[str, str] = {name: spec[1] for name, spec in _AUTH_OPTIONS.items()}
+    return click_options(MetricsOptions)(function)
 
 
 def nats_auth_options(function: _F) -> _F:
@@ -104,35 +157,27 @@ def nats_auth_options(function: _F) -> _F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         return function(*args, nats_auth=pop_nats_auth(kwargs), **kwargs)
 
-    decorated: Callable[..., Any] = wrapper
-    for name, (flag, envvar, is_file, help_text) in reversed(_AUTH_OPTIONS.items()):
-        kind: click.ParamType[Any] = (
-            click.Path(exists=True, dir_okay=False, path_type=Path) if is_file else click.STRING
-        )
-        decorated = click.option(
-            flag, f"nats_{name}", type=kind, default=None, envvar=envvar, show_envvar=True,
-            show_default=False, metavar="FILE" if is_file else "TEXT", help=help_text,
-        )(decorated)
-    return cast(_F, decorated)
+    return cast(_F, click_options(NatsAuthOptions)(wrapper))
 
 
 def pop_nats_auth(options: dict[str, Any]) -> NatsAuth:
-    """The :class:`NatsAuth` that :func:`nats_auth_options`' raw values in ``options`` describe (popped);
+    """The :class:`NatsAuth` that the authentication options' raw values in ``options`` describe (popped);
     for commands that build their parameter list by hand (``shoal replay --simulate``)."""
-    values = {name: options.pop(f"nats_{name}") for name in _AUTH_OPTIONS}
+    values = {f.name: options.pop(f.name) for f in dataclasses.fields(NatsAuthOptions)}
     try:
-        return NatsAuth(**{name: value for name, value in values.items() if value not in (None, "")})
+        return NatsAuthOptions(**values).auth
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
 
 
 def nats_replicas_option(function: _F) -> _F:
     """``--nats-replicas N`` (env ``SHOAL_NATS_REPLICAS``) into ``nats_replicas``: copies of each stream."""
-    return click.option(
-        "--nats-replicas", "nats_replicas", type=click.IntRange(1, 5), default=1, show_default=True,
-        envvar="SHOAL_NATS_REPLICAS", show_envvar=True,
-        help="Replicas of the event and load streams and the KV bucket (needs a NATS cluster of that size).",
-    )(function)
+
+    @dataclasses.dataclass(frozen=True)
+    class _Replicas(CliConfig):
+        nats_replicas: int = option_like(NatsOptions, "nats_replicas")
+
+    return click_options(_Replicas)(function)
 
 
 def auth_file_flags(auth: NatsAuth) -> list[str]:
@@ -142,9 +187,4 @@ def auth_file_flags(auth: NatsAuth) -> list[str]:
     """
     if auth.password is not None or auth.token:
         raise ValueError("a password or token goes to a child through SHOAL_NATS_* variables, not flags")
-    flags = ["--nats-user", auth.user] if auth.user else []
-    for name, (flag, _envvar, is_file, _help) in _AUTH_OPTIONS.items():
-        value = getattr(auth, name)
-        if is_file and value is not None:
-            flags += [flag, str(value)]
-    return flags
+    return to_argv(NatsAuthOptions.from_auth(auth))

@@ -8,6 +8,8 @@ import signal
 import sys
 from pathlib import Path
 
+import pytest
+
 from agents.engines.sim import sim_token_id
 from schemas import (
     FinishReason,
@@ -22,6 +24,7 @@ from tests.agents.agent_cluster import agent_cluster, greedy
 from tests.scrape import scrape, value
 
 
+@pytest.mark.e2e
 async def test_shoal_agent_serves_and_leaves_cleanly(nats_url: str, tmp_path: Path) -> None:
     async with agent_cluster(nats_url) as cluster:
         ready = tmp_path / "ready.json"
@@ -110,6 +113,7 @@ async def _start_agent(
     return process
 
 
+@pytest.mark.e2e
 async def test_sigterm_drains_and_a_second_sigterm_stops(nats_url: str, tmp_path: Path) -> None:
     """SIGTERM: the agent announces terminating, refuses new work, lets its request run (no scheduler
     here to move it), and leaves once it is done; a second SIGTERM stops a drain at once."""
@@ -161,25 +165,22 @@ async def test_sigterm_drains_and_a_second_sigterm_stops(nats_url: str, tmp_path
 
 def test_fault_options_become_the_agents_fault_plan() -> None:
     import click
-    import pytest
 
     from agents.cli import fault_plan
+    from agents.engines.agent_cli import AgentCliConfig, FaultOptions
+    from bus.cli_config import from_argv
 
-    plan = fault_plan(
-        {
-            "fault_drop": ("out:Commit", "in:Ack"),
-            "fault_duplicate": ("out:PreAllocate",),
-            "fault_max": 1,
-            "fault_copy_delay": 0.25,
-        }
-    )
+    options = from_argv(AgentCliConfig, ["--fault-drop", "out:Commit", "--fault-drop", "in:Ack",
+                                         "--fault-duplicate", "out:PreAllocate", "--fault-max", "1",
+                                         "--fault-copy-delay", "0.25"])
+    plan = fault_plan(options.faults)
     assert plan.drop_outgoing == {"Commit"} and plan.drop_incoming == {"Ack"}
     assert plan.duplicate_outgoing == {"PreAllocate"} and plan.max_faults == 1 and plan.copy_delay_s == 0.25
-    assert fault_plan({}).is_empty
+    assert fault_plan(FaultOptions()).is_empty
     with pytest.raises(click.BadParameter, match="in:TYPE or out:TYPE"):
-        fault_plan({"fault_drop": ("sideways:Commit",)})
+        from_argv(AgentCliConfig, ["--fault-drop", "sideways:Commit"])
     with pytest.raises(click.BadParameter, match="unknown migration message types"):
-        fault_plan({"fault_duplicate": ("out:Bogus",)})
+        fault_plan(FaultOptions(fault_duplicate=("out:Bogus",)))
 
 
 def test_agents_and_the_simulator_start_with_the_same_migration_pacing() -> None:
@@ -198,6 +199,7 @@ def test_agents_and_the_simulator_start_with_the_same_migration_pacing() -> None
         assert default(command, "copy_share") == share
 
 
+@pytest.mark.e2e
 async def test_shoal_agent_with_a_core_process_serves_and_ends_it(nats_url: str, tmp_path: Path) -> None:
     """``--engine-core process``: the tokens of the in-process engine, and SIGINT ends the child too."""
     from agents.engines.torch_engine import TorchEngine

@@ -25,6 +25,7 @@ from tests.agents.agent_cluster import agent_cluster
 _REASON = vllm_unavailable_reason()
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.e2e,
     pytest.mark.skipif(_REASON is not None, reason=_REASON or ""),
     pytest.mark.skipif(
         not (vllm_version() or "").endswith("+cpu"), reason="the 1 GiB default is for CPU vLLM"

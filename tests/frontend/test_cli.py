@@ -16,6 +16,7 @@ def _shoal(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.e2e
 def test_help_lists_every_subcommand() -> None:
     result = _shoal("--help")
     assert result.returncode == 0
