@@ -39,6 +39,7 @@ from agents.config import AgentConfig, FaultPlan, StepPace
 from agents.engines.agent_cli import AgentCliConfig, FaultOptions
 from bus import event_loop
 from bus.cli_config import click_options, from_options
+from bus.extras import require_engine
 
 __all__ = ["agent", "agent_config", "build_engine", "fault_plan"]
 
@@ -125,6 +126,7 @@ def agent(**options: Any) -> None:
     logging.basicConfig(
         level=config.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
+    require_engine(config.engine)  # exit 2 naming the extra, before anything starts
     if config.engine == "torch":
         import torch
 
