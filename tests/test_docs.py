@@ -176,6 +176,29 @@ def test_docs_folder_is_bounded(tracked: list[str]) -> None:
     assert size <= DOCS_MAX_BYTES, f"docs/ holds {size:,} bytes (at most {DOCS_MAX_BYTES:,})"
 
 
+def _figure_rows(text: str) -> dict[str, tuple[str, str]]:
+    """benchmark command -> (figure, date) of a page's table of current figures."""
+    rows = {}
+    for line in text.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        command = re.search(r"`(shoal [a-z -]+)`", cells[0]) if line.startswith("|") else None
+        if command and len(cells) == 4 and re.fullmatch(r"\d{4}-\d{2}-\d{2}", cells[2]):
+            rows[command.group(1)] = (cells[1], cells[2])
+    return rows
+
+
+def test_the_readme_quotes_the_figures_of_the_benchmarks_page() -> None:
+    readme = _figure_rows((ROOT / "README.md").read_text(encoding="utf-8"))
+    page = _figure_rows((ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8"))
+    assert readme, "README.md has no table of current figures (benchmark | figure | date | result)"
+    differ = [
+        f"{name}: README {readme[name]} / benchmarks.md {page.get(name)}"
+        for name in readme
+        if readme[name] != page.get(name)
+    ]
+    assert not differ, "figures quoted with two values:\n" + "\n".join(differ)
+
+
 # Built from pieces so that this file's own source does not match them.
 _S = "sess" + "ion"
 _ISSUE = "is" + "sue"
