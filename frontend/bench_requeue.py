@@ -1,8 +1,7 @@
 """``shoal bench requeue``: TTFT of a burst with and without moving queued requests, side by side.
 
 Two local clusters run at once, each an embedded nats-server, ``shoal scheduler``
-(its default policy: ``prefill_ahead`` since round 6, ``blocks_ahead`` before), ``--instances``
-torch agents (``--max-batch-size``
+(its default policy), ``--instances`` torch agents (``--max-batch-size``
 slots, given per agent in turn: by default 1 and 8) and ``shoal serve``; they differ only in the scheduler's
 ``--requeue-after-s``. Each round sends the same burst to one cluster, then to
 the other (the order alternates by round): ``--requests`` streaming requests at
@@ -31,6 +30,7 @@ from typing import Any
 import click
 
 from bus import event_loop
+from bus.bench_progress import BenchProgress
 from frontend.bench_cli import scratch_dir
 from frontend.bench_serve import percentile, wait_ready
 from frontend.up import ClusterProcesses
@@ -199,7 +199,10 @@ def bench_requeue(**options: Any) -> None:
         load_before = os.getloadavg()[0]
         runs: dict[str, list[dict[str, float]]] = {mode: [] for mode in modes}
         moves: dict[str, tuple[int, int]] = {}
+        progress = BenchProgress("requeue", 2 + 2 * options["rounds"])
         try:
+            agents = f"{options['instances']} torch agents ({options['preset']})"
+            progress.phase(f"starting two clusters of {agents}")
             urls = {
                 mode: _spawn(
                     clusters[mode],
@@ -214,6 +217,7 @@ def bench_requeue(**options: Any) -> None:
             }
             for mode in modes:
                 wait_ready(clusters[mode], urls[mode], instances=options["instances"])
+            progress.phase("warm-up: one request to each cluster")
             for mode in modes:  # warm-up: one request each
                 event_loop.run(_drive(urls[mode], options["preset"], [4], options["prompt_tokens"], 999))
             for round_index in range(options["rounds"]):
@@ -222,6 +226,10 @@ def bench_requeue(**options: Any) -> None:
                 )
                 order = list(modes) if round_index % 2 == 0 else list(reversed(modes))
                 for mode in order:
+                    progress.phase(
+                        f"round {round_index + 1}/{options['rounds']}: a burst of {options['requests']}, "
+                        f"requeue {mode}"
+                    )
                     time.sleep(1.0)  # let the previous burst's reports settle
                     ttfts = event_loop.run(
                         _drive(
@@ -237,11 +245,8 @@ def bench_requeue(**options: Any) -> None:
                             "num_ttfts": float(len(ttfts)),
                         }
                     )
-                    click.echo(
-                        f"round {round_index} {mode:>3}: p50 {runs[mode][-1]['ttft_p50_s']:.2f}s "
-                        f"p99 {runs[mode][-1]['ttft_p99_s']:.2f}s",
-                        err=True,
-                    )
+                    last = runs[mode][-1]
+                    progress.note(f"TTFT p50 {last['ttft_p50_s']:.2f}s p99 {last['ttft_p99_s']:.2f}s")
             for mode in modes:
                 nats = clusters[mode].nats
                 assert nats is not None

@@ -49,6 +49,7 @@ from typing import Any
 import click
 
 from bus import event_loop
+from bus.bench_progress import BenchProgress
 from frontend.bench_cli import scratch_dir
 from frontend.bench_steps import StepTotals, breakdown_table, scrape_step_totals, step_breakdown
 from frontend.up import ClusterProcesses, _health
@@ -351,7 +352,9 @@ def run_through_shoal(
 
     options = engine_options(preset, max(concurrencies), prompt_tokens, max_tokens)
     processes = ClusterProcesses(log_dir)
+    progress = BenchProgress("serve", 1 + len(concurrencies) * rounds)
     try:
+        progress.phase(f"starting shoal: NATS, {instances} agent(s) ({preset}), the frontend")
         agent_args = torch_agent_args(preset, options, threads, engine_core)
         ports = [free_port() for _ in range(instances)]
         metrics_urls = [f"http://127.0.0.1:{port}/metrics" for port in ports]
@@ -378,6 +381,7 @@ def run_through_shoal(
                 # every other round the direct engine goes first, so a drift in the machine's speed
                 # during a round does not always fall on the same side
                 direct_first = round_index % 2 == 1
+                progress.phase(f"{concurrency} streams, round {round_index + 1}/{rounds}: shoal and direct")
                 if direct_first:
                     direct_runs.append(run_direct_now(concurrency))
                 before = {name: cpu(name, pid) for name, pid in pids.items()}

@@ -51,6 +51,7 @@ from typing import Any
 import click
 
 from bus import event_loop
+from bus.bench_progress import BenchProgress
 from bus.otlp_receiver import ReceiverProcess
 from frontend.bench_cli import scratch_dir
 from frontend.bench_serve import (
@@ -177,6 +178,8 @@ def run_tracing_rounds(
             "off": untraced_environment(environ),
             "on": traced_environment(environ, receiver.url, export_delay_ms),
         }
+        progress = BenchProgress("tracing", 1 + len(concurrencies) * rounds * len(SIDES))
+        progress.phase(f"starting two copies of shoal ({preset}), tracing off and on")
         sides = _start_sides(preset, options, threads, log_dir, environments)
         try:
             for n, concurrency in enumerate(concurrencies):
@@ -185,6 +188,8 @@ def run_tracing_rounds(
                 for round_index in range(rounds):
                     order = SIDES if round_index % 2 == 0 else SIDES[::-1]
                     for name in order:
+                        step = f"round {round_index + 1}/{rounds}"
+                        progress.phase(f"{concurrency} streams, {step}, tracing {name}")
                         offset = 1000 * (n + 1) + 100 * round_index
                         result, by_name = _run_once(sides[name], receiver, preset, concurrency, prompt_tokens,
                                                     max_tokens, offset, quiet_s)

