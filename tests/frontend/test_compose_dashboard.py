@@ -1,7 +1,8 @@
 """docker/: the compose file's services, Prometheus' targets and the Grafana dashboard's queries.
 
-No Docker engine runs here, so what can be checked without one is: every
-service has a healthcheck, Prometheus scrapes every shoal component where it
+No Docker engine runs here, so what can be checked without one is: the
+scheduler and the frontend run the slim control-plane image and the agents the
+engine image, every service has a healthcheck, Prometheus scrapes every shoal component where it
 serves /metrics, Grafana is provisioned with the dashboard, and every metric
 the dashboard queries exists on the /metrics of a live component (frontend,
 agent and scheduler, on the real nats-server).
@@ -52,6 +53,37 @@ def test_every_service_has_a_healthcheck_and_prometheus_scrapes_every_component(
                         else command[command.index("--metrics-port") + 1])
     for name in shoal:  # spans go to Jaeger the standard way
         assert services[name]["environment"]["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://jaeger:4318"
+
+
+def _dockerfile_stages() -> dict[str, str]:
+    """docker/Dockerfile's stages by name, each its instructions with continuation lines joined."""
+    text = re.sub(r"\\\n\s*", " ", (DOCKER / "Dockerfile").read_text())
+    stages: dict[str, str] = {}
+    name = ""
+    for line in text.splitlines():
+        if found := re.match(r"FROM \S+ AS (\S+)", line):
+            name = found.group(1)
+            stages[name] = ""
+        elif name and not line.lstrip().startswith("#"):
+            stages[name] += line + "\n"
+    return stages
+
+
+def test_the_control_plane_runs_the_slim_image_and_the_agents_the_engine_image() -> None:
+    """The scheduler and the frontend run the base install (no torch); agents get torch."""
+    services = _compose()["services"]
+    assert isinstance(services, dict)
+    targets = {name: service["build"]["target"] for name, service in services.items() if "build" in service}
+    assert targets == {"scheduler": "control-plane", "scheduler-standby": "control-plane",
+                       "frontend": "control-plane", "agent-0": "engine", "agent-1": "engine"}
+    stages = _dockerfile_stages()
+    control, engine = stages["control-plane"], stages["engine"]
+    assert re.search(r"pip install [^\n]*\s\.$", control, re.MULTILINE), control  # the base install
+    assert "torch" not in control and ".[" not in control, control  # no extra
+    assert 'pip install --no-cache-dir ".[torch]"' in engine, engine
+    for name in ("agent-0", "agent-1"):
+        command = services[name]["command"]
+        assert command[command.index("--engine") + 1] == "torch"
 
 
 def test_grafana_is_provisioned_with_prometheus_and_the_dashboard() -> None:
