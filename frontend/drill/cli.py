@@ -23,6 +23,7 @@ from typing import Any
 import click
 
 from bus import event_loop
+from bus.extras import require, require_engine
 
 __all__ = ["drill"]
 
@@ -88,6 +89,10 @@ def drill(**options: Any) -> None:
             )
             for s in scenarios
         ]
+    for scenario in scenarios:  # exit 2 naming the extra, before anything starts
+        require_engine(scenario.cluster.engine)
+    if options["png_path"] is not None:
+        require("matplotlib")
     temporary = options["log_dir"] is None
     log_root = options["log_dir"] or Path(tempfile.mkdtemp(prefix="shoal-drill-"))
     try:
