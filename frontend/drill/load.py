@@ -2,8 +2,10 @@
 
 :class:`LoadGenerator` sends requests at the scenario's rate (Poisson
 arrivals, seeded) with httpx to ``/v1/completions``; a share streams (SSE), a
-share is greedy (temperature 0, one of a few fixed prompts whose no-fault text
-the drill records first). Every request asks for exactly ``output_tokens``
+share is greedy (temperature 0, one of a few fixed prompts), and each greedy
+answer is compared with its no-fault text (:mod:`frontend.drill.greedy`: the
+prompt's answer recorded before the load, or on the sim engine the text of the
+tokens computed from the request id). Every request asks for exactly ``output_tokens``
 tokens (``ignore_eos``), so a complete answer is recognisable. Each ends as
 one :class:`Outcome`:
 
@@ -14,7 +16,8 @@ one :class:`Outcome`:
 * ``rejected`` — a 4xx other than 429: the request itself was wrong (a scenario whose
   prompt and output do not fit the model, say), which fails the drill too.
 
-A greedy ``ok`` whose text differs from the reference is a ``mismatch``.
+A greedy ``ok`` whose text differs from its no-fault text is a ``mismatch``; its
+record keeps how many characters were compared (``compared_chars``; None: not compared).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from bus.event_loop import cancel_and_wait
+from frontend.drill.greedy import GreedyText, RecordedText
 from frontend.drill.scenario import LoadSpec
 
 __all__ = ["LoadGenerator", "Outcome", "RequestRecord"]
@@ -78,6 +82,10 @@ class RequestRecord:
     num_tokens: int = 0
     status: int | None = None
     detail: str = ""
+    #: the id the frontend gave the request (the response's ``id``)
+    request_id: str = ""
+    #: characters of a greedy answer compared with its no-fault text; None when not compared
+    compared_chars: int | None = None
     text: str = field(default="", repr=False)
 
     @property
@@ -92,15 +100,18 @@ def _prompt(rng: random.Random, words: int) -> str:
 class LoadGenerator:
     """Sends the scenario's load; see the module docstring. ``clock`` is seconds since the drill began."""
 
-    def __init__(self, spec: LoadSpec, url: str, model: str, clock: Callable[[], float]) -> None:
+    def __init__(
+        self, spec: LoadSpec, url: str, model: str, clock: Callable[[], float], greedy: GreedyText | None
+    ) -> None:
         self.spec = spec
+        #: what a greedy answer is compared with (None: not compared)
+        self.greedy = greedy
         self.url = url
         self.model = model
         self.clock = clock
         self.rng = random.Random(spec.seed)
         prompt_rng = random.Random(spec.seed + 1)
         self.greedy_prompts = [_prompt(prompt_rng, spec.prompt_words) for _ in range(_NUM_GREEDY_PROMPTS)]
-        self.references: dict[int, str] = {}
         self.records: list[RequestRecord] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._http = httpx.AsyncClient(
@@ -127,13 +138,16 @@ class LoadGenerator:
         return body
 
     async def record_references(self) -> None:
-        """The no-fault text of each greedy prompt (sent one by one before the load starts)."""
+        """Record each greedy prompt's no-fault text (sent one by one before the load starts), when
+        the comparison is with recorded text."""
+        if not isinstance(self.greedy, RecordedText):
+            return
         for prompt_id, prompt in enumerate(self.greedy_prompts):
             record = RequestRecord(-1 - prompt_id, self.clock(), False, True, prompt_id)
             await self._send(record, prompt)
             if record.outcome is not Outcome.OK:
                 raise RuntimeError(f"the reference request failed ({record.outcome}): {record.detail}")
-            self.references[prompt_id] = record.text
+            self.greedy.texts[prompt_id] = record.text
 
     async def run(self, until: float, stop: asyncio.Event | None = None) -> None:
         """Send requests until the clock reads ``until`` (open loop: never waits for answers)."""
@@ -178,14 +192,23 @@ class LoadGenerator:
         except httpx.HTTPError as exc:
             record.outcome, record.detail = Outcome.ERROR, f"{type(exc).__name__}: {exc}"
         record.ended_at = self.clock()
-        if (
-            record.outcome is Outcome.OK
-            and record.greedy
-            and record.index >= 0
-            and record.prompt_id in self.references
-            and record.text != self.references[record.prompt_id]
-        ):
-            record.outcome, record.detail = Outcome.MISMATCH, "greedy text differs from the no-fault run"
+        if record.outcome is Outcome.OK and record.greedy and record.index >= 0:
+            self._compare(record)
+
+    def _compare(self, record: RequestRecord) -> None:
+        """A greedy ``ok``: compare its text with the no-fault text (a ``mismatch`` when they differ)."""
+        if self.greedy is None:
+            return
+        expected = self.greedy.expected(record.request_id, record.prompt_id)
+        if expected is None:
+            return
+        want = self.greedy.compared(expected)
+        record.compared_chars = len(want)
+        if self.greedy.compared(record.text) != want:
+            record.outcome = Outcome.MISMATCH
+            record.detail = (
+                f"greedy text differs from the no-fault text: {record.text[:60]!r}, want {expected[:60]!r}"
+            )
 
     def _complete(self, record: RequestRecord, finish_reason: object, num_tokens: int) -> None:
         record.num_tokens = num_tokens
@@ -204,6 +227,7 @@ class LoadGenerator:
                 record.detail = f"HTTP {response.status_code}: {_error_message(response.text)}"
                 return
             data = response.json()
+            record.request_id = str(data.get("id", ""))
             choice = data["choices"][0]
             record.text = choice.get("text", "")
             record.first_token_at = self.clock()
@@ -235,6 +259,8 @@ class LoadGenerator:
                     record.outcome = Outcome.ERROR
                     record.detail = f"stream error: {_error_message(payload)}"
                     return
+                if not record.request_id and chunk.get("id"):
+                    record.request_id = str(chunk["id"])
                 if chunk.get("usage"):
                     usage = int(chunk["usage"].get("completion_tokens", 0))
                 for choice in chunk.get("choices", []):

@@ -1,6 +1,10 @@
 """A drill's report: a rich table in the terminal, a JSON document, a PNG timeline.
 
-The JSON holds, per scenario, the verdicts, the faults (when injected,
+Each verdict is ``passed``, ``failed`` or ``not checked`` (nothing to judge it
+by: it fails no scenario and counts as no pass). The JSON holds, for the whole
+run, per verdict how many scenarios checked it, passed, failed and did not
+check it; per scenario, the verdicts with their status, the greedy answers
+compared, the faults (when injected,
 verified by what, healed), request counts by outcome, latency before / during
 / after the fault, recovery times, each agent's blocks once the load stopped,
 the log check and every request (sent, ended, outcome). The PNG plots, per
@@ -24,7 +28,9 @@ from rich.table import Table
 from frontend.drill.load import Outcome
 from frontend.drill.runner import DrillResult
 
-__all__ = ["print_report", "report_dict", "write_json", "write_png"]
+__all__ = ["print_report", "report_dict", "verdict_counts", "write_json", "write_png"]
+
+_STATUS_CELL = {"passed": "[green]ok[/]", "failed": "[red]FAIL[/]", "not checked": "[yellow]not checked[/]"}
 
 
 def _ms(value: float | None) -> str:
@@ -46,7 +52,7 @@ def print_report(results: Sequence[DrillResult], console: Console | None = None)
         if result.error:
             table.add_row("drill ran", "[red]no[/]", result.error)
         for verdict in result.verdicts:
-            table.add_row(verdict.name, "[green]ok[/]" if verdict.passed else "[red]FAIL[/]", verdict.detail)
+            table.add_row(verdict.name, _STATUS_CELL[verdict.status], verdict.detail)
         console.print(table)
         latency = Table(show_header=True, title_justify="left")
         for column in ("phase", "sent", "ok", "p50 ms", "p99 ms", "ttft p50 ms"):
@@ -89,6 +95,37 @@ def print_report(results: Sequence[DrillResult], console: Console | None = None)
                 _s(result.recovery.get("first_ok_after_fault_s")),
             )
         console.print(suite)
+        by_verdict = Table(title="verdicts over the suite (scenarios)", title_justify="left")
+        for column in ("verdict", "checked", "passed", "failed", "not checked"):
+            by_verdict.add_column(column, justify="left" if column == "verdict" else "right")
+        for name, tally in verdict_counts(results).items():
+            by_verdict.add_row(name, *(str(tally[k]) for k in ("checked", "passed", "failed", "not_checked")))
+        console.print(by_verdict)
+
+
+def verdict_counts(results: Sequence[DrillResult]) -> dict[str, dict[str, int]]:
+    """Per verdict, over the scenarios that have it: how many checked it, passed, failed, did not check it."""
+    counts: dict[str, dict[str, int]] = {}
+    for result in results:
+        for verdict in result.verdicts:
+            tally = counts.setdefault(
+                verdict.name, {"scenarios": 0, "checked": 0, "passed": 0, "failed": 0, "not_checked": 0}
+            )
+            tally["scenarios"] += 1
+            tally["checked"] += verdict.checked
+            tally[verdict.status.replace(" ", "_")] += 1
+    return counts
+
+
+def _greedy(result: DrillResult) -> dict[str, int]:
+    greedy = [r for r in result.records if r.greedy and r.index >= 0]
+    compared = [r for r in greedy if r.compared_chars is not None]
+    return {
+        "requests": len(greedy),
+        "compared": len(compared),
+        "characters": sum(r.compared_chars or 0 for r in compared),
+        "mismatches": sum(1 for r in compared if r.outcome is Outcome.MISMATCH),
+    }
 
 
 def _result_dict(result: DrillResult) -> dict[str, Any]:
@@ -97,7 +134,8 @@ def _result_dict(result: DrillResult) -> dict[str, Any]:
         "passed": result.passed,
         "error": result.error,
         "duration_s": result.duration_s,
-        "verdicts": [asdict(v) for v in result.verdicts],
+        "verdicts": [{**asdict(v), "status": v.status} for v in result.verdicts],
+        "greedy": _greedy(result),
         "faults": [f.as_dict() for f in result.faults],
         "phases": result.phases,
         "requests": result.counts(),
@@ -128,6 +166,9 @@ def report_dict(results: Sequence[DrillResult]) -> dict[str, Any]:
             "python": platform.python_version(),
         },
         "passed": all(r.passed for r in results),
+        "scenarios_passed": sum(r.passed for r in results),
+        "scenarios_total": len(results),
+        "verdicts": verdict_counts(results),
         "scenarios": [_result_dict(r) for r in results],
     }
 

@@ -2,12 +2,13 @@
 
 :func:`run_scenario` starts the scenario's cluster (or uses one given with
 ``--against``), follows the bus, records the greedy prompts' no-fault text
-(torch engines), sends the load through the three phases with the fault
-injected and verified at the start of the fault phase, stops the load, waits
-for every request to end, checks the agents and the log, and returns a
-:class:`DrillResult`. Everything it started — processes, proxies, the NATS
-store — is stopped and removed in a ``finally``, also when the drill is
-cancelled (the command line cancels it on SIGINT/SIGTERM).
+(torch and vllm engines; on the sim engine it is computed per request), sends
+the load through the three phases with the fault injected and verified at
+the start of the fault phase, stops the load, waits for every request to end,
+checks the agents and the log, and returns a :class:`DrillResult`. Everything
+it started — processes, proxies, the NATS store — is stopped and removed in a
+``finally``, also when the drill is cancelled (the command line cancels it on
+SIGINT/SIGTERM).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 
 from frontend.drill.cluster import DrillCluster, ExternalCluster
 from frontend.drill.faults import FaultNotApplied, FaultRecord, inject
+from frontend.drill.greedy import greedy_text
 from frontend.drill.load import LoadGenerator, Outcome, RequestRecord
 from frontend.drill.scenario import FaultKind, Scenario
 from frontend.drill.verdicts import (
@@ -136,10 +138,12 @@ async def run_scenario(
             await cluster.start()
         watch = BusWatch(cluster.nats_url, cluster.prefix, clock)
         await watch.start()
-        load = LoadGenerator(scenario.load, cluster.url, cluster.model, clock)
-        greedy_checked = scenario.cluster.engine != "sim"
-        if greedy_checked:
-            await load.record_references()
+        greedy = greedy_text(
+            scenario.cluster.engine, cluster.model, scenario.load.output_tokens,
+            external=not isinstance(cluster, DrillCluster),
+        )
+        load = LoadGenerator(scenario.load, cluster.url, cluster.model, clock, greedy)
+        await load.record_references()
         phases = scenario.phases
         stop = asyncio.Event()
         load_task = asyncio.ensure_future(load.run(float("inf"), stop))
@@ -193,9 +197,9 @@ async def run_scenario(
             recovered=recovered,
             num_rescues=result.num_rescues,
             num_preemptions=result.num_preemptions,
-            greedy_checked=greedy_checked,
+            greedy_method=None if greedy is None else greedy.method,
         )
-        result.passed = result.error is None and all(v.passed for v in result.verdicts)
+        result.passed = result.error is None and not any(v.failed for v in result.verdicts)
     except Exception as exc:  # the drill itself failed: report it, clean up below
         result.error = f"{type(exc).__name__}: {exc}"
         if load is not None:

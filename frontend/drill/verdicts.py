@@ -1,8 +1,10 @@
 """A drill's verdicts, computed from what happened: requests, agents' blocks, the event log.
 
 * **requests**: every accepted request ends ``ok`` or with a clear retryable
-  ``error``; ``lost`` (never ended, or short without an error) and greedy
-  ``mismatch`` es must be 0;
+  ``error``; ``lost`` (never ended, or short without an error) must be 0;
+* **greedy text**: every greedy answer that ended ``ok`` reads as without
+  faults (:mod:`frontend.drill.greedy`); the verdict is *not checked* — neither
+  passed nor failed — when no answer could be compared;
 * **latency** of the requests sent before, during and after the fault;
   **recovery**: the first request sent after the fault that completed, and the
   first dispatch decision the log shows after it;
@@ -41,6 +43,7 @@ __all__ = [
     "Verdict",
     "check_agents",
     "check_log",
+    "greedy_verdict",
     "judge",
     "latency_summary",
     "rescues",
@@ -78,9 +81,40 @@ class LogCheck:
 
 @dataclass
 class Verdict:
+    """One verdict: ``passed`` only if it was checked and held; one not checked fails nothing."""
+
     name: str
     passed: bool
     detail: str
+    checked: bool = True
+
+    @property
+    def status(self) -> str:
+        """``passed``, ``failed`` or ``not checked``."""
+        if not self.checked:
+            return "not checked"
+        return "passed" if self.passed else "failed"
+
+    @property
+    def failed(self) -> bool:
+        return self.checked and not self.passed
+
+
+def greedy_verdict(records: Sequence[RequestRecord], method: str | None) -> Verdict:
+    """Greedy answers compared with their no-fault text; ``method`` None: no comparison possible here."""
+    name = "greedy text as without faults"
+    greedy = [r for r in records if r.greedy and r.index >= 0]
+    compared = [r for r in greedy if r.compared_chars is not None]
+    mismatches = sum(1 for r in compared if r.outcome is Outcome.MISMATCH)
+    chars = sum(r.compared_chars or 0 for r in compared)
+    if method is None:
+        return Verdict(name, False, "not checked: the no-fault text of this cluster's answers is unknown "
+                       "(sim agents the drill did not start)", checked=False)
+    if not compared or not chars:
+        return Verdict(name, False, f"not checked: {len(greedy)} greedy requests, {len(compared)} compared, "
+                       f"{chars} characters to compare", checked=False)
+    return Verdict(name, mismatches == 0, f"{mismatches} of {len(compared)} greedy answers differ "
+                   f"({chars} characters compared; {len(greedy)} greedy requests); with {method}")
 
 
 #: Abort reasons that say the request ended, not that the fault stopped the migration.
@@ -223,7 +257,7 @@ def judge(
     recovered: bool,
     num_rescues: float | None,
     num_preemptions: int,
-    greedy_checked: bool,
+    greedy_method: str | None,
 ) -> list[Verdict]:
     counts = {o: sum(1 for r in records if r.outcome is o) for o in Outcome}
     expect = scenario.verdicts
@@ -243,13 +277,7 @@ def judge(
             counts[Outcome.REJECTED] == 0,
             f"{counts[Outcome.REJECTED]} rejected with a client error (does the load fit the model?)",
         ),
-        Verdict(
-            "greedy text as without faults",
-            counts[Outcome.MISMATCH] == 0,
-            f"{counts[Outcome.MISMATCH]} mismatches"
-            if greedy_checked
-            else "not comparable on this engine (sim tokens depend on the request id)",
-        ),
+        greedy_verdict(records, greedy_method),
         Verdict(
             "no block leaked",
             all(

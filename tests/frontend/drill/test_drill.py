@@ -3,8 +3,10 @@
 The CI-sized suite (``shoal drill ci``: scheduler kill -9, a busy agent kill -9 on the torch ``tiny``
 model with greedy text compared to the no-fault answers, a 2 s bus blackhole through the chaos proxy,
 an agent SIGTERM during a migration that drains it by live migration) must pass with every verdict
-computed: 0 lost requests, 0 leaked blocks, the log folding from its start, one outcome per migration.
-A drill stopped with SIGINT or SIGTERM leaves no process and no temporary store behind.
+computed: 0 lost requests, 0 leaked blocks, the log folding from its start, one outcome per migration,
+every greedy answer compared (sim: with the tokens computed from its request id) and equal.
+The greedy-text verdict fails when the sim engine's tokens go wrong after a rescue. A drill stopped
+with SIGINT or SIGTERM leaves no process and no temporary store behind.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from tests.processes import alive
 pytestmark = [pytest.mark.drill, pytest.mark.slow]
 
 _SHOAL = [sys.executable, "-c", "from frontend.cli import main; main()"]
+_GREEDY = "greedy text as without faults"
+_BREAK_SIM_TOKENS = Path(__file__).parent / "perturb"
 
 
 def _descendants(pid: int) -> set[int]:
@@ -56,7 +60,7 @@ def test_the_ci_drill_suite_passes_with_nothing_lost_or_leaked(tmp_path: Path) -
     assert report.exists(), done.stdout + done.stderr
     data = json.loads(report.read_text())
     failures = {
-        s["scenario"]["name"]: s["error"] or [v for v in s["verdicts"] if not v["passed"]]
+        s["scenario"]["name"]: s["error"] or [v for v in s["verdicts"] if v["status"] == "failed"]
         for s in data["scenarios"]
         if not s["passed"]
     }
@@ -67,11 +71,73 @@ def test_the_ci_drill_suite_passes_with_nothing_lost_or_leaked(tmp_path: Path) -
         assert all(f["verified"] for f in scenario["faults"]) and scenario["faults"]
         assert all(a["num_used_blocks"] == 0 and a["num_reserved_blocks"] == 0 for a in scenario["agents"])
         assert scenario["log"]["fold_error"] is None
+        greedy = next(v for v in scenario["verdicts"] if v["name"] == _GREEDY)
+        assert greedy["status"] == "passed", greedy
+        assert scenario["greedy"]["compared"] > 0 and scenario["greedy"]["mismatches"] == 0
+    tally = data["verdicts"][_GREEDY]
+    assert tally["checked"] == tally["passed"] == len(data["scenarios"])
     by_name = {s["scenario"]["name"]: s for s in data["scenarios"]}
     drained = by_name["agent-term-migrating"]
     assert drained["log"]["committed"] >= 1  # its requests moved away live
     assert (tmp_path / "drill.png").stat().st_size > 10_000
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("shoal-")]  # temp stores removed
+
+
+def _scenario_file(tmp_path: Path, name: str, *, greedy_share: float, fault: str) -> Path:
+    """A scenario file as a user writes one: ``agent-kill-busy``'s load with its own greedy share."""
+    path = tmp_path / f"{name}.toml"
+    path.write_text(f"[load]\noutput_tokens = 96\ngreedy_share = {greedy_share}\n{fault}")
+    return path
+
+
+def test_sim_tokens_that_go_wrong_after_a_rescue_fail_the_greedy_text_verdict(tmp_path: Path) -> None:
+    # every request greedy, so every rescued one is compared: agent-kill-busy's fault and verdicts
+    scenario_file = _scenario_file(
+        tmp_path, "kill-busy-greedy", greedy_share=1.0,
+        fault='[fault]\nkind = "kill"\ntarget = "agent"\n[verdicts]\nexpect_rescue = true\n',
+    )
+    report = tmp_path / "drill.json"
+    pythonpath = os.pathsep.join(p for p in (str(_BREAK_SIM_TOKENS), os.environ.get("PYTHONPATH")) if p)
+    done = subprocess.run(
+        [*_SHOAL, "drill", str(scenario_file), "--json", str(report)],
+        capture_output=True,
+        text=True,
+        timeout=200,
+        env={**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": pythonpath,
+             "SHOAL_TEST_BREAK_SIM_TOKENS": "1"},
+    )
+    assert report.exists(), done.stdout + done.stderr
+    (scenario,) = json.loads(report.read_text())["scenarios"]
+    assert scenario["error"] is None, scenario["error"]
+    assert scenario["rescues"], "the busy agent's requests were not rescued: nothing went wrong to detect"
+    verdicts = {v["name"]: v for v in scenario["verdicts"]}
+    assert verdicts[_GREEDY]["status"] == "failed", verdicts[_GREEDY]
+    assert scenario["greedy"]["mismatches"] >= 1
+    assert [n for n, v in verdicts.items() if v["status"] == "failed"] == [_GREEDY]  # the rest held
+    assert not scenario["passed"] and done.returncode == 1
+
+
+def test_a_drill_with_no_greedy_answer_to_compare_reports_the_verdict_not_checked(tmp_path: Path) -> None:
+    scenario_file = _scenario_file(tmp_path, "no-greedy", greedy_share=0.0, fault="")
+    report = tmp_path / "drill.json"
+    done = subprocess.run(
+        [*_SHOAL, "drill", str(scenario_file), "--json", str(report)],
+        capture_output=True,
+        text=True,
+        timeout=200,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+    )
+    assert report.exists(), done.stdout + done.stderr
+    data = json.loads(report.read_text())
+    (scenario,) = data["scenarios"]
+    greedy = next(v for v in scenario["verdicts"] if v["name"] == _GREEDY)
+    assert (greedy["status"], greedy["checked"], greedy["passed"]) == ("not checked", False, False), greedy
+    tally = {"scenarios": 1, "checked": 0, "passed": 0, "failed": 0, "not_checked": 1}
+    assert data["verdicts"][_GREEDY] == tally
+    assert "not checked" in done.stdout
+    # nothing failed: the drill passes, and its other verdicts were checked
+    assert scenario["passed"] and done.returncode == 0, scenario["error"] or scenario["verdicts"]
+    assert all(v["checked"] for v in scenario["verdicts"] if v["name"] != _GREEDY)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
