@@ -26,6 +26,8 @@ from frontend.drill.scenario import BUILTIN, ClusterSpec, ScenarioError
 
 _SHOAL = [sys.executable, "-c", "from frontend.cli import main; main()"]
 _REASON = vllm_unavailable_reason()
+#: the vLLM drill: its agents may take 300 s to start (VLLM_READY_TIMEOUT_S), the drill about 45 s
+_DRILL_TIMEOUT_S = 420
 
 
 def _value(args: list[str], flag: str) -> str:
@@ -93,25 +95,28 @@ def test_a_malformed_cpu_bind_list_is_a_usage_error_before_anything_starts(
 @pytest.mark.drill
 @pytest.mark.slow
 @pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
+@pytest.mark.timeout(_DRILL_TIMEOUT_S + 60)  # vLLM agents may take 300 s to start: past the default 300 s
 def test_killing_a_busy_vllm_agent_loses_nothing_and_greedy_answers_stay_exact(tmp_path: Path) -> None:
     report = tmp_path / "drill.json"
-    done = subprocess.run(
-        [*_SHOAL, "drill", "torch-agent-kill", "--engine", "vllm", "--json", str(report)],
-        capture_output=True,
-        text=True,
-        timeout=420,
-        env={**os.environ, "TMPDIR": str(tmp_path)},
-    )
+    try:
+        done = subprocess.run(
+            [*_SHOAL, "drill", "torch-agent-kill", "--engine", "vllm", "--json", str(report)],
+            capture_output=True,
+            text=True,
+            timeout=_DRILL_TIMEOUT_S,
+            env={**os.environ, "TMPDIR": str(tmp_path)},
+        )
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"the vLLM drill did not end within {_DRILL_TIMEOUT_S} s: {str(exc.stderr)[-3000:]}")
     assert report.exists(), done.stdout + done.stderr[-3000:]
     (scenario,) = json.loads(report.read_text())["scenarios"]
-    failed = [v for v in scenario["verdicts"] if not v["passed"]]
+    failed = [v for v in scenario["verdicts"] if v["status"] != "passed"]  # greedy text must be checked
     assert scenario["passed"] and not failed, json.dumps(failed or scenario["error"]) + done.stderr[-3000:]
     assert done.returncode == 0
     assert scenario["scenario"]["cluster"]["engine"] == "vllm"
     requests = scenario["requests"]
     assert requests["lost"] == 0 and requests["mismatch"] == 0 and requests["ok"] > 0
-    greedy_ok = [row for row in scenario["timeline"]["rows"] if row[5] and row[3] == "ok"]
-    assert greedy_ok  # greedy answers were compared with the no-fault ones
+    assert scenario["greedy"]["compared"] > 0  # greedy answers were compared with the no-fault ones
     assert scenario["rescues"] >= 1  # the killed agent's requests went on elsewhere
     assert all(f["verified"] for f in scenario["faults"])
     assert all(a["num_used_blocks"] == 0 and a["num_reserved_blocks"] == 0 for a in scenario["agents"])
