@@ -385,14 +385,20 @@ def _build(cls: type[_C], options: Mapping[str, Any]) -> _C:
             if isinstance(value, list):
                 value = tuple(value)
             values[field.name] = value
+        elif isinstance(meta, _Nested) and meta.declared_by is not None:
+            values[field.name] = meta.cls(**{f.name: options[f.name] for f in dataclasses.fields(meta.cls)})
         elif isinstance(meta, _Nested):
             values[field.name] = _build(meta.cls, options)
     return cls(**values)
 
 
 def command_for(cls: type[Any]) -> click.Command:
-    """A bare click command with ``cls``'s options (for parsing a child's arguments, in tests and tools)."""
-    return click.command(cls.__name__)(click_options(cls)(lambda **_: None))
+    """A click command with ``cls``'s options that only builds the config (checks a child's arguments)."""
+
+    def build(**options: Any) -> None:
+        from_options(cls, options)
+
+    return click.command(cls.__name__)(click_options(cls)(build))
 
 
 def from_argv(cls: type[_C], argv: Sequence[str]) -> _C:

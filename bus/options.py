@@ -3,8 +3,8 @@
 Declared as typed configs (:mod:`bus.cli_config`) that every component's
 config nests: :class:`NatsOptions` (``--nats URL``, comma-separated for a
 cluster, also read from ``SHOAL_NATS_URL`` by click at the entry point and
-never below it; the older spelling ``--nats-url`` still parses but is not
-shown in ``--help``; ``--nats-replicas``, the replication factor of the
+never below it; its alias ``--nats-url`` parses too and is not shown in
+``--help``; ``--nats-replicas``, the replication factor of the
 streams and the KV bucket a component provisions; ``--prefix``, the subject
 prefix of the cluster), :class:`NatsAuthOptions` (how to authenticate to
 NATS and check its TLS certificate: ``--nats-user`` / ``--nats-password``,

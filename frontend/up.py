@@ -26,7 +26,7 @@ children inherit the ``OTEL_*`` variables; ``--otlp-endpoint URL`` sets
 from __future__ import annotations
 
 import contextlib
-import importlib.util
+import dataclasses
 import json
 import os
 import shlex
@@ -41,17 +41,37 @@ import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Literal
 
 import click
 
+from agents.engines.agent_cli import AgentCliConfig, EngineName
 from bus.auth import redact_url
+from bus.cli_config import (
+    CliConfig,
+    ConfigError,
+    click_options,
+    from_options,
+    nested,
+    option,
+    option_like,
+    to_argv,
+)
 from bus.extras import require_engine
-from bus.options import auth_file_flags, nats_option
+from bus.options import MetricsOptions, NatsAuthOptions, NatsOptions, nats_url_option
 from bus.server import die_with_parent, free_port
-from scheduler.cli import scale_band_options
+from frontend.cli_serve import ServeCliConfig
+from scheduler.cli import ScaleBandOptions, SchedulerCliConfig
 
-__all__ = ["Child", "ClusterProcesses", "agent_command", "child_environment", "up", "vllm_cpu_binds"]
+__all__ = [
+    "Child",
+    "ClusterProcesses",
+    "UpConfig",
+    "agent_config",
+    "child_environment",
+    "up",
+    "vllm_cpu_binds",
+]
 
 _SHOAL = [sys.executable, "-c", "from frontend.cli import main; main()"]
 
@@ -138,26 +158,26 @@ def child_environment(environ: Mapping[str, str], otlp_endpoint: str | None) -> 
     return {**environ, "OTEL_EXPORTER_OTLP_ENDPOINT": otlp_endpoint}
 
 
-def agent_command(
-    options: Mapping[str, Any], common: Sequence[str], model: str, instance_id: str
-) -> list[str]:
-    """``shoal agent`` arguments for one agent of the cluster ``options`` describe (also ``shoal drill``)."""
-    engine = options["engine"]
-    args = ["agent", *common, "--instance-id", instance_id, "--engine", engine,
-            "--threads", str(options["threads"]), "--transport", "tcp"]
-    args += ["--model", model] if engine != "sim" else ["--profile", model,
-                                                        "--time-scale", str(options["time_scale"])]
+def agent_config(up: UpConfig, nats: NatsOptions, instance_id: str, **more: Any) -> AgentCliConfig:
+    """The ``shoal agent`` config of one agent of the cluster ``up`` describes (``more``: other fields).
+
+    The sim engine takes ``--model`` as its profile; a vllm agent gets the cluster's block size,
+    context length and KV space; the KV transport is TCP (the agents share this host).
+    """
+    engine = up.engine
+    model = up.model or ("small" if engine == "torch" else "tiny-test")
+    fields: dict[str, Any] = {"nats": nats, "instance_id": instance_id, "engine": engine,
+                              "threads": up.threads, "transport_kind": "tcp", "num_blocks": up.num_blocks}
+    if engine == "sim":
+        fields.update(profile=model, time_scale=up.time_scale)
+    else:
+        fields.update(model=model, dtype=up.dtype)
     if engine == "vllm":
-        args += ["--block-size", str(options["block_size"])]
-        args += [a for k in ("max_model_len", "kv_cache_bytes") if options[k] is not None
-                 for a in (f"--{k.replace('_', '-')}", str(options[k]))]
-    if engine != "sim" and options.get("dtype") is not None:
-        args += ["--dtype", str(options["dtype"])]
-    if engine == "torch" and options.get("engine_core", "thread") != "thread":
-        args += ["--engine-core", str(options["engine_core"])]
-    if options["num_blocks"] is not None:
-        args += ["--num-blocks", str(options["num_blocks"])]
-    return args
+        fields.update(block_size=up.block_size, max_model_len=up.max_model_len,
+                      kv_cache_bytes=up.kv_cache_bytes)
+    if engine == "torch":
+        fields.update(engine_core=up.engine_core)
+    return AgentCliConfig(**{**fields, **more})
 
 
 def _health(url: str) -> dict[str, Any] | None:
@@ -181,54 +201,104 @@ def _tail(path: Path, lines: int = 15) -> str:
     return ""
 
 
+@dataclass(frozen=True)
+class UpConfig(CliConfig):
+    """Everything ``shoal up`` is told. Options it passes on to a child keep that child's flag."""
+
+    instances: int = option("--instances", default=2, min=0, help="Agents to start.")
+    engine: EngineName = option_like(AgentCliConfig, "engine")
+    model: str | None = option_like(
+        AgentCliConfig, "model", default=None,
+        help="torch: preset (default small) or a Hugging Face checkpoint folder; sim: a profile.")
+    port: int = option_like(ServeCliConfig, "port", help="Frontend HTTP port.")
+    host: str = option_like(ServeCliConfig, "host")
+    nats_url: str | None = nats_url_option(None, help="Use this NATS deployment instead of an embedded one.")
+    prefix: str = option_like(NatsOptions, "prefix")
+    threads: int = option_like(AgentCliConfig, "threads", help="Torch threads per agent.")
+    num_blocks: int | None = option_like(AgentCliConfig, "num_blocks",
+                                         help="KV blocks per agent (engine default if unset).")
+    time_scale: float = option_like(AgentCliConfig, "time_scale")
+    block_size: int = option_like(AgentCliConfig, "block_size", default=32,
+                                  help="vllm: KV block size (CPU: x32).")
+    max_model_len: int | None = option_like(AgentCliConfig, "max_model_len", help="vllm: context length.")
+    dtype: str | None = option_like(AgentCliConfig, "dtype",
+                                    help="Model dtype of every agent (torch and vllm).")
+    engine_core: Literal["thread", "process"] = option_like(
+        AgentCliConfig, "engine_core",
+        help="torch: where each agent's model step computes (see shoal agent --engine-core).")
+    kv_cache_bytes: int | None = option_like(
+        AgentCliConfig, "kv_cache_bytes",
+        help="vllm: KV space per agent in bytes (on CPU 1 GiB unless VLLM_CPU_KVCACHE_SPACE is set).")
+    no_scheduler: bool = option("--no-scheduler", default=False,
+                                help="Run without a scheduler (the frontend places requests).")
+    requeue_after_s: float | None = option_like(
+        SchedulerCliConfig, "requeue_after_s",
+        help="Scheduler: move a queued request (no KV) off a queue stalled this long "
+             "(default: the scheduler's, 0.5 s; 0: off).")
+    autoscale: bool = option(
+        "--autoscale", default=False,
+        help="Let the scheduler start and stop agents (between --min-instances and --max-instances).")
+    min_instances: int | None = option_like(SchedulerCliConfig, "min_instances", default=None,
+                                            help="Auto-scaling floor (default: --instances).")
+    max_instances: int = option_like(SchedulerCliConfig, "max_instances", default=8,
+                                     help="Auto-scaling ceiling.")
+    scale: ScaleBandOptions = nested(ScaleBandOptions)
+    stall_timeout: float = option_like(ServeCliConfig, "stall_timeout")
+    max_tokens_cap: int | None = option_like(ServeCliConfig, "max_tokens_cap")
+    log_dir: Path | None = option("--log-dir", default=None, type=click.Path(file_okay=False, path_type=Path),
+                                  help="Where each process logs (default: a temporary folder).")
+    ready_timeout: float = option("--ready-timeout", default=180.0, min=0, min_open=True,
+                                  help="Seconds the cluster may take to serve.")
+    secure: bool = option(
+        "--secure", default=False,
+        help="Embedded NATS with a user per component (nkeys), permissions by role and mutual TLS "
+             "(a dev CA); see docs/deploying.md.")
+    nats_cluster: int = option("--nats-cluster", default=1, min=1, max=5,
+                               help="Embedded NATS nodes (a cluster on loopback ports when > 1).")
+    nats_replicas: int | None = option_like(
+        NatsOptions, "nats_replicas", default=None, envvar=None,
+        help="Replicas of the streams and the KV bucket (default: min(3, --nats-cluster)).")
+    otlp_endpoint: str | None = option_like(
+        AgentCliConfig, "otlp_endpoint", metavar="URL",
+        help="Send every component's spans here (sets OTEL_EXPORTER_OTLP_ENDPOINT for the children; "
+             "other OTEL_* variables pass through).")
+
+    def validate(self) -> None:
+        if self.engine == "vllm" and self.model is None:
+            raise ConfigError("model", "--engine vllm needs --model CHECKPOINT_FOLDER")
+        if self.autoscale and self.no_scheduler:
+            raise ConfigError("autoscale", "--autoscale needs the scheduler (drop --no-scheduler)")
+        if self.nats_url is not None and (self.secure or self.nats_cluster > 1):
+            raise ConfigError("nats_url", "--secure and --nats-cluster configure the embedded NATS; with "
+                              "--nats URL pass that deployment's credentials (--nats-creds, SHOAL_NATS_* "
+                              "variables)")
+        if self.secure and self.autoscale:
+            raise ConfigError("secure", "--secure has no users for agents the auto-scaler starts: "
+                              "drop --autoscale")
+        if self.nats_url is None and self.replicas > self.nats_cluster:
+            raise ConfigError("nats_replicas",
+                              f"--nats-replicas {self.replicas} needs --nats-cluster {self.replicas} or more")
+
+    @property
+    def replicas(self) -> int:
+        """Replicas of the streams and the KV bucket."""
+        return self.nats_replicas or min(3, self.nats_cluster)
+
+    @property
+    def tokenizer(self) -> str:
+        """The frontend's ``--model``: the agents' model (``sim:<profile>`` for the sim engine)."""
+        model = self.model or ("small" if self.engine == "torch" else "tiny-test")
+        return model if self.engine != "sim" else f"sim:{model}"
+
+
 @click.command("up")
-@click.option("--instances", type=int, default=2, show_default=True, help="Agents to start.")
-@click.option("--engine", type=click.Choice(["torch", "sim", "vllm"]), default="torch", show_default=True)
-@click.option("--model", default=None,
-              help="torch: preset (default small) or a Hugging Face checkpoint folder; sim: a profile.")
-@click.option("--port", type=int, default=8000, show_default=True, help="Frontend HTTP port.")
-@click.option("--host", default="127.0.0.1", show_default=True)
-@nats_option(None, help="Use this NATS deployment instead of an embedded one.")
-@click.option("--prefix", default="shoal", show_default=True, help="Subject prefix of the cluster.")
-@click.option("--threads", type=int, default=1, show_default=True, help="Torch threads per agent.")
-@click.option("--num-blocks", type=int, default=None, help="KV blocks per agent (engine default if unset).")
-@click.option("--time-scale", type=float, default=1.0, show_default=True, help="sim: step time multiplier.")
-@click.option("--block-size", type=int, default=32, show_default=True, help="vllm: KV block size (CPU: x32).")
-@click.option("--max-model-len", type=int, default=None, help="vllm: context length.")
-@click.option("--dtype", default=None, help="Model dtype of every agent (torch and vllm).")
-@click.option("--engine-core", type=click.Choice(["thread", "process"]), default="thread", show_default=True,
-              help="torch: where each agent's model step computes (see shoal agent --engine-core).")
-@click.option("--kv-cache-bytes", type=int, default=None,
-              help="vllm: KV space per agent in bytes (on CPU 1 GiB unless VLLM_CPU_KVCACHE_SPACE is set).")
-@click.option("--no-scheduler", is_flag=True, help="Run without a scheduler (the frontend places requests).")
-@click.option("--requeue-after-s", type=click.FloatRange(min=0), default=None,
-              help="Scheduler: move a queued request (no KV) off a queue stalled this long "
-              "(default: the scheduler's, 0.5 s; 0: off).")
-@click.option("--autoscale", is_flag=True,
-              help="Let the scheduler start and stop agents (between --min-instances and --max-instances).")
-@click.option("--min-instances", type=int, default=None, help="Auto-scaling floor (default: --instances).")
-@click.option("--max-instances", type=int, default=8, show_default=True, help="Auto-scaling ceiling.")
-@scale_band_options
-@click.option("--stall-timeout", type=float, default=30.0, show_default=True)
-@click.option("--max-tokens-cap", type=int, default=None, help="Clamp every request's max_tokens.")
-@click.option("--log-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Where each process logs (default: a temporary folder).")
-@click.option("--ready-timeout", type=float, default=180.0, show_default=True)
-@click.option("--secure", is_flag=True,
-              help="Embedded NATS with a user per component (nkeys), permissions by role and mutual TLS "
-                   "(a dev CA); see README 'Security'.")
-@click.option("--nats-cluster", type=click.IntRange(1, 5), default=1, show_default=True,
-              help="Embedded NATS nodes (a cluster on loopback ports when > 1).")
-@click.option("--nats-replicas", type=click.IntRange(1, 5), default=None,
-              help="Replicas of the streams and the KV bucket (default: min(3, --nats-cluster)).")
-@click.option("--otlp-endpoint", default=None, metavar="URL",
-              help="Send every component's spans here (sets OTEL_EXPORTER_OTLP_ENDPOINT for the children; "
-                   "other OTEL_* variables pass through).")
+@click_options(UpConfig)
 def up(**options: Any) -> None:
     """Run a whole local cluster: NATS, scheduler, agents, frontend. Ctrl-C stops everything."""
-    log_dir: Path = options["log_dir"] or Path(tempfile.mkdtemp(prefix="shoal-up-"))
+    config = from_options(UpConfig, options)
+    log_dir: Path = config.log_dir or Path(tempfile.mkdtemp(prefix="shoal-up-"))
     log_dir.mkdir(parents=True, exist_ok=True)
-    cluster = ClusterProcesses(log_dir, env=child_environment(os.environ, options["otlp_endpoint"]))
+    cluster = ClusterProcesses(log_dir, env=child_environment(os.environ, config.otlp_endpoint))
     stop_requested = False
 
     def on_signal(signum: int, frame: object) -> None:
@@ -237,8 +307,8 @@ def up(**options: Any) -> None:
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        if _start(cluster, options, log_dir, lambda: stop_requested):
-            _supervise(cluster, options, lambda: stop_requested)
+        if _start(cluster, config, log_dir, lambda: stop_requested):
+            _supervise(cluster, lambda: stop_requested)
     finally:
         click.echo("stopping shoal ...", err=True)
         cluster.stop_all()
@@ -282,111 +352,92 @@ def _check_port_free(host: str, port: int) -> None:
             raise click.ClickException(why) from None
 
 
-def _start(
-    cluster: ClusterProcesses, options: dict[str, Any], log_dir: Path, stopping: Callable[[], bool]
-) -> bool:
+def _start(cluster: ClusterProcesses, config: UpConfig, log_dir: Path, stopping: Callable[[], bool]) -> bool:
     """Start everything and wait until the frontend sees every instance; False if stopped meanwhile."""
-    if options["engine"] == "vllm" and options["model"] is None:
-        raise click.UsageError("--engine vllm needs --model CHECKPOINT_FOLDER")
-    require_engine(options["engine"])  # exit 2 naming the extra, before anything starts
-    if options["autoscale"] and options["no_scheduler"]:
-        raise click.UsageError("--autoscale needs the scheduler (drop --no-scheduler)")
-    _check_port_free(options["host"], options["port"])
-    nats_url = options["nats_url"]
-    replicas = options["nats_replicas"] or min(3, options["nats_cluster"])
-    if nats_url is not None and (options["secure"] or options["nats_cluster"] > 1):
-        raise click.UsageError("--secure and --nats-cluster configure the embedded NATS; with --nats URL "
-                               "pass that deployment's credentials (--nats-creds, SHOAL_NATS_* variables)")
-    if options["secure"] and options["autoscale"]:
-        raise click.UsageError("--secure has no users for agents the auto-scaler starts: drop --autoscale")
-    if replicas > options["nats_cluster"] and nats_url is None:
-        raise click.UsageError(f"--nats-replicas {replicas} needs --nats-cluster {replicas} or more")
+    require_engine(config.engine)  # exit 2 naming the extra, before anything starts
+    _check_port_free(config.host, config.port)
+    nats_url = config.nats_url
     from bus.launch import SecureSetup, start_embedded
 
     secure = None
-    if options["secure"]:
-        secure = SecureSetup.create(log_dir, options["prefix"], options["instances"])
+    if config.secure:
+        secure = SecureSetup.create(log_dir, config.prefix, config.instances)
     if nats_url is None:
-        cluster.nats, nats_url = start_embedded(log_dir, options["nats_cluster"], replicas, options["prefix"],
+        cluster.nats, nats_url = start_embedded(log_dir, config.nats_cluster, config.replicas, config.prefix,
                                                 secure)
         nodes = getattr(cluster.nats, "nodes", [cluster.nats])
         pids = ",".join(str(node.pid) for node in nodes)
         click.echo(f"nats-server     {redact_url(nats_url)} (embedded, pid {pids}, {len(nodes)} node(s), "
-                   f"{replicas} replica(s))")
+                   f"{config.replicas} replica(s))")
     else:
         click.echo(f"nats            {redact_url(nats_url)}")
+    url: str = nats_url
     if secure is not None:
         click.echo(f"security        nkey user per component, permissions by role, mutual TLS; "
                    f"credentials in {secure.deployment.directory}")
 
-    def auth_args(user: str) -> list[str]:
-        return auth_file_flags(secure.deployment.auth(user)) if secure is not None else []
+    def nats(user: str) -> NatsOptions:
+        """How the component of ``user`` reaches the cluster (with its own credentials when secure)."""
+        auth = NatsAuthOptions() if secure is None else NatsAuthOptions.from_auth(
+            secure.deployment.auth(user))
+        return NatsOptions(nats_url=url, auth=auth, nats_replicas=config.replicas, prefix=config.prefix)
 
-    common = ["--nats", nats_url, "--prefix", options["prefix"], "--nats-replicas", str(replicas)]
-    engine = options["engine"]
     cpu_binds: list[str] = []
-    if engine == "vllm":  # vLLM on CPU would size each agent's KV to 90% of RAM: 1 GiB unless told
+    if config.engine == "vllm":  # vLLM on CPU would size each agent's KV to 90% of RAM: 1 GiB unless told
         from agents.engines.vllm_engine import vllm_version
         from agents.engines.vllm_engine.config import default_kv_cache_bytes
 
-        kv_cache_bytes = default_kv_cache_bytes(options["kv_cache_bytes"], vllm_version(), os.environ)
-        if kv_cache_bytes != options["kv_cache_bytes"]:
-            options = {**options, "kv_cache_bytes": kv_cache_bytes}
+        kv_cache_bytes = default_kv_cache_bytes(config.kv_cache_bytes, vllm_version(), os.environ)
+        if kv_cache_bytes != config.kv_cache_bytes:
+            config = dataclasses.replace(config, kv_cache_bytes=kv_cache_bytes)
             click.echo(f"kv cache        {(kv_cache_bytes or 0) / 2**30:g} GiB per agent "
                        "(vLLM on CPU; --kv-cache-bytes)")
-        cpu_binds = _vllm_cpu_binds(options["instances"], vllm_version())
-    model = options["model"] or ("small" if engine == "torch" else "tiny-test")
+        cpu_binds = _vllm_cpu_binds(config.instances, vllm_version())
 
-    def agent_args(instance_id: str) -> list[str]:
-        return agent_command(options, [*common, *auth_args(instance_id)], model, instance_id)
-
-    if options["no_scheduler"]:
+    if config.no_scheduler:
         click.echo("scheduler       (none: the frontend places requests itself)")
-    elif importlib.util.find_spec("scheduler.cli") is None:
-        click.echo("scheduler       (not built yet: the frontend places requests itself)")
     else:
-        scheduler_args = ["scheduler", *common, *auth_args("scheduler")]
-        if options["autoscale"]:
-            # the scheduler's instance manager runs more agents like ours, as its own children
-            low, high = options["scale_band"]
-            scheduler_args += [
-                "--autoscale-command",
-                shlex.join([*_SHOAL, *agent_args("{instance_id}"), "--metrics-port", "0"]),  # port: its log
-                "--min-instances", str(options["instances"] if options["min_instances"] is None
-                                       else options["min_instances"]),
-                "--max-instances", str(options["max_instances"]),
-                "--scale-band", str(low), str(high), "--scale-sustain", str(options["scale_sustain"]),
-            ]
-        if options["requeue_after_s"] is not None:
-            scheduler_args += ["--requeue-after-s", str(options["requeue_after_s"])]
         metrics_port = free_port()
-        scheduler_args += ["--metrics-port", str(metrics_port)]
-        child = cluster.spawn("scheduler", scheduler_args)
+        scheduler = SchedulerCliConfig(
+            nats=nats("scheduler"), requeue_after_s=config.requeue_after_s,
+            metrics=MetricsOptions(metrics_port=metrics_port),
+        )
+        if config.autoscale:
+            # the scheduler's instance manager runs more agents like ours, as its own children (their
+            # metrics on any free port, printed in the scheduler's log)
+            template = agent_config(config, nats("scheduler"), "{instance_id}",
+                                    metrics=MetricsOptions(metrics_port=0))
+            scheduler = dataclasses.replace(
+                scheduler,
+                autoscale_command=shlex.join([*_SHOAL, "agent", *to_argv(template)]),
+                min_instances=config.instances if config.min_instances is None else config.min_instances,
+                max_instances=config.max_instances,
+                scale=config.scale,
+            )
+        child = cluster.spawn("scheduler", ["scheduler", *to_argv(scheduler)])
         click.echo(f"scheduler       pid {child.pid}  metrics http://127.0.0.1:{metrics_port}/metrics"
-                   + ("  (auto-scaling)" if options["autoscale"] else ""))
-    for index in range(options["instances"]):
+                   + ("  (auto-scaling)" if config.autoscale else ""))
+    for index in range(config.instances):
         instance_id = f"agent-{index}"
         metrics_port = free_port()
-        bind = ["--cpu-bind", cpu_binds[index]] if cpu_binds else []
-        child = cluster.spawn(instance_id, [*agent_args(instance_id), *bind, "--metrics-port",
-                                            str(metrics_port)])
+        agent = agent_config(config, nats(instance_id), instance_id,
+                             cpu_bind=cpu_binds[index] if cpu_binds else None,
+                             metrics=MetricsOptions(metrics_port=metrics_port))
+        child = cluster.spawn(instance_id, ["agent", *to_argv(agent)])
         click.echo(f"agent           {instance_id} pid {child.pid}  metrics http://127.0.0.1:{metrics_port}/metrics")
-    tokenizer = model if engine != "sim" else f"sim:{model}"
-    serve_args = ["serve", *common, *auth_args("frontend"), "--model", tokenizer, "--host", options["host"],
-                  "--port", str(options["port"]), "--stall-timeout", str(options["stall_timeout"])]
-    if options["max_tokens_cap"] is not None:
-        serve_args += ["--max-tokens-cap", str(options["max_tokens_cap"])]
-    child = cluster.spawn("frontend", serve_args)
+    serve = ServeCliConfig(nats=nats("frontend"), model=config.tokenizer, host=config.host, port=config.port,
+                           stall_timeout=config.stall_timeout, max_tokens_cap=config.max_tokens_cap)
+    child = cluster.spawn("frontend", ["serve", *to_argv(serve)])
     click.echo(f"frontend        pid {child.pid}")
     click.echo(f"logs            {log_dir}")
-    url = f"http://{options['host']}:{options['port']}"
-    deadline = time.monotonic() + options["ready_timeout"]
+    url = f"http://{config.host}:{config.port}"
+    deadline = time.monotonic() + config.ready_timeout
     while not stopping():
         health = _health(url)
         if health is not None and health.get("pid") != child.pid:
             health = None  # another server answers on that port, not this frontend (it may fail to bind)
         ready = health.get("instances", []) if health is not None and health.get("status") == "ok" else []
-        if len(ready) >= max(1, options["instances"]):  # ready: a request would be placed on each
+        if len(ready) >= max(1, config.instances):  # ready: a request would be placed on each
             break
         for dead in cluster.newly_dead():
             raise click.ClickException(
@@ -394,11 +445,11 @@ def _start(
             )
         if time.monotonic() > deadline:
             why = "the frontend does not answer" if health is None else json.dumps(health)
-            raise click.ClickException(f"the cluster was not ready within {options['ready_timeout']}s: {why}")
+            raise click.ClickException(f"the cluster was not ready within {config.ready_timeout}s: {why}")
         time.sleep(0.2)
     else:
         return False
-    name = tokenizer
+    name = config.tokenizer
     click.echo("")
     click.echo(f"API             {url}/v1")
     click.echo(f"health          {url}/health")
@@ -413,7 +464,7 @@ def _start(
     return True
 
 
-def _supervise(cluster: ClusterProcesses, options: dict[str, Any], stopping: Callable[[], bool]) -> None:
+def _supervise(cluster: ClusterProcesses, stopping: Callable[[], bool]) -> None:
     frontend = next(c for c in cluster.children if c.name == "frontend")
     while not stopping():
         for dead in cluster.newly_dead():

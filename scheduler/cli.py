@@ -1,6 +1,9 @@
 """``shoal scheduler``: run the global scheduler (or a standby) against a NATS server.
 
-Parses options into a frozen :class:`~scheduler.service.SchedulerConfig` and
+Parses its options into one frozen :class:`SchedulerCliConfig` (which
+declares them; ``--policy`` and the freeness thresholds come from
+:func:`policy_options`), turns it into a
+:class:`~scheduler.service.SchedulerConfig` and
 runs :class:`~scheduler.service.SchedulerService` until SIGINT/SIGTERM (a
 clean stop releases the lease so a standby takes over at once). With
 ``--autoscale-command`` scale decisions start and stop local agent processes
@@ -18,6 +21,7 @@ import os
 import shlex
 import signal
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +30,10 @@ import msgspec
 from opentelemetry.sdk.trace import TracerProvider
 
 from bus import BusConfig, JetStreamBus, StreamConfig, event_loop
+from bus.cli_config import CliConfig, ConfigError, click_options, from_options, nested
+from bus.cli_config import option as flag
 from bus.metrics import BusCollector
-from bus.options import metrics_options, nats_auth_options, nats_option, nats_replicas_option
+from bus.options import MetricsOptions, NatsOptions
 from bus.telemetry import TelemetryConfig, tracer_provider
 from scheduler.config import (
     DISPATCH_MENU,
@@ -43,7 +49,14 @@ from scheduler.instances import InstanceManager, LocalProcessManager
 from scheduler.service import SchedulerConfig, SchedulerService, default_scheduler_id
 from schemas import Subjects
 
-__all__ = ["policy_from_options", "policy_options", "scale_band_options", "scheduler"]
+__all__ = [
+    "PolicyOptions",
+    "ScaleBandOptions",
+    "SchedulerCliConfig",
+    "policy_from_options",
+    "policy_options",
+    "scheduler",
+]
 
 F = Callable[..., Any]
 
@@ -91,35 +104,133 @@ def policy_options(function: F) -> F:
     return function
 
 
-def scale_band_options(function: F) -> F:
-    """``--scale-band LOW HIGH`` and ``--scale-sustain``, for ``shoal scheduler`` and ``shoal up``."""
-    defaults = ScalingConfig()
-    function = click.option(
-        "--scale-sustain",
-        type=float,
-        default=defaults.sustain_s,
-        show_default=True,
-        help="Auto-scaling: seconds the average freeness must stay outside the band before acting.",
-    )(function)
-    return click.option(
-        "--scale-band",
-        type=(float, float),
-        default=(defaults.min_freeness, defaults.max_freeness),
-        show_default=True,
-        help="Auto-scaling: scale out below the first average freeness, in above the second.",
-    )(function)
+@dataclass(frozen=True)
+class PolicyOptions:
+    """The values of :func:`policy_options` (which declares their flags and defaults)."""
+
+    policy: str = DispatchPolicy.PREFILL_AHEAD.value
+    low_freeness: float = PairingConfig().low_freeness
+    high_freeness: float | None = None
+    target_freeness: float | None = None
+
+    def policy_config(self, scaling: ScalingConfig | None = None) -> PolicyConfig:
+        return policy_from_options(self.policy, self.low_freeness, self.high_freeness, self.target_freeness,
+                                   scaling)
 
 
-def _scaling_from_options(options: dict[str, Any]) -> ScalingConfig:
-    low, high = options["scale_band"]
-    return ScalingConfig(
-        min_freeness=low,
-        max_freeness=high,
-        sustain_s=options["scale_sustain"],
-        min_instances=options["min_instances"],
-        max_instances=options["max_instances"],
-        startup_grace_s=options.get("scale_startup_grace", ScalingConfig().startup_grace_s),
-    )
+@dataclass(frozen=True)
+class ScaleBandOptions(CliConfig):
+    """The auto-scaler's band, for ``shoal scheduler`` and ``shoal up``."""
+
+    scale_band: tuple[float, float] = flag(
+        "--scale-band", default=(ScalingConfig().min_freeness, ScalingConfig().max_freeness),
+        help="Auto-scaling: scale out below the first average freeness, in above the second.")
+    scale_sustain: float = flag(
+        "--scale-sustain", default=ScalingConfig().sustain_s, min=0,
+        help="Auto-scaling: seconds the average freeness must stay outside the band before acting.")
+
+    def validate(self) -> None:
+        low, high = self.scale_band
+        if not 0 <= low < high:
+            raise ConfigError("scale_band", f"{low:g} {high:g}: expected 0 <= LOW < HIGH")
+
+
+@dataclass(frozen=True)
+class SchedulerCliConfig(CliConfig):
+    """Everything ``shoal scheduler`` is told; :meth:`scheduler_config` is the service's config."""
+
+    nats: NatsOptions = nested(NatsOptions)
+    scheduler_id: str | None = flag("--id", default=None,
+                                    help="Lease holder id (default: host-pid-random).")
+    standby: bool = flag("--standby", default=False,
+                           help="Start as a standby: follow the log, take over when the lease expires.")
+    policy: PolicyOptions = nested(PolicyOptions, declared_by=policy_options)
+    pairing_interval: float = flag("--pairing-interval", default=0.5, min=0, min_open=True,
+                                     help="Seconds between pairing passes.")
+    failure_timeout: float = flag(
+        "--failure-timeout", default=3.0, min=0, min_open=True,
+        help="Seconds without a load report before a silent instance is probed "
+             "(failed unless still reporting).")
+    failure_probe_timeout: float = flag(
+        "--failure-probe-timeout", default=1.0, min=0,
+        help="Seconds a silent instance has to answer its liveness probe (0: no probe, silence decides).")
+    lease_ttl: float = flag("--lease-ttl", default=3.0, min=0, min_open=True,
+                              help="Lease time-to-live in seconds.")
+    snapshot_every: int = flag("--snapshot-every", default=20_000, min=1,
+                               help="Snapshot every N folded events.")
+    snapshot_interval: float = flag("--snapshot-interval", default=10.0, min=0, min_open=True,
+                                      help="... or every T seconds.")
+    no_snapshot: bool = flag("--no-snapshot", default=False,
+                               help="Recover by replaying the whole log (no snapshot read).")
+    requeue_after_s: float | None = flag(
+        "--requeue-after-s", default=None, min=0,
+        help="Move a queued request (no KV) off an instance whose head of line waited this long, "
+        "to where it would start at once (--policy prefill_ahead only; "
+        f"default {SHOAL_REQUEUE_AFTER_S} s with it, off otherwise; 0: off).")
+    autoscale_command: str | None = flag(
+        "--autoscale-command", default=None,
+        help="Agent command line with {instance_id}; enables auto-scaling with local processes.")
+    min_instances: int = flag("--min-instances", default=1, min=0)
+    max_instances: int = flag("--max-instances", default=16, min=1)
+    scale_startup_grace: float = flag(
+        "--scale-startup-grace", default=ScalingConfig().startup_grace_s, min=0,
+        help="Auto-scaling: seconds to wait, once active, for --min-instances to join before starting "
+             "any (the agents started beside the scheduler); 0: start them at once.")
+    scale: ScaleBandOptions = nested(ScaleBandOptions)
+    loads_per_instance: int = flag(
+        "--loads-per-instance", default=StreamConfig().loads_max_msgs_per_subject, min=1,
+        help="Load reports the loads stream keeps per instance (replay's window).")
+    stats_file: Path | None = flag(
+        "--stats-file", default=None,
+        help="On exit, write counters and per-dispatch decision times (JSON) here.")
+    metrics: MetricsOptions = nested(MetricsOptions)
+    log_level: str = flag("--log-level", default="INFO")
+
+    def validate(self) -> None:
+        if self.requeue_after_s and not DispatchPolicy(self.policy.policy).moves_queued:
+            raise ConfigError("requeue_after_s",
+                              f"moving queued requests needs --policy {DispatchPolicy.PREFILL_AHEAD.value}")
+        if self.min_instances > self.max_instances:
+            raise ConfigError("min_instances", f"{self.min_instances} is above --max-instances "
+                              f"{self.max_instances}")
+
+    @property
+    def requeue_s(self) -> float | None:
+        """Seconds before a stalled queued request moves (None: never): the policy's own by default."""
+        requeue = self.requeue_after_s
+        if requeue is None:  # the default policy's own (as in the simulator)
+            requeue = SHOAL_REQUEUE_AFTER_S if DispatchPolicy(self.policy.policy).moves_queued else 0.0
+        return requeue or None
+
+    def scaling_config(self) -> ScalingConfig:
+        low, high = self.scale.scale_band
+        return ScalingConfig(min_freeness=low, max_freeness=high, sustain_s=self.scale.scale_sustain,
+                             min_instances=self.min_instances, max_instances=self.max_instances,
+                             startup_grace_s=self.scale_startup_grace)
+
+    def scheduler_config(self) -> SchedulerConfig:
+        return SchedulerConfig(
+            policy=self.policy.policy_config(self.scaling_config()),
+            scheduler_id=self.scheduler_id or default_scheduler_id(),
+            standby=self.standby,
+            pairing_interval_s=self.pairing_interval,
+            failure_timeout_s=self.failure_timeout,
+            failure_probe_timeout_s=self.failure_probe_timeout,
+            lease_ttl_s=self.lease_ttl,
+            snapshot_every_events=self.snapshot_every,
+            snapshot_every_s=self.snapshot_interval,
+            use_snapshot=not self.no_snapshot,
+            record_decision_times=self.stats_file is not None,
+            requeue_after_s=self.requeue_s,
+        )
+
+    def bus_config(self) -> BusConfig:
+        nats = self.nats
+        return BusConfig(
+            url=nats.nats_url, auth=nats.auth.auth, subjects=Subjects(nats.prefix), name="shoal-scheduler",
+            streams=StreamConfig(loads_max_msgs_per_subject=self.loads_per_instance,
+                                 replicas=nats.nats_replicas),
+        )
 
 
 def policy_from_options(
@@ -146,128 +257,23 @@ def policy_from_options(
 
 
 @click.command("scheduler")
-@nats_option()
-@nats_auth_options
-@nats_replicas_option
-@click.option("--prefix", default="shoal", show_default=True, help="Subject prefix of the cluster.")
-@click.option("--id", "scheduler_id", default=None, help="Lease holder id (default: host-pid-random).")
-@click.option(
-    "--standby", is_flag=True, help="Start as a standby: follow the log, take over when the lease expires."
-)
-@policy_options
-@click.option(
-    "--pairing-interval", type=float, default=0.5, show_default=True, help="Seconds between pairing rounds."
-)
-@click.option(
-    "--failure-timeout",
-    type=float,
-    default=3.0,
-    show_default=True,
-    help="Seconds without a load report before a silent instance is probed (failed unless still reporting).",
-)
-@click.option(
-    "--failure-probe-timeout",
-    type=float,
-    default=1.0,
-    show_default=True,
-    help="Seconds a silent instance has to answer its liveness probe (0: no probe, silence decides).",
-)
-@click.option(
-    "--lease-ttl", type=float, default=3.0, show_default=True, help="Lease time-to-live in seconds."
-)
-@click.option(
-    "--snapshot-every", type=int, default=20_000, show_default=True, help="Snapshot every N folded events."
-)
-@click.option(
-    "--snapshot-interval", type=float, default=10.0, show_default=True, help="... or every T seconds."
-)
-@click.option("--no-snapshot", is_flag=True, help="Recover by replaying the whole log (no snapshot read).")
-@click.option(
-    "--requeue-after-s",
-    type=click.FloatRange(min=0),
-    default=None,
-    help="Move a queued request (no KV) off an instance whose head of line waited this long, "
-    f"to where it would start at once (--policy prefill_ahead only; default {SHOAL_REQUEUE_AFTER_S} s with "
-    "it, off otherwise; 0: off).",
-)
-@click.option(
-    "--autoscale-command",
-    default=None,
-    help="Agent command line with {instance_id}; enables auto-scaling with local processes.",
-)
-@click.option("--min-instances", type=int, default=1, show_default=True)
-@click.option("--max-instances", type=int, default=16, show_default=True)
-@click.option("--scale-startup-grace", type=click.FloatRange(min=0), default=ScalingConfig().startup_grace_s,
-              show_default=True,
-              help="Auto-scaling: seconds to wait, once active, for --min-instances to join before starting "
-                   "any (the agents started beside the scheduler); 0: start them at once.")
-@scale_band_options
-@click.option(
-    "--loads-per-instance",
-    type=int,
-    default=StreamConfig().loads_max_msgs_per_subject,
-    show_default=True,
-    help="Load reports the loads stream keeps per instance (replay's window).",
-)
-@click.option(
-    "--stats-file",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="On exit, write counters and per-dispatch decision times (JSON) here.",
-)
-@metrics_options
-@click.option("--log-level", default="INFO", show_default=True)
+@click_options(SchedulerCliConfig)
 def scheduler(**options: Any) -> None:
     """Run the global scheduler: dispatch, pairing, failure detection, scaling, snapshots."""
-    logging.basicConfig(level=options["log_level"].upper(), format="%(asctime)s %(name)s %(message)s")
-    scaling = _scaling_from_options(options)
-    requeue = options["requeue_after_s"]
-    if requeue is None:  # the default policy's own (as in the simulator)
-        requeue = SHOAL_REQUEUE_AFTER_S if DispatchPolicy(options["policy"]).moves_queued else 0.0
-    if requeue and not DispatchPolicy(options["policy"]).moves_queued:
-        raise click.BadParameter(
-            f"moving queued requests needs --policy {DispatchPolicy.PREFILL_AHEAD.value}",
-            param_hint="--requeue-after-s",
-        )
-    config = SchedulerConfig(
-        policy=policy_from_options(
-            options["policy"],
-            options["low_freeness"],
-            options["high_freeness"],
-            options["target_freeness"],
-            scaling,
-        ),
-        scheduler_id=options["scheduler_id"] or default_scheduler_id(),
-        standby=options["standby"],
-        pairing_interval_s=options["pairing_interval"],
-        failure_timeout_s=options["failure_timeout"],
-        failure_probe_timeout_s=options["failure_probe_timeout"],
-        lease_ttl_s=options["lease_ttl"],
-        snapshot_every_events=options["snapshot_every"],
-        snapshot_every_s=options["snapshot_interval"],
-        use_snapshot=not options["no_snapshot"],
-        record_decision_times=options["stats_file"] is not None,
-        requeue_after_s=requeue or None,
-    )
+    cli = from_options(SchedulerCliConfig, options)
+    logging.basicConfig(level=cli.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    config = cli.scheduler_config()
     manager: InstanceManager | None = None
-    if options["autoscale_command"]:
-        manager = LocalProcessManager(shlex.split(options["autoscale_command"]))
-    bus_config = BusConfig(
-        url=options["nats_url"],
-        auth=options["nats_auth"],
-        subjects=Subjects(options["prefix"]),
-        name="shoal-scheduler",
-        streams=StreamConfig(
-            loads_max_msgs_per_subject=options["loads_per_instance"], replicas=options["nats_replicas"]
-        ),
-    )
-    metrics = None if options["metrics_port"] is None else (options["metrics_host"], options["metrics_port"])
+    if cli.autoscale_command:
+        manager = LocalProcessManager(shlex.split(cli.autoscale_command))
+    metrics = cli.metrics
+    endpoint = None if metrics.metrics_port is None else (metrics.metrics_host, metrics.metrics_port)
     provider = tracer_provider(
         TelemetryConfig.from_env(os.environ), "shoal-scheduler", instance_id=config.scheduler_id
     )
     try:
         event_loop.run(run_scheduler(
-            bus_config, config, manager, stats_file=options["stats_file"], metrics=metrics,
+            cli.bus_config(), config, manager, stats_file=cli.stats_file, metrics=endpoint,
             tracer_provider=provider,
         ))
     finally:

@@ -2,8 +2,10 @@
 
 :class:`DrillCluster` starts the components the way ``shoal up`` does — the
 same :class:`~frontend.up.ClusterProcesses` (a session per child, death with
-the parent, process-group cleanup) and the same agent command line
-(:func:`~frontend.up.agent_command`) — and puts a :class:`ChaosProxy` in front
+the parent, process-group cleanup), each child's command line rendered from
+its typed config (:class:`~agents.engines.agent_cli.AgentCliConfig`,
+:class:`~scheduler.cli.SchedulerCliConfig`,
+:class:`~frontend.cli_serve.ServeCliConfig`) — and puts a :class:`ChaosProxy` in front
 of NATS for each component (each connects through its own, so a partition can
 isolate one component) and one in front of each agent's KV transport (the
 agent listens on ``127.0.0.1:P`` and advertises ``127.0.0.2:P``, where its
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import shutil
 import signal
@@ -28,10 +31,15 @@ from typing import Any
 
 import httpx
 
+from agents.engines.agent_cli import AgentCliConfig, FaultOptions
+from bus.cli_config import to_argv
+from bus.options import NatsOptions
 from bus.server import EmbeddedNats, free_port
+from frontend.cli_serve import ServeCliConfig
 from frontend.drill.proxy import ChaosProxy
 from frontend.drill.scenario import ClusterSpec
-from frontend.up import Child, ClusterProcesses, agent_command, vllm_cpu_binds
+from frontend.up import Child, ClusterProcesses, vllm_cpu_binds
+from scheduler.cli import PolicyOptions, SchedulerCliConfig
 
 __all__ = ["ClusterNotReady", "DrillCluster", "ExternalCluster", "port_refuses", "process_state"]
 
@@ -148,6 +156,10 @@ class DrillCluster:
         """NATS itself (the drill's own reads go around the chaos proxy)."""
         return self.nats.url
 
+    async def _nats(self, name: str) -> NatsOptions:
+        """How component ``name`` reaches the cluster (through its own chaos proxy)."""
+        return NatsOptions(nats_url=await self.component_nats_url(name), prefix=self.prefix)
+
     async def component_nats_url(self, name: str) -> str:
         """The NATS URL ``name`` connects to: its own chaos proxy's (NATS itself without proxies)."""
         if not self.spec.proxy_nats:
@@ -171,45 +183,22 @@ class DrillCluster:
         self.processes.nats = self.nats
         spec = self.spec
         if spec.scheduler:
-            args = [
-                "scheduler",
-                "--nats",
-                await self.component_nats_url("scheduler"),
-                "--prefix",
-                self.prefix,
-                "--failure-timeout",
-                str(spec.failure_timeout_s),
-                "--pairing-interval",
-                "0.3",
-                "--log-level",
-                "INFO",
-            ]
+            policy = PolicyOptions()
             if spec.low_freeness is not None:
-                args += ["--low-freeness", str(spec.low_freeness)]
+                policy = dataclasses.replace(policy, low_freeness=spec.low_freeness)
             if spec.high_freeness is not None:
-                args += ["--high-freeness", str(spec.high_freeness)]
-            self._spawn("scheduler", args)
+                policy = dataclasses.replace(policy, high_freeness=spec.high_freeness)
+            scheduler = SchedulerCliConfig(
+                nats=await self._nats("scheduler"), failure_timeout=spec.failure_timeout_s,
+                pairing_interval=0.3, policy=policy,
+            )
+            self._spawn("scheduler", ["scheduler", *to_argv(scheduler)])
         for index in range(spec.instances):
             await self.add_agent(f"agent-{index}")
         self.port = free_port()
-        self._spawn(
-            "frontend",
-            [
-                "serve",
-                "--nats",
-                await self.component_nats_url("frontend"),
-                "--prefix",
-                self.prefix,
-                "--model",
-                self.model,
-                "--port",
-                str(self.port),
-                "--stall-timeout",
-                str(spec.stall_timeout_s),
-                "--instance-stale-after",
-                "3",
-            ],
-        )
+        serve = ServeCliConfig(nats=await self._nats("frontend"), model=self.model, port=self.port,
+                               stall_timeout=spec.stall_timeout_s, instance_stale_after=3.0)
+        self._spawn("frontend", ["serve", *to_argv(serve)])
         await self.wait_ready(len(self.agent_ids))
 
     @property
@@ -222,53 +211,50 @@ class DrillCluster:
         """How long a destination keeps a reservation it hears nothing about (its source died)."""
         return max(3 * self.spec.copy_timeout_s, 6.0)
 
-    def agent_args(self, instance_id: str, transport_port: int, nats_url: str) -> list[str]:
+    def agent_config(self, instance_id: str, transport_port: int, nats_url: str) -> AgentCliConfig:
+        """The config of agent ``instance_id``: the engine options ``shoal up`` gives its agents, the
+        scenario's migration timeouts and faults, its KV transport on ``transport_port``."""
         spec = self.spec
         num_blocks = spec.num_blocks
         if num_blocks is None and spec.engine == "sim":
             num_blocks = 512
-        options = {
-            "engine": spec.engine,
-            "threads": 1,
-            "time_scale": spec.time_scale,
-            "num_blocks": num_blocks,
-            "block_size": VLLM_DRILL_BLOCK_SIZE,
-            "max_model_len": VLLM_DRILL_MAX_MODEL_LEN,
-            "kv_cache_bytes": VLLM_DRILL_KV_BYTES if num_blocks is None else None,
-            "dtype": spec.dtype or ("float32" if spec.engine == "vllm" else None),
-        }
-        args = agent_command(
-            options,
-            ["--nats", nats_url, "--prefix", self.prefix],
-            spec.resolved_model,
-            instance_id,
-        )
+        engine: dict[str, Any] = {"profile": spec.resolved_model, "time_scale": spec.time_scale}
+        if spec.engine != "sim":
+            engine = {"model": spec.resolved_model, "dtype": spec.dtype or ("float32" if spec.engine == "vllm"
+                                                                             else None)}
+        if spec.engine == "vllm":
+            engine.update(block_size=VLLM_DRILL_BLOCK_SIZE, max_model_len=VLLM_DRILL_MAX_MODEL_LEN,
+                          kv_cache_bytes=VLLM_DRILL_KV_BYTES if num_blocks is None else None)
         if self.cpu_binds:
             ids = self.agent_ids
             index = ids.index(instance_id) if instance_id in ids else len(ids)
-            args += ["--cpu-bind", self.cpu_binds[index % len(self.cpu_binds)]]
-        args += [
-            "--transport-port",
-            str(transport_port),
-            "--migration-copy-timeout",
-            str(spec.copy_timeout_s),
-            "--migration-idle-timeout",
-            str(self.idle_timeout_s),
-            "--drain-timeout",
-            "60",
-        ]
-        if spec.proxy_kv:
-            args += ["--transport-advertise", _KV_PROXY_HOST]
-        if spec.copy_delay_s:
-            args += ["--fault-copy-delay", str(spec.copy_delay_s)]
-        if spec.min_step_s:
-            args += ["--fault-min-step", str(spec.min_step_s)]
-        for fault in spec.handshake_faults:
-            what, direction, kind = fault.split(":")
-            args += [f"--fault-{what}", f"{direction}:{kind}"]
-        if spec.handshake_faults and spec.handshake_fault_max is not None:
-            args += ["--fault-max", str(spec.handshake_fault_max)]
-        return args
+            engine["cpu_bind"] = self.cpu_binds[index % len(self.cpu_binds)]
+        faults = [fault.split(":") for fault in spec.handshake_faults]
+        return AgentCliConfig(
+            nats=NatsOptions(nats_url=nats_url, prefix=self.prefix),
+            instance_id=instance_id,
+            engine=spec.engine,
+            num_blocks=num_blocks,
+            transport_kind="tcp",
+            transport_port=transport_port,
+            transport_advertise=_KV_PROXY_HOST if spec.proxy_kv else "",
+            migration_copy_timeout=spec.copy_timeout_s,
+            migration_idle_timeout=self.idle_timeout_s,
+            drain_timeout=60.0,
+            faults=FaultOptions(
+                fault_copy_delay=spec.copy_delay_s,
+                fault_min_step=spec.min_step_s,
+                fault_drop=tuple(f"{direction}:{kind}" for what, direction, kind in faults if what == "drop"),
+                fault_duplicate=tuple(f"{direction}:{kind}" for what, direction, kind in faults
+                                      if what == "duplicate"),
+                fault_max=spec.handshake_fault_max if faults else None,
+            ),
+            **engine,
+        )
+
+    def agent_args(self, instance_id: str, transport_port: int, nats_url: str) -> list[str]:
+        """The ``shoal agent`` command line of :meth:`agent_config`."""
+        return ["agent", *to_argv(self.agent_config(instance_id, transport_port, nats_url))]
 
     async def add_agent(self, instance_id: str) -> Child:
         """Start an agent (a replacement reuses the instance id)."""

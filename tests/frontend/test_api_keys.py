@@ -34,7 +34,7 @@ def test_keys_from_a_file_and_the_environment(tmp_path: Path, monkeypatch: pytes
     path = tmp_path / "keys"
     path.write_text("# the team's keys\nalpha\n\n  beta  \n")
     assert read_key_file(path) == ("alpha", "beta")
-    assert _api_keys({"api_key": ("gamma",), "api_key_file": path}) == ("gamma", "alpha", "beta")
+    assert _api_keys(("gamma",), path) == ("gamma", "alpha", "beta")
     empty = tmp_path / "empty"
     empty.write_text("# nothing\n")
     with pytest.raises(ValueError, match="no API key"):

@@ -26,7 +26,7 @@ from bus.server import free_port
 from tests.processes import alive
 from tests.scrape import scrape, value
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 PROMPT = "In a hole in the ground"
 

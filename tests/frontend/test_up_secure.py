@@ -23,7 +23,7 @@ from bus.server import free_port
 from tests.processes import alive
 from tests.scrape import scrape, value
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 
 async def test_shoal_up_secure_serves_under_role_permissions_and_refuses_strangers(tmp_path: Path) -> None:

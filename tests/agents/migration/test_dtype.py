@@ -101,13 +101,13 @@ def test_the_scheduler_never_pairs_two_dtypes() -> None:
 
 
 def test_shoal_up_gives_every_torch_agent_its_dtype_and_engine_core() -> None:
-    from frontend.up import agent_command
+    from bus.cli_config import to_argv
+    from bus.options import NatsOptions
+    from frontend.up import UpConfig, agent_config
 
-    options = {"engine": "torch", "threads": 1, "time_scale": 1.0, "block_size": 32, "num_blocks": None,
-               "max_model_len": None, "kv_cache_bytes": None, "dtype": "bfloat16"}
-    args = agent_command(options, [], "tiny", "agent-0")
+    args = to_argv(agent_config(UpConfig(dtype="bfloat16"), NatsOptions(), "agent-0"))
     assert args[args.index("--dtype") + 1] == "bfloat16"
-    assert "--dtype" not in agent_command({**options, "dtype": None}, [], "tiny", "agent-0")
+    assert "--dtype" not in to_argv(agent_config(UpConfig(), NatsOptions(), "agent-0"))
     assert "--engine-core" not in args  # the default
-    args = agent_command({**options, "engine_core": "process"}, [], "tiny", "agent-0")
+    args = to_argv(agent_config(UpConfig(engine_core="process"), NatsOptions(), "agent-0"))
     assert args[args.index("--engine-core") + 1] == "process"
