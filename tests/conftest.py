@@ -1,4 +1,4 @@
-"""Session-wide fixtures: one real nats-server per test session.
+"""Session-wide fixtures (one real nats-server per test session) and the test tiers.
 
 Tests that need NATS take ``nats_server`` (the launcher, with ``.url``); a test
 that kills or restarts the server starts its own with ``EmbeddedNats``.
@@ -6,6 +6,9 @@ that kills or restarts the server starts its own with ``EmbeddedNats``.
 The session's servers die with the test process (``die_with_parent``), and
 SIGTERM is turned into the interrupt pytest already cleans up after, so a
 test run stopped by a timeout or a signal leaves no nats-server behind.
+
+Every test gets exactly one tier marker (``unit``, ``integration``, ``e2e``):
+see ``tests/tiers.py``.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from bus.security import SecureDeployment
 from bus.server import EmbeddedNats
 from schemas import Subjects
 
-pytest_plugins = ["tests.hang_report"]
+pytest_plugins = ["tests.hang_report", "tests.tiers"]
 
 # property tests check behaviour, not speed: on a shared 2-core machine one example can take
 # longer than hypothesis's default 200 ms deadline (test_codec flaked on it under load)
