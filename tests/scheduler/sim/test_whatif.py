@@ -87,6 +87,16 @@ async def test_simulated_what_if_reports_recorded_simulated_and_predicted(record
     assert "TTFT P99" in text and "error" in text and "sim round_robin" in text
 
 
+async def test_the_default_policy_can_be_predicted(recorded: Path) -> None:
+    report = json.loads(
+        await _shoal(
+            "replay", "--file", str(recorded), "--what-if-policy", "prefill_ahead", "--simulate", "--json"
+        )
+    )
+    assert report["simulated_what_if"]["policy"] == "prefill_ahead"
+    assert report["simulated_what_if"]["latency"]["count"] == NUM_REQUESTS
+
+
 async def test_bad_what_if_uses_are_clear_errors(recorded: Path) -> None:
     text = await _shoal("replay", "--file", str(recorded), "--simulate", code=2)
     assert "--simulate needs --what-if-policy" in text
