@@ -173,14 +173,25 @@ class TokenWatcher:
                     self.finished.set()
 
     async def wait_finished(self, timeout: float = 10.0) -> None:
-        await asyncio.wait_for(self.finished.wait(), timeout)
+        try:
+            await asyncio.wait_for(self.finished.wait(), timeout)
+        except TimeoutError:
+            raise AssertionError(f"the watched request did not finish within {timeout} s "
+                                 f"({self._received()} tokens arrived)") from None
 
     async def wait_tokens(self, count: int, timeout: float = 30.0) -> None:
         """Until ``count`` tokens arrived: the request is seen running (bounded, however slow the engine)."""
-        async with asyncio.timeout(timeout):
-            while sum(len(d.token_ids) for d in self.deltas) < count:
-                assert not self.finished.is_set(), f"finished before {count} tokens"
-                await asyncio.sleep(0.002)
+        try:
+            async with asyncio.timeout(timeout):
+                while self._received() < count:
+                    assert not self.finished.is_set(), f"finished before {count} tokens"
+                    await asyncio.sleep(0.002)
+        except TimeoutError:
+            raise AssertionError(f"{self._received()} of the watched request's first {count} tokens arrived "
+                                 f"within {timeout} s") from None
+
+    def _received(self) -> int:
+        return sum(len(d.token_ids) for d in self.deltas)
 
     async def close(self) -> None:
         await self.subscription.unsubscribe()
