@@ -40,10 +40,16 @@ def test_keys_from_a_file_and_the_environment(tmp_path: Path, monkeypatch: pytes
     with pytest.raises(ValueError, match="no API key"):
         read_key_file(empty)
     seen: dict[str, object] = {}
-    monkeypatch.setattr("frontend.cli_serve.config_from_options", lambda options: seen.update(options))
+
+    def capture(options: dict[str, object]) -> FrontendConfig:
+        seen.update(options)
+        raise SystemExit(0)  # told what it needs: serve nothing
+
+    monkeypatch.setattr("frontend.cli_serve.config_from_options", capture)
     monkeypatch.setenv("SHOAL_API_KEY", "k1 k2")
     monkeypatch.setenv("SHOAL_API_KEY_FILE", str(path))
-    CliRunner().invoke(serve, [])
+    result = CliRunner().invoke(serve, [])
+    assert result.exit_code == 0, result.output
     assert seen["api_key"] == ("k1", "k2") and seen["api_key_file"] == path
 
 
