@@ -152,8 +152,7 @@ async def test_agents_in_two_namespaces_migrate_over_tcp_by_advertised_address(t
                         request_id="r1", token_ids=tuple(range(1, 41)), sampling=sampling
                     )
                     assert (await cluster.generate("h1", request, timeout=10)).accepted
-                    while len(watcher.deltas) < 5:
-                        await asyncio.sleep(0.02)
+                    await watcher.wait_tokens(5, timeout=60)
                     reply = await cluster.call(
                         "h1",
                         "migrate_out",

@@ -93,11 +93,13 @@ async def test_a_live_migration_replays_and_matches_a_simulated_one(nats_url: st
             "a1", GenerateRequest(request_id="r1", token_ids=tuple(range(1, 41)), sampling=greedy(120))
         )
         assert reply.accepted
-        while len(watcher.tokens()) < 20:
-            await asyncio.sleep(0.01)
+        await watcher.wait_tokens(20)
         driver = await a1.migration.begin("r1", "a2", config=TWO_STAGES)
         assert isinstance(driver, SourceDriver)
-        outcome = await driver.done
+        try:
+            outcome = await asyncio.wait_for(driver.done, 30.0)
+        except TimeoutError:
+            raise AssertionError("the live migration of r1 did not end within 30 s") from None
         assert outcome.migrated, outcome.reason
         await watcher.wait_finished()
         await watcher.close()
