@@ -425,7 +425,10 @@ def run_through_shoal(
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None)
 def bench_serve(preset: str, concurrencies: tuple[int, ...], prompt_tokens: int, max_tokens: int,
                 threads: int, rounds: int, instances: int, engine_core: str, json_path: Path | None) -> None:
-    """Streaming tokens/s and TTFT through shoal (frontend + NATS + agent) vs the engine alone."""
+    """Streaming tokens/s and TTFT through shoal (frontend + NATS + agent) vs the engine alone.
+
+    The defaults take a few minutes on two cores; tighter medians: --rounds 5.
+    """
     import torch
 
     torch.set_num_threads(threads)

@@ -249,7 +249,11 @@ def _summary(concurrency: int, rounds: int, measured: dict[str, Any]) -> dict[st
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None)
 def bench_tracing(preset: str, concurrencies: tuple[int, ...], prompt_tokens: int, max_tokens: int,
                   threads: int, rounds: int, export_delay_ms: int, json_path: Path | None) -> None:
-    """Streaming tokens/s and TTFT through shoal with tracing off vs on (always_on, OTLP/HTTP export)."""
+    """Streaming tokens/s and TTFT through shoal with tracing off vs on (always_on, OTLP/HTTP export).
+
+    The defaults take a few minutes on two cores; more load and tighter medians:
+    --concurrency 8 --concurrency 32 --concurrency 64 --rounds 5.
+    """
     levels = sorted(set(concurrencies))
     with scratch_dir("shoal-bench-tracing-") as log_dir:  # kept, and named, only if the benchmark fails
         measured = run_tracing_rounds(

@@ -390,7 +390,6 @@ def _measure(
             progress.phase(f"round {round_index + 1}/{rounds}: starting {kind}")
             with _serving(kind, options, log_dir, ready_timeout) as server:
                 startup[kind].append(server.startup_s)
-                progress.note(f"{kind} ready after {server.startup_s:.0f} s")
                 for concurrency in levels:
                     progress.phase(
                         f"round {round_index + 1}/{rounds}: vllm bench serve against {kind}, "

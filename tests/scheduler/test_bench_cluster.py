@@ -10,7 +10,7 @@ import pytest
 from bus.server import EmbeddedNats
 from scheduler.bench_cluster import run_cluster_bench
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]  # a scheduler and sim agents as processes
 
 
 async def test_repeated_phases_restart_the_scheduler_and_report_medians(
