@@ -26,7 +26,7 @@ def check_jaeger_structure(data: dict[str, Any]) -> dict[str, Any]:
     trace = data["data"][0]
     assert {"traceID", "spans", "processes"} <= set(trace)
     trace_id = trace["traceID"]
-    assert len(trace_id) == 32 and int(trace_id, 16) >= 0
+    assert len(trace_id) == 32 and int(trace_id, 16) != 0  # hex, and not the all-zero invalid id
     ids = {span["spanID"] for span in trace["spans"]}
     assert len(ids) == len(trace["spans"])
     for span in trace["spans"]:
@@ -119,7 +119,7 @@ async def test_shoal_trace_exports_a_migrated_request_and_its_migration_for_jaeg
     stages = spans["migration.stage"]
     assert stages and all(_parent(s) == migration["spanID"] for s in stages)
     tags = {tag["key"]: tag["value"] for tag in migration["tags"]}
-    assert tags["shoal.migration.outcome"] == "committed" and tags["shoal.migration.downtime_ms"] >= 0
+    assert tags["shoal.migration.outcome"] == "committed" and tags["shoal.migration.downtime_ms"] > 0
     assert root["startTime"] <= generates[0]["startTime"]
     assert generates[1]["startTime"] + generates[1]["duration"] <= root["startTime"] + root["duration"]
 
