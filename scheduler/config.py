@@ -200,8 +200,7 @@ SHOAL_HIGH_FREENESS = 60.0
 
 #: shoal's default for moving queued requests (``requeue_after_s``): a queue whose head of line
 #: waited this long gives its newest never-run request to an instance where it starts at once
-#: (:func:`scheduler.policy.dispatch.requeue_choice`). The simulator's ``shoal`` runs with it
-#: (how it was chosen: docs/policies.md).
+#: (:func:`scheduler.policy.dispatch.requeue_choice`). The simulator's ``shoal`` runs with it.
 SHOAL_REQUEUE_AFTER_S = 0.5
 
 

@@ -98,7 +98,8 @@ def policy_setup(
     priority_classes: tuple[PriorityClass, ...] = DEFAULT_PRIORITY_CLASSES,
     dispatch: DispatchPolicy | None = None,
 ) -> PolicySetup:
-    """The setup of a named policy; ``dispatch`` overrides its dispatch rule (for ablations).
+    """The setup of a named policy; ``dispatch`` overrides its dispatch rule (e.g. shoal's
+    migration with the paper's freeness dispatch).
 
     ``pairing`` None: the policy's own band (the paper's 3, 30; ``shoal``: 3, 60).
     """
