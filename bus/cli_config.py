@@ -9,8 +9,9 @@ click type unless one is passed. From the class:
 * :func:`click_options` adds one click option per field to a command, in field
   order; :func:`from_options` builds the frozen object from the parsed values
   (a :class:`ConfigError` becomes a :class:`click.BadParameter` naming the flag);
-* :func:`to_argv` renders the fields that differ from their defaults as the
-  arguments that rebuild the object, so a parent starts a child from an object,
+* :func:`to_argv` renders the fields that differ from their defaults (and
+  those an environment variable could set) as the arguments that rebuild the
+  object, so a parent starts a child from an object,
   and :func:`from_argv` parses such arguments back (the round trip
   ``from_argv(C, to_argv(c)) == c`` holds for every config);
 * :func:`nested` composes: a config's fields may hold other configs (the NATS
@@ -412,17 +413,15 @@ def from_argv(cls: type[_C], argv: Sequence[str]) -> _C:
 
 
 def _render(flag: str, value: Any) -> list[str]:
+    """``flag`` and its value(s) as text (``str`` of a float parses back to the same float)."""
     if isinstance(value, tuple):
-        return [flag, *(_text(v) for v in value)]
-    return [flag, _text(value)]
-
-
-def _text(value: Any) -> str:
-    return str(value)
+        return [flag, *(str(v) for v in value)]
+    return [flag, str(value)]
 
 
 def to_argv(config: Any) -> list[str]:
-    """The arguments that rebuild ``config``: its fields that differ from their defaults, in field order.
+    """The arguments that rebuild ``config``: its fields that differ from their defaults, in field order,
+    and those a variable could set (so the child's environment cannot change what the parent decided).
 
     A secret that is set is a ValueError (it goes to a child through the environment); so is a value
     the command line cannot say (None where the default is not).
@@ -434,8 +433,10 @@ def to_argv(config: Any) -> list[str]:
         if isinstance(meta, _Nested):
             argv += _declared_argv(meta.declared_by, value) if meta.declared_by else to_argv(value)
             continue
-        if not isinstance(meta, OptionSpec) or value == _default(field):
+        if not isinstance(meta, OptionSpec):
             continue
+        if value == _default(field) and (meta.envvar is None or meta.secret or value in (None, ())):
+            continue  # a default the child would take too (unless its environment says otherwise)
         if meta.secret:
             raise ValueError(f"{meta.flag} is a secret: pass it to a child through its environment variable")
         if value is None:
@@ -450,7 +451,7 @@ def to_argv(config: Any) -> list[str]:
                 raise ValueError(f"{meta.flag} is on by default and has no off switch")
         elif _is_repeated(base):
             for item in value:
-                argv += [meta.flag, _text(item)]
+                argv += [meta.flag, str(item)]
         else:
             argv += _render(meta.flag, value)
     return argv
