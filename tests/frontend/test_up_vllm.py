@@ -32,7 +32,9 @@ from bus.server import free_port
 from tests.processes import alive
 
 _REASON = vllm_unavailable_reason()
-pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.skipif(_REASON is not None, reason=_REASON or "")]
+pytestmark = [
+    pytest.mark.slow, pytest.mark.e2e, pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
+]
 
 PROMPT = "Once upon a time"
 
