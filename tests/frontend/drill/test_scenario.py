@@ -90,7 +90,7 @@ def test_shoal_drill_rejects_a_bad_file_with_status_2_and_the_field(tmp_path: Pa
     assert "load.output_tokens" in done.stderr
 
 
-def test_the_built_in_suite_covers_the_faults_the_issue_names() -> None:
+def test_the_built_in_suite_covers_each_component_s_kill_stop_and_network_faults() -> None:
     kinds = {(s.fault.kind, s.fault.target) for s in BUILTIN.values()}
     for needed in [
         (FaultKind.KILL, Target.SCHEDULER),
