@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,8 +30,8 @@ from schemas import Subjects
 
 pytest_plugins = ["tests.hang_report", "tests.tiers"]
 
-# property tests check behaviour, not speed: on a shared 2-core machine one example can take
-# longer than hypothesis's default 200 ms deadline (test_codec flaked on it under load)
+# property tests check behaviour, not speed: on a busy 2-core machine one example can take
+# longer than hypothesis's default 200 ms deadline
 settings.register_profile("shoal", deadline=None)
 settings.load_profile("shoal")
 
@@ -42,6 +43,20 @@ def _interrupt(signum: int, frame: object) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _interrupt)
+
+
+_torch_threads_set = False
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """In-process torch engines compute on one thread, as ``shoal agent`` does by default
+    (``--threads 1``); torch's own default, a thread per core, spins for cores other processes hold."""
+    global _torch_threads_set
+    torch = sys.modules.get("torch")
+    if torch is not None and not _torch_threads_set:
+        torch.set_num_threads(1)
+        _torch_threads_set = True
 
 
 @pytest.fixture(scope="session")
