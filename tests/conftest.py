@@ -28,7 +28,7 @@ from bus.security import SecureDeployment
 from bus.server import EmbeddedNats
 from schemas import Subjects
 
-pytest_plugins = ["tests.hang_report", "tests.tiers"]
+pytest_plugins = ["pytester", "tests.hang_report", "tests.tiers"]
 
 # property tests check behaviour, not speed: on a busy 2-core machine one example can take
 # longer than hypothesis's default 200 ms deadline

@@ -186,8 +186,8 @@ def _held_to(item: pytest.Item) -> Iterator[list[str]]:
 
     def violation(what: str) -> TierViolation:
         promise = PROMISES[tier]
-        message = (f"{item.nodeid} is a {tier} test and {what}; a {tier} test {promise}: give it its "
-                   "tier (a tier marker, a NATS fixture, or tests/tiers.py's E2E or INTEGRATION list)")
+        message = (f"{item.nodeid} ({tier} tier) {what}; a {tier} test {promise}: give it its tier "
+                   "(a tier marker, a NATS fixture, or tests/tiers.py's E2E or INTEGRATION list)")
         violations.append(message)
         return TierViolation(message)
 
