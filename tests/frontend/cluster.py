@@ -120,8 +120,13 @@ class Cluster:
                                                log_level="warning"))
         self.server = server
         self.server_task = asyncio.ensure_future(server.serve())
-        while not server.started:
-            await asyncio.sleep(0.01)
+        try:
+            async with asyncio.timeout(30):
+                while not server.started:
+                    assert not self.server_task.done(), "the frontend's HTTP server stopped before it started"
+                    await asyncio.sleep(0.01)
+        except TimeoutError:
+            raise AssertionError("the frontend's HTTP server did not start within 30 s") from None
         return f"http://127.0.0.1:{port}"
 
     def openai(self, base_url: str) -> Any:

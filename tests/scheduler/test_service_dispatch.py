@@ -385,12 +385,14 @@ async def test_a_standby_recovered_from_a_snapshot_verifies_with_the_active_s_re
         active = SchedulerService(bus_a, SchedulerConfig(scheduler_id="A", policy=policy, **FAST))  # type: ignore[arg-type]
         async with running(active):
             await active.wait_active(10)
-            while active.stats.snapshots < 1:
-                await asyncio.sleep(0.1)
+            async with asyncio.timeout(10):  # TimeoutError: the active scheduler wrote no snapshot
+                while active.stats.snapshots < 1:
+                    await asyncio.sleep(0.1)
             standby = SchedulerService(bus_b, SchedulerConfig(scheduler_id="B", standby=True, **FAST))  # type: ignore[arg-type]
             async with running(standby):
-                while standby.role.value != "standby":
-                    await asyncio.sleep(0.05)
+                async with asyncio.timeout(10):  # TimeoutError: the second scheduler did not stand by
+                    while standby.role.value != "standby":
+                        await asyncio.sleep(0.05)
                 hot = FakeAgent(agent_bus, "hot", hog_blocks=398)  # joins now: a pairing the standby sees
                 await hot.start()
                 assert standby.shadow is not None

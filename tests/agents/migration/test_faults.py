@@ -134,8 +134,7 @@ async def test_request_preempted_mid_migration_rolls_back(nats_url: str) -> None
         watcher = await cluster.watch("r1")
         low = GenerateRequest(request_id="r1", token_ids=PROMPT[:24], sampling=greedy(100), priority=5)
         assert (await cluster.generate("a1", low)).accepted
-        while len(watcher.tokens()) < 4:
-            await asyncio.sleep(0.005)
+        await watcher.wait_tokens(4)
         migration = asyncio.ensure_future(a1.migrate("r1", "a2"))
         await asyncio.sleep(0.05)
         high = GenerateRequest(

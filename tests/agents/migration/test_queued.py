@@ -148,8 +148,7 @@ async def test_a_request_that_started_running_before_it_is_held_stays_where_it_i
         watcher = await cluster.watch("moving")
         moving = GenerateRequest(request_id="moving", token_ids=PROMPT, sampling=SAMPLING)
         assert (await cluster.generate("q1", moving)).accepted
-        while not watcher.deltas:
-            await asyncio.sleep(0.002)
+        await watcher.wait_tokens(1)
         reply = await cluster.call(
             "q1", "move_queued", MoveQueued(epoch=1, request_id="moving", destination_id="q2")
         )
