@@ -40,7 +40,7 @@ def test_each_shoal_server_runs_one_agent_of_its_engine_on_the_same_checkpoint(t
 
 
 def test_paired_ratios_compare_each_round_with_vllm_in_the_same_round() -> None:
-    # round 0 ran on a fast machine, round 1 on one half as fast: both servers alike
+    # the first repeat ran on a fast machine, the second on one half as fast: both servers alike
     vllm = [
         {"output_tps": 2000.0, "ttft_p50_ms": 50.0, "tpot_p50_ms": 5.0},
         {"output_tps": 1000.0, "ttft_p50_ms": 100.0, "tpot_p50_ms": 10.0},
