@@ -16,7 +16,9 @@ The tiers are held to what they promise, so a test in the wrong tier fails loudl
 than drifting: while a unit test runs (setup, call and teardown), starting a process or a
 nats-server, opening a listening socket or connecting one to a network address raises
 ``TierViolation``; an integration test may start nats-servers but no other process. A
-violation fails the test even where the code under test catches the exception.
+violation fails the test even where the code under test catches the exception. A library's
+probe of its host (``ctypes.util.find_library`` running ``ldconfig``: ``PROBES``) is not a
+process of the test's and passes in every tier.
 """
 
 from __future__ import annotations
@@ -25,15 +27,19 @@ import contextlib
 import os
 import socket
 import subprocess
+import sys
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import pytest
 
 from bus.server import EmbeddedNats
 
-__all__ = ["E2E", "INTEGRATION", "NATS_FIXTURES", "PARAM_TIERS", "TIERS", "TierViolation", "tier_of"]
+__all__ = [
+    "E2E", "INTEGRATION", "NATS_FIXTURES", "PARAM_TIERS", "PROBES", "TIERS", "TierViolation", "tier_of",
+]
 
 TIERS = ("unit", "integration", "e2e")
 
@@ -101,8 +107,8 @@ INTEGRATION: tuple[str, ...] = (
 
 #: what each guarded tier promises, for the error message
 PROMISES = {
-    "unit": "is pure (no processes, sockets or nats-server)",
-    "integration": "starts no process but a nats-server",
+    "unit": "are pure (no processes, sockets or nats-server)",
+    "integration": "start no process but a nats-server",
 }
 
 _ROOT = Path(__file__).resolve().parent.parent
@@ -166,6 +172,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(tier)
 
 
+#: modules whose processes are a library's probe of its host, not what a test does: a first
+#: ``import torch`` inside a test runs ``ldconfig`` through ``ctypes.util.find_library``
+PROBES = frozenset({"ctypes.util", "platform"})
+
+
+def _probing() -> bool:
+    """Whether the process being started is a probe of ``PROBES``'s."""
+    frame: FrameType | None = sys._getframe(2)
+    while frame is not None:
+        if frame.f_globals.get("__name__") in PROBES:
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _program(args: Any, executable: Any) -> str:
     if executable:
         return os.fsdecode(executable)
@@ -186,7 +207,7 @@ def _held_to(item: pytest.Item) -> Iterator[list[str]]:
 
     def violation(what: str) -> TierViolation:
         promise = PROMISES[tier]
-        message = (f"{item.nodeid} ({tier} tier) {what}; a {tier} test {promise}: give it its tier "
+        message = (f"{item.nodeid} ({tier} tier) {what}; {tier} tests {promise}: give it its tier "
                    "(a tier marker, a NATS fixture, or tests/tiers.py's E2E or INTEGRATION list)")
         violations.append(message)
         return TierViolation(message)
@@ -196,7 +217,8 @@ def _held_to(item: pytest.Item) -> Iterator[list[str]]:
 
     def guarded_execute_child(self: subprocess.Popen[Any], args: Any, executable: Any, *rest: Any) -> Any:
         program = _program(args, executable)
-        if tier == "unit" or Path(program).name != "nats-server":
+        allowed = tier == "integration" and Path(program).name == "nats-server"
+        if not allowed and not _probing():
             raise violation(f"started a process ({program!r})")
         return execute_child(self, args, executable, *rest)
 
