@@ -173,8 +173,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 #: modules whose processes are a library's probe of its host, not what a test does: a first
-#: ``import torch`` inside a test runs ``ldconfig`` through ``ctypes.util.find_library``
-PROBES = frozenset({"ctypes.util", "platform"})
+#: ``import torch`` inside a test runs ``ldconfig`` through ``ctypes.util.find_library``, a first
+#: matplotlib font cache ``fc-list``
+PROBES = frozenset({"ctypes.util", "platform", "matplotlib.font_manager"})
 
 
 def _probing() -> bool:
