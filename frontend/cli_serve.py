@@ -76,6 +76,10 @@ class ServeCliConfig(CliConfig):
              "before the request is placed elsewhere and the agent told to drop it.")
     stall_timeout: float = option("--stall-timeout", default=30.0, min=0, min_open=True,
                                   help="Seconds without a token before a request is rescued elsewhere.")
+    rescue_timeout: float = option(
+        "--rescue-timeout", default=30.0, min=0, min_open=True,
+        help="Seconds a request whose instance failed may wait for another instance to take it; "
+             "past that it fails with 503 (an SSE error event when streaming).")
     instance_stale_after: float = option(
         "--instance-stale-after", default=3.0, min=0, min_open=True,
         help="Seconds without a load report before an instance counts as dead.")
@@ -103,6 +107,7 @@ class ServeCliConfig(CliConfig):
             generate_timeout=self.generate_timeout,
             generate_retries=self.generate_retries,
             stall_timeout=self.stall_timeout,
+            rescue_timeout=self.rescue_timeout,
             instance_stale_after=self.instance_stale_after,
             request_deadline=self.request_deadline,
         )

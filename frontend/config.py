@@ -4,7 +4,8 @@
 so which tokenizer the frontend loads), the limits that protect the cluster
 (concurrent requests, request size, ``max_tokens`` cap) and the timeouts of
 dispatch, generate, gap repair and stall detection that drive bypass and
-rescue. Nothing here reads the environment.
+rescue, and how long a rescue may look for an instance before the request
+fails. Nothing here reads the environment.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class FrontendConfig:
     max_placement_attempts: int = 4
     gap_grace: float = 0.25
     stall_timeout: float = 30.0
+    rescue_timeout: float = 30.0
     instance_stale_after: float = 3.0
     retry_after_s: int = 1
     request_deadline: float | None = None
@@ -55,7 +57,7 @@ class FrontendConfig:
 
     def __post_init__(self) -> None:
         for name in ("dispatch_timeout", "scheduler_backoff", "generate_timeout", "gap_grace",
-                     "stall_timeout", "instance_stale_after"):
+                     "stall_timeout", "rescue_timeout", "instance_stale_after"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
         if self.max_concurrent_requests < 1 or self.max_model_len < 1:

@@ -20,7 +20,10 @@ contract says:
    owner to resend from a gap that outlives ``gap_grace``;
 5. rescue — re-place prompt + generated tokens with the next owner epoch —
    when the owner is declared failed, falls silent on the board, or the stream
-   stalls for ``stall_timeout`` since admission or the last token; and
+   stalls for ``stall_timeout`` since admission or the last token. A rescue that
+   finds no instance is tried again every second; once ``rescue_timeout`` has
+   passed since the first such try, the request fails with a 503
+   (:func:`~frontend.errors.unavailable`) and closes as ``CloseReason.NO_INSTANCE``; and
 6. close it with a :class:`~schemas.reasons.CloseReason`, which the abort sent
    to its owner and the lifecycle log carry.
 
@@ -317,6 +320,11 @@ class Gateway:
                     subject, self.codec.encode(request, time=time.time()),
                     timeout=self.config.generate_timeout, headers=bus_tracing.inject({}),
                 )
+            except asyncio.CancelledError:  # given up on (a rescue's bound): it must not run for nobody
+                self.fire_and_forget(
+                    self.send_abort(instance_id, request.request_id, CloseReason.UNPLACED), "abort-cancelled"
+                )
+                raise
             except RequestTimeout as exc:
                 timed_out = exc
                 self.metrics.generate_timeouts.inc()
@@ -383,6 +391,8 @@ class RequestStream:
         self.gap_since: float | None = None
         self.num_rescues = 0
         self.next_rescue_at = 0.0
+        #: when a rescue first found no instance (None: none has, or the last one succeeded)
+        self.unplaced_since: float | None = None
         self.closed = False
         self.close_reason: CloseReason | None = None
         self.finish_reason: FinishReason | None = None
@@ -497,8 +507,15 @@ class RequestStream:
         self.finish_reason = reason
 
     async def rescue(self, cause: str) -> None:
-        """Continue the request elsewhere from its prompt plus the tokens generated so far."""
+        """Continue the request elsewhere from its prompt plus the tokens generated so far.
+
+        When no instance takes it, it is tried again a second later; once ``rescue_timeout`` has
+        passed since the first try that found none, the request is closed as
+        ``CloseReason.NO_INSTANCE`` and a 503 :class:`APIError` raised. A placement in progress
+        is cut off at that bound.
+        """
         gateway = self.gateway
+        bound = gateway.config.rescue_timeout
         failed = self.owner_id or ""
         if failed:  # it may be alive but stuck (or wrongly presumed dead): stop it producing
             gateway.fire_and_forget(gateway.send_abort(failed, self.request_id, CloseReason.RESCUED), "abort")
@@ -509,12 +526,27 @@ class RequestStream:
         epoch = self.assembler.owner_epoch + 1
         self.assembler.expect_epoch(epoch)
         exclude = tuple(i for i in (failed,) if i)
+        since = self.unplaced_since if self.unplaced_since is not None else gateway.clock()
         try:
-            new_owner, _ = await gateway.place(self._request(generated, epoch), exclude)
-        except APIError:
-            self.next_rescue_at = gateway.clock() + 1.0  # nothing can take it now: try again shortly
-            log.warning("rescue of %s found no instance; will retry", self.request_id)
+            async with asyncio.timeout(max(since + bound - gateway.clock(), 0.0)):
+                new_owner, _ = await gateway.place(self._request(generated, epoch), exclude)
+        except (APIError, TimeoutError) as exc:
+            why = exc.message if isinstance(exc, APIError) else "no instance answered in time"
+            now = gateway.clock()
+            self.unplaced_since = since
+            if now - since >= bound:
+                log.warning("rescue of %s found no instance for %.1fs; it fails (%s)",
+                            self.request_id, now - since, why)
+                await self.close(CloseReason.NO_INSTANCE)
+                raise unavailable(
+                    f"the instance running this request failed and no other instance took it within "
+                    f"{bound:g} s (the frontend's rescue timeout): {why}", gateway.config.retry_after_s,
+                ) from None
+            self.next_rescue_at = min(now + 1.0, since + bound)  # nothing can take it now: try again soon
+            log.warning("rescue of %s found no instance; will retry for %.1fs more (%s)",
+                        self.request_id, since + bound - now, why)
             return
+        self.unplaced_since = None
         self.num_rescues += 1
         self.owner_id = new_owner
         self.assembler.expect_epoch(epoch, new_owner)

@@ -244,6 +244,7 @@ class UpConfig(CliConfig):
                                      help="Auto-scaling ceiling.")
     scale: ScaleBandOptions = nested(ScaleBandOptions)
     stall_timeout: float = option_like(ServeCliConfig, "stall_timeout")
+    rescue_timeout: float = option_like(ServeCliConfig, "rescue_timeout")
     max_tokens_cap: int | None = option_like(ServeCliConfig, "max_tokens_cap")
     log_dir: Path | None = option("--log-dir", default=None, type=click.Path(file_okay=False, path_type=Path),
                                   help="Where each process logs (default: a temporary folder).")
@@ -426,7 +427,8 @@ def _start(cluster: ClusterProcesses, config: UpConfig, log_dir: Path, stopping:
         child = cluster.spawn(instance_id, ["agent", *to_argv(agent)])
         click.echo(f"agent           {instance_id} pid {child.pid}  metrics http://127.0.0.1:{metrics_port}/metrics")
     serve = ServeCliConfig(nats=nats("frontend"), model=config.tokenizer, host=config.host, port=config.port,
-                           stall_timeout=config.stall_timeout, max_tokens_cap=config.max_tokens_cap)
+                           stall_timeout=config.stall_timeout, rescue_timeout=config.rescue_timeout,
+                           max_tokens_cap=config.max_tokens_cap)
     child = cluster.spawn("frontend", ["serve", *to_argv(serve)])
     click.echo(f"frontend        pid {child.pid}")
     click.echo(f"logs            {log_dir}")

@@ -13,7 +13,7 @@ __all__ = ["SCHEMA_CHANGES", "SCHEMA_VERSION", "Message"]
 
 #: Bumped when a message changes incompatibly. Decoders reject newer versions; a message of an
 #: older version is accepted if it still decodes, else rejected as ``UnsupportedVersion``.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 #: What changed in each schema version (date, change). Add a line with every bump.
 SCHEMA_CHANGES: dict[int, str] = {
@@ -32,6 +32,11 @@ SCHEMA_CHANGES: dict[int, str] = {
         "and failure decisions are not recomputable). TokenDeltaBatch (one agent step's deltas for one "
         "frontend) and GenerateRequest.delta_subject / Commit.delta_subject that ask for it; an agent of "
         "version 2 would publish per request where a version-3 frontend no longer listens, so it refuses."
+    ),
+    4: (
+        "2026-12-05: CloseReason.NO_INSTANCE (a request whose instance failed and that no other instance "
+        "took within the frontend's rescue timeout), on AbortRequest.reason and "
+        "RequestAborted.reason; a version-3 reader rejects it. Version 3 messages still decode."
     ),
 }
 

@@ -66,6 +66,7 @@ class CloseReason(enum.StrEnum):
     DEADLINE = "deadline"  # the frontend's request deadline passed
     RESCUED = "rescued"  # the request moved to another instance; the old owner stops
     UNPLACED = "unplaced"  # no instance took the request
+    NO_INSTANCE = "no_instance"  # its instance failed and no other took it within the rescue timeout
     SHUTDOWN = "shutdown"  # the frontend is stopping
 
 

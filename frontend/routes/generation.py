@@ -6,7 +6,8 @@ prompt (the endpoint's :class:`~frontend.flavors.Flavor` builds it), the
 output budget against the context length, sampling parameters and stop
 strings, the priority, admission (429 with ``Retry-After`` past
 ``max_concurrent_requests``), then dispatch through the gateway (which emits
-the lifecycle events, and answers 503 when no instance takes the request).
+the lifecycle events, and answers 503 when no instance takes the request, at
+once for a new one, after the rescue timeout for one whose instance failed).
 Each choice (``n`` per prompt; completions may carry several prompts) is a
 request of its own, a :class:`~frontend.turns.Turn`: admitted, placed,
 streamed and ended on its own, all of them or none.
@@ -83,6 +84,9 @@ async def generate(request: Request, body: BodyT, flavor: Flavor[BodyT], state: 
     try:
         texts = await asyncio.gather(*(_collect(request, turn) for turn in turns))
         outcome = "ok"
+    except APIError:  # e.g. 503: its instance failed and none took it within the rescue timeout
+        outcome = "error"
+        raise
     finally:
         _end_turns(state, turns, outcome)
     choices = []
