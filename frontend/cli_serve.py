@@ -85,6 +85,10 @@ class ServeCliConfig(CliConfig):
         help="Seconds without a load report before an instance counts as dead.")
     request_deadline: float | None = option("--request-deadline", default=None, min=0, min_open=True,
                                             help="End requests running longer (seconds).")
+    supervisor_status: Path | None = option(
+        "--supervisor-status", default=None, type=click.Path(dir_okay=False, path_type=Path),
+        help="A JSON file where a supervisor (shoal up) writes the components it left down and why: "
+             "/health reports them.")
     log_level: str = option("--log-level", default="warning")
 
     def frontend_config(self) -> FrontendConfig:
@@ -110,6 +114,7 @@ class ServeCliConfig(CliConfig):
             rescue_timeout=self.rescue_timeout,
             instance_stale_after=self.instance_stale_after,
             request_deadline=self.request_deadline,
+            supervisor_status=self.supervisor_status,
         )
 
 

@@ -11,6 +11,7 @@ fails. Nothing here reads the environment.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from bus.auth import NatsAuth
 
@@ -53,6 +54,8 @@ class FrontendConfig:
     instance_stale_after: float = 3.0
     retry_after_s: int = 1
     request_deadline: float | None = None
+    #: where a supervisor writes the components it left down (``/health`` reads it); None: no supervisor
+    supervisor_status: Path | None = None
     extra_model_names: tuple[str, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
