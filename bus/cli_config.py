@@ -98,6 +98,8 @@ class OptionSpec:
     secondary: str | None = None
     secret: bool = False
     hidden_aliases: bool = False
+    #: left out of ``--help`` (fault injection for tests)
+    hidden: bool = False
 
     @property
     def flag(self) -> str:
@@ -125,19 +127,21 @@ def option(
     secondary: str | None = None,
     secret: bool = False,
     hidden_aliases: bool = False,
+    hidden: bool = False,
 ) -> Any:
     """A config field that is the option ``flags[0]`` (the others: aliases, hidden from help if asked).
 
     ``min``/``max`` (``min_open``: min excluded) bound a number, on the command line and in code;
     ``secondary`` is the off switch of an on/off flag (``--no-x``); a ``secret`` (a password) is never
     shown as a default nor rendered by :func:`to_argv` (it travels in the environment).
-    ``show_default`` None: shown unless the default is empty (None, False, "", ()) or secret.
+    ``show_default`` None: shown unless the default is empty (None, False, "", ()) or secret;
+    a ``hidden`` option works but is left out of ``--help``.
     """
     if not flags or not all(f.startswith("-") for f in flags):
         raise TypeError(f"option flags must start with '-': {flags!r}")
     spec = OptionSpec(flags=flags, help=help, envvar=envvar, type=type, min=min, max=max, min_open=min_open,
                       metavar=metavar, show_default=show_default, secondary=secondary, secret=secret,
-                      hidden_aliases=hidden_aliases)
+                      hidden_aliases=hidden_aliases, hidden=hidden)
     metadata = {_META: spec}
     if default_factory is not None:
         return dataclasses.field(default_factory=default_factory, metadata=metadata)
@@ -329,6 +333,8 @@ def _add_option(function: _F, field: dataclasses.Field[Any], spec: OptionSpec, o
         empty = default is None or default is False or (isinstance(default, (str, tuple)) and not default)
         show_default = not spec.secret and not empty
     attrs: dict[str, Any] = {"default": default, "help": spec.help, "show_default": show_default, **extra}
+    if spec.hidden:
+        attrs["hidden"] = True
     if spec.envvar is not None:
         attrs.update(envvar=spec.envvar, show_envvar=True)
     if spec.metavar is not None:

@@ -61,6 +61,7 @@ from bus.extras import require_engine
 from bus.options import MetricsOptions, NatsAuthOptions, NatsOptions, nats_url_option
 from bus.server import die_with_parent, free_port
 from frontend.cli_serve import ServeCliConfig
+from frontend.supervisor import Notice, RestartPolicy, Supervisor, write_status
 from scheduler.cli import ScaleBandOptions, SchedulerCliConfig
 
 __all__ = [
@@ -89,6 +90,10 @@ class Child:
     def alive(self) -> bool:
         return self.process.poll() is None
 
+    def exit_code(self) -> int | None:
+        """The exit status (negative: the signal that ended it); None while it runs."""
+        return self.process.poll()
+
 
 @dataclass
 class ClusterProcesses:
@@ -100,6 +105,8 @@ class ClusterProcesses:
     children: list[Child] = field(default_factory=list)
     nats: Any = None
     reported_dead: set[str] = field(default_factory=set)
+    #: each child's command line (after ``shoal``), by name: what :meth:`respawn` runs again
+    commands: dict[str, list[str]] = field(default_factory=dict)
 
     def spawn(self, name: str, args: Sequence[str]) -> Child:
         log_path = self.log_dir / f"{name}.log"
@@ -114,7 +121,16 @@ class ClusterProcesses:
             log.close()
         child = Child(name, process, log_path)
         self.children.append(child)
+        self.commands[name] = list(args)
         return child
+
+    def respawn(self, name: str) -> Child:
+        """Start ``name`` again with the command line it had (it logs on into the same file)."""
+        return self.spawn(name, self.commands[name])
+
+    def newest(self, name: str) -> Child:
+        """The latest process of ``name``."""
+        return [c for c in self.children if c.name == name][-1]
 
     def stop_all(self, grace_s: float = 10.0) -> None:
         """SIGINT to every child's group (a stop, not an agent's SIGTERM drain), SIGKILL after ``grace_s``."""
@@ -195,12 +211,6 @@ def _health(url: str) -> dict[str, Any] | None:
         return None
 
 
-def _tail(path: Path, lines: int = 15) -> str:
-    with contextlib.suppress(OSError):
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    return ""
-
-
 @dataclass(frozen=True)
 class UpConfig(CliConfig):
     """Everything ``shoal up`` is told. Options it passes on to a child keep that child's flag."""
@@ -263,6 +273,16 @@ class UpConfig(CliConfig):
         AgentCliConfig, "otlp_endpoint", metavar="URL",
         help="Send every component's spans here (sets OTEL_EXPORTER_OTLP_ENDPOINT for the children; "
              "other OTEL_* variables pass through).")
+    restart_delay: float = option("--restart-delay", default=1.0, min=0,
+                                  help="Seconds before a child that exited is started again (doubles with "
+                                       "each exit within --restart-window).")
+    restart_max_delay: float = option("--restart-max-delay", default=30.0, min=0,
+                                      help="Longest wait before a restart.")
+    restart_limit: int = option("--restart-limit", default=5, min=1,
+                                help="A child that exits this many times within --restart-window is left "
+                                     "down (its reason shows on /health).")
+    restart_window: float = option("--restart-window", default=60.0, min=0, min_open=True,
+                                   help="Seconds over which --restart-limit counts exits.")
 
     def validate(self) -> None:
         if self.engine == "vllm" and self.model is None:
@@ -279,6 +299,14 @@ class UpConfig(CliConfig):
         if self.nats_url is None and self.replicas > self.nats_cluster:
             raise ConfigError("nats_replicas",
                               f"--nats-replicas {self.replicas} needs --nats-cluster {self.replicas} or more")
+        if self.restart_max_delay < self.restart_delay:
+            raise ConfigError("restart_max_delay", "--restart-max-delay must be at least --restart-delay")
+
+    @property
+    def restart_policy(self) -> RestartPolicy:
+        """When a child that exited is started again, and when it is left down."""
+        return RestartPolicy(initial_delay_s=self.restart_delay, max_delay_s=self.restart_max_delay,
+                             max_restarts=self.restart_limit, window_s=self.restart_window)
 
     @property
     def replicas(self) -> int:
@@ -307,9 +335,10 @@ def up(**options: Any) -> None:
         stop_requested = True
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    supervisor = Supervisor(config.restart_policy, cluster.respawn, engine=config.engine)
     try:
-        if _start(cluster, config, log_dir, lambda: stop_requested):
-            _supervise(cluster, lambda: stop_requested)
+        if _start(cluster, config, log_dir, supervisor, lambda: stop_requested):
+            _supervise(supervisor, log_dir, lambda: stop_requested)
     finally:
         click.echo("stopping shoal ...", err=True)
         cluster.stop_all()
@@ -353,8 +382,31 @@ def _check_port_free(host: str, port: int) -> None:
             raise click.ClickException(why) from None
 
 
-def _start(cluster: ClusterProcesses, config: UpConfig, log_dir: Path, stopping: Callable[[], bool]) -> bool:
-    """Start everything and wait until the frontend sees every instance; False if stopped meanwhile."""
+def _status_path(log_dir: Path) -> Path:
+    """The file where ``shoal up`` keeps the children it left down, for the frontend's ``/health``."""
+    return log_dir / "supervisor.json"
+
+
+def _report(supervisor: Supervisor, notices: list[Notice], log_dir: Path) -> None:
+    """Print what the supervisor did; a child left down also goes to the frontend's status file."""
+    for notice in notices:
+        if notice.left_down is not None:
+            click.echo(notice.left_down.message(), err=True)
+            write_status(_status_path(log_dir), supervisor.left_down)
+        else:
+            click.echo(notice.detail, err=True)
+    if notices:
+        sys.stderr.flush()
+
+
+def _left_down_text(supervisor: Supervisor) -> str:
+    return "\n".join(d.message() for d in supervisor.left_down)
+
+
+def _start(cluster: ClusterProcesses, config: UpConfig, log_dir: Path, supervisor: Supervisor,
+           stopping: Callable[[], bool]) -> bool:
+    """Start everything and wait until the frontend sees every instance not left down (one at least);
+    False if stopped meanwhile. Children that exit meanwhile are restarted (``supervisor``)."""
     require_engine(config.engine)  # exit 2 naming the extra, before anything starts
     _check_port_free(config.host, config.port)
     nats_url = config.nats_url
@@ -416,6 +468,7 @@ def _start(cluster: ClusterProcesses, config: UpConfig, log_dir: Path, stopping:
                 scale=config.scale,
             )
         child = cluster.spawn("scheduler", ["scheduler", *to_argv(scheduler)])
+        supervisor.watch(child)
         click.echo(f"scheduler       pid {child.pid}  metrics http://127.0.0.1:{metrics_port}/metrics"
                    + ("  (auto-scaling)" if config.autoscale else ""))
     for index in range(config.instances):
@@ -425,32 +478,45 @@ def _start(cluster: ClusterProcesses, config: UpConfig, log_dir: Path, stopping:
                              cpu_bind=cpu_binds[index] if cpu_binds else None,
                              metrics=MetricsOptions(metrics_port=metrics_port))
         child = cluster.spawn(instance_id, ["agent", *to_argv(agent)])
+        supervisor.watch(child)
         click.echo(f"agent           {instance_id} pid {child.pid}  metrics http://127.0.0.1:{metrics_port}/metrics")
+    write_status(_status_path(log_dir), [])
     serve = ServeCliConfig(nats=nats("frontend"), model=config.tokenizer, host=config.host, port=config.port,
                            stall_timeout=config.stall_timeout, rescue_timeout=config.rescue_timeout,
-                           max_tokens_cap=config.max_tokens_cap)
+                           max_tokens_cap=config.max_tokens_cap, supervisor_status=_status_path(log_dir))
     child = cluster.spawn("frontend", ["serve", *to_argv(serve)])
+    supervisor.watch(child)
     click.echo(f"frontend        pid {child.pid}")
     click.echo(f"logs            {log_dir}")
     url = f"http://{config.host}:{config.port}"
+    agents = {f"agent-{index}" for index in range(config.instances)}
     deadline = time.monotonic() + config.ready_timeout
     while not stopping():
+        frontend = supervisor.child("frontend")
         health = _health(url)
-        if health is not None and health.get("pid") != child.pid:
+        if health is not None and (frontend is None or health.get("pid") != frontend.pid):
             health = None  # another server answers on that port, not this frontend (it may fail to bind)
         ready = health.get("instances", []) if health is not None and health.get("status") == "ok" else []
-        if len(ready) >= max(1, config.instances):  # ready: a request would be placed on each
+        down = {d.name for d in supervisor.left_down}
+        if ready and len(ready) >= max(1, len(agents - down)):  # ready: a request would be placed on each
             break
-        for dead in cluster.newly_dead():
-            raise click.ClickException(
-                f"{dead.name} exited with code {dead.process.returncode}:\n{_tail(dead.log_path)}"
-            )
+        _report(supervisor, supervisor.poll(), log_dir)
+        down = {d.name for d in supervisor.left_down}
+        if supervisor.child("frontend") is None:
+            raise click.ClickException("the frontend stopped")
+        if "frontend" in down or (agents and agents <= down) or (down and not agents):
+            raise click.ClickException(f"no instance became ready:\n{_left_down_text(supervisor)}")
         if time.monotonic() > deadline:
             why = "the frontend does not answer" if health is None else json.dumps(health)
-            raise click.ClickException(f"the cluster was not ready within {config.ready_timeout}s: {why}")
+            raise click.ClickException("\n".join(filter(None, [
+                f"the cluster was not ready within {config.ready_timeout}s: {why}",
+                _left_down_text(supervisor),
+            ])))
         time.sleep(0.2)
     else:
         return False
+    for left in supervisor.left_down:
+        click.echo(f"warning         {left.name} is left down: {left.reason}", err=True)
     name = config.tokenizer
     click.echo("")
     click.echo(f"API             {url}/v1")
@@ -466,11 +532,13 @@ def _start(cluster: ClusterProcesses, config: UpConfig, log_dir: Path, stopping:
     return True
 
 
-def _supervise(cluster: ClusterProcesses, stopping: Callable[[], bool]) -> None:
-    frontend = next(c for c in cluster.children if c.name == "frontend")
+def _supervise(supervisor: Supervisor, log_dir: Path, stopping: Callable[[], bool]) -> None:
+    """Restart children that exit, per the supervisor's policy, until stopped; give up with the
+    frontend."""
     while not stopping():
-        for dead in cluster.newly_dead():
-            click.echo(f"{dead.name} (pid {dead.pid}) exited with code {dead.process.returncode}", err=True)
-        if not frontend.alive():
-            raise click.ClickException(f"the frontend exited:\n{_tail(frontend.log_path)}")
+        _report(supervisor, supervisor.poll(), log_dir)
+        if any(d.name == "frontend" for d in supervisor.left_down):
+            raise click.ClickException(f"the frontend is left down:\n{_left_down_text(supervisor)}")
+        if supervisor.child("frontend") is None:
+            raise click.ClickException("the frontend stopped")
         time.sleep(0.2)

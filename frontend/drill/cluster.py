@@ -10,7 +10,13 @@ of NATS for each component (each connects through its own, so a partition can
 isolate one component) and one in front of each agent's KV transport (the
 agent listens on ``127.0.0.1:P`` and advertises ``127.0.0.2:P``, where its
 proxy listens). It knows each component's pid and
-command line, so the drill can signal one and start it again.
+command line, so the drill can signal one and start it again. With
+``supervise=True`` it also runs ``shoal up``'s supervisor
+(:class:`~frontend.supervisor.Supervisor`): a component that fails (a signal or a
+non-zero exit code) is started again with backoff, one that crash-loops is left
+down (:attr:`DrillCluster.left_down`, and the frontend's ``/health`` lists it);
+off by default, as scenarios that kill a component on purpose restart it
+themselves.
 :class:`ExternalCluster` is a cluster the drill did not start: the drill only
 sends load and reads the log there; process faults need ``--up``.
 """
@@ -38,6 +44,7 @@ from bus.server import EmbeddedNats, free_port
 from frontend.cli_serve import ServeCliConfig
 from frontend.drill.proxy import ChaosProxy
 from frontend.drill.scenario import ClusterSpec
+from frontend.supervisor import LeftDown, Notice, RestartPolicy, Supervisor, write_status
 from frontend.up import Child, ClusterProcesses, vllm_cpu_binds
 from scheduler.cli import PolicyOptions, SchedulerCliConfig
 
@@ -117,7 +124,8 @@ class DrillCluster:
     """A cluster the drill started; see the module docstring. ``await start()``, then ``await close()``."""
 
     def __init__(
-        self, spec: ClusterSpec, log_dir: Path, *, prefix: str = "drill", ready_timeout_s: float = 120.0
+        self, spec: ClusterSpec, log_dir: Path, *, prefix: str = "drill", ready_timeout_s: float = 120.0,
+        supervise: bool = False, restart_policy: RestartPolicy | None = None,
     ) -> None:
         self.spec = spec
         self.log_dir = log_dir
@@ -144,6 +152,13 @@ class DrillCluster:
         self.port = 0
         self.agent_ids: list[str] = []
         self._generation = 0
+        #: ``shoal up``'s supervisor over the components (None: the drill alone restarts them)
+        self.supervisor: Supervisor | None = None
+        if supervise:
+            self.supervisor = Supervisor(restart_policy or RestartPolicy(), self._restart, engine=spec.engine)
+        #: what the supervisor did, in order (exits, restarts, components left down)
+        self.supervision: list[Notice] = []
+        self._supervising: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ addresses
 
@@ -196,10 +211,40 @@ class DrillCluster:
         for index in range(spec.instances):
             await self.add_agent(f"agent-{index}")
         self.port = free_port()
+        status = None
+        if self.supervisor is not None:
+            status = self.supervisor_status_path
+            write_status(status, [])
         serve = ServeCliConfig(nats=await self._nats("frontend"), model=self.model, port=self.port,
-                               stall_timeout=spec.stall_timeout_s, instance_stale_after=3.0)
+                               stall_timeout=spec.stall_timeout_s, instance_stale_after=3.0,
+                               supervisor_status=status)
         self._spawn("frontend", ["serve", *to_argv(serve)])
+        if self.supervisor is not None:
+            self._supervising = asyncio.create_task(self._supervise(self.supervisor))
         await self.wait_ready(len(self.agent_ids))
+
+    # ------------------------------------------------------------------ supervision
+
+    @property
+    def supervisor_status_path(self) -> Path:
+        """Where the supervisor lists the components it left down (the frontend's ``/health`` reads it)."""
+        return self.log_dir / "supervisor.json"
+
+    @property
+    def left_down(self) -> list[LeftDown]:
+        """The components the supervisor gave up on (none without supervision)."""
+        return self.supervisor.left_down if self.supervisor is not None else []
+
+    def _restart(self, name: str) -> Child:
+        return self.processes.spawn(name, self.commands[name])
+
+    async def _supervise(self, supervisor: Supervisor, interval_s: float = 0.2) -> None:
+        while True:
+            notices = supervisor.poll()
+            self.supervision.extend(notices)
+            if any(n.left_down is not None for n in notices):
+                write_status(self.supervisor_status_path, supervisor.left_down)
+            await asyncio.sleep(interval_s)
 
     @property
     def agent_start_timeout_s(self) -> float:
@@ -272,11 +317,17 @@ class DrillCluster:
 
     def _spawn(self, name: str, args: list[str]) -> Child:
         self.commands[name] = args
-        return self.processes.spawn(name, args)
+        child = self.processes.spawn(name, args)
+        if self.supervisor is not None:
+            self.supervisor.watch(child)
+        return child
 
     def respawn(self, name: str) -> Child:
         """Start ``name`` again with the command line it had."""
-        return self.processes.spawn(name, self.commands[name])
+        child = self._restart(name)
+        if self.supervisor is not None:
+            self.supervisor.watch(child)
+        return child
 
     async def wait_ready(self, num_instances: int, timeout_s: float | None = None) -> float:
         """Wait until ``/health`` lists ``num_instances`` ready instances; the seconds it took."""
@@ -288,11 +339,15 @@ class DrillCluster:
                 if ready is not None and len(ready) >= num_instances:
                     return time.monotonic() - started
                 for dead in self.processes.newly_dead():
-                    if self.child(dead.name) is not dead:
-                        continue  # replaced (a drained agent): expected
+                    if self.child(dead.name) is not dead or self.supervisor is not None:
+                        continue  # replaced (a drained agent), or the supervisor restarts it: expected
                     raise ClusterNotReady(
                         f"{dead.name} exited with code {dead.process.returncode}: see {dead.log_path}"
                     )
+                down = {d.name for d in self.left_down}
+                if "frontend" in down or (self.agent_ids and set(self.agent_ids) <= down):
+                    raise ClusterNotReady("left down by the supervisor: "
+                                          + "; ".join(d.reason for d in self.left_down))
                 if time.monotonic() > deadline:
                     raise ClusterNotReady(
                         f"not ready within {timeout_s or self.ready_timeout_s}s "
@@ -302,6 +357,11 @@ class DrillCluster:
 
     async def close(self, *, keep_store: bool = False) -> None:
         """Stop every process (SIGTERM, then SIGKILL), the proxies and NATS; remove the NATS store."""
+        if self._supervising is not None:
+            self._supervising.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._supervising
+            self._supervising = None
         for child in self.processes.children:  # a stopped child would not see SIGTERM
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 if child.alive():
