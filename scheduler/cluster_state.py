@@ -56,13 +56,20 @@ class PendingDispatch(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
 
 class InstanceRecord(msgspec.Struct, frozen=True, kw_only=True):
-    """One instance: how it joined, its status, its load view and pending dispatches."""
+    """One instance: how it joined, its status, its load view and pending dispatches.
+
+    ``incarnation`` is the events-stream sequence of the ``InstanceJoined`` that began this
+    record (0 in snapshots that predate it): an agent that joins again under the same id (it
+    restarted) is a new incarnation, ``rejoined``, with nothing of the old one's.
+    """
 
     joined: InstanceJoined
     status: InstanceStatus
     load: InstanceLoad
     pending: tuple[PendingDispatch, ...] = ()
     last_heartbeat_seq: int = 0
+    incarnation: int = 0
+    rejoined: bool = False
 
     @property
     def instance_id(self) -> str:

@@ -4,8 +4,14 @@ Every event type in :mod:`schemas` has a rule here:
 
 * instance lifecycle: ``InstanceJoined`` (a new record; one launching instance
   arrived), ``InstanceHeartbeat``, ``InstanceTerminating``, ``InstanceFailed``
-  (an older lease epoch is ignored), ``InstanceLeft`` (the record goes); pairs
-  with a failed or departed instance end;
+  (an older lease epoch is ignored, and so is the failure of an earlier
+  incarnation), ``InstanceLeft`` (the record goes); pairs with a failed or
+  departed instance end. An ``InstanceJoined`` under an id already known is a
+  new incarnation (the agent restarted): nothing of the old one carries over —
+  its pending dispatches, pairs, migrations in flight and the requests it owned
+  are dropped (a rescue or their end settles those requests), and the new
+  incarnation's first load report (agent ``seq`` 1) is taken even after the old
+  one's later reports;
 * ``LoadReport``: the instance's new view. Pending dispatches are reconciled by
   the accepted-request counter (the counter's increase since the previous
   report retires that many of the oldest pending dispatches); one that survives
@@ -142,15 +148,32 @@ def _without_pairings_of(state: ClusterState, instance_id: str) -> dict[str, Pai
 # -- instance lifecycle ---------------------------------------------------------
 
 
-def _joined(state: ClusterState, body: InstanceJoined) -> _Changes:
-    known = state.instances.get(body.instance_id)
+def _joined(state: ClusterState, body: InstanceJoined, seq: int) -> _Changes:
+    instance_id = body.instance_id
+    known = state.instances.get(instance_id)
     arrived = known is None or known.status is InstanceStatus.FAILED
-    record = InstanceRecord(joined=body, status=InstanceStatus.ACTIVE, load=InstanceLoad.from_joined(body))
-    return {
+    record = InstanceRecord(joined=body, status=InstanceStatus.ACTIVE, load=InstanceLoad.from_joined(body),
+                            incarnation=seq, rejoined=known is not None)
+    changes: _Changes = {
         "instances": _with_instance(state, record),
         "num_launching": state.num_launching - 1 if arrived and state.num_launching > 0
         else state.num_launching,
     }
+    if known is not None:  # a new incarnation: what ran on the old one died with it
+        changes["pairings"] = _without_pairings_of(state, instance_id)
+        ended = [key for key, m in state.migrations.items() if instance_id in (m.source_id, m.destination_id)]
+        if ended:
+            migrations = _copy(state.migrations)
+            for key in ended:
+                del migrations[key]
+            changes["migrations"] = migrations
+        owned = [key for key, owner in state.owners.items() if owner.instance_id == instance_id]
+        if owned:
+            owners = _copy(state.owners)
+            for key in owned:
+                del owners[key]
+            changes["owners"] = owners
+    return changes
 
 
 def _heartbeat(state: ClusterState, body: InstanceHeartbeat) -> _Changes | None:
@@ -177,6 +200,8 @@ def _failed(state: ClusterState, body: InstanceFailed) -> _Changes | None:
         return stale
     changes: _Changes = {"epoch": max(state.epoch, body.epoch)}
     record = state.instances.get(body.instance_id)
+    if record is not None and body.incarnation and body.incarnation != record.incarnation:
+        return {**changes, "num_ignored": state.num_ignored + 1}  # an earlier incarnation's failure
     if record is not None and record.status is not InstanceStatus.FAILED:
         load = _replace(record.load, num_pending=0, pending_blocks=0)
         record = _replace(record, status=InstanceStatus.FAILED, load=load, pending=())
@@ -201,11 +226,12 @@ def _load_report(state: ClusterState, body: LoadReport, stream_seq: int) -> _Cha
     if record is None or record.status is InstanceStatus.FAILED:
         return {"num_ignored": state.num_ignored + 1}
     previous = record.load
-    if previous.reported and body.seq <= previous.report_seq:
+    restarted = record.rejoined and body.seq == 1 < previous.report_seq  # the new incarnation's first
+    if previous.reported and body.seq <= previous.report_seq and not restarted:
         return {"num_ignored": state.num_ignored + 1}
     pending = record.pending
     if pending:
-        reflected = body.num_accepted - (previous.num_accepted if previous.reported else 0)
+        reflected = body.num_accepted - (previous.num_accepted if previous.reported and not restarted else 0)
         if reflected < 0:  # the agent's counter restarted: its report reflects everything it has
             reflected = len(pending)
         limit = state.pending_report_limit
@@ -396,8 +422,7 @@ def _rescued(state: ClusterState, body: RequestRescued) -> _Changes:
 
 _Rule = Callable[[ClusterState, Any], _Changes | None]
 
-_RULES: dict[type, _Rule] = {
-    InstanceJoined: _joined,
+_RULES: dict[type, _Rule] = {  # LoadReport and InstanceJoined (they need the position): in evolve
     InstanceHeartbeat: _heartbeat,
     InstanceTerminating: _terminating,
     InstanceFailed: _failed,
@@ -442,6 +467,8 @@ def evolve(state: ClusterState, position: Position, body: Body) -> ClusterState:
     positions[stream] = seq
     if type(body) is LoadReport:
         changes = _load_report(state, body, seq)
+    elif type(body) is InstanceJoined:
+        changes = _joined(state, body, seq)
     else:
         rule = _RULES.get(type(body))
         changes = {"num_ignored": state.num_ignored + 1} if rule is None else rule(state, body)

@@ -255,6 +255,7 @@ def failure_event(
         last_heartbeat=last_heartbeat,
         epoch=epoch,
         inputs=inputs,
+        incarnation=record.incarnation,
     )
 
 
@@ -301,13 +302,16 @@ def recompute(
         return scaling_event(decision, epoch=recorded.epoch, clock=inputs.clock, before=before)
     if isinstance(recorded, InstanceFailed):
         assert recorded.inputs is not None
-        return failure_event(
+        decided = failure_event(
             view,
             recorded.instance_id,
             epoch=recorded.epoch,
             inputs=recorded.inputs,
             last_heartbeat=recorded.last_heartbeat,
         )
+        if decided is not None and not recorded.incarnation:  # an older log's: no incarnation named
+            decided = msgspec.structs.replace(decided, incarnation=0)
+        return decided
     if isinstance(recorded, Dispatched) and recorded.requeued_from:
         recorded_policy = dataclasses.replace(policy, dispatch_policy=DispatchPolicy(recorded.policy))
         queued = QueuedRequest(

@@ -91,6 +91,10 @@ class InstanceFailed(Message, frozen=True, kw_only=True, tag="instance_failed"):
     epoch: int = 0
     #: Set by the scheduler's detection (None from others, and in logs of schema version 2).
     inputs: FailureInputs | None = None
+    #: The incarnation judged failed: the events-stream sequence of its ``InstanceJoined`` (an agent
+    #: restarted under the same id is a new incarnation, which this failure does not concern);
+    #: 0: whichever incarnation is current (from others, and in older logs).
+    incarnation: int = 0
 
 
 InstanceEvent = (
