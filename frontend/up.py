@@ -11,9 +11,17 @@ example, and supervises. Each child runs in a session of its own (so a terminal'
 reaches only ``shoal up``) and is told by the kernel to exit if
 ``shoal up`` itself dies (``PR_SET_PDEATHSIG``); on Ctrl-C or SIGTERM every
 child's process group gets SIGINT, then SIGKILL after a grace period, and the
-embedded server stops last: no orphans. A child that dies is reported; the
-cluster keeps serving while the frontend lives (rescue and bypass cover
-agents and the scheduler). With ``--autoscale`` the scheduler's
+embedded server stops last: no orphans. A child that fails (a signal or a
+non-zero exit code) is started again by :class:`~frontend.supervisor.Supervisor`
+after ``--restart-delay`` (1 s), doubling per failure within
+``--restart-window`` up to ``--restart-max-delay``; meanwhile rescue and bypass
+cover agents and the scheduler. A restarted scheduler recovers from the log as
+a standby does; a restarted agent rejoins under its own id. One that fails
+``--restart-limit`` times within the window is left down: ``shoal up`` prints its
+exit signal by name, the last lines of its log and what to try, and the
+frontend's ``/health`` lists it (``shoal serve --supervisor-status``). If no
+instance becomes ready within ``--ready-timeout`` (or every agent is left
+down first), ``shoal up`` says why and exits non-zero. With ``--autoscale`` the scheduler's
 :class:`~scheduler.instances.LocalProcessManager` starts more agents like
 these (ids ``inst-N``, logging into the scheduler's log) when the average
 freeness stays below the band, and drains one when it stays above.
