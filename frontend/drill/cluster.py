@@ -218,10 +218,12 @@ class DrillCluster:
         serve = ServeCliConfig(nats=await self._nats("frontend"), model=self.model, port=self.port,
                                stall_timeout=spec.stall_timeout_s, instance_stale_after=3.0,
                                supervisor_status=status)
+        if spec.rescue_timeout_s is not None:  # the frontend's bound on a request no instance takes
+            serve = dataclasses.replace(serve, rescue_timeout=spec.rescue_timeout_s)
         self._spawn("frontend", ["serve", *to_argv(serve)])
         if self.supervisor is not None:
             self._supervising = asyncio.create_task(self._supervise(self.supervisor))
-        await self.wait_ready(len(self.agent_ids))
+        await self.wait_ready(len(self.agent_ids) - len(spec.first_step_faults))  # those never get ready
 
     # ------------------------------------------------------------------ supervision
 

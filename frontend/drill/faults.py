@@ -10,6 +10,13 @@ destination of a migration in flight in the event log (started by a
 ``migrate_out`` under the scheduler's epoch if none is under way). Each fault
 yields :class:`FaultRecord` s with the drill-clock times of injection,
 verification and healing.
+
+On a supervised cluster (``cluster.supervise``) the drill also follows what the
+supervisor does: every agent killed at once is awaited until it announces
+itself ready again (``InstanceJoined`` after the kill); a crash-looping agent is
+killed again each time it is back, until the supervisor leaves it down; the
+agents whose engine fails at its first step (``cluster.first_step_faults``) are
+verified by their processes' exits.
 """
 
 from __future__ import annotations
@@ -23,11 +30,15 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import httpx
+
 from bus import BusError
 from frontend.drill.cluster import DrillCluster, port_refuses, process_state
 from frontend.drill.proxy import ChaosProxy
 from frontend.drill.scenario import FaultKind, FaultSpec, Target
 from frontend.drill.watch import BusWatch, MigrationSeen
+from frontend.supervisor import LeftDown
+from frontend.up import Child
 
 __all__ = ["FaultNotApplied", "FaultRecord", "inject"]
 
@@ -56,6 +67,12 @@ class FaultRecord:
     #: frontend faults: requests the agents held when it died, and how long until they held none
     requests_on_agents: int | None = None
     agents_empty_after_s: float | None = None
+    #: a killed agent brought back by its supervisor: when it announced itself ready again; a
+    #: restarted frontend: when it answered ``/health`` with a ready instance again
+    back_at: float | None = None
+    #: crash loop: whether the supervisor left the agent down, and what it said
+    left_down: bool | None = None
+    left_down_reason: str = ""
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -246,7 +263,175 @@ class _Injector:
             cluster.respawn(name)
             record.restarted_at = self.clock()
             record.healed_at = record.restarted_at
+            if name == "frontend":
+                await self._frontend_back(record)
         return record
+
+    async def _frontend_back(self, record: FaultRecord, timeout_s: float = 60.0) -> None:
+        """Wait until the restarted frontend's ``/health`` lists a ready instance (``back_at``)."""
+        deadline = time.monotonic() + timeout_s
+        async with httpx.AsyncClient() as http:
+            while time.monotonic() < deadline:
+                with contextlib.suppress(httpx.HTTPError, ValueError):
+                    body = (await http.get(f"{self.cluster.url}/health", timeout=1.0)).json()
+                    if body.get("status") == "ok" and body.get("instances"):
+                        record.back_at = self.clock()
+                        return
+                await asyncio.sleep(0.2)
+        record.notes.append(f"the restarted frontend listed no ready instance within {timeout_s:g}s")
+
+    # ------------------------------------------------------------------ supervised faults
+
+    def _left_down(self, name: str) -> LeftDown | None:
+        return next((d for d in self.cluster.left_down if d.name == name), None)
+
+    @property
+    def _comeback_s(self) -> float:
+        """How long a killed agent may take to be ready again: the supervisor's longest delay and
+        an agent's start."""
+        supervisor = self.cluster.supervisor
+        delay = 0.0 if supervisor is None else supervisor.policy.max_delay_s
+        return delay + self.cluster.agent_start_timeout_s
+
+    async def _reaped(self, child: Child, pid: int, record: FaultRecord) -> None:
+        """Verified once the killed process is reaped and its pid gone from ``/proc``."""
+        if await self._until(lambda: child.process.poll() is not None, 5.0) and process_state(pid) is None:
+            record.verified_at = self.clock()
+            record.verified_by = f"pid {pid} gone (exit {child.process.returncode})"
+
+    async def _kill_verified(self, name: str, record: FaultRecord) -> None:
+        """kill -9 ``name`` now; verified once its process is reaped and its pid gone."""
+        child = self.cluster.child(name)
+        if child is None or not child.alive():
+            raise FaultNotApplied(f"{name} is not running")
+        report = await self.watch.stats(name, 1.0)
+        if report is not None:
+            self.stats_sink(name, report)
+            record.target_requests = report.batch_size + report.num_waiting
+        pid = record.pid = self._signal(name, signal.SIGKILL)
+        record.injected_at = self.clock()
+        await self._reaped(child, pid, record)
+
+    async def kill_agents(self, fault: FaultSpec, fault_s: float) -> list[FaultRecord]:
+        """kill -9 every agent once one holds a request; on a supervised cluster, wait until each
+        announced itself ready again."""
+        first = FaultRecord(fault.kind.value, Target.AGENTS.value)
+        await self._busy(fault, first)
+        names = self.cluster.live_agents()
+        children = {name: self.cluster.child(name) for name in names}
+        usage = await self._usage()
+        records = []
+        for name in names:  # every signal first, so no agent outlives the others by a stats RPC
+            record = FaultRecord(fault.kind.value, Target.AGENTS.value, component=name,
+                                 target_requests=usage.get(name))
+            record.pid = self._signal(name, signal.SIGKILL)
+            record.injected_at = self.clock()
+            records.append(record)
+        records[0].notes.extend(first.notes)
+        for record in records:
+            child, pid = children[record.component], record.pid
+            assert child is not None and pid is not None
+            await self._reaped(child, pid, record)
+        if not all(r.verified for r in records):
+            raise FaultNotApplied("kill -9 of every agent: " + ", ".join(
+                f"{r.component} (pid {r.pid})" for r in records if not r.verified) + " not seen to die")
+        injected = records[0].injected_at
+        assert injected is not None
+        await asyncio.sleep(max(0.0, fault_s - (self.clock() - injected)))
+        if self.cluster.supervisor is None:
+            return records
+
+        def back() -> bool:
+            joined = [self.watch.joined_since(r.component, r.injected_at or 0.0) for r in records]
+            return all(t is not None for t in joined)
+
+        await self._until(back, self._comeback_s)
+        for record in records:
+            record.back_at = self.watch.joined_since(record.component, record.injected_at or 0.0)
+            record.healed_at = record.back_at
+            if record.back_at is None:
+                down = self._left_down(record.component)
+                record.notes.append(down.reason if down is not None else
+                                    f"not ready again within {self._comeback_s:g}s")
+        return records
+
+    async def crash_loop(self, fault: FaultSpec, fault_s: float) -> list[FaultRecord]:
+        """kill -9 the busiest agent, and again each time the supervisor brings it back (ready, and
+        holding a request if one comes within a few seconds), until the supervisor leaves it down."""
+        if self.cluster.supervisor is None:
+            raise FaultNotApplied("a crash loop needs the cluster's supervision (cluster.supervise)")
+        record = FaultRecord(fault.kind.value, fault.target.value if fault.target else "")
+        name = record.component = await self._busy(fault, record)
+        records: list[FaultRecord] = []
+        started = self.clock()
+        while True:
+            await self._kill_verified(name, record)
+            records.append(record)
+            if not record.verified:
+                raise FaultNotApplied(f"kill -9 of {name} (pid {record.pid}) was not seen to take effect")
+            since = record.injected_at or 0.0
+
+            def returned(since: float = since) -> bool:
+                return self._left_down(name) is not None or self.watch.joined_since(name, since) is not None
+
+            await self._until(returned, self._comeback_s)
+            down = self._left_down(name)
+            record.back_at = self.watch.joined_since(name, since)
+            if down is not None or record.back_at is None or len(records) >= fault.max_kills:
+                break
+            record = FaultRecord(fault.kind.value, record.target, component=name)
+            await self._holding(name, 3.0)
+        last = records[-1]
+        last.left_down = down is not None
+        last.left_down_reason = down.reason if down is not None else (
+            f"still restarted after {len(records)} kills" if last.back_at is not None
+            else f"neither back nor left down within {self._comeback_s:g}s")
+        last.healed_at = self.clock()
+        await asyncio.sleep(max(0.0, fault_s - (self.clock() - started)))
+        return records
+
+    async def _holding(self, name: str, timeout_s: float) -> None:
+        """Wait (at most ``timeout_s``) until agent ``name`` holds a request."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            report = await self.watch.stats(name, 1.0)
+            if report is not None and report.batch_size + report.num_waiting > 0:
+                return
+            await asyncio.sleep(0.05)
+
+    async def first_step(self, fault_s: float) -> list[FaultRecord]:
+        """The agents of ``cluster.first_step_faults``: verified once each one's process exited
+        without its instance ever announcing itself ready."""
+        spec = self.cluster.spec
+        records = []
+        for index, how in sorted(spec.first_step_faults.items()):
+            name = f"agent-{index}"
+            records.append(FaultRecord(FaultKind.FIRST_STEP.value, how, component=name,
+                                       injected_at=self.clock()))
+
+        def exits(name: str) -> list[int]:
+            return [c.process.returncode for c in self.cluster.processes.children
+                    if c.name == name and c.process.poll() is not None]
+
+        def all_exited() -> bool:
+            return all(exits(r.component) for r in records)
+
+        await self._until(all_exited, max(fault_s, 30.0))
+        for record in records:
+            codes = exits(record.component)
+            if codes and record.component not in self.watch.joined:
+                record.verified_at = self.clock()
+                record.verified_by = (f"{record.component}'s engine ({record.target} at its first step): "
+                                      f"{len(codes)} exits ({', '.join(map(str, codes[:5]))}), never ready")
+            down = self._left_down(record.component)
+            record.left_down = down is not None
+            record.left_down_reason = down.reason if down is not None else ""
+        injected = records[0].injected_at or 0.0
+        await asyncio.sleep(max(0.0, fault_s - (self.clock() - injected)))
+        if not all(r.verified for r in records):
+            raise FaultNotApplied("an agent with a first-step fault did not exit, or announced itself ready: "
+                                  + ", ".join(r.component for r in records if not r.verified))
+        return records
 
     async def _agents_empty(self, record: FaultRecord, timeout_s: float = 30.0) -> None:
         """How long after the frontend died until no agent holds a request (nothing sends new ones)."""
@@ -443,6 +628,12 @@ async def inject(
     injector = _Injector(cluster, watch, clock, stats_sink)
     if fault.kind is FaultKind.NONE:
         return []
+    if fault.kind is FaultKind.FIRST_STEP:
+        return await injector.first_step(fault_s)
+    if fault.kind is FaultKind.CRASH_LOOP:
+        return await injector.crash_loop(fault, fault_s)
+    if fault.target is Target.AGENTS:
+        return await injector.kill_agents(fault, fault_s)
     if fault.kind is FaultKind.ROLLING_RESTART:
         return await injector.rolling_restart()
     if fault.kind is FaultKind.MIGRATIONS:

@@ -86,6 +86,11 @@ class RequestRecord:
     request_id: str = ""
     #: characters of a greedy answer compared with its no-fault text; None when not compared
     compared_chars: int | None = None
+    #: no end within the load's ``request_timeout_s`` (or still running when the drill ended): it hung
+    timed_out: bool = False
+    #: an ``error``'s source: ``answer`` (the frontend answered with an error status or an error chunk)
+    #: or ``connection`` (refused, reset or broken off: no frontend to answer)
+    error_source: str = ""
     text: str = field(default="", repr=False)
 
     @property
@@ -176,6 +181,7 @@ class LoadGenerator:
         for record in self.records:
             if record.outcome is Outcome.PENDING:
                 record.outcome, record.detail = Outcome.LOST, "still running when the drill ended"
+                record.timed_out = True
 
     # ------------------------------------------------------------------ one request
 
@@ -185,12 +191,16 @@ class LoadGenerator:
                 await self._exchange(record, self._body(record, prompt))
         except TimeoutError:
             record.outcome, record.detail = Outcome.LOST, f"no end within {self.spec.request_timeout_s}s"
+            record.timed_out = True
         except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
             record.outcome, record.detail = Outcome.ERROR, f"connection: {type(exc).__name__}: {exc}"
+            record.error_source = "connection"
         except httpx.TimeoutException as exc:
             record.outcome, record.detail = Outcome.LOST, f"timeout: {type(exc).__name__}"
+            record.timed_out = True
         except httpx.HTTPError as exc:
             record.outcome, record.detail = Outcome.ERROR, f"{type(exc).__name__}: {exc}"
+            record.error_source = "connection"
         record.ended_at = self.clock()
         if record.outcome is Outcome.OK and record.greedy and record.index >= 0:
             self._compare(record)
@@ -225,6 +235,7 @@ class LoadGenerator:
             if response.status_code != 200:
                 record.outcome = _failed(response.status_code)
                 record.detail = f"HTTP {response.status_code}: {_error_message(response.text)}"
+                record.error_source = "answer"
                 return
             data = response.json()
             record.request_id = str(data.get("id", ""))
@@ -242,6 +253,7 @@ class LoadGenerator:
                 await response.aread()
                 record.outcome = _failed(response.status_code)
                 record.detail = f"HTTP {response.status_code}: {_error_message(response.text)}"
+                record.error_source = "answer"
                 return
             parts: list[str] = []
             finish: object = None
@@ -258,6 +270,7 @@ class LoadGenerator:
                 if "error" in chunk:
                     record.outcome = Outcome.ERROR
                     record.detail = f"stream error: {_error_message(payload)}"
+                    record.error_source = "answer"
                     return
                 if not record.request_id and chunk.get("id"):
                     record.request_id = str(chunk["id"])
@@ -273,6 +286,7 @@ class LoadGenerator:
             record.text = "".join(parts)
             if not done:
                 record.outcome, record.detail = Outcome.ERROR, "the stream broke off (no [DONE])"
+                record.error_source = "connection"
                 return
             self._complete(record, finish, usage)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,9 +35,11 @@ from frontend.drill.verdicts import (
     check_log,
     judge,
     latency_summary,
+    ready_intervals,
     rescues,
 )
 from frontend.drill.watch import BusWatch
+from frontend.supervisor import RestartPolicy
 
 __all__ = ["DrillResult", "run_scenario"]
 
@@ -97,6 +100,32 @@ def _recovery(result: DrillResult, watch: BusWatch) -> bool:
     return bool(ok_after)
 
 
+def rescue_bound(scenario: Scenario) -> float:
+    """The frontend's bound on a request no instance can take, in the cluster the drill starts:
+    the scenario's, else ``shoal serve``'s default."""
+    if scenario.cluster.rescue_timeout_s is not None:
+        return scenario.cluster.rescue_timeout_s
+    from frontend.cli_serve import ServeCliConfig
+
+    default = next(f.default for f in dataclasses.fields(ServeCliConfig) if f.name == "rescue_timeout")
+    assert isinstance(default, float)
+    return default
+
+
+def restart_policy(scenario: Scenario) -> RestartPolicy:
+    """The supervision the scenario's cluster gets (``shoal up``'s, with its delay and limit)."""
+    spec = scenario.cluster
+    return RestartPolicy(initial_delay_s=spec.restart_delay_s, max_delay_s=max(30.0, spec.restart_delay_s),
+                         max_restarts=spec.max_restarts)
+
+
+def _kills(faults: list[FaultRecord]) -> list[tuple[float, str]]:
+    """When the drill killed which agent (its readiness ended there)."""
+    kinds = (FaultKind.KILL.value, FaultKind.CRASH_LOOP.value)
+    return [(f.injected_at, f.component) for f in faults
+            if f.kind in kinds and f.component.startswith("agent") and f.injected_at is not None]
+
+
 async def run_scenario(
     scenario: Scenario,
     *,
@@ -121,7 +150,8 @@ async def run_scenario(
             return result
         cluster = against
     else:
-        cluster = DrillCluster(scenario.cluster, log_dir, prefix=prefix)
+        cluster = DrillCluster(scenario.cluster, log_dir, prefix=prefix, supervise=scenario.cluster.supervise,
+                               restart_policy=restart_policy(scenario))
     watch: BusWatch | None = None
     load: LoadGenerator | None = None
     snapshots: dict[str, int] = {}
@@ -138,6 +168,7 @@ async def run_scenario(
             await cluster.start()
         watch = BusWatch(cluster.nats_url, cluster.prefix, clock)
         await watch.start()
+        await watch.seed_from_log()
         greedy = greedy_text(
             scenario.cluster.engine, cluster.model, scenario.load.output_tokens,
             external=not isinstance(cluster, DrillCluster),
@@ -171,6 +202,7 @@ async def run_scenario(
         await load.wait_all(scenario.load.request_timeout_s + 5)
         result.records = load.records
         agent_ids = cluster.live_agents() if isinstance(cluster, DrillCluster) else await cluster.instances()
+        agent_ids = [a for a in agent_ids if a in watch.joined or not isinstance(cluster, DrillCluster)]
         result.agents = await check_agents(watch, agent_ids, settle_s=20.0)
         idle = cluster.idle_timeout_s if isinstance(cluster, DrillCluster) else 60.0
         result.log = await check_log(cluster.nats_url, cluster.prefix, settle_s=idle + 10.0)
@@ -198,6 +230,8 @@ async def run_scenario(
             num_rescues=result.num_rescues,
             num_preemptions=result.num_preemptions,
             greedy_method=None if greedy is None else greedy.method,
+            bound_s=rescue_bound(scenario) if isinstance(cluster, DrillCluster) else None,
+            ready=ready_intervals(watch.lifecycle, _kills(result.faults), clock()),
         )
         result.passed = result.error is None and not any(v.failed for v in result.verdicts)
     except Exception as exc:  # the drill itself failed: report it, clean up below

@@ -82,6 +82,36 @@ class ClusterSpec(_Model):
                                      r"(PreAllocate|Ack|Abort|StageDone|Commit|CommitAck)$")], ...
     ] = ()
     handshake_fault_max: Annotated[int | None, Field(ge=1)] = 1
+    #: restart an agent that exits unexpectedly, with backoff, and leave one that keeps crashing down
+    #: (the supervision ``shoal up`` gives its children); False: a dead agent stays dead
+    supervise: bool = False
+    #: supervision: the first restart's delay (doubling with each exit within the window) and the
+    #: exits within 60 s that leave a component down (``shoal up``: 1 s and 5)
+    restart_delay_s: Annotated[float, Field(ge=0, le=30)] = 1.0
+    max_restarts: Annotated[int, Field(ge=1, le=100)] = 5
+    #: the frontend's bound: a request no instance can take fails with a 503 (or an error event, then
+    #: ``[DONE]``) after this many seconds (``shoal serve --rescue-timeout``); None: its default
+    rescue_timeout_s: Annotated[float | None, Field(gt=0)] = None
+    #: agents (by index) whose engine fails at its first step: ``raise`` (the step raises) or ``exit``
+    #: (the process dies there), ``shoal agent --fault-first-step``; such an agent is never ready
+    first_step_faults: dict[Annotated[int, Field(ge=0)], Literal["raise", "exit"]] = Field(
+        default_factory=dict
+    )
+
+    @model_validator(mode="after")
+    def _faulty_agents_exist(self) -> ClusterSpec:
+        beyond = sorted(i for i in self.first_step_faults if i >= self.instances)
+        if beyond:
+            raise ValueError(f"first_step_faults names agents {beyond}, but the cluster has "
+                             f"{self.instances} (indices 0..{self.instances - 1})")
+        if len(self.first_step_faults) >= self.instances:
+            raise ValueError("first_step_faults: at least one agent must be able to step")
+        return self
+
+    @property
+    def faulty_agent_ids(self) -> list[str]:
+        """The instance ids of the agents whose engine fails at its first step."""
+        return [f"agent-{i}" for i in sorted(self.first_step_faults)]
 
     def on_engine(self, engine: Literal["sim", "torch", "vllm"]) -> ClusterSpec:
         """This cluster with agents of ``engine`` (``shoal drill --engine``), at the pace it had.
@@ -140,6 +170,10 @@ class FaultKind(enum.StrEnum):
     RESET = "reset"  # the chaos proxy resets every connection
     ROLLING_RESTART = "rolling_restart"  # SIGTERM each agent in turn, start a new one after it left
     MIGRATIONS = "migrations"  # start migrations (the cluster's handshake fault plan acts on them)
+    #: kill -9 an agent, and again each time its supervisor brings it back, until it is left down
+    CRASH_LOOP = "crash_loop"
+    #: the agents of ``cluster.first_step_faults`` fail at their first step (set when they start)
+    FIRST_STEP = "first_step"
 
 
 class Target(enum.StrEnum):
@@ -153,11 +187,13 @@ class Target(enum.StrEnum):
     BUS = "bus"  # the chaos proxy in front of NATS
     KV = "kv"  # the chaos proxies in front of the agents' KV transports
     AGENT_BUS = "agent_bus"  # the busiest agent's own link to NATS (a partition of that agent)
+    AGENTS = "agents"  # every agent at once
 
     @property
     def is_agent(self) -> bool:
         return self in (
             Target.AGENT,
+            Target.AGENTS,
             Target.AGENT_IDLE,
             Target.MIGRATION_SOURCE,
             Target.MIGRATION_DESTINATION,
@@ -168,8 +204,9 @@ class Target(enum.StrEnum):
         return self in (Target.MIGRATION_SOURCE, Target.MIGRATION_DESTINATION)
 
 
-_PROCESS_FAULTS = {FaultKind.KILL, FaultKind.STOP, FaultKind.TERM, FaultKind.RESTART}
+_PROCESS_FAULTS = {FaultKind.KILL, FaultKind.STOP, FaultKind.TERM, FaultKind.RESTART, FaultKind.CRASH_LOOP}
 _PROXY_FAULTS = {FaultKind.LATENCY, FaultKind.BLACKHOLE, FaultKind.RESET}
+_UNTARGETED = {FaultKind.NONE, FaultKind.ROLLING_RESTART, FaultKind.MIGRATIONS, FaultKind.FIRST_STEP}
 
 
 class FaultSpec(_Model):
@@ -183,10 +220,12 @@ class FaultSpec(_Model):
     during_migration: bool = False
     #: seconds to wait for the fault's precondition (an idle agent, a migration in flight)
     wait_s: Annotated[float, Field(gt=0)] = 15.0
+    #: crash_loop: kill the agent at most this many times (its supervisor should give up first)
+    max_kills: Annotated[int, Field(ge=1, le=50)] = 10
 
     @model_validator(mode="after")
     def _consistent(self) -> FaultSpec:
-        if self.kind in (FaultKind.NONE, FaultKind.ROLLING_RESTART, FaultKind.MIGRATIONS):
+        if self.kind in _UNTARGETED:
             return self
         if self.target is None:
             raise ValueError(f"a {self.kind.value} fault needs a target")
@@ -195,6 +234,10 @@ class FaultSpec(_Model):
             raise ValueError(f"a {self.kind.value} fault targets 'bus' or 'kv', not {self.target.value!r}")
         if self.kind in _PROCESS_FAULTS and proxy_target:
             raise ValueError(f"a {self.kind.value} fault targets a process, not {self.target.value!r}")
+        if self.target is Target.AGENTS and self.kind is not FaultKind.KILL:
+            raise ValueError(f"every agent at once ('agents') is a kill target, not a {self.kind.value} one")
+        if self.kind is FaultKind.CRASH_LOOP and self.target is not Target.AGENT:
+            raise ValueError(f"a crash_loop fault targets 'agent' (the busiest), not {self.target.value!r}")
         return self
 
 
@@ -217,6 +260,16 @@ class Verdicts(_Model):
     expect_recovery: bool = True
     #: frontend kill: the agents hold none of its requests at most this long after it died
     max_orphan_s: float | None = None
+    #: seconds past the frontend's bound a request may take to end with its error: the frontend first
+    #: has to see its instance die (3 s without a load report) and the machine may be busy
+    hang_margin_s: Annotated[float, Field(ge=0)] = 8.0
+    #: an instance ready this long before a request ended with an error (or was lost), and still
+    #: ready then, could have taken it (the frontend retries a rescue each second)
+    ready_grace_s: Annotated[float, Field(ge=0)] = 3.0
+    #: every killed agent came back by itself (supervision) and announced itself ready again
+    expect_supervised_return: bool = False
+    #: the crash-looping agent was left down by its supervisor
+    expect_left_down: bool = False
 
 
 class Scenario(_Model):
@@ -227,6 +280,21 @@ class Scenario(_Model):
     phases: Phases = Phases()
     fault: FaultSpec = FaultSpec()
     verdicts: Verdicts = Verdicts()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Scenario:
+        kind, cluster, expect = self.fault.kind, self.cluster, self.verdicts
+        if kind is FaultKind.FIRST_STEP and not cluster.first_step_faults:
+            raise ValueError("a first_step fault needs cluster.first_step_faults (which agents: raise, exit)")
+        if cluster.first_step_faults and kind not in (FaultKind.FIRST_STEP, FaultKind.NONE):
+            raise ValueError("cluster.first_step_faults goes with fault.kind first_step (or none)")
+        if kind is FaultKind.CRASH_LOOP and not cluster.supervise:
+            raise ValueError("a crash_loop fault needs cluster.supervise (nothing brings the agent back)")
+        if expect.expect_supervised_return and not cluster.supervise:
+            raise ValueError("verdicts.expect_supervised_return needs cluster.supervise")
+        if expect.expect_left_down and kind is not FaultKind.CRASH_LOOP:
+            raise ValueError("verdicts.expect_left_down goes with a crash_loop fault")
+        return self
 
 
 def _scenario(name: str, description: str, fault: FaultSpec, **fields: object) -> Scenario:
@@ -384,6 +452,38 @@ BUILTIN: dict[str, Scenario] = {
             load={"output_tokens": 128, "rate": 3.0},
             phases={"fault_s": 6.0},
             verdicts={"expect_migration_abort": True, "expect_migration_commit": True},
+        ),
+        _scenario(
+            "all-agents-kill",
+            "kill -9 every agent under load: requests no instance can take fail within the frontend's "
+            "bound with its error, the agents come back by supervision and later requests complete.",
+            FaultSpec(kind=FaultKind.KILL, target=Target.AGENTS),
+            # restarted 6 s after the kill: the requests in flight see no instance for longer than
+            # the frontend takes to notice (3 s) plus its 2 s bound, so they end with its error
+            cluster={"instances": 2, "supervise": True, "restart_delay_s": 6.0, "rescue_timeout_s": 2.0},
+            load={"output_tokens": 96, "request_timeout_s": 30.0},
+            phases={"steady_s": 4.0, "fault_s": 1.0, "recovery_s": 5.0},
+            verdicts={"expect_errors": True, "expect_supervised_return": True},
+        ),
+        _scenario(
+            "agent-crash-loop",
+            "kill -9 the busiest agent each time its supervisor brings it back: it is left down, the "
+            "others serve, its requests are rescued there and none is lost.",
+            FaultSpec(kind=FaultKind.CRASH_LOOP, target=Target.AGENT),
+            cluster={"supervise": True, "rescue_timeout_s": 5.0},
+            load={"output_tokens": 96, "request_timeout_s": 30.0},
+            phases={"steady_s": 4.0, "fault_s": 0.0, "recovery_s": 4.0},
+            verdicts={"expect_rescue": True, "expect_left_down": True},
+        ),
+        _scenario(
+            "engine-cannot-step",
+            "Two of four agents' engines fail at their first step (one raises, one's process dies): "
+            "they are never ready and never given a request; the other two serve.",
+            FaultSpec(kind=FaultKind.FIRST_STEP),
+            cluster={"instances": 4, "supervise": True, "rescue_timeout_s": 5.0,
+                     "first_step_faults": {2: "raise", 3: "exit"}},
+            load={"request_timeout_s": 30.0},
+            phases={"steady_s": 3.0, "fault_s": 3.0, "recovery_s": 3.0},
         ),
         _scenario(
             "rolling-restart",

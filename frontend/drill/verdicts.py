@@ -15,7 +15,15 @@
   no gap; every migration in it has exactly one outcome: one claim on its
   ``.outcome`` subject (commit or abort, first claim wins), or — for one that
   ended before any commit was sent, which claims nothing — an ``Abort``;
-* **recompute**: rescues (the frontend's counter) and preemptions (agents' reports).
+* **recompute**: rescues (the frontend's counter) and preemptions (agents' reports);
+* **the bound**: no request hangs: each ends, and one that ends with an error does so within the
+  frontend's bound on a request no instance can take, plus a margin, of when it was sent or the
+  fault struck (whichever was later);
+* **readiness**: no request ends with an error the frontend answered (or is lost) while an
+  instance had been ready for a grace period and still was (it could have taken it), from the
+  instances' lifecycle the drill saw on the bus and the kills it made; and the log shows no
+  request placed (``RequestPlaced``, ``Dispatched``, ``RequestRescued``) on an instance that had
+  not announced itself ready (``InstanceJoined``), or that had failed or left since.
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ import itertools
 import re
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +43,10 @@ from frontend.drill.faults import FaultRecord
 from frontend.drill.load import Outcome, RequestRecord
 from frontend.drill.scenario import Scenario
 from frontend.drill.watch import BusWatch
+from schemas.decisions import Dispatched
+from schemas.instance import InstanceFailed, InstanceJoined, InstanceLeft
 from schemas.load import LoadReport
+from schemas.requests import RequestPlaced, RequestRescued
 
 __all__ = [
     "AgentCheck",
@@ -43,10 +54,15 @@ __all__ = [
     "Verdict",
     "check_agents",
     "check_log",
+    "check_placements",
     "greedy_verdict",
+    "hang_verdict",
     "judge",
     "latency_summary",
+    "placement_verdict",
+    "ready_intervals",
     "rescues",
+    "takeable_verdict",
 ]
 
 
@@ -73,6 +89,14 @@ class LogCheck:
     without_outcome: list[str] = field(default_factory=list)
     several_outcomes: list[str] = field(default_factory=list)
     abort_reasons: dict[str, int] = field(default_factory=dict)
+    #: placements in the log (``RequestPlaced``, ``Dispatched``, ``RequestRescued``) and those on an
+    #: instance that was not ready then (never announced ``InstanceJoined``, or failed or left since)
+    num_placements: int = 0
+    num_placed_not_ready: int = 0
+    placed_not_ready: list[str] = field(default_factory=list)
+    #: per instance: how often it announced itself ready, how many placements named it
+    joins: dict[str, int] = field(default_factory=dict)
+    placements: dict[str, int] = field(default_factory=dict)
 
     @property
     def folds(self) -> bool:
@@ -115,6 +139,111 @@ def greedy_verdict(records: Sequence[RequestRecord], method: str | None) -> Verd
                        f"{chars} characters to compare", checked=False)
     return Verdict(name, mismatches == 0, f"{mismatches} of {len(compared)} greedy answers differ "
                    f"({chars} characters compared; {len(greedy)} greedy requests); with {method}")
+
+
+def hang_verdict(
+    records: Sequence[RequestRecord], faults: Sequence[FaultRecord], bound_s: float | None, margin_s: float
+) -> Verdict:
+    """Every request ended; one that ended with an error did so within ``bound_s`` + ``margin_s`` of
+    when it was sent or the last fault before its end struck, whichever was later."""
+    name = "no request hanging past the bound"
+    sent = [r for r in records if r.index >= 0]
+    if bound_s is None:
+        return Verdict(name, False, "not checked: the frontend's bound on a request no instance can take "
+                       "is unknown", checked=False)
+    if not sent:
+        return Verdict(name, False, "not checked: no request was sent", checked=False)
+    limit = bound_s + margin_s
+    struck = sorted(f.injected_at for f in faults if f.injected_at is not None)
+    hung = [r for r in sent if r.timed_out or r.ended_at is None]
+    waits: list[tuple[float, RequestRecord]] = []
+    for record in sent:
+        if record.outcome is Outcome.ERROR and record.ended_at is not None:
+            end = record.ended_at
+            start = max([record.sent_at, *(t for t in struck if t <= end)])
+            waits.append((end - start, record))
+    late = [(w, r) for w, r in waits if w > limit]
+    detail = (f"{len(hung)} of {len(sent)} requests without an end; {len(late)} of {len(waits)} errors "
+              f"ended more than {limit:g}s (bound {bound_s:g}s + margin {margin_s:g}s) after they were "
+              "sent or the fault struck")
+    if waits:
+        detail += f"; the longest {max(w for w, _ in waits):.2f}s"
+    examples = [f"#{r.index} {r.detail[:60]}" for r in hung[:2]] + [f"#{r.index} after {w:.1f}s"
+                                                                   for w, r in late[:2]]
+    if examples:
+        detail += f" ({'; '.join(examples)})"
+    return Verdict(name, not hung and not late, detail)
+
+
+def ready_intervals(
+    lifecycle: Sequence[tuple[float, str, str]], kills: Sequence[tuple[float, str]], until: float
+) -> dict[str, list[tuple[float, float]]]:
+    """Per instance, the spans (drill time) it was ready: from its ``joined`` to its ``failed`` or
+    ``left``, or the drill's kill of its process, whichever came first; ``until`` ends an open span."""
+    events = sorted([*lifecycle, *((t, i, "killed") for t, i in kills)])
+    spans: dict[str, list[tuple[float, float]]] = {}
+    opened: dict[str, float] = {}
+    for time_s, instance_id, kind in events:
+        if kind == "joined":
+            opened.setdefault(instance_id, time_s)
+        elif instance_id in opened:
+            spans.setdefault(instance_id, []).append((opened.pop(instance_id), time_s))
+    for instance_id, since in opened.items():
+        spans.setdefault(instance_id, []).append((since, until))
+    return spans
+
+
+def takeable_verdict(
+    records: Sequence[RequestRecord],
+    ready: Mapping[str, Sequence[tuple[float, float]]] | None,
+    grace_s: float,
+    frontend_down: Sequence[tuple[float, float]] = (),
+) -> Verdict:
+    """No request ended with an error or was lost while an instance could have taken it: one ready
+    for ``grace_s`` or more before the request ended and still ready then. Ends while the frontend
+    was down (``frontend_down``: its kill until it answered again) are the frontend's fault's."""
+    name = "none lost where an instance could take it"
+    if ready is None:
+        return Verdict(name, False, "not checked: the instances' readiness was not followed", checked=False)
+    latest = max((b for spans in ready.values() for _, b in spans), default=0.0)
+    failed = [r for r in records if r.index >= 0 and r.outcome in (Outcome.ERROR, Outcome.LOST)]
+    takeable: list[tuple[RequestRecord, str]] = []
+    for record in failed:
+        end = record.ended_at if record.ended_at is not None else latest
+        if any(a <= end <= b for a, b in frontend_down):
+            continue
+        by = sorted(i for i, spans in ready.items() if any(a <= end - grace_s and end <= b for a, b in spans))
+        if by:
+            takeable.append((record, by[0]))
+    detail = (f"{len(takeable)} of {len(failed)} errors and losses ended while an instance had been ready "
+              f"for {grace_s:g}s or more")
+    if takeable:
+        detail += " (" + "; ".join(f"#{r.index} at {r.ended_at or latest:.1f}s, {i} ready: {r.detail[:60]}"
+                                   for r, i in takeable[:3]) + ")"
+    return Verdict(name, not takeable, detail)
+
+
+def _back(fault: FaultRecord) -> str:
+    if fault.back_at is None or fault.injected_at is None:
+        return "not back"
+    return f"ready again {fault.back_at - fault.injected_at:.1f}s after the kill"
+
+
+def _frontend_down(faults: Sequence[FaultRecord]) -> list[tuple[float, float]]:
+    """The spans the frontend was down: from its fault until it answered again (never: to the end)."""
+    return [(f.injected_at, f.back_at if f.back_at is not None else float("inf"))
+            for f in faults if f.component == "frontend" and f.injected_at is not None]
+
+
+def placement_verdict(log: LogCheck) -> Verdict:
+    """The log places no request on an instance that was not ready (never joined, failed or left)."""
+    name = "never dispatched to an instance not ready"
+    if not log.num_placements:
+        return Verdict(name, False, "not checked: the log holds no placement", checked=False)
+    detail = f"{log.num_placed_not_ready} of {log.num_placements} placements on an instance not ready"
+    if log.placed_not_ready:
+        detail += f": {log.placed_not_ready[:3]}"
+    return Verdict(name, log.num_placed_not_ready == 0, detail)
 
 
 #: Abort reasons that say the request ended, not that the fault stopped the migration.
@@ -209,9 +338,11 @@ async def _read_log(nats_url: str, prefix: str) -> LogCheck:
     started: set[str] = set()
     claims: dict[str, list[str]] = {}  # the first-claim-wins outcomes on ``<mig>.outcome``
     aborts: dict[str, str] = {}  # an Abort on the migration's own subject (before any commit: no claim)
+    bodies: list[tuple[int, object]] = []
     for entry in log.events:
         envelope = codec.decode_or_none(entry.data)
         body = None if envelope is None else envelope.body
+        bodies.append((entry.seq, body))
         if isinstance(body, PreAllocate):
             started.add(body.migration_id)
         elif entry.subject.endswith(".outcome") and isinstance(body, CommitAck | Abort):
@@ -220,6 +351,7 @@ async def _read_log(nats_url: str, prefix: str) -> LogCheck:
             )
         elif isinstance(body, Abort):
             aborts.setdefault(body.migration_id, str(body.reason))
+    check_placements(check, bodies)
     check.num_migrations = len(started)
     for migration_id in sorted(started):
         claimed = claims.get(migration_id, [])
@@ -235,6 +367,42 @@ async def _read_log(nats_url: str, prefix: str) -> LogCheck:
             check.aborted += 1
             check.abort_reasons[outcome] = check.abort_reasons.get(outcome, 0) + 1
     return check
+
+
+def check_placements(check: LogCheck, events: Sequence[tuple[int, object]]) -> None:
+    """Fill ``check``'s placements from the log's (seq, body) in order: each placement on an
+    instance that had not announced itself ready (``InstanceJoined``), or had failed or left since,
+    is one on an instance not ready."""
+    state: dict[str, str] = {}  # instance -> "ready" | "failed" | "left" (absent: never ready)
+    for seq, body in events:
+        placed = _placement(body)
+        if isinstance(body, InstanceJoined):
+            state[body.instance_id] = "ready"
+            check.joins[body.instance_id] = check.joins.get(body.instance_id, 0) + 1
+        elif isinstance(body, InstanceFailed | InstanceLeft):
+            if body.instance_id in state:
+                state[body.instance_id] = "failed" if isinstance(body, InstanceFailed) else "left"
+        elif placed is not None:
+            request_id, instance_id, what = placed
+            check.num_placements += 1
+            check.placements[instance_id] = check.placements.get(instance_id, 0) + 1
+            status = state.get(instance_id, "never ready")
+            if status != "ready":
+                check.num_placed_not_ready += 1
+                if len(check.placed_not_ready) < 10:
+                    check.placed_not_ready.append(
+                        f"{what} {request_id} on {instance_id} ({status}, seq {seq})")
+
+
+def _placement(body: object) -> tuple[str, str, str] | None:
+    """(request id, instance id, what) when ``body`` places a request on an instance."""
+    if isinstance(body, RequestPlaced):
+        return body.request_id, body.instance_id, "placed"
+    if isinstance(body, Dispatched):
+        return body.request_id, body.instance_id, "dispatched"
+    if isinstance(body, RequestRescued):
+        return body.request_id, body.new_instance_id, "rescued"
+    return None
 
 
 async def rescues(url: str) -> float | None:
@@ -258,7 +426,12 @@ def judge(
     num_rescues: float | None,
     num_preemptions: int,
     greedy_method: str | None,
+    bound_s: float | None = None,
+    ready: Mapping[str, Sequence[tuple[float, float]]] | None = None,
 ) -> list[Verdict]:
+    """The scenario's verdicts. ``bound_s``: the frontend's bound on a request no instance can take
+    (None: unknown); ``ready``: each instance's spans of readiness (:func:`ready_intervals`; None:
+    not followed)."""
     counts = {o: sum(1 for r in records if r.outcome is o) for o in Outcome}
     expect = scenario.verdicts
     verdicts = [
@@ -278,6 +451,8 @@ def judge(
             f"{counts[Outcome.REJECTED]} rejected with a client error (does the load fit the model?)",
         ),
         greedy_verdict(records, greedy_method),
+        hang_verdict(records, faults, bound_s, expect.hang_margin_s),
+        takeable_verdict(records, ready, expect.ready_grace_s, _frontend_down(faults)),
         Verdict(
             "no block leaked",
             all(
@@ -312,6 +487,27 @@ def judge(
             + (f", several: {log.several_outcomes[:3]}" if log.several_outcomes else ""),
         ),
     ]
+    verdicts.append(placement_verdict(log))
+    faulty = scenario.cluster.faulty_agent_ids
+    if faulty:
+        verdicts.append(Verdict(
+            "an engine that cannot step: never ready, never given a request",
+            not any(log.joins.get(i) or log.placements.get(i) for i in faulty),
+            ", ".join(f"{i} ({scenario.cluster.first_step_faults[int(i.split('-')[1])]}): announced ready "
+                      f"{log.joins.get(i, 0)} times, {log.placements.get(i, 0)} placements" for i in faulty)))
+    if expect.expect_supervised_return:
+        killed = [f for f in faults if f.component.startswith("agent")]
+        verdicts.append(Verdict(
+            "killed agents came back by supervision",
+            bool(killed) and all(f.back_at is not None for f in killed),
+            "; ".join(f"{f.component} " + _back(f) for f in killed) or "no agent killed"))
+    if expect.expect_left_down:
+        last = faults[-1] if faults else None
+        verdicts.append(Verdict(
+            "left down after crash-looping",
+            last is not None and bool(last.left_down),
+            "no crash loop" if last is None else
+            f"{len(faults)} kills of {last.component}; " + (last.left_down_reason or "not left down")))
     acked = [f.events_acked for f in faults if f.events_acked is not None]
     if acked:
         verdicts.append(Verdict("no acknowledged event lost", log.last_seq >= max(acked) and log.folds,

@@ -5,8 +5,10 @@ follows ``<prefix>.ev.>`` as core messages (the events stream stores the same
 messages; the verdicts read the stored log afterwards) and keeps what the
 faults need to pick and verify their targets: migrations in flight with their
 source and destination, instances that report terminating or left, the latest
-lease epoch and when the last dispatch decision was seen. It also asks an
-agent for its usage now (the agent's ``stats`` RPC).
+lease epoch and when the last dispatch decision was seen, and each
+instance's lifecycle as it happened (joined, failed, left: when each
+instance was ready). It also asks an agent for its usage now (the agent's
+``stats`` RPC).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from bus import BusConfig, BusError, JetStreamBus
 from bus.event_loop import cancel_and_wait
 from schemas import Codec, Subjects
 from schemas.decisions import Dispatched
-from schemas.instance import InstanceJoined, InstanceLeft, InstanceTerminating
+from schemas.instance import InstanceFailed, InstanceJoined, InstanceLeft, InstanceTerminating
 from schemas.load import LoadReport
 from schemas.migration import Abort, CommitAck, PreAllocate
 from schemas.rpc import MigrateOut
@@ -53,6 +55,8 @@ class BusWatch:
     left: dict[str, float] = field(default_factory=dict)
     joined: dict[str, float] = field(default_factory=dict)
     dispatches: list[tuple[float, int]] = field(default_factory=list)
+    #: (drill time, instance id, ``joined`` | ``failed`` | ``left``) in the order seen
+    lifecycle: list[tuple[float, str, str]] = field(default_factory=list)
     epoch: int = 0
     _bus: JetStreamBus | None = None
     _task: asyncio.Task[None] | None = None
@@ -113,14 +117,45 @@ class BusWatch:
             self.terminating.setdefault(body.instance_id, now)
         elif isinstance(body, InstanceLeft):
             self.left[body.instance_id] = now
+            self.lifecycle.append((now, body.instance_id, "left"))
         elif isinstance(body, InstanceJoined):
             self.joined[body.instance_id] = now
+            self.lifecycle.append((now, body.instance_id, "joined"))
+        elif isinstance(body, InstanceFailed):
+            self.lifecycle.append((now, body.instance_id, "failed"))
         elif isinstance(body, Dispatched):
             self.epoch = max(self.epoch, body.epoch)
             self.dispatches.append((now, body.epoch))
         epoch = getattr(body, "epoch", None)
         if isinstance(epoch, int):
             self.epoch = max(self.epoch, epoch)
+
+    async def seed_from_log(self) -> None:
+        """Take the instances ready before the watch started from the stored log: each whose last
+        lifecycle event there is ``InstanceJoined`` and that the watch has not seen since counts as
+        joined now."""
+        from scheduler.events_cli import read_live
+
+        log_ = await read_live(self.nats_url, self.prefix, None, None)
+        last: dict[str, str] = {}
+        for entry in log_.events:
+            envelope = self._codec.decode_or_none(entry.data)
+            body = None if envelope is None else envelope.body
+            if isinstance(body, InstanceJoined):
+                last[body.instance_id] = "joined"
+            elif isinstance(body, InstanceFailed | InstanceLeft):
+                last[body.instance_id] = "gone"
+        seen = {i for _, i, _ in self.lifecycle}
+        now = self.clock()
+        for instance_id, state in sorted(last.items()):
+            if state == "joined" and instance_id not in seen:
+                self.joined.setdefault(instance_id, now)
+                self.lifecycle.insert(0, (now, instance_id, "joined"))
+
+    def joined_since(self, instance_id: str, since: float) -> float | None:
+        """When ``instance_id`` announced itself ready at or after ``since`` (None: not yet)."""
+        joins = (t for t, i, kind in self.lifecycle if i == instance_id and kind == "joined" and t >= since)
+        return next(joins, None)
 
     def in_flight(self) -> list[MigrationSeen]:
         return [m for m in self.migrations.values() if m.outcome is None]

@@ -58,6 +58,11 @@ target = "scheduler"
         ('[fault]\nkind = "kill"\n', "fault"),  # a kill needs a target
         ('[fault]\nkind = "latency"\ntarget = "scheduler"\n', "fault"),
         ('[phases]\nsteady_s = "long"\n', "phases.steady_s"),
+        ('[cluster]\ninstances = 2\n[cluster.first_step_faults]\n5 = "exit"\n', "cluster"),  # no agent-5
+        ('[cluster.first_step_faults]\n0 = "hang"\n', "cluster.first_step_faults.0"),
+        ('[fault]\nkind = "stop"\ntarget = "agents"\n', "fault"),  # every agent at once: a kill only
+        ('[fault]\nkind = "crash_loop"\ntarget = "agent"\n', "(top level)"),  # nothing brings it back
+        ('[fault]\nkind = "first_step"\n', "(top level)"),  # which agents?
     ],
 )
 def test_a_bad_scenario_file_is_an_error_naming_the_field(tmp_path: Path, text: str, field: str) -> None:
@@ -106,6 +111,9 @@ def test_the_built_in_suite_covers_each_component_s_kill_stop_and_network_faults
         (FaultKind.BLACKHOLE, Target.BUS),
         (FaultKind.BLACKHOLE, Target.KV),
         (FaultKind.ROLLING_RESTART, None),
+        (FaultKind.KILL, Target.AGENTS),
+        (FaultKind.CRASH_LOOP, Target.AGENT),
+        (FaultKind.FIRST_STEP, None),
     ]:
         assert needed in kinds
 

@@ -6,13 +6,28 @@ import pytest
 
 from agents.engines.sim import SimEngine
 from frontend.detokenize import IncrementalDetokenizer
+from frontend.drill.faults import FaultRecord
 from frontend.drill.greedy import GreedyText, RecordedText, SimTokens
 from frontend.drill.load import LoadGenerator, Outcome, RequestRecord
 from frontend.drill.report import report_dict, verdict_counts
 from frontend.drill.runner import DrillResult
 from frontend.drill.scenario import BUILTIN, LoadSpec
-from frontend.drill.verdicts import LogCheck, Verdict, greedy_verdict, judge
+from frontend.drill.verdicts import (
+    LogCheck,
+    Verdict,
+    check_placements,
+    greedy_verdict,
+    hang_verdict,
+    judge,
+    placement_verdict,
+    ready_intervals,
+    takeable_verdict,
+)
 from schemas import SamplingParams
+from schemas.instance import InstanceFailed
+from schemas.reasons import FailureReason
+from schemas.requests import RequestPlaced, RequestRescued
+from tests.scheduler.events import joined
 
 
 def _abort_verdict(abort_reasons: dict[str, int]) -> Verdict:
@@ -172,3 +187,154 @@ def test_the_suite_counts_per_verdict_how_many_scenarios_checked_and_passed_it()
     counts = report_dict(results)["verdicts"]
     assert counts[_GREEDY] == {"scenarios": 3, "checked": 2, "passed": 1, "failed": 1, "not_checked": 1}
     assert counts["no request lost"]["checked"] == counts["no request lost"]["passed"] == 3
+
+
+# ------------------------------------------------------------------ the bound, readiness, placements
+
+_HANG = "no request hanging past the bound"
+_TAKEABLE = "none lost where an instance could take it"
+_PLACED = "never dispatched to an instance not ready"
+
+
+def _ended(index: int, sent: float, ended: float | None, outcome: Outcome, **fields: object) -> RequestRecord:
+    return RequestRecord(index, sent, False, False, -1, outcome=outcome, ended_at=ended, **fields)  # type: ignore[arg-type]
+
+
+def _kill(component: str, at: float, **fields: object) -> FaultRecord:
+    return FaultRecord("kill", "agents", component=component, injected_at=at, verified_at=at,
+                       verified_by="pid gone", **fields)  # type: ignore[arg-type]
+
+
+def test_a_request_that_fails_within_the_bound_after_the_fault_does_not_hang() -> None:
+    # sent at 1 s, its agent killed at 5 s, the 503 at 11 s: 6 s after the fault, within 2 + 8
+    records = [_ended(0, 1.0, 11.0, Outcome.ERROR, error_source="answer"), _ended(1, 2.0, 4.0, Outcome.OK)]
+    verdict = hang_verdict(records, [_kill("agent-0", 5.0)], 2.0, 8.0)
+    assert verdict.status == "passed", verdict.detail
+    assert "the longest 6.00s" in verdict.detail
+
+
+@pytest.mark.parametrize(
+    ("record", "why"),
+    [
+        # the error came 12 s after the fault: past the 2 s bound plus the 8 s margin
+        (_ended(0, 1.0, 17.0, Outcome.ERROR, error_source="answer"), "1 of 1 errors ended more than 10s"),
+        # no end at all within the load's timeout
+        (_ended(0, 1.0, 61.0, Outcome.LOST, timed_out=True, detail="no end within 60.0s"),
+         "1 of 1 requests without an end"),
+        (_ended(0, 1.0, None, Outcome.LOST, timed_out=True), "1 of 1 requests without an end"),
+    ],
+)
+def test_a_request_that_hangs_past_the_bound_fails_the_verdict(record: RequestRecord, why: str) -> None:
+    verdict = hang_verdict([record], [_kill("agent-0", 5.0)], 2.0, 8.0)
+    assert verdict.status == "failed"
+    assert why in verdict.detail
+
+
+def test_the_hang_verdict_without_a_known_bound_is_not_checked() -> None:
+    verdict = hang_verdict([_ended(0, 1.0, 2.0, Outcome.OK)], [], None, 8.0)
+    assert (verdict.status, verdict.checked) == ("not checked", False)
+    assert hang_verdict([], [], 30.0, 8.0).status == "not checked"
+
+
+def test_readiness_ends_at_a_failure_a_departure_or_a_kill_and_starts_again_at_a_join() -> None:
+    lifecycle = [(0.0, "agent-0", "joined"), (0.0, "agent-1", "joined"), (9.0, "agent-0", "joined"),
+                 (6.0, "agent-1", "failed"), (12.0, "agent-1", "joined"), (14.0, "agent-1", "left")]
+    spans = ready_intervals(lifecycle, [(5.0, "agent-0")], 20.0)
+    assert spans == {"agent-0": [(0.0, 5.0), (9.0, 20.0)], "agent-1": [(0.0, 6.0), (12.0, 14.0)]}
+
+
+def test_an_error_while_another_instance_was_ready_is_one_an_instance_could_have_taken() -> None:
+    ready = {"agent-0": [(0.0, 5.0)], "agent-1": [(0.0, 30.0)]}
+    error = _ended(3, 4.0, 9.0, Outcome.ERROR, error_source="answer", detail="HTTP 503: no instance")
+    verdict = takeable_verdict([error, _ended(4, 1.0, 3.0, Outcome.OK)], ready, 3.0)
+    assert verdict.status == "failed"
+    assert verdict.detail.startswith("1 of 1 errors and losses") and "agent-1 ready" in verdict.detail
+    lost = _ended(5, 4.0, 20.0, Outcome.LOST, detail="truncated without an error")
+    assert takeable_verdict([lost], ready, 3.0).status == "failed"
+
+
+@pytest.mark.parametrize(
+    ("ready", "down", "ended"),
+    [
+        ({"agent-0": [(0.0, 5.0), (12.0, 30.0)]}, [], 9.0),  # every instance down at its end
+        ({"agent-0": [(0.0, 5.0), (12.0, 30.0)]}, [], 13.0),  # back only 1 s before: within the grace
+        ({"agent-0": [(0.0, 30.0)]}, [(8.0, 10.0)], 9.0),  # the frontend itself was down
+    ],
+)
+def test_an_error_no_instance_could_have_taken_passes(
+    ready: dict[str, list[tuple[float, float]]], down: list[tuple[float, float]], ended: float
+) -> None:
+    error = _ended(0, 4.0, ended, Outcome.ERROR, error_source="answer")
+    verdict = takeable_verdict([error], ready, 3.0, down)
+    assert verdict.status == "passed", verdict.detail
+    assert takeable_verdict([error], None, 3.0).status == "not checked"
+
+
+def _log(*bodies: object) -> LogCheck:
+    check = LogCheck()
+    check_placements(check, list(enumerate(bodies, start=1)))
+    return check
+
+
+def _failed(instance_id: str) -> InstanceFailed:
+    return InstanceFailed(instance_id=instance_id, reason=FailureReason.NO_LOAD_REPORT)
+
+
+def _placed(request_id: str, instance_id: str) -> RequestPlaced:
+    return RequestPlaced(request_id=request_id, instance_id=instance_id)
+
+
+def test_a_placement_on_an_instance_never_ready_or_failed_since_fails_the_placement_verdict() -> None:
+    good = _log(joined("agent-0"), _placed("r1", "agent-0"),
+                RequestRescued(request_id="r1", failed_instance_id="agent-9", new_instance_id="agent-0",
+                               num_tokens_kept=3))
+    assert placement_verdict(good).status == "passed"
+    assert good.num_placements == 2 and good.joins == {"agent-0": 1}
+    never = _log(joined("agent-0"), _placed("r1", "agent-1"))
+    failed = _log(joined("agent-0"), _failed("agent-0"),
+                  _placed("r2", "agent-0"))
+    for check, why in ((never, "agent-1 (never ready"), (failed, "agent-0 (failed")):
+        verdict = placement_verdict(check)
+        assert verdict.status == "failed" and why in verdict.detail, verdict.detail
+    rejoined = _log(joined("agent-0"), _failed("agent-0"),
+                    joined("agent-0"), _placed("r3", "agent-0"))
+    assert placement_verdict(rejoined).status == "passed"  # a new incarnation, ready again
+    assert placement_verdict(LogCheck()).status == "not checked"
+
+
+def _scenario_verdicts(name: str, faults: list[FaultRecord], log: LogCheck) -> dict[str, Verdict]:
+    verdicts = judge(BUILTIN[name], [_ended(0, 1.0, 2.0, Outcome.OK)], faults, [], log, recovered=True,
+                     num_rescues=1.0, num_preemptions=0, greedy_method=None, bound_s=2.0,
+                     ready={"agent-0": [(0.0, 30.0)]})
+    return {v.name: v for v in verdicts}
+
+
+def test_an_engine_that_cannot_step_fails_its_verdict_if_it_announced_itself_ready_or_got_a_request() -> None:
+    name = "an engine that cannot step: never ready, never given a request"
+    fine = _scenario_verdicts("engine-cannot-step", [], _log(joined("agent-0"), _placed("r1", "agent-0")))
+    assert fine[name].status == "passed", fine[name].detail
+    ready = _scenario_verdicts("engine-cannot-step", [], _log(joined("agent-3")))
+    assert ready[name].status == "failed" and "agent-3 (exit): announced ready 1 times" in ready[name].detail
+    given = _scenario_verdicts("engine-cannot-step", [], _log(joined("agent-0"), _placed("r1", "agent-2")))
+    assert given[name].status == "failed" and "agent-2 (raise): announced ready 0 times, 1 placements" in (
+        given[name].detail)
+    assert given[_PLACED].status == "failed"
+
+
+def test_agents_killed_together_must_come_back_by_supervision() -> None:
+    name = "killed agents came back by supervision"
+    back = [_kill("agent-0", 5.0, back_at=9.0), _kill("agent-1", 5.0, back_at=9.5)]
+    assert _scenario_verdicts("all-agents-kill", back, LogCheck())[name].status == "passed"
+    one_missing = [_kill("agent-0", 5.0, back_at=9.0), _kill("agent-1", 5.0)]
+    verdict = _scenario_verdicts("all-agents-kill", one_missing, LogCheck())[name]
+    assert verdict.status == "failed" and "agent-1 not back" in verdict.detail
+
+
+def test_a_crash_looping_agent_must_be_left_down() -> None:
+    name = "left down after crash-looping"
+    kills = [_kill("agent-1", t) for t in (5.0, 8.0, 12.0)]
+    kills[-1].left_down, kills[-1].left_down_reason = True, "agent-1 exited 3 times within 60s; left down"
+    assert _scenario_verdicts("agent-crash-loop", kills, LogCheck())[name].status == "passed"
+    kills[-1].left_down, kills[-1].left_down_reason = False, "still restarted after 3 kills"
+    verdict = _scenario_verdicts("agent-crash-loop", kills, LogCheck())[name]
+    assert verdict.status == "failed" and "still restarted" in verdict.detail
