@@ -12,7 +12,10 @@ SIGINT or ``--drain-timeout`` seconds end it with a clean stop at once, and so
 does a SIGTERM that comes because the process that started the agent died
 (``--no-drain-on-term``: SIGTERM stops at once, as SIGINT). ``--fault-*``
 options set the agent's :class:`~agents.config.FaultPlan` (drills and tests:
-lose or repeat handshake messages, slow each stage copy down). ``--ready-file`` writes
+lose or repeat handshake messages, slow each stage copy down, make the engine's first
+step raise or kill the process). The agent is serving once its engine has served a
+warm-up request (:mod:`agents.warm_up`); one that cannot exits 1 (``Error: agent … never
+became ready: …``) without having announced itself. ``--ready-file`` writes
 a small JSON (instance id, transport address) once the agent is serving, for
 scripts and benchmarks that start agents as subprocesses. Tracing follows the
 standard ``OTEL_*`` variables (:mod:`bus.telemetry`), read here and nowhere below.
@@ -35,7 +38,7 @@ from typing import Any
 
 import click
 
-from agents.config import AgentConfig, FaultPlan, StepPace
+from agents.config import AgentConfig, FaultPlan, FirstStepFault, StepPace
 from agents.engines.agent_cli import AgentCliConfig, FaultOptions
 from bus import event_loop
 from bus.cli_config import click_options, from_options
@@ -192,7 +195,9 @@ def fault_plan(options: FaultOptions) -> FaultPlan:
                          duplicate_incoming=options.messages("duplicate", "in"),
                          max_faults=options.fault_max,
                          copy_delay_s=options.fault_copy_delay,
-                         pace=StepPace(options.fault_min_step) if options.fault_min_step else None)
+                         pace=StepPace(options.fault_min_step) if options.fault_min_step else None,
+                         first_step=None if options.fault_first_step is None
+                         else FirstStepFault(options.fault_first_step))
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--fault-*") from None
 
@@ -267,6 +272,7 @@ def _engine(options: AgentCliConfig) -> Any:
 
 async def _run(options: AgentCliConfig, faults: FaultPlan) -> None:
     from agents.agent import Agent
+    from agents.warm_up import WarmUpFailed
     from bus import BusConfig, JetStreamBus, StreamConfig
     from bus.heap import freeze_startup_heap
     from bus.metrics import BusCollector
@@ -288,7 +294,14 @@ async def _run(options: AgentCliConfig, faults: FaultPlan) -> None:
     await bus.connect()
     runner = Agent(engine, bus, config, tracer_provider=provider)
     runner.metrics.registry.register(BusCollector(lambda: bus))
-    await runner.start()
+    try:
+        await runner.start()
+    except WarmUpFailed as exc:
+        log.error("agent %s is not ready: %s", instance_id, exc)
+        if callable(close := getattr(engine, "close", None)):
+            close()
+        await bus.close()
+        raise click.ClickException(f"agent {instance_id} never became ready: {exc}") from None
     freeze_startup_heap()  # the model, the engine and every import: out of later full collections
     log.info(
         "agent %s serving (%s engine, transport %s)",

@@ -8,19 +8,24 @@ outgoing or incoming handshake messages by type name (``"PreAllocate"``,
 slow every stage copy down or hold it until the test releases it, so that
 something can happen in the middle of one, and can pace the engine's steps so
 that a test's request cannot finish before the test has acted on it, however
-fast the engine is.
+fast the engine is. ``first_step`` makes the engine's first step fail, which is
+the warm-up step every agent runs before it announces itself
+(:class:`FirstStepFault`): drills and tests of an engine that cannot compute.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 from dataclasses import dataclass, field
 
 from agents.migration.fsm.config import MigrationConfig
 from scheduler.config import PolicyConfig
 from transport import TransportConfig
 
-__all__ = ["MIGRATION_MESSAGE_TYPES", "AgentConfig", "FaultPlan", "StepPace"]
+__all__ = [
+    "MIGRATION_MESSAGE_TYPES", "AgentConfig", "FaultPlan", "FirstStepFault", "InjectedStepFault", "StepPace",
+]
 
 #: Names a :class:`FaultPlan` may use.
 MIGRATION_MESSAGE_TYPES = frozenset({"PreAllocate", "Ack", "Abort", "StageDone", "Commit", "CommitAck"})
@@ -46,6 +51,24 @@ class StepPace:
         self.min_step_s = 0.0
 
 
+class FirstStepFault(enum.StrEnum):
+    """What the engine's first step (the agent's warm-up step) does instead of computing.
+
+    * ``RAISE``: the step raises :class:`InjectedStepFault`, as an engine whose kernel
+      reports an error would; the agent never announces itself and ``shoal agent`` exits 1.
+    * ``EXIT``: the process dies of ``SIGILL`` (core dumps off), as an engine whose
+      kernel uses an instruction the CPU or the kernel refuses does (exit status -4,
+      shell status 132); nothing runs after it, no goodbye is sent.
+    """
+
+    RAISE = "raise"
+    EXIT = "exit"
+
+
+class InjectedStepFault(RuntimeError):
+    """The engine step a :class:`FaultPlan`'s ``first_step`` made fail."""
+
+
 @dataclass(frozen=True)
 class FaultPlan:
     """Which migration messages to lose or repeat, on the way out or in.
@@ -55,7 +78,8 @@ class FaultPlan:
     transfer on the source, so a test can act while a copy is under way;
     ``copy_gate`` (in-process tests only) holds each stage's transfer until the
     event is set, bounded by the copy timeout. ``pace`` holds the engine's speed
-    down while the test acts (see :class:`StepPace`).
+    down while the test acts (see :class:`StepPace`). ``first_step``: what the
+    engine's first step does instead of computing (see :class:`FirstStepFault`).
     """
 
     drop_outgoing: frozenset[str] = frozenset()
@@ -66,6 +90,7 @@ class FaultPlan:
     copy_delay_s: float = 0.0
     copy_gate: asyncio.Event | None = field(default=None, compare=False)
     pace: StepPace | None = field(default=None, compare=False)
+    first_step: FirstStepFault | None = None
 
     def __post_init__(self) -> None:
         for names in (
@@ -90,6 +115,7 @@ class FaultPlan:
             or self.copy_delay_s
             or self.copy_gate is not None
             or self.pace is not None
+            or self.first_step is not None
         )
 
 
@@ -109,6 +135,8 @@ class AgentConfig:
     * ``orphan_check_interval_s``: how often each live request's token subject is probed for a
       listener (0: never); a request nobody listens to in two probes in a row — its frontend is
       gone — is aborted, so it ends within about twice this (plus ``orphan_probe_timeout_s``).
+    * ``warm_up_timeout_s``: how long the warm-up request (:meth:`agents.service.Agent.start`) may
+      take before the agent gives up starting (a first step may compile kernels).
     """
 
     instance_id: str
@@ -122,6 +150,7 @@ class AgentConfig:
     peer_lookup_timeout_s: float = 2.0
     orphan_check_interval_s: float = 2.0
     orphan_probe_timeout_s: float = 0.5
+    warm_up_timeout_s: float = 300.0
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     migration: MigrationConfig = field(default_factory=MigrationConfig)
     transport: TransportConfig = field(default_factory=lambda: TransportConfig(kind="tcp"))
@@ -136,6 +165,7 @@ class AgentConfig:
             "gradual_report_interval_s",
             "tick_interval_s",
             "peer_lookup_timeout_s",
+            "warm_up_timeout_s",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")

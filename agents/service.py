@@ -1,7 +1,9 @@
 """The agent: one engine, its step loop, its RPCs, its token deltas and load reports.
 
 :class:`Agent` is the shell around an :class:`~agents.engines.protocol.Engine`. Started
-(``await agent.start()``), it announces the instance (``InstanceJoined``), runs
+(``await agent.start()``), it first serves a warm-up request through the engine's own step
+(:mod:`agents.warm_up`; an engine that cannot is never announced), then announces the
+instance (``InstanceJoined``), runs
 the engine step loop without ever waiting on the scheduler, publishes one
 :class:`~schemas.TokenDelta` per request per step on the request's token
 subject, or — for requests whose ``GenerateRequest`` names a ``delta_subject``
@@ -65,6 +67,7 @@ from agents.reporting import (
     urgent_signature,
 )
 from agents.tracing import RequestSpans, parent_context, tracer_from
+from agents.warm_up import inject_first_step_fault, warm_up
 from bus import Bus, BusError, InvalidName, NoResponders, Service
 from bus import tracing as bus_tracing
 from bus.event_loop import cancel_and_wait, wait_event
@@ -155,6 +158,7 @@ class Agent:
         self._work = asyncio.Event()
         self._stopped = asyncio.Event()
         self._stepping = False
+        self._stepped = False  # any engine step yet (the warm-up's is the first)
         self._unpublished: list[tuple[str | None, TokenDelta]] = []  # (batch subject or None, delta)
         #: token subjects of recent requests (building one validates the request id each time)
         self._token_subject = functools.lru_cache(maxsize=4096)(self.subjects.tok)
@@ -222,10 +226,23 @@ class Agent:
         )
 
     async def start(self) -> None:
-        """Open the transport, announce the instance, serve RPCs and start the loops."""
+        """Warm the engine up, open the transport, announce the instance, serve RPCs, start the loops.
+
+        The warm-up (:func:`agents.warm_up.warm_up`: one short request through the engine's own
+        step) comes first: an engine that cannot serve it raises
+        :class:`~agents.warm_up.WarmUpFailed` here, and the instance is never announced, never
+        reports load and is never given a request.
+        """
         if self._started:
             raise RuntimeError("agent already started")
         self._started = True
+        done = await warm_up(
+            self.engine, lambda: self._engine_step(exclusive=True), timeout_s=self.config.warm_up_timeout_s
+        )
+        log.info(
+            "agent %s: warm-up request served (%d tokens in %d steps, %.2f s)",
+            self.instance_id, len(done.token_ids), done.num_steps, done.seconds,
+        )
         self._transport = await open_transport(self.config.transport)
         await self.migration.start()
         await self._append_instance_event(self.joined_event())
@@ -352,14 +369,22 @@ class Agent:
             await asyncio.sleep(0)  # the NATS client's flusher writes them to the socket now
         self.request_spans.step_started()
         if not self._unpublished:
-            return await engine.step_async(exclusive=self.migration.is_idle)
-        step = asyncio.ensure_future(engine.step_async(exclusive=self.migration.is_idle))
+            return await self._engine_step(exclusive=self.migration.is_idle)
+        step = asyncio.ensure_future(self._engine_step(exclusive=self.migration.is_idle))
         await asyncio.sleep(0)  # the step is planned and handed to the engine's process
         try:
             await self._flush_deltas()
         finally:
             result = await step
         return result
+
+    async def _engine_step(self, *, exclusive: bool) -> StepResult:
+        """One step of the engine, the warm-up's and every later one; the first may be a test's fault."""
+        if not self._stepped and (fault := self.config.faults.first_step) is not None:
+            self._stepped = True
+            inject_first_step_fault(fault)
+        self._stepped = True
+        return await self.engine.step_async(exclusive=exclusive)
 
     def _after_step(self, result: StepResult) -> None:
         """Book a completed step's tokens and queue its deltas (sent by :meth:`_flush_deltas`)."""

@@ -44,6 +44,11 @@ class FaultOptions(CliConfig):
     fault_max: int | None = option(
         "--fault-max", default=None, min=0,
         help="Fault injection: affect at most this many messages of each kind.")
+    fault_first_step: Literal["raise", "exit"] | None = option(
+        "--fault-first-step", default=None,
+        help="Fault injection: the engine's first step (the warm-up's, before the agent announces "
+             "itself) raises (the agent exits 1 and is never ready) or kills the process with SIGILL "
+             "(exit -4), as an engine that cannot compute on this machine.")
 
     def validate(self) -> None:
         for name in ("fault_drop", "fault_duplicate"):
