@@ -295,6 +295,7 @@ class DrillCluster:
                 fault_duplicate=tuple(f"{direction}:{kind}" for what, direction, kind in faults
                                       if what == "duplicate"),
                 fault_max=spec.handshake_fault_max if faults else None,
+                fault_first_step=spec.first_step_fault(instance_id),
             ),
             **engine,
         )

@@ -422,12 +422,17 @@ class _Injector:
             if codes and record.component not in self.watch.joined:
                 record.verified_at = self.clock()
                 record.verified_by = (f"{record.component}'s engine ({record.target} at its first step): "
-                                      f"{len(codes)} exits ({', '.join(map(str, codes[:5]))}), never ready")
-            down = self._left_down(record.component)
-            record.left_down = down is not None
-            record.left_down_reason = down.reason if down is not None else ""
+                                      f"exit {codes[0]}, never ready")
         injected = records[0].injected_at or 0.0
         await asyncio.sleep(max(0.0, fault_s - (self.clock() - injected)))
+        if self.cluster.supervisor is not None:  # it crash-loops: wait for the supervisor to give up
+            await self._until(lambda: all(self._left_down(r.component) for r in records), self._comeback_s)
+        for record in records:
+            down = self._left_down(record.component)
+            record.left_down = down is not None if self.cluster.supervisor is not None else None
+            record.left_down_reason = down.reason if down is not None else ""
+            record.notes.append(f"{len(exits(record.component))} exits: {exits(record.component)[:8]}")
+            record.healed_at = self.clock()
         if not all(r.verified for r in records):
             raise FaultNotApplied("an agent with a first-step fault did not exit, or announced itself ready: "
                                   + ", ".join(r.component for r in records if not r.verified))

@@ -113,6 +113,10 @@ class ClusterSpec(_Model):
         """The instance ids of the agents whose engine fails at its first step."""
         return [f"agent-{i}" for i in sorted(self.first_step_faults)]
 
+    def first_step_fault(self, instance_id: str) -> Literal["raise", "exit"] | None:
+        """How agent ``instance_id``'s engine fails at its first step (None: it does not)."""
+        return {f"agent-{i}": how for i, how in self.first_step_faults.items()}.get(instance_id)
+
     def on_engine(self, engine: Literal["sim", "torch", "vllm"]) -> ClusterSpec:
         """This cluster with agents of ``engine`` (``shoal drill --engine``), at the pace it had.
 
@@ -268,7 +272,8 @@ class Verdicts(_Model):
     ready_grace_s: Annotated[float, Field(ge=0)] = 3.0
     #: every killed agent came back by itself (supervision) and announced itself ready again
     expect_supervised_return: bool = False
-    #: the crash-looping agent was left down by its supervisor
+    #: the crash-looping agent (crash_loop), each agent that cannot step (first_step) was left down
+    #: by its supervisor
     expect_left_down: bool = False
 
 
@@ -292,8 +297,10 @@ class Scenario(_Model):
             raise ValueError("a crash_loop fault needs cluster.supervise (nothing brings the agent back)")
         if expect.expect_supervised_return and not cluster.supervise:
             raise ValueError("verdicts.expect_supervised_return needs cluster.supervise")
-        if expect.expect_left_down and kind is not FaultKind.CRASH_LOOP:
-            raise ValueError("verdicts.expect_left_down goes with a crash_loop fault")
+        if expect.expect_left_down and kind not in (FaultKind.CRASH_LOOP, FaultKind.FIRST_STEP):
+            raise ValueError("verdicts.expect_left_down goes with a crash_loop or first_step fault")
+        if expect.expect_left_down and not cluster.supervise:
+            raise ValueError("verdicts.expect_left_down needs cluster.supervise")
         return self
 
 
@@ -470,7 +477,8 @@ BUILTIN: dict[str, Scenario] = {
             "kill -9 the busiest agent each time its supervisor brings it back: it is left down, the "
             "others serve, its requests are rescued there and none is lost.",
             FaultSpec(kind=FaultKind.CRASH_LOOP, target=Target.AGENT),
-            cluster={"supervise": True, "rescue_timeout_s": 5.0},
+            # left down at its third exit within a minute (restarted after 1 s, then 2 s)
+            cluster={"supervise": True, "max_restarts": 3, "rescue_timeout_s": 5.0},
             load={"output_tokens": 96, "request_timeout_s": 30.0},
             phases={"steady_s": 4.0, "fault_s": 0.0, "recovery_s": 4.0},
             verdicts={"expect_rescue": True, "expect_left_down": True},
@@ -478,12 +486,14 @@ BUILTIN: dict[str, Scenario] = {
         _scenario(
             "engine-cannot-step",
             "Two of four agents' engines fail at their first step (one raises, one's process dies): "
-            "they are never ready and never given a request; the other two serve.",
+            "they are never ready, never given a request and left down; the other two serve.",
             FaultSpec(kind=FaultKind.FIRST_STEP),
-            cluster={"instances": 4, "supervise": True, "rescue_timeout_s": 5.0,
+            # each is left down at its third exit within a minute (restarted after 1 s, then 2 s)
+            cluster={"instances": 4, "supervise": True, "max_restarts": 3, "rescue_timeout_s": 5.0,
                      "first_step_faults": {2: "raise", 3: "exit"}},
             load={"request_timeout_s": 30.0},
             phases={"steady_s": 3.0, "fault_s": 3.0, "recovery_s": 3.0},
+            verdicts={"expect_left_down": True},
         ),
         _scenario(
             "rolling-restart",

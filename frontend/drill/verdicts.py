@@ -223,6 +223,11 @@ def takeable_verdict(
     return Verdict(name, not takeable, detail)
 
 
+def _kills_of(fault: FaultRecord, faults: Sequence[FaultRecord]) -> str:
+    kills = sum(f.component == fault.component and f.kind == "crash_loop" for f in faults)
+    return f"killed {kills} times; " if kills else ""
+
+
 def _back(fault: FaultRecord) -> str:
     if fault.back_at is None or fault.injected_at is None:
         return "not back"
@@ -372,15 +377,20 @@ async def _read_log(nats_url: str, prefix: str) -> LogCheck:
 def check_placements(check: LogCheck, events: Sequence[tuple[int, object]]) -> None:
     """Fill ``check``'s placements from the log's (seq, body) in order: each placement on an
     instance that had not announced itself ready (``InstanceJoined``), or had failed or left since,
-    is one on an instance not ready."""
+    is one on an instance not ready. A failure of an earlier incarnation (``InstanceFailed``'s
+    ``incarnation``: the seq of the ``InstanceJoined`` it concerns) leaves the current one ready."""
     state: dict[str, str] = {}  # instance -> "ready" | "failed" | "left" (absent: never ready)
+    incarnation: dict[str, int] = {}  # instance -> the seq of its current InstanceJoined
     for seq, body in events:
         placed = _placement(body)
         if isinstance(body, InstanceJoined):
             state[body.instance_id] = "ready"
+            incarnation[body.instance_id] = seq
             check.joins[body.instance_id] = check.joins.get(body.instance_id, 0) + 1
         elif isinstance(body, InstanceFailed | InstanceLeft):
-            if body.instance_id in state:
+            earlier = isinstance(body, InstanceFailed) and body.incarnation not in (
+                0, incarnation.get(body.instance_id))  # about an incarnation before the current one
+            if body.instance_id in state and not earlier:
                 state[body.instance_id] = "failed" if isinstance(body, InstanceFailed) else "left"
         elif placed is not None:
             request_id, instance_id, what = placed
@@ -502,12 +512,12 @@ def judge(
             bool(killed) and all(f.back_at is not None for f in killed),
             "; ".join(f"{f.component} " + _back(f) for f in killed) or "no agent killed"))
     if expect.expect_left_down:
-        last = faults[-1] if faults else None
+        looped = [f for f in faults if f.left_down is not None]  # a crash loop's last kill, each first-step
         verdicts.append(Verdict(
             "left down after crash-looping",
-            last is not None and bool(last.left_down),
-            "no crash loop" if last is None else
-            f"{len(faults)} kills of {last.component}; " + (last.left_down_reason or "not left down")))
+            bool(looped) and all(f.left_down for f in looped),
+            "; ".join(_kills_of(f, faults) + (f.left_down_reason or f"{f.component} not left down")
+                      for f in looped) or "no crash loop"))
     acked = [f.events_acked for f in faults if f.events_acked is not None]
     if acked:
         verdicts.append(Verdict("no acknowledged event lost", log.last_seq >= max(acked) and log.folds,

@@ -299,6 +299,15 @@ def test_a_placement_on_an_instance_never_ready_or_failed_since_fails_the_placem
     rejoined = _log(joined("agent-0"), _failed("agent-0"),
                     joined("agent-0"), _placed("r3", "agent-0"))
     assert placement_verdict(rejoined).status == "passed"  # a new incarnation, ready again
+    # the first incarnation (joined at seq 1) judged failed after the second joined (seq 2)
+    stale = _log(joined("agent-0"), joined("agent-0"),
+                 InstanceFailed(instance_id="agent-0", reason=FailureReason.NO_LOAD_REPORT, incarnation=1),
+                 _placed("r4", "agent-0"))
+    assert placement_verdict(stale).status == "passed"
+    current = _log(joined("agent-0"), joined("agent-0"),
+                   InstanceFailed(instance_id="agent-0", reason=FailureReason.NO_LOAD_REPORT, incarnation=2),
+                   _placed("r5", "agent-0"))
+    assert placement_verdict(current).status == "failed"
     assert placement_verdict(LogCheck()).status == "not checked"
 
 
@@ -332,9 +341,19 @@ def test_agents_killed_together_must_come_back_by_supervision() -> None:
 
 def test_a_crash_looping_agent_must_be_left_down() -> None:
     name = "left down after crash-looping"
-    kills = [_kill("agent-1", t) for t in (5.0, 8.0, 12.0)]
+    kills = [FaultRecord("crash_loop", "agent", component="agent-1", injected_at=t, verified_at=t)
+             for t in (5.0, 8.0, 12.0)]
     kills[-1].left_down, kills[-1].left_down_reason = True, "agent-1 exited 3 times within 60s; left down"
-    assert _scenario_verdicts("agent-crash-loop", kills, LogCheck())[name].status == "passed"
+    verdict = _scenario_verdicts("agent-crash-loop", kills, LogCheck())[name]
+    assert verdict.status == "passed" and verdict.detail.startswith("killed 3 times; agent-1 exited 3 times")
     kills[-1].left_down, kills[-1].left_down_reason = False, "still restarted after 3 kills"
     verdict = _scenario_verdicts("agent-crash-loop", kills, LogCheck())[name]
     assert verdict.status == "failed" and "still restarted" in verdict.detail
+    # engines that cannot step: each must be left down
+    stepless = [FaultRecord("first_step", how, component=agent, injected_at=3.0, verified_at=4.0,
+                            left_down=True, left_down_reason=f"{agent} exited 3 times within 60s")
+                for agent, how in (("agent-2", "raise"), ("agent-3", "exit"))]
+    assert _scenario_verdicts("engine-cannot-step", stepless, LogCheck())[name].status == "passed"
+    stepless[1].left_down, stepless[1].left_down_reason = False, ""
+    verdict = _scenario_verdicts("engine-cannot-step", stepless, LogCheck())[name]
+    assert verdict.status == "failed" and "agent-3 not left down" in verdict.detail
