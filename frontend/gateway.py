@@ -393,6 +393,8 @@ class RequestStream:
         self.next_rescue_at = 0.0
         #: when a rescue first found no instance (None: none has, or the last one succeeded)
         self.unplaced_since: float | None = None
+        self.unplaced_why = ""
+        self.unplaced_cause = ""
         self.closed = False
         self.close_reason: CloseReason | None = None
         self.finish_reason: FinishReason | None = None
@@ -493,7 +495,9 @@ class RequestStream:
         if now < self.next_rescue_at:
             return
         owner = self.owner_id
-        if owner is not None and (gateway.board.is_failed(owner) or gateway.board.is_silent(owner, now)):
+        if self.unplaced_since is not None:  # a rescue found no instance: try again, whatever the owner does
+            await self.rescue(self.unplaced_cause)
+        elif owner is not None and (gateway.board.is_failed(owner) or gateway.board.is_silent(owner, now)):
             await self.rescue("failed")
         elif now - self.last_progress >= config.stall_timeout:
             await self.rescue("stall")
@@ -509,15 +513,17 @@ class RequestStream:
     async def rescue(self, cause: str) -> None:
         """Continue the request elsewhere from its prompt plus the tokens generated so far.
 
-        When no instance takes it, it is tried again a second later; once ``rescue_timeout`` has
-        passed since the first try that found none, the request is closed as
-        ``CloseReason.NO_INSTANCE`` and a 503 :class:`APIError` raised. A placement in progress
-        is cut off at that bound.
+        The instance it leaves is excluded, on later tries only while the board counts it failed
+        or silent. When no instance takes it, it is tried again a second later; once
+        ``rescue_timeout`` has passed since the first try that found none, the request is closed
+        as ``CloseReason.NO_INSTANCE`` and a 503 :class:`APIError` raised. A placement in
+        progress is cut off at that bound.
         """
         gateway = self.gateway
         bound = gateway.config.rescue_timeout
         failed = self.owner_id or ""
-        if failed:  # it may be alive but stuck (or wrongly presumed dead): stop it producing
+        if failed and self.unplaced_since is None:  # it may be alive but stuck: stop it producing (once:
+            # an agent restarted under its id remembers an abort of a request it never had, and refuses it)
             gateway.fire_and_forget(gateway.send_abort(failed, self.request_id, CloseReason.RESCUED), "abort")
         generated = tuple(self.generated)
         if len(generated) >= self.job.sampling.max_tokens:
@@ -526,12 +532,19 @@ class RequestStream:
         epoch = self.assembler.owner_epoch + 1
         self.assembler.expect_epoch(epoch)
         exclude = tuple(i for i in (failed,) if i)
-        since = self.unplaced_since if self.unplaced_since is not None else gateway.clock()
+        board, now = gateway.board, gateway.clock()
+        if self.unplaced_since is not None and failed and not (
+            board.is_failed(failed) or board.is_silent(failed, now)
+        ):
+            exclude = ()  # it came back (restarted under its id) or was only stalled: it may take it again
+        since = self.unplaced_since if self.unplaced_since is not None else now
         try:
             async with asyncio.timeout(max(since + bound - gateway.clock(), 0.0)):
                 new_owner, _ = await gateway.place(self._request(generated, epoch), exclude)
         except (APIError, TimeoutError) as exc:
-            why = exc.message if isinstance(exc, APIError) else "no instance answered in time"
+            why = exc.message if isinstance(exc, APIError) else (
+                self.unplaced_why or "no instance answered in time")
+            self.unplaced_why, self.unplaced_cause = why, cause
             now = gateway.clock()
             self.unplaced_since = since
             if now - since >= bound:
@@ -546,7 +559,7 @@ class RequestStream:
             log.warning("rescue of %s found no instance; will retry for %.1fs more (%s)",
                         self.request_id, since + bound - now, why)
             return
-        self.unplaced_since = None
+        self.unplaced_since, self.unplaced_why = None, ""
         self.num_rescues += 1
         self.owner_id = new_owner
         self.assembler.expect_epoch(epoch, new_owner)
