@@ -6,7 +6,11 @@ an agent SIGTERM during a migration that drains it by live migration) must pass 
 computed: 0 lost requests, 0 leaked blocks, the log folding from its start, one outcome per migration,
 every greedy answer compared (sim: with the tokens computed from its request id) and equal.
 The greedy-text verdict fails when the sim engine's tokens go wrong after a rescue. A drill stopped
-with SIGINT or SIGTERM leaves no process and no temporary store behind.
+with SIGINT or SIGTERM leaves no process and no temporary store behind. A supervised cluster heals
+or fails fast and says so: every agent killed (the requests no instance can take end with the
+frontend's error within its bound, the agents come back, later requests complete), an agent that
+crash-loops (left down, its requests rescued, nothing lost), agents whose engine cannot step (never
+ready, never given a request, left down).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -174,3 +179,57 @@ def test_an_interrupted_drill_leaves_no_process_or_store_behind(tmp_path: Path, 
     time.sleep(0.5)
     assert not [pid for pid in started if alive(pid)]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("shoal-")]
+
+
+_NEW_VERDICTS = ("no request hanging past the bound", "none lost where an instance could take it",
+                 "never dispatched to an instance not ready", "no block leaked")
+
+
+def _drill(tmp_path: Path, name: str) -> dict[str, Any]:
+    report = tmp_path / "drill.json"
+    done = subprocess.run(
+        [*_SHOAL, "drill", name, "--json", str(report)],
+        capture_output=True,
+        text=True,
+        timeout=150,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+    )
+    assert report.exists(), done.stdout + done.stderr
+    scenario: dict[str, Any] = json.loads(report.read_text())["scenarios"][0]
+    failed = [v for v in scenario["verdicts"] if v["status"] != "passed"]
+    assert scenario["passed"] and not failed and done.returncode == 0, (scenario["error"], failed)
+    statuses = {v["name"]: v["status"] for v in scenario["verdicts"]}
+    assert all(statuses[n] == "passed" for n in _NEW_VERDICTS), statuses
+    assert scenario["requests"]["lost"] == 0 and scenario["requests"]["ok"] > 0
+    assert all(f["verified"] for f in scenario["faults"]) and scenario["faults"]
+    return scenario
+
+
+def test_every_agent_killed_requests_fail_within_the_bound_and_the_agents_come_back(tmp_path: Path) -> None:
+    scenario = _drill(tmp_path, "all-agents-kill")
+    rows = [dict(zip(scenario["timeline"]["columns"], row, strict=True))
+            for row in scenario["timeline"]["rows"]]
+    kill = min(f["injected_at"] for f in scenario["faults"])
+    # the requests running at the kill end with the frontend's error once its 2 s bound has passed
+    in_flight = [r for r in rows if r["sent_s"] < kill and r["outcome"] == "error"]
+    assert in_flight and all("rescue timeout" in r["detail"] for r in in_flight), in_flight
+    assert all(r["ended_s"] - kill < 2.0 + 8.0 for r in in_flight)
+    assert all(f["back_at"] is not None for f in scenario["faults"])
+    assert any(r["outcome"] == "ok" and r["sent_s"] > max(f["back_at"] for f in scenario["faults"])
+               for r in rows)
+
+
+def test_an_agent_that_crash_loops_is_left_down_and_its_requests_are_rescued(tmp_path: Path) -> None:
+    scenario = _drill(tmp_path, "agent-crash-loop")
+    faults = scenario["faults"]
+    assert len(faults) == 3 and faults[-1]["left_down"]
+    assert scenario["rescues"] and scenario["requests"]["error"] == 0
+
+
+def test_agents_whose_engine_cannot_step_are_never_ready_and_never_given_a_request(tmp_path: Path) -> None:
+    scenario = _drill(tmp_path, "engine-cannot-step")
+    log = scenario["log"]
+    assert {"agent-2", "agent-3"}.isdisjoint(log["joins"])
+    assert {"agent-2", "agent-3"}.isdisjoint(log["placements"])
+    assert set(log["placements"]) == {"agent-0", "agent-1"}
+    assert all(f["left_down"] for f in scenario["faults"])
