@@ -99,7 +99,7 @@ def decide(policy: RestartPolicy, exits: Sequence[float], now: float) -> Decisio
 
 
 _SIGNAL_MEANING = {
-    signal.SIGILL: "illegal instruction: the CPU cannot run an instruction the engine's kernels use",
+    signal.SIGILL: "illegal instruction: this CPU lacks an instruction the code uses",
     signal.SIGKILL: "killed, perhaps by the OOM killer",
     signal.SIGSEGV: "segmentation fault",
     signal.SIGBUS: "bus error",
@@ -131,7 +131,7 @@ def advice(name: str, returncode: int, *, engine: str = "") -> str:
     if returncode == -signal.SIGKILL:
         return ("check the kernel log for the OOM killer (dmesg); fewer --instances or less KV "
                 "space (--num-blocks, --kv-cache-bytes) need less memory")
-    return "see the log above for the cause"
+    return "see its log for the cause"
 
 
 class Supervised(Protocol):
@@ -170,6 +170,8 @@ class LeftDown:
 
     def message(self) -> str:
         """The reason, the last lines of the log and where the log is (for a terminal)."""
+        if not self.log_tail.strip():
+            return f"{self.reason}\n{self.log_path} is empty"
         tail = "\n".join(f"  | {line}" for line in self.log_tail.splitlines())
         return f"{self.reason}\nlast lines of {self.log_path}:\n{tail}"
 

@@ -53,7 +53,7 @@ from typing import IO, Any, Literal
 
 import click
 
-from agents.engines.agent_cli import AgentCliConfig, EngineName
+from agents.engines.agent_cli import AgentCliConfig, EngineName, FaultOptions
 from bus.auth import redact_url
 from bus.cli_config import (
     CliConfig,
@@ -201,6 +201,8 @@ def agent_config(up: UpConfig, nats: NatsOptions, instance_id: str, **more: Any)
                       kv_cache_bytes=up.kv_cache_bytes)
     if engine == "torch":
         fields.update(engine_core=up.engine_core)
+    if up.fault_first_step is not None:
+        fields.update(faults=FaultOptions(fault_first_step=up.fault_first_step))
     return AgentCliConfig(**{**fields, **more})
 
 
@@ -291,6 +293,8 @@ class UpConfig(CliConfig):
                                      "down (its reason shows on /health).")
     restart_window: float = option("--restart-window", default=60.0, min=0, min_open=True,
                                    help="Seconds over which --restart-limit counts exits.")
+    fault_first_step: Literal["raise", "exit"] | None = option_like(FaultOptions, "fault_first_step",
+                                                                    hidden=True)
 
     def validate(self) -> None:
         if self.engine == "vllm" and self.model is None:
