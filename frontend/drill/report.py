@@ -80,18 +80,18 @@ def print_report(results: Sequence[DrillResult], console: Console | None = None)
         )
     if len(results) > 1:
         suite = Table(title="drill suite", title_justify="left")
-        for column in ("scenario", "result", "ok", "errors", "lost", "leaked", "recovery s"):
+        for column in ("scenario", "result", "ok", "errors", "lost", "hanging", "leaked", "recovery s"):
             suite.add_column(column)
         for result in results:
             counts = result.counts()
-            leaked = sum(a.num_used_blocks + a.num_reserved_blocks for a in result.agents)
             suite.add_row(
                 result.scenario.name,
                 "[green]PASS[/]" if result.passed else "[red]FAIL[/]",
                 str(counts["ok"]),
                 str(counts["error"]),
                 str(counts["lost"] + counts["pending"]),
-                str(leaked),
+                "-" if result.num_hanging is None else str(result.num_hanging),
+                str(_leaked(result)),
                 _s(result.recovery.get("first_ok_after_fault_s")),
             )
         console.print(suite)
@@ -128,6 +128,10 @@ def _greedy(result: DrillResult) -> dict[str, int]:
     }
 
 
+def _leaked(result: DrillResult) -> int:
+    return sum(a.num_used_blocks + a.num_reserved_blocks for a in result.agents)
+
+
 def _result_dict(result: DrillResult) -> dict[str, Any]:
     return {
         "scenario": result.scenario.model_dump(mode="json"),
@@ -143,6 +147,8 @@ def _result_dict(result: DrillResult) -> dict[str, Any]:
         "recovery": result.recovery,
         "agents": [asdict(a) for a in result.agents],
         "log": None if result.log is None else asdict(result.log),
+        "hanging": result.num_hanging,
+        "leaked_blocks": _leaked(result),
         "rescues": result.num_rescues,
         "preemptions": result.num_preemptions,
         "log_dir": result.log_dir,
@@ -168,6 +174,9 @@ def report_dict(results: Sequence[DrillResult]) -> dict[str, Any]:
         "passed": all(r.passed for r in results),
         "scenarios_passed": sum(r.passed for r in results),
         "scenarios_total": len(results),
+        "requests_lost": sum(r.counts()["lost"] + r.counts()["pending"] for r in results),
+        "requests_hanging": sum(r.num_hanging or 0 for r in results),
+        "blocks_leaked": sum(_leaked(r) for r in results),
         "verdicts": verdict_counts(results),
         "scenarios": [_result_dict(r) for r in results],
     }

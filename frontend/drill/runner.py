@@ -33,6 +33,7 @@ from frontend.drill.verdicts import (
     Verdict,
     check_agents,
     check_log,
+    hanging,
     judge,
     latency_summary,
     ready_intervals,
@@ -58,6 +59,8 @@ class DrillResult:
     agents: list[AgentCheck] = field(default_factory=list)
     log: LogCheck | None = None
     num_rescues: float | None = None
+    #: requests that hung past the frontend's bound (None: the bound is unknown)
+    num_hanging: int | None = None
     num_preemptions: int = 0
     duration_s: float = 0.0
     log_dir: str = ""
@@ -220,6 +223,8 @@ async def run_scenario(
             by_phase[_phase(record, first, last)].append(record)
         result.latency = {name: latency_summary(rs) for name, rs in by_phase.items()}
         recovered = _recovery(result, watch)
+        bound_s = rescue_bound(scenario) if isinstance(cluster, DrillCluster) else None
+        result.num_hanging = hanging(result.records, result.faults, bound_s, scenario.verdicts.hang_margin_s)
         result.verdicts = judge(
             scenario,
             result.records,
@@ -230,7 +235,7 @@ async def run_scenario(
             num_rescues=result.num_rescues,
             num_preemptions=result.num_preemptions,
             greedy_method=None if greedy is None else greedy.method,
-            bound_s=rescue_bound(scenario) if isinstance(cluster, DrillCluster) else None,
+            bound_s=bound_s,
             ready=ready_intervals(watch.lifecycle, _kills(result.faults), clock()),
         )
         result.passed = result.error is None and not any(v.failed for v in result.verdicts)

@@ -57,6 +57,7 @@ __all__ = [
     "check_placements",
     "greedy_verdict",
     "hang_verdict",
+    "hanging",
     "judge",
     "latency_summary",
     "placement_verdict",
@@ -154,14 +155,8 @@ def hang_verdict(
     if not sent:
         return Verdict(name, False, "not checked: no request was sent", checked=False)
     limit = bound_s + margin_s
-    struck = sorted(f.injected_at for f in faults if f.injected_at is not None)
     hung = [r for r in sent if r.timed_out or r.ended_at is None]
-    waits: list[tuple[float, RequestRecord]] = []
-    for record in sent:
-        if record.outcome is Outcome.ERROR and record.ended_at is not None:
-            end = record.ended_at
-            start = max([record.sent_at, *(t for t in struck if t <= end)])
-            waits.append((end - start, record))
+    waits = _error_waits(sent, faults)
     late = [(w, r) for w, r in waits if w > limit]
     detail = (f"{len(hung)} of {len(sent)} requests without an end; {len(late)} of {len(waits)} errors "
               f"ended more than {limit:g}s (bound {bound_s:g}s + margin {margin_s:g}s) after they were "
@@ -173,6 +168,31 @@ def hang_verdict(
     if examples:
         detail += f" ({'; '.join(examples)})"
     return Verdict(name, not hung and not late, detail)
+
+
+def _error_waits(
+    records: Sequence[RequestRecord], faults: Sequence[FaultRecord]
+) -> list[tuple[float, RequestRecord]]:
+    """For each request that ended with an error: how long after it was sent, or after the last
+    fault before its end struck (whichever was later), it ended."""
+    struck = sorted(f.injected_at for f in faults if f.injected_at is not None)
+    waits = []
+    for record in records:
+        if record.outcome is Outcome.ERROR and record.ended_at is not None and record.index >= 0:
+            end = record.ended_at
+            waits.append((end - max([record.sent_at, *(t for t in struck if t <= end)]), record))
+    return waits
+
+
+def hanging(
+    records: Sequence[RequestRecord], faults: Sequence[FaultRecord], bound_s: float | None, margin_s: float
+) -> int | None:
+    """Requests that hung: no end, or an error past ``bound_s`` + ``margin_s`` (None: bound unknown)."""
+    if bound_s is None:
+        return None
+    sent = [r for r in records if r.index >= 0]
+    late = sum(1 for w, _ in _error_waits(sent, faults) if w > bound_s + margin_s)
+    return late + sum(1 for r in sent if r.timed_out or r.ended_at is None)
 
 
 def ready_intervals(

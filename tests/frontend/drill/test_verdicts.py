@@ -13,11 +13,13 @@ from frontend.drill.report import report_dict, verdict_counts
 from frontend.drill.runner import DrillResult
 from frontend.drill.scenario import BUILTIN, LoadSpec
 from frontend.drill.verdicts import (
+    AgentCheck,
     LogCheck,
     Verdict,
     check_placements,
     greedy_verdict,
     hang_verdict,
+    hanging,
     judge,
     placement_verdict,
     ready_intervals,
@@ -357,3 +359,16 @@ def test_a_crash_looping_agent_must_be_left_down() -> None:
     stepless[1].left_down, stepless[1].left_down_reason = False, ""
     verdict = _scenario_verdicts("engine-cannot-step", stepless, LogCheck())[name]
     assert verdict.status == "failed" and "agent-3 not left down" in verdict.detail
+
+
+def test_the_suite_report_counts_hanging_requests_lost_requests_and_leaked_blocks() -> None:
+    records = [_ended(0, 1.0, 17.0, Outcome.ERROR, error_source="answer"),  # 12 s after the fault
+               _ended(1, 1.0, 61.0, Outcome.LOST, timed_out=True), _ended(2, 1.0, 9.0, Outcome.ERROR)]
+    faults = [_kill("agent-0", 5.0)]
+    assert hanging(records, faults, 2.0, 8.0) == 2
+    assert hanging(records, faults, None, 8.0) is None
+    result = DrillResult(BUILTIN["all-agents-kill"], records=records, faults=faults, num_hanging=2,
+                         agents=[AgentCheck("agent-1", True, num_used_blocks=3, num_reserved_blocks=1)])
+    data = report_dict([result, DrillResult(BUILTIN["baseline"])])
+    assert (data["requests_hanging"], data["requests_lost"], data["blocks_leaked"]) == (2, 1, 4)
+    assert data["scenarios"][0]["hanging"] == 2 and data["scenarios"][1]["hanging"] is None
