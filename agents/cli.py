@@ -115,9 +115,13 @@ def build_engine(
             )
         except ValueError as exc:
             raise click.UsageError(f"--engine vllm: {exc}") from exc
+        from agents.engines.vllm_engine.amx import AmxUnavailable
         from agents.engines.vllm_engine.engine import VllmEngine
 
-        return VllmEngine(config)
+        try:
+            return VllmEngine(config)
+        except AmxUnavailable as exc:
+            raise click.ClickException(f"--engine vllm: {exc}") from None
     raise click.BadParameter(f"unknown engine {engine!r}", param_hint="--engine")
 
 

@@ -8,7 +8,9 @@ on the caller's thread, the model execution (``execute_model`` and
 event loop keeps serving during ``step_async``, and one OpenMP team does all
 the model's work). That thread is pinned to ``config.cpus`` with one torch
 thread per CPU when they are given (:mod:`.cpu_binding`: vLLM's own CPU
-binding, which it sets up only for worker processes). Calls that would
+binding, which it sets up only for worker processes). On a CPU with AMX the
+process asks Linux for AMX tiles before the first step (:mod:`.amx`: vLLM's
+bfloat16 attention uses them without asking). Calls that would
 change the batch or free blocks while a step computes (abort, release,
 suspend, resume) are applied when it
 completes, as in the torch engine; the aborted requests' outputs of that step
@@ -62,6 +64,7 @@ from agents.engines.protocol import (
     UnknownRequest,
     expected_step_s,
 )
+from agents.engines.vllm_engine.amx import request_amx_tiles
 from agents.engines.vllm_engine.compat import require_vllm
 from agents.engines.vllm_engine.config import VllmEngineConfig
 from agents.engines.vllm_engine.sampling import migration_blocker, to_vllm_sampling
@@ -208,6 +211,8 @@ class VllmEngine:
         _pin_model_thread(self._model_thread, config.cpus)
         vllm_config = _engine_args(config).create_engine_config(UsageContext.ENGINE_CONTEXT)
         self.vllm_config = vllm_config
+        if version.endswith("+cpu"):  # before any model step: vLLM's bfloat16 attention uses AMX tiles
+            request_amx_tiles(str(vllm_config.model_config.dtype).removeprefix("torch."))
         self.core: Any = EngineCore(vllm_config, Executor.get_class(vllm_config), log_stats=False)
         self.input_processor = InputProcessor(vllm_config, renderer_from_config(vllm_config))
         self._supported_tasks = self.core.get_supported_tasks()
