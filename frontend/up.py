@@ -412,7 +412,8 @@ def _report(supervisor: Supervisor, notices: list[Notice], log_dir: Path) -> Non
 
 
 def _left_down_text(supervisor: Supervisor) -> str:
-    return "\n".join(d.message() for d in supervisor.left_down)
+    """Why each child left down is (their log tails were printed when they were left down)."""
+    return "\n".join(f"{d.reason}; log: {d.log_path}" for d in supervisor.left_down)
 
 
 def _start(cluster: ClusterProcesses, config: UpConfig, log_dir: Path, supervisor: Supervisor,
