@@ -104,8 +104,8 @@ def test_a_failed_child_is_started_again_after_its_delay_and_left_down_when_it_c
     log.write_text("".join(f"line {i}\n" for i in range(40)) + "Illegal instruction (core dumped)\n")
     cluster = FakeCluster(log)
     now = [0.0]
-    supervisor = Supervisor(RestartPolicy(initial_delay_s=1.0, max_delay_s=4.0, max_restarts=3, window_s=60.0),
-                            cluster.spawn, engine="vllm", clock=lambda: now[0])
+    policy = RestartPolicy(initial_delay_s=1.0, max_delay_s=4.0, max_restarts=3, window_s=60.0)
+    supervisor = Supervisor(policy, cluster.spawn, engine="vllm", clock=lambda: now[0])
     supervisor.watch(cluster.spawn("agent-0"))
     assert supervisor.poll() == []  # running: nothing to do
 
@@ -178,3 +178,23 @@ def test_without_a_supervisor_health_has_no_such_reason(tmp_path: Path) -> None:
     assert read_status(tmp_path / "torn.json") == {}
     code, body = health_body(LoadBoard(stale_after=3.0), 0.0, read_status(None))
     assert code == 503 and "left_down" not in body
+
+
+def test_shoal_up_declares_the_policy_and_passes_its_hidden_fault_to_every_agent() -> None:
+    from click.testing import CliRunner
+
+    from bus.cli_config import ConfigError, to_argv
+    from bus.options import NatsOptions
+    from frontend.up import UpConfig, agent_config, up
+
+    help_text = CliRunner().invoke(up, ["--help"]).output
+    assert "--restart-limit" in help_text and "--restart-window" in help_text
+    assert "--fault-first-step" not in help_text  # a test's fault, not a user's option
+    config = UpConfig(engine="sim", fault_first_step="exit", restart_delay=2.0, restart_limit=3)
+    assert config.restart_policy == RestartPolicy(initial_delay_s=2.0, max_delay_s=30.0, max_restarts=3,
+                                                  window_s=60.0)
+    argv = to_argv(agent_config(config, NatsOptions(), "agent-0"))
+    assert argv[argv.index("--fault-first-step") + 1] == "exit"
+    assert "--fault-first-step" not in to_argv(agent_config(UpConfig(engine="sim"), NatsOptions(), "agent-0"))
+    with pytest.raises(ConfigError):
+        UpConfig(restart_delay=10.0, restart_max_delay=5.0)
