@@ -77,7 +77,7 @@ class LoadBoard:
                 self._accepted_at_placement[instance_id] = [
                     (count, blocks) for count, blocks in placed if count > body.num_accepted
                 ]
-        elif isinstance(body, InstanceFailed | InstanceLeft):
+        elif isinstance(body, InstanceFailed | InstanceLeft | InstanceJoined):  # gone, or a new incarnation
             self._accepted_at_placement.pop(instance_id, None)
 
     # -- queries -----------------------------------------------------------

@@ -93,3 +93,20 @@ def test_the_new_incarnations_reports_count_after_the_old_ones_later_reports() -
     assert (load.report_seq, load.num_used_blocks) == (1, 20)
     state = log.load(report("a", 2, running=((0, 2, 40),), accepted=2))
     assert state.instances["a"].load.num_used_blocks == 40
+
+
+def test_the_frontends_bypass_placements_on_the_old_incarnation_do_not_weigh_on_the_new_one() -> None:
+    from frontend.board import LoadBoard
+    from schemas.position import Position
+    from tests.frontend.test_board import _joined, _report
+
+    board = LoadBoard(stale_after=3.0)
+    board.observe(Position("ev", 1), _joined("a"), now=0.0)
+    board.observe(Position("loads", 1), _report("a", 5, used_blocks=10, running=1, accepted=40), now=0.0)
+    for _ in range(3):  # placed while the scheduler was away; the agent died before reporting them
+        board.record_placement("a", 20)
+    assert board.loads(0.5)[0].pending_blocks == 60
+    board.observe(Position("ev", 2), _joined("a"), now=1.0)  # restarted: its counter starts again
+    board.observe(Position("loads", 2), _report("a", 1, used_blocks=0, running=0, accepted=0), now=1.0)
+    [load] = board.loads(1.5)
+    assert (load.report_seq, load.pending_blocks, load.num_used_blocks) == (1, 0, 0)
