@@ -7,6 +7,8 @@ instance can take ends with an error within the rescue bound instead of hanging.
   and serve again; a request sent afterwards completes.
 * The scheduler killed with SIGKILL under streamed load: the streams complete (bypass); it is
   restarted, recovers from the log and places requests again.
+* A scheduler killed again right after its restart (``--restart-limit 2``) is left down; the agents
+  serve on and ``/health`` names it with its exit signal.
 * Agents whose engine dies at its first step (a hidden fault option): none becomes ready;
   ``shoal up`` reports the crash loop (the exit signal, the log's last lines) and exits non-zero.
 """
@@ -283,3 +285,31 @@ def test_agents_that_die_at_their_first_step_are_left_down_and_shoal_up_says_why
             assert f"last lines of {log}:" in output and f"  | {lines[-1]}" in output, output
         else:
             assert f"{log} is empty" in output, output
+
+
+async def test_a_scheduler_that_keeps_dying_is_left_down_and_health_says_why(tmp_path: Path) -> None:
+    """Two SIGKILLs within the window at --restart-limit 2: the scheduler is left down, the agents serve
+    on (bypass), and ``/health`` names it with its signal."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    up = Up(["--engine", "sim", "--instances", "1", "--port", str(port), "--restart-delay", "1",
+             "--restart-limit", "2", "--ready-timeout", "120"], tmp_path / "logs")
+    try:
+        up.wait_line(r"^shoal is serving", 150)
+        first = up.pid("scheduler")
+        os.kill(first, signal.SIGKILL)
+        second = int(up.wait_line(r"^scheduler restarted \(pid (\d+)\)", 30).group(1))
+        os.kill(second, signal.SIGKILL)
+        up.wait_line(r"^scheduler exited 2 times within 60s, last with SIGKILL", 30)
+        async with httpx.AsyncClient(timeout=httpx.Timeout(60.0, connect=10.0)) as http:
+            health = await http.get(f"{url}/health")
+            assert health.status_code == 200, health.text  # the agent still serves
+            reason = health.json()["left_down"]["scheduler"]
+            assert "SIGKILL (killed, perhaps by the OOM killer)" in reason and "left down" in reason
+            payloads, done, _ = await _stream(http, url, 8)
+            assert done and "error" not in payloads[-1]
+        await asyncio.sleep(3)  # the supervisor's policy: nothing starts it again
+        assert _restarted_pids(up, "scheduler") == [second]
+    finally:
+        up.stop()
+    assert up.process.returncode == 0, up.output
