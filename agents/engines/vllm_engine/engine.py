@@ -121,9 +121,26 @@ def _bind_model_thread(cpus: tuple[int, ...]) -> None:
         raise RuntimeError(f"vllm engine: the model thread got {torch.get_num_threads()} torch threads")
 
 
+def _fix_thread_count() -> int:
+    """Runs first on an unpinned model thread: fix its torch (OpenMP) thread count now.
+
+    torch sets a new thread's OpenMP team size lazily, at its first parallel op, to torch's
+    process-wide count (``torch.set_num_threads`` anywhere in the process); until then OpenMP
+    reports its own default (one per CPU). vLLM's CPU attention plans its work with the count
+    OpenMP reports and then checks it while it runs, after torch's ops have changed it: a
+    process whose count was set below the default failed that check
+    (``metadata->thread_num == thread_num``). ``get_num_threads`` applies torch's count first.
+    """
+    import torch
+
+    return torch.get_num_threads()
+
+
 def _pin_model_thread(model_thread: concurrent.futures.ThreadPoolExecutor, cpus: tuple[int, ...]) -> None:
-    """Pin the model thread to ``cpus`` (nothing without CPUs), leaving the other threads as they were."""
+    """Pin the model thread to ``cpus`` (without CPUs: fix its thread count only), leaving the other
+    threads as they were."""
     if not cpus:
+        model_thread.submit(_fix_thread_count).result()
         return
     import torch
 

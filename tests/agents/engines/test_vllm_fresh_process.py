@@ -1,10 +1,15 @@
-"""The vllm engine in bfloat16 (its default dtype) on a CPU that has bfloat16 instructions.
+"""The vllm engine in a fresh interpreter, where process-wide state from other tests cannot hide a fault.
 
-Each case runs in a fresh interpreter: Linux grants AMX tiles per process, so an engine that
-never asks for them can only be caught in a process where nothing else asked first (a vLLM
-``LLM`` or a long prefill in another test would). A short prompt first, as a client's
-``"Hi"``: its attention runs before any AMX matrix multiply, where the process died of SIGILL
-when nobody had asked. Skipped, with the reason, without vLLM or without bfloat16 instructions.
+* bfloat16 (vLLM's default dtype) on a CPU with bfloat16 instructions. Linux grants AMX tiles
+  per process, so an engine that never asks for them can only be caught in a process where
+  nothing else asked first (a vLLM ``LLM`` or a long prefill in another test would). A short
+  prompt first, as a client's ``"Hi"``: its attention runs before any AMX matrix multiply,
+  where the process died of SIGILL when nobody had asked.
+* An unpinned model thread (``--cpu-bind nobind``) in a process whose torch thread count was
+  set below the CPU count (``torch.set_num_threads(1)``, as the torch engine's ``--threads``
+  does): vLLM's CPU attention failed its check of the OpenMP team size.
+
+Skipped, with the reason, without vLLM (and the first without bfloat16 instructions).
 """
 
 from __future__ import annotations
@@ -79,6 +84,35 @@ def test_the_vllm_engine_serves_greedy_requests_in_bfloat16_from_a_short_first_p
     assert len(short) == len(longer) == 8 and all(0 <= t < 512 for t in short + longer)
     assert short == again  # greedy: the same prompt gives the same tokens
     assert report["free"] == report["total"]  # every block back in the pool
+
+
+_UNPINNED = """
+import sys, torch
+torch.set_num_threads(1)
+from agents.engines.vllm_engine.engine import VllmEngine
+from schemas import SamplingParams
+
+engine = VllmEngine(sys.argv[1], num_blocks=16, kv_cache_bytes=32 * 2**20, max_model_len=256, dtype="float32")
+engine.add_request("r", tuple(range(3, 40)), SamplingParams(max_tokens=4, ignore_eos=True))
+tokens = []
+while engine.has_unfinished():
+    for output in engine.step().outputs:
+        tokens.extend(output.token_ids)
+print("RESULT", len(tokens), flush=True)
+engine.shutdown()
+"""
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(vllm_unavailable_reason() is not None, reason=vllm_unavailable_reason() or "")
+def test_an_unpinned_engine_serves_after_torch_threads_were_set_below_the_cpu_count(tmp_path: Path) -> None:
+    checkpoint = build_checkpoint(tmp_path / "llama")
+    result = subprocess.run(
+        [sys.executable, "-c", _UNPINNED, str(checkpoint)],
+        capture_output=True, text=True, timeout=600, check=False, cwd=Path(__file__).resolve().parents[3],
+    )  # fmt: skip
+    assert result.returncode == 0, f"exit {result.returncode}:\n{result.stderr[-3000:]}"
+    assert "RESULT 4" in result.stdout
 
 
 @pytest.mark.unit
