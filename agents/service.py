@@ -236,6 +236,11 @@ class Agent:
         if self._started:
             raise RuntimeError("agent already started")
         self._started = True
+        log.info(
+            "agent %s: warm-up request (%s engine, %s); a process that dies now cannot compute here%s",
+            self.instance_id, self.engine.info.engine, self.engine.info.model.dtype or "its dtype",
+            "" if self.engine.info.model.dtype in ("float32", "") else " in this dtype: try --dtype float32",
+        )
         done = await warm_up(
             self.engine, lambda: self._engine_step(exclusive=True), timeout_s=self.config.warm_up_timeout_s
         )

@@ -145,7 +145,7 @@ def _agent_argv(nats_url: str, prefix: str, instance_id: str, ready: Path, *extr
     ("fault", "status", "says"),
     [
         ("raise", 1, "never became ready: the engine's step failed on the warm-up request"),
-        ("exit", -signal.SIGILL, ""),
+        ("exit", -signal.SIGILL, "warm-up request (sim engine, float32); a process that dies now"),
     ],
 )
 async def test_shoal_agent_whose_engine_cannot_step_ends_and_is_never_ready(
