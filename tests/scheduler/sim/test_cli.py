@@ -22,7 +22,7 @@ SINGLE_RUN_KEYS = {
 def test_one_run_writes_the_json_document_and_plots(tmp_path: Path) -> None:
     out = tmp_path / "run.json"
     result = CliRunner().invoke(cli, [
-        "simulate", "--trace", "azure-conv", "--requests", "150", "--rate", "4", "--instances", "4",
+        "simulate", "--trace", "azure-conv", "--requests", "50", "--rate", "4", "--instances", "4",
         "--high-share", "0.2", "--json", str(out), "--plots", str(tmp_path / "plots"), "--quiet",
         "--autoscale", "--sustain-s", "1", "--startup-delay-s", "2", "--max-instances", "6",
     ])
@@ -32,7 +32,7 @@ def test_one_run_writes_the_json_document_and_plots(tmp_path: Path) -> None:
     assert SINGLE_RUN_KEYS <= set(data)
     assert set(data["by_priority"]) == {"high", "normal"}
     assert set(LATENCY_KEYS) <= set(data["by_priority"]["high"])
-    assert data["policy"] == "shoal" and data["num_finished"] + data["rejected"] == 150
+    assert data["policy"] == "shoal" and data["num_finished"] + data["rejected"] == 50
     assert (tmp_path / "plots" / "fragmentation.png").stat().st_size > 1000
     assert (tmp_path / "plots" / "instances.png").stat().st_size > 1000
 
@@ -55,7 +55,7 @@ def test_sweep_runs_every_rate_and_policy_and_plots(tmp_path: Path) -> None:
     prefix = tmp_path / "sweep" / "mm"
     result = CliRunner().invoke(cli, [
         "simulate", "sweep", "--workload", "M-M", "--rates", "2,4", "--policies", "infaas,shoal",
-        "--requests", "80", "--instances", "2", "--out", str(prefix), "--quiet",
+        "--requests", "30", "--instances", "2", "--out", str(prefix), "--quiet",
     ])
     assert result.exit_code == 0, result.output
     points = json.loads(prefix.with_suffix(".json").read_text())
@@ -73,7 +73,7 @@ def test_unknown_policy_is_a_usage_error() -> None:
 def test_several_policies_compare_on_one_workload(tmp_path: Path) -> None:
     out = tmp_path / "both.json"
     result = CliRunner().invoke(cli, [
-        "simulate", "--mix", "L-L", "--rate", "6", "--requests", "120", "--instances", "3",
+        "simulate", "--mix", "L-L", "--rate", "6", "--requests", "40", "--instances", "3",
         "--policy", "infaas,shoal", "--json", str(out), "--quiet",
     ])
     assert result.exit_code == 0, result.output
@@ -87,7 +87,7 @@ def test_sweep_over_seeds_writes_medians_and_finds_the_knee(tmp_path: Path) -> N
     prefix = tmp_path / "seeds" / "mm"
     result = CliRunner().invoke(cli, [
         "simulate", "sweep", "--workload", "M-M", "--rates", "2,40", "--policies", "infaas",
-        "--requests", "60", "--instances", "2", "--seeds", "0,1,2", "--out", str(prefix), "--quiet",
+        "--requests", "20", "--instances", "2", "--seeds", "0,1,2", "--out", str(prefix), "--quiet",
         "--no-plot",
     ])
     assert result.exit_code == 0, result.output

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from agents.engines.profile import load_profile
@@ -12,8 +14,9 @@ from scheduler.config import PairingConfig
 from scheduler.sim.config import MigrationModel, SimConfig, policy_setup
 from scheduler.sim.instance import SimInstance
 from scheduler.sim.simulator import Simulator, simulate
-from scheduler.sim.workload import SimRequest, Workload, synthetic_workload
+from scheduler.sim.workload import SimRequest, Workload
 from schemas.reasons import MigrationAbortReason
+from tests.scheduler.sim.overloaded import PaperRun
 
 TINY = load_profile("tiny-test")  # 64 blocks of 4 tokens, 1 KiB each; steps of 1-3 ms
 
@@ -71,11 +74,8 @@ def test_a_destination_that_leaves_fails_the_migration_and_the_request_finishes_
     assert survivor.num_migrating_out == 0 and survivor.num_free_blocks == TINY.num_blocks
 
 
-def test_a_run_reports_started_aborted_reasons_and_bytes_copied() -> None:
-    workload = synthetic_workload(400, 12.0, mix="L-L", seed=3)
-    config = SimConfig(setup=policy_setup("llumnix"), num_instances=4, record_migrations=True)
-    sim = Simulator(config, workload)
-    result = sim.run()
+def test_a_run_reports_started_aborted_reasons_and_bytes_copied(overloaded_paper_run: PaperRun) -> None:
+    sim, result = overloaded_paper_run.sim, overloaded_paper_run.result
     assert result.migrations_started == result.migrations + result.migrations_aborted
     assert sum(result.migration_abort_reasons.values()) == result.migrations_aborted
     assert MigrationAbortReason.OUT_OF_BLOCKS in result.migration_abort_reasons
@@ -94,17 +94,37 @@ def test_a_run_reports_started_aborted_reasons_and_bytes_copied() -> None:
         assert key in document
 
 
-def test_shoal_pairs_only_destinations_with_room_and_moves_a_request_at_most_three_times() -> None:
-    workload = synthetic_workload(400, 12.0, mix="L-L", seed=3)
-    no_room = (MigrationAbortReason.OUT_OF_BLOCKS, MigrationAbortReason.TOO_MANY_INCOMING)
-    paper = simulate(SimConfig(setup=policy_setup("llumnix"), num_instances=4), workload)
-    shoal = simulate(SimConfig(setup=policy_setup("shoal"), num_instances=4), workload)
-    assert sum(paper.migration_abort_reasons.get(r, 0) for r in no_room) > 0
-    assert shoal.migrations > 0 and shoal.num_finished == 400
-    assert sum(shoal.migration_abort_reasons.get(r, 0) for r in no_room) == 0
+def test_shoal_pairs_only_destinations_with_room_and_moves_a_request_at_most_three_times(
+    overloaded_paper_run: PaperRun,
+) -> None:
+    workload, config = overloaded_paper_run.workload, overloaded_paper_run.config
+    no_room = {MigrationAbortReason.OUT_OF_BLOCKS, MigrationAbortReason.TOO_MANY_INCOMING}
+    paper = overloaded_paper_run.result
+    assert paper.migration_abort_reasons[MigrationAbortReason.OUT_OF_BLOCKS] > 10
+    shoal = simulate(replace(config, setup=policy_setup("shoal")), workload)
+    assert shoal.migrations > 0 and shoal.num_finished == len(workload.requests)
+    assert not no_room & set(shoal.migration_abort_reasons)
     assert shoal.max_migrations_per_request <= 3 and shoal.churn == 0
-    assert sum(shoal.migrations_per_request.values()) == 400
+    assert sum(shoal.migrations_per_request.values()) == len(workload.requests)
     assert sum(int(k) * n for k, n in shoal.migrations_per_request.items()) == shoal.migrations
+    # the room check is what spares the destinations: the paper's rules with it alone
+    room_checked = policy_setup("llumnix", pairing=PairingConfig(room_check=True, min_room_blocks=1))
+    checked = simulate(replace(config, setup=room_checked), workload)
+    assert checked.migrations > 0 and not no_room & set(checked.migration_abort_reasons)
+
+    # one long request on two tiny instances, paired back and forth every 20 ms: the paper's
+    # rules move it again and again, shoal's three times
+    def moves(setup_name: str) -> int:
+        band = PairingConfig(low_freeness=60, high_freeness=63)
+        ping_pong = SimConfig(setup=policy_setup(setup_name, pairing=band), profile=TINY, num_instances=2,
+                              pairing_interval_s=0.02, report_interval_s=0.02)
+        sim = Simulator(ping_pong, _long_request())
+        sim.run()
+        assert sim.records["long"].num_output_tokens == 150
+        return sim.records["long"].num_migrations
+
+    assert moves("llumnix") > 10
+    assert moves("shoal") == 3
 
 
 def test_a_paced_stage_copy_takes_one_over_the_share_longer_and_the_downtime_does_not_change() -> None:

@@ -43,7 +43,7 @@ def _report(instance_id: str, seq: int, used: int, running: int, accepted: int) 
 
 def test_a_simulated_runs_recorded_inputs_replay_to_identical_decisions() -> None:
     scaling = ScalingConfig(sustain_s=2.0, min_instances=2, max_instances=6)
-    workload = with_priorities(synthetic_workload(400, 9.0, mix="L-L", seed=11), 0.1, seed=11)
+    workload = with_priorities(synthetic_workload(100, 9.0, mix="L-L", seed=11), 0.1, seed=11)
     config = SimConfig(
         setup=policy_setup("shoal", scaling=scaling), num_instances=4, autoscale=True,
         startup_delay_s=3.0, record_policy_log=True,
@@ -63,7 +63,7 @@ def test_a_simulated_runs_recorded_inputs_replay_to_identical_decisions() -> Non
 
 
 def test_replay_with_a_different_policy_decides_differently() -> None:
-    workload = synthetic_workload(200, 9.0, mix="L-L", seed=11)
+    workload = synthetic_workload(60, 9.0, mix="L-L", seed=11)
     config = SimConfig(setup=policy_setup("shoal"), num_instances=4, record_policy_log=True)
     sim = Simulator(config, workload)
     sim.run()
@@ -110,15 +110,15 @@ def test_log_entries_keep_the_order_of_calls() -> None:
 
 
 def test_a_run_that_moves_queued_requests_replays_to_identical_decisions() -> None:
-    # L-L overloads 4 instances: queues stall and queued requests move (each logged as a dispatch
+    # L-L overloads 3 instances: queues stall and queued requests move (each logged as a dispatch
     # of the request with its stalled instance excluded); the replay recomputes every decision.
-    workload = synthetic_workload(300, 9.0, mix="L-L", seed=3)
+    workload = synthetic_workload(150, 6.0, mix="L-L", seed=0)
     config = SimConfig(
-        setup=policy_setup("shoal"), num_instances=4, record_policy_log=True, requeue_after_s=1.0
+        setup=policy_setup("shoal"), num_instances=3, record_policy_log=True, requeue_after_s=1.0
     )
     sim = Simulator(config, workload)
     result = sim.run()
-    assert result.requeues > 0 and result.num_finished == 300
+    assert result.requeues > 0 and result.num_finished == 150
     assert sim.log is not None
     moves = [e for e in sim.log.entries if isinstance(e, DispatchCall) and e.request.exclude]
     assert len(moves) == result.requeues
@@ -142,7 +142,7 @@ def test_a_run_under_a_report_driven_rule_reports_its_input_and_replays_to_ident
     # 4 instances; the replay of the policy log recomputes every decision.
     from scheduler.config import DispatchPolicy
 
-    workload = synthetic_workload(300, rate, mix=mix, seed=3)
+    workload = synthetic_workload(100, rate, mix=mix, seed=3)
     config = SimConfig(
         setup=policy_setup("shoal", dispatch=DispatchPolicy(policy)),
         num_instances=4,
@@ -150,7 +150,7 @@ def test_a_run_under_a_report_driven_rule_reports_its_input_and_replays_to_ident
     )
     sim = Simulator(config, workload)
     result = sim.run()
-    assert result.num_finished == 300
+    assert result.num_finished == 100
     assert sim.log is not None
     reported = [
         body

@@ -27,9 +27,10 @@ from scheduler.config import PairingConfig
 from scheduler.sim.config import MigrationModel, SimConfig, policy_setup
 from scheduler.sim.migration_shell import SimMigration
 from scheduler.sim.simulator import Simulator
-from scheduler.sim.workload import SimRequest, Workload, synthetic_workload
+from scheduler.sim.workload import SimRequest, Workload
 from schemas import GenerateRequest
 from tests.agents.agent_cluster import agent_cluster, fast_agent_config, greedy, sim_engine
+from tests.scheduler.sim.overloaded import PaperRun
 
 #: Two stages: stage 0 while the request decodes, then the last one, suspended.
 TWO_STAGES = MigrationConfig(
@@ -63,12 +64,10 @@ def _ping_pong(config: MigrationConfig, handshake_s: float = 0.002) -> Simulator
     return simulator
 
 
-def test_every_simulated_migration_replays_through_the_agents_machines() -> None:
-    workload = synthetic_workload(400, 12.0, mix="L-L", seed=3)
-    simulator = Simulator(
-        SimConfig(setup=policy_setup("llumnix"), num_instances=4, record_migrations=True), workload
-    )
-    result = simulator.run()
+def test_every_simulated_migration_replays_through_the_agents_machines(
+    overloaded_paper_run: PaperRun,
+) -> None:
+    simulator, result = overloaded_paper_run.sim, overloaded_paper_run.result
     finished = simulator.migrations.finished
     assert result.migrations > 0 and result.migrations_aborted > 0
     assert len(finished) == result.migrations_started == result.migrations + result.migrations_aborted

@@ -12,6 +12,7 @@ from scheduler.sim.config import MigrationModel, SimConfig, policy_setup
 from scheduler.sim.metrics import CHURN_THRESHOLD, fragmentation_share
 from scheduler.sim.simulator import Simulator, simulate
 from scheduler.sim.workload import SimRequest, Workload, synthetic_workload, with_priorities
+from tests.scheduler.sim.overloaded import PaperRun
 
 TINY = load_profile("tiny-test")  # 64 blocks x 4 tokens
 
@@ -28,10 +29,10 @@ def _workload(*requests: tuple[float, int, int], priority: int = 0) -> Workload:
 
 
 def test_every_request_finishes_with_its_output_length_and_sane_latencies() -> None:
-    workload = synthetic_workload(300, 3.0, mix="M-M", seed=4)
+    workload = synthetic_workload(100, 3.0, mix="M-M", seed=4)
     sim = Simulator(SimConfig(setup=policy_setup("shoal"), num_instances=4), workload)
     result = sim.run()
-    assert result.num_finished == 300 and result.rejected == 0
+    assert result.num_finished == 100 and result.rejected == 0
     for request in workload.requests:
         record = sim.records[request.request_id]
         assert record.num_output_tokens == request.num_output_tokens
@@ -42,11 +43,12 @@ def test_every_request_finishes_with_its_output_length_and_sane_latencies() -> N
     assert result.instances_mean == pytest.approx(4.0)
 
 
-def test_a_run_is_deterministic() -> None:
-    workload = synthetic_workload(200, 6.0, mix="S-L", seed=1)
-    config = SimConfig(setup=policy_setup("llumnix"), num_instances=4)
-    a, b = simulate(config, workload), simulate(config, workload)
-    assert a.to_dict(series=True) | {"wall_s": 0} == b.to_dict(series=True) | {"wall_s": 0}
+def test_a_run_is_deterministic(overloaded_paper_run: PaperRun) -> None:
+    # a run with migrations (committed and aborted), preemptions and queues, made again
+    first = overloaded_paper_run
+    assert first.result.migrations and first.result.migrations_aborted and first.result.preemptions
+    again = simulate(first.config, first.workload)
+    assert first.result.to_dict(series=True) | {"wall_s": 0} == again.to_dict(series=True) | {"wall_s": 0}
 
 
 def test_prompts_beyond_capacity_are_rejected_and_counted() -> None:
@@ -69,14 +71,12 @@ def test_preemptions_are_counted_with_their_loss() -> None:
     assert result.preemptions > 0 and result.preemption_loss_s > 0
 
 
-def test_migration_moves_requests_off_an_overloaded_instance() -> None:
+def test_migration_moves_requests_off_an_overloaded_instance(overloaded_paper_run: PaperRun) -> None:
     # Round-robin-free setup: llumnix dispatch packs nothing, so build imbalance with time:
     # long requests land on both instances, then one finishes early and its peer migrates to it.
-    workload = synthetic_workload(400, 12.0, mix="L-L", seed=3)
-    config = SimConfig(setup=policy_setup("llumnix"), num_instances=4)
-    sim = Simulator(config, workload)
-    result = sim.run()
-    assert result.migrations > 0 and result.num_finished == 400
+    workload, config, sim, result = (overloaded_paper_run.workload, overloaded_paper_run.config,
+                                     overloaded_paper_run.sim, overloaded_paper_run.result)
+    assert result.migrations > 0 and result.num_finished == len(workload.requests)
     moved = [r for r in sim.records.values() if r.num_migrations > 0]
     # every completed migration is counted on the request it moved, some requests more than once
     assert sum(r.num_migrations for r in moved) == result.migrations
@@ -89,19 +89,18 @@ def test_migration_moves_requests_off_an_overloaded_instance() -> None:
     assert baseline.migrations == 0
 
 
-def test_slower_migration_bandwidth_lengthens_downtime() -> None:
-    workload = synthetic_workload(300, 12.0, mix="L-L", seed=3)
-    fast = simulate(SimConfig(setup=policy_setup("llumnix"), num_instances=4), workload)
+def test_slower_migration_bandwidth_lengthens_downtime(overloaded_paper_run: PaperRun) -> None:
+    fast = overloaded_paper_run.result  # 10 GB/s
     slow_model = MigrationModel(bandwidth_bytes_per_s=0.5e9)
-    slow = simulate(SimConfig(setup=policy_setup("llumnix"), num_instances=4, migration=slow_model), workload)
+    slow = simulate(replace(overloaded_paper_run.config, migration=slow_model), overloaded_paper_run.workload)
     assert fast.migrations > 0 and slow.migrations > 0
     assert slow.migration_downtime_mean_s > fast.migration_downtime_mean_s
 
 
 def test_high_priority_requests_get_ahead_only_with_priorities() -> None:
-    workload = with_priorities(synthetic_workload(400, 40.0, mix="M-M", seed=5), 0.2, seed=5)
-    with_prio = simulate(SimConfig(setup=policy_setup("llumnix"), num_instances=2), workload)
-    without = simulate(SimConfig(setup=policy_setup("llumnix-base"), num_instances=2), workload)
+    workload = with_priorities(synthetic_workload(200, 40.0, mix="M-M", seed=5), 0.2, seed=5)
+    with_prio = simulate(SimConfig(setup=policy_setup("llumnix"), num_instances=1), workload)
+    without = simulate(SimConfig(setup=policy_setup("llumnix-base"), num_instances=1), workload)
     assert with_prio.by_priority["high"].ttft_mean_s < without.by_priority["high"].ttft_mean_s
     assert with_prio.by_priority["high"].ttft_mean_s < with_prio.by_priority["normal"].ttft_mean_s
 
@@ -109,13 +108,13 @@ def test_high_priority_requests_get_ahead_only_with_priorities() -> None:
 def test_autoscaling_sheds_idle_instances_and_pays_the_cold_start() -> None:
     scaling = ScalingConfig(min_freeness=10, max_freeness=60, sustain_s=2.0, min_instances=1, max_instances=4)
     setup = policy_setup("shoal", scaling=scaling)
-    light = synthetic_workload(200, 0.5, mix="S-S", seed=2)
+    light = synthetic_workload(40, 0.5, mix="S-S", seed=2)
     result = simulate(SimConfig(setup=setup, num_instances=4, autoscale=True), light)
-    assert result.num_finished == 200
+    assert result.num_finished == 40
     assert result.instances_mean < 2.5
     assert min(n for _, n in result.instances_series) == 1
     # a burst on one instance makes it scale up; the new instance joins after the start-up delay
-    burst = synthetic_workload(600, 30.0, mix="L-L", seed=2)
+    burst = synthetic_workload(100, 30.0, mix="L-L", seed=2)
     sim = Simulator(SimConfig(setup=setup, num_instances=1, autoscale=True, startup_delay_s=5.0), burst)
     grown = sim.run()
     assert max(n for _, n in grown.instances_series) > 1
@@ -123,10 +122,11 @@ def test_autoscaling_sheds_idle_instances_and_pays_the_cold_start() -> None:
     assert delays and all(delay == pytest.approx(5.0) for delay in delays)
 
 
-def test_pairing_band_gates_migration() -> None:
-    workload = synthetic_workload(300, 12.0, mix="L-L", seed=3)
+def test_pairing_band_gates_migration(overloaded_paper_run: PaperRun) -> None:
+    assert overloaded_paper_run.result.migrations > 0  # the paper's band (3, 30)
     never = policy_setup("llumnix", pairing=PairingConfig(low_freeness=-1e9, high_freeness=1e9))
-    assert simulate(SimConfig(setup=never, num_instances=4), workload).migrations == 0
+    config = replace(overloaded_paper_run.config, setup=never)
+    assert simulate(config, overloaded_paper_run.workload).migrations == 0
 
 
 def test_fragmentation_counts_free_blocks_elsewhere_up_to_the_blocked_demand() -> None:
@@ -200,15 +200,15 @@ def test_a_per_step_token_budget_interleaves_a_long_prefill_with_decodes() -> No
 
 
 def test_moving_queued_requests_off_a_stalled_queue_cuts_the_tail() -> None:
-    # L-L overloads 4 A10s: long prompts queue behind each other while another instance frees
+    # L-L overloads 3 A10s: long prompts queue behind each other while another instance frees
     # up. shoal's default moves a stalled queue's newest request (no KV) to an instance where it
     # starts at once, each at most once, after 0.5 s; requeue_after_s=0 turns it off; no other
     # policy does it.
-    workload = synthetic_workload(300, 9.0, mix="L-L", seed=3)
-    on = simulate(SimConfig(setup=policy_setup("shoal"), num_instances=4), workload)
-    off = simulate(SimConfig(setup=policy_setup("shoal"), num_instances=4, requeue_after_s=0.0), workload)
+    workload = synthetic_workload(150, 6.0, mix="L-L", seed=0)
+    on = simulate(SimConfig(setup=policy_setup("shoal"), num_instances=3), workload)
+    off = simulate(SimConfig(setup=policy_setup("shoal"), num_instances=3, requeue_after_s=0.0), workload)
     assert off.requeues == 0 and on.requeues > 10
-    assert on.num_finished == off.num_finished == 300
+    assert on.num_finished == off.num_finished == 150
     assert on.ttft_p99_s * 2 < off.ttft_p99_s and on.ttft_mean_s < off.ttft_mean_s
     assert on.parameters["requeue_after_s"] == SHOAL_REQUEUE_AFTER_S == 0.5
     assert off.parameters["requeue_after_s"] is None
