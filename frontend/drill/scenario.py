@@ -431,7 +431,8 @@ BUILTIN: dict[str, Scenario] = {
         _scenario(
             "agent-partition",
             "The busiest agent is cut off from NATS for 5 s (its own link blackholed): it is declared "
-            "failed, its requests are rescued elsewhere, it comes back when the link heals.",
+            "failed and its requests are rescued elsewhere; once the link heals it stays out of service "
+            "(nothing restarts it, and it does not announce itself again).",
             FaultSpec(kind=FaultKind.BLACKHOLE, target=Target.AGENT_BUS),
             load={"output_tokens": 96},
             phases={"fault_s": 5.0},
