@@ -256,11 +256,6 @@ class Gateway:
             if instance_id is None:
                 break
             outcome = await self._generate(instance_id, request)
-            if outcome is None and self.board.is_failed(instance_id):  # declared failed while asked
-                self.fire_and_forget(
-                    self.send_abort(instance_id, request.request_id, CloseReason.UNPLACED), "abort-failed"
-                )
-                outcome = f"{instance_id}: declared failed while it was asked"
             if outcome is None:
                 if bypass is not None:
                     self.metrics.bypass.inc()

@@ -4,8 +4,7 @@ A generate the agent does not answer in time is asked again (generate is
 idempotent by request id and owner epoch), so a stall in the agent (a long
 step, a loaded machine) delays the request instead of failing it; an agent
 given up on is sent an abort, so a request it starts late does not run for
-nobody. An instance declared failed while it was being asked is dropped the same way and the
-request placed on another.
+nobody.
 """
 
 from __future__ import annotations
@@ -15,8 +14,6 @@ import time
 from typing import Any
 
 from schemas import AbortReply
-from schemas.instance import InstanceFailed
-from schemas.reasons import FailureReason
 from tests.frontend.cluster import frontend_cluster
 
 
@@ -88,58 +85,3 @@ async def test_an_agent_given_up_on_is_told_to_drop_the_request(nats_url: str) -
         assert len(calls) == 2 and agent.num_accepted == 1
         metrics = (await client.get("/metrics")).text
         assert "shoal_generate_timeouts_total 2.0" in metrics
-
-
-async def test_an_instance_declared_failed_while_it_was_asked_is_dropped_and_another_takes_it(
-    nats_url: str,
-) -> None:
-    # the instance asked first answers only after the cluster declared it failed (a partition that
-    # healed, say): the request must not be placed there, where it would be rescued at once, but
-    # dropped there and placed on the other instance
-    async with frontend_cluster(nats_url, instances=2, generate_timeout=2.0) as cluster, \
-            cluster.client() as client:
-        gateway = cluster.gateway
-        assert gateway is not None
-        await cluster.wait_instances(2)
-        asked: list[str] = []
-        aborts: list[AbortReply] = []
-
-        async def declared_failed_while_asked(agent: Any) -> None:
-            async def reserve(method: str, handler: Any) -> None:
-                subject = agent.subjects.rpc_agent(agent.instance_id, method)
-                service = next(s for s in agent._services if s.subject == subject)
-                await service.stop()
-                agent._services.remove(service)
-
-                async def serve(data: bytes, headers: dict[str, str]) -> bytes:
-                    if method == "generate" and not asked:
-                        asked.append(agent.instance_id)
-                        await agent._append_instance_event(
-                            InstanceFailed(instance_id=agent.instance_id, reason=FailureReason.NO_LOAD_REPORT)
-                        )
-                        async with asyncio.timeout(5):
-                            while not gateway.board.is_failed(agent.instance_id):
-                                await asyncio.sleep(0.01)
-                    reply: bytes = await handler(data, headers)
-                    if method == "abort":
-                        aborts.append(agent.codec.decode(reply).body)
-                    return reply
-
-                agent._services.append(await agent.bus.serve(subject, serve))
-
-            await reserve("generate", agent._serve_generate)
-            await reserve("abort", agent._serve_abort)
-
-        for agent in cluster.agents.values():
-            await declared_failed_while_asked(agent)
-        response = await client.post("/v1/completions",
-                                     json={"model": "sim:tiny-test", "prompt": "hello", "max_tokens": 4})
-        assert response.status_code == 200, response.text
-        (failed,) = asked
-        (other,) = set(cluster.agents) - {failed}
-        assert cluster.agents[other].num_accepted == 1  # it ran on the instance still in service
-        engine: Any = cluster.agents[failed].engine
-        async with asyncio.timeout(10):  # and the failed one was told to drop the copy it started
-            while not aborts or engine.has_unfinished():
-                await asyncio.sleep(0.02)
-        assert [abort.found for abort in aborts] == [True]
