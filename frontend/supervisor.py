@@ -99,7 +99,7 @@ def decide(policy: RestartPolicy, exits: Sequence[float], now: float) -> Decisio
 
 
 _SIGNAL_MEANING = {
-    signal.SIGILL: "illegal instruction: this CPU lacks an instruction the code uses",
+    signal.SIGILL: "illegal instruction: the CPU or the kernel refused an instruction the code uses",
     signal.SIGKILL: "killed, perhaps by the OOM killer",
     signal.SIGSEGV: "segmentation fault",
     signal.SIGBUS: "bus error",
@@ -126,8 +126,8 @@ def advice(name: str, returncode: int, *, engine: str = "") -> str:
     """What to try about child ``name`` (``agent-0``, ``scheduler``, ...) that exited so."""
     is_agent = name.startswith("agent") or name.startswith("inst-")
     if returncode == -signal.SIGILL and is_agent and engine in ("vllm", "torch"):
-        return ("try --dtype float32: this CPU lacks an instruction the model's kernels use "
-                "at the default dtype")
+        return ("try --dtype float32: the CPU or the kernel refused an instruction the model's "
+                "kernels use at the default dtype")
     if returncode == -signal.SIGKILL:
         return ("check the kernel log for the OOM killer (dmesg); fewer --instances or less KV "
                 "space (--num-blocks, --kv-cache-bytes) need less memory")
