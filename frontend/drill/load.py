@@ -26,7 +26,8 @@ import asyncio
 import enum
 import json
 import random
-from collections.abc import Callable
+import re
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 import httpx
@@ -58,6 +59,7 @@ _WORDS = (
     "shadow",
 )
 _NUM_GREEDY_PROMPTS = 3
+_LINE_END = re.compile(r"\r\n|\n|\r")
 
 
 class Outcome(enum.StrEnum):
@@ -201,6 +203,8 @@ class LoadGenerator:
         except httpx.HTTPError as exc:
             record.outcome, record.detail = Outcome.ERROR, f"{type(exc).__name__}: {exc}"
             record.error_source = "connection"
+        except ValueError as exc:  # a body or chunk that is not the JSON the API promises
+            record.outcome, record.detail = Outcome.LOST, f"malformed response: {exc}"
         record.ended_at = self.clock()
         if record.outcome is Outcome.OK and record.greedy and record.index >= 0:
             self._compare(record)
@@ -259,7 +263,7 @@ class LoadGenerator:
             finish: object = None
             usage = 0
             done = False
-            async for line in response.aiter_lines():
+            async for line in _sse_lines(response):
                 if not line.startswith("data: "):
                     continue
                 payload = line[6:]
@@ -289,6 +293,19 @@ class LoadGenerator:
                 record.error_source = "connection"
                 return
             self._complete(record, finish, usage)
+
+
+async def _sse_lines(response: httpx.Response) -> AsyncIterator[str]:
+    """The lines of an event stream, split at CR LF, LF or CR only, as the SSE format says
+    (httpx's ``aiter_lines`` also splits at U+0085, U+2028 and the other Unicode line breaks,
+    which a JSON string in a ``data:`` line may hold as they are)."""
+    pending = ""
+    async for text in response.aiter_text():
+        *lines, pending = _LINE_END.split(pending + text)
+        for line in lines:
+            yield line
+    if pending:
+        yield pending
 
 
 def _failed(status: int) -> Outcome:

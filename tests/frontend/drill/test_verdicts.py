@@ -1,7 +1,10 @@
 from __future__ import annotations
 
+import json
 import random
+from collections.abc import AsyncIterator
 
+import httpx
 import pytest
 
 from agents.engines.sim import SimEngine
@@ -372,3 +375,38 @@ def test_the_suite_report_counts_hanging_requests_lost_requests_and_leaked_block
     data = report_dict([result, DrillResult(BUILTIN["baseline"])])
     assert (data["requests_hanging"], data["requests_lost"], data["blocks_leaked"]) == (2, 1, 4)
     assert data["scenarios"][0]["hanging"] == 2 and data["scenarios"][1]["hanging"] is None
+
+
+@pytest.mark.parametrize("split", [1, 7, 1000])
+async def test_a_streamed_answer_holding_unicode_line_breaks_is_read_whole(split: int) -> None:
+    # SSE lines end at CR LF, LF or CR only: a token's text may hold U+0085 or U+2028 as they are
+    # (two bytes of a sim engine's random output can be U+0085), and the answer must still be read
+    text = "a\u0085b\u2028c"
+    chunks = [{"id": "cmpl-1", "choices": [{"index": 0, "text": text, "finish_reason": None}]},
+              {"id": "cmpl-1", "choices": [{"index": 0, "text": "", "finish_reason": "length"}]},
+              {"id": "cmpl-1", "choices": [], "usage": {"completion_tokens": 2}}]
+    body = "".join(f"data: {json.dumps(c, ensure_ascii=False)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+    raw = body.encode()
+
+    def respond(request: httpx.Request) -> httpx.Response:
+        parts = [raw[i:i + split] for i in range(0, len(raw), split)]  # the body in pieces of split bytes
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=_Chunks(parts))
+
+    load = LoadGenerator(LoadSpec(output_tokens=2), "http://drill.test", "sim:tiny-test", lambda: 0.0, None)
+    await load._http.aclose()
+    load._http = httpx.AsyncClient(base_url="http://drill.test", transport=httpx.MockTransport(respond))
+    record = RequestRecord(0, 0.0, True, False, -1)
+    try:
+        await load._send(record, "river stone")
+    finally:
+        await load.close()
+    assert (record.outcome, record.text, record.request_id) == (Outcome.OK, text, "cmpl-1"), record.detail
+
+
+class _Chunks(httpx.AsyncByteStream):
+    def __init__(self, parts: list[bytes]) -> None:
+        self.parts = parts
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for part in self.parts:
+            yield part
