@@ -250,7 +250,7 @@ def _valid(cls: type[Any]) -> st.SearchStrategy[Any]:
 
 @pytest.mark.parametrize("cls", [AgentCliConfig, ServeCliConfig, SchedulerCliConfig, UpConfig, NatsOptions],
                          ids=lambda c: c.__name__)
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=30, deadline=None)  # each example sets every option of the config at random
 @given(data=st.data())
 def test_every_config_survives_the_round_trip_through_its_command_line(
     cls: type[Any], data: st.DataObject

@@ -62,7 +62,10 @@ async def _swallows_first_cancel(swallowed: list[int]) -> None:
             current.uncancel()
 
 
-async def test_cancel_and_wait_ends_a_task_that_lost_the_first_cancel() -> None:
+async def test_cancel_and_wait_ends_a_task_that_lost_the_first_cancel(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(event_loop, "RECANCEL_S", 0.01)  # cancel again 10 ms after the first cancel
     swallowed: list[int] = []
     stubborn = asyncio.create_task(_swallows_first_cancel(swallowed))
     finished = asyncio.create_task(asyncio.sleep(0))
