@@ -14,6 +14,7 @@ see ``tests/tiers.py``.
 from __future__ import annotations
 
 import concurrent.futures
+import gc
 import signal
 import sys
 import threading
@@ -43,6 +44,17 @@ def _interrupt(signum: int, frame: object) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _interrupt)
+    # Collection imports every test module and what it needs (torch among them): the cyclic
+    # collector, run again and again over that growing heap, finds next to nothing in it.
+    gc.disable()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Collect once, then freeze what collection made (``gc.freeze``): the full collections the
+    tests' own garbage triggers no longer walk the modules and objects every test shares."""
+    gc.collect()
+    gc.freeze()
+    gc.enable()
 
 
 _torch_threads_set = False
