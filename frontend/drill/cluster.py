@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import errno
 import os
 import shutil
 import signal
@@ -309,14 +310,29 @@ class DrillCluster:
         proxy = self.kv_proxies.get(instance_id)
         port = proxy.upstream[1] if proxy is not None else free_port()
         if self.spec.proxy_kv and proxy is None:
-            proxy = await ChaosProxy(
-                ("127.0.0.1", port), listen_host=_KV_PROXY_HOST, listen_port=port, name=f"kv-{instance_id}"
-            ).start()
+            proxy, port = await self._kv_proxy(instance_id, port)
             self.kv_proxies[instance_id] = proxy
         if instance_id not in self.agent_ids:
             self.agent_ids.append(instance_id)
         nats_url = await self.component_nats_url(instance_id)
         return self._spawn(instance_id, self.agent_args(instance_id, port, nats_url))
+
+    async def _kv_proxy(self, instance_id: str, port: int, attempts: int = 8) -> tuple[ChaosProxy, int]:
+        """The KV proxy of ``instance_id`` on ``127.0.0.2:port``, for an agent on ``127.0.0.1:port``.
+
+        A port that was free when picked can be taken before the proxy binds it (another
+        process's listener on an ephemeral port): then another port is picked, ``attempts`` times.
+        """
+        for attempt in range(attempts):
+            try:
+                proxy = ChaosProxy(("127.0.0.1", port), listen_host=_KV_PROXY_HOST, listen_port=port,
+                                   name=f"kv-{instance_id}")
+                return await proxy.start(), port
+            except OSError as exc:
+                if exc.errno != errno.EADDRINUSE or attempt == attempts - 1:
+                    raise
+                port = free_port()
+        raise AssertionError("unreachable")
 
     def _spawn(self, name: str, args: list[str]) -> Child:
         self.commands[name] = args
