@@ -10,6 +10,7 @@ from schemas.envelope import Body, Codec, Envelope, decode_body, encode_body
 from schemas.errors import *  # noqa: F403
 from schemas.history import *  # noqa: F403
 from schemas.instance import *  # noqa: F403
+from schemas.kv_events import *  # noqa: F403
 from schemas.load import *  # noqa: F403
 from schemas.migration import *  # noqa: F403
 from schemas.position import Position

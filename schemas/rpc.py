@@ -112,6 +112,10 @@ class DispatchRequest(Message, frozen=True, kw_only=True, tag="dispatch_request"
     num_prompt_tokens: int
     priority: int = 0
     exclude: tuple[str, ...] = ()
+    #: the prompt's chained block hashes (:mod:`schemas.block_hash`) for blocks of ``block_size``
+    #: tokens, for the prefix index; empty when the frontend does not compute them
+    block_size: int = 0
+    block_hashes: tuple[int, ...] = ()
 
 
 class DispatchReply(Message, frozen=True, kw_only=True, tag="dispatch_reply"):

@@ -70,6 +70,23 @@ class Subjects:
     def req(self, request_id: str) -> str:
         return f"{self.prefix}.ev.req.{_token(request_id)}"
 
+    @property
+    def kv_stream(self) -> str:
+        """Prefix-cache events (``KVCacheEvents``) of every instance."""
+        return self.prefix.replace(".", "_") + "_kv"
+
+    @property
+    def kv_all(self) -> str:
+        return f"{self.prefix}.kv.*"
+
+    def kv(self, instance_id: str) -> str:
+        """One instance's prefix-cache events (``KVCacheEvents``)."""
+        return f"{self.prefix}.kv.{_token(instance_id)}"
+
+    def kv_sync(self, instance_id: str) -> str:
+        """Core NATS: ask an instance for a full batch of its prefix cache (``KVCacheSync``)."""
+        return f"{self.prefix}.kvsync.{_token(instance_id)}"
+
     def history(self, kind: str) -> str:
         """``loads`` (archived load reports) or ``checkpoint`` (folded state) in the history stream."""
         return f"{self.prefix}.hist.{_token(kind)}"

@@ -36,6 +36,8 @@ class TokenDelta(Message, frozen=True, kw_only=True, tag="token_delta"):
     top_logprobs: tuple[Alternatives, ...] | None = None
     finish_reason: FinishReason | None = None
     num_prompt_tokens: int = 0
+    #: prompt tokens the engine found in its prefix cache (OpenAI's ``cached_tokens``)
+    num_cached_tokens: int = 0
 
 
 class TokenDeltaBatch(Message, frozen=True, kw_only=True, tag="token_delta_batch"):

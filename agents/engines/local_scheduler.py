@@ -55,6 +55,15 @@ is computed in chunks over the next steps, alongside the decodes, so a long
 prompt never holds the running batch up for more than one step's budget. A
 request's blocks are allocated for its whole prompt when it is admitted.
 
+Prefix caching (``prefix_cache``, vLLM's automatic prefix caching): every full block whose
+KV is computed, prompt or generated, enters the block manager's cache under its chained hash
+(:mod:`schemas.block_hash`). A request admitted with no blocks here (new, rescued or
+preempted) first takes the cached blocks of the longest cached prefix of its tokens, at most
+all but its last token (so the step computes at least one position and samples from it), and
+its prefill starts after them: ``num_cached_tokens`` on its outputs says how many tokens it
+did not compute. Cached blocks nobody uses count as free and are evicted, least recently
+freed first, when a request needs the room.
+
 For migration the scheduler also reserves blocks, admits a migrated request
 with a block table made of reservations, suspends/resumes and releases.
 """
@@ -67,7 +76,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from agents.engines.block_manager import BlockManager, Reservation
+from agents.engines.block_manager import BlockManager, CacheDelta, Reservation
 from agents.engines.protocol import (
     FINISH_REASONS,
     EngineStats,
@@ -84,6 +93,7 @@ from agents.engines.protocol import (
     UnknownRequest,
 )
 from schemas import Alternatives, SamplingParams
+from schemas.block_hash import extend_block_hashes, root_hash
 
 __all__ = [
     "LocalScheduler",
@@ -119,6 +129,8 @@ class LocalSchedulerConfig:
     #: has seen or nothing else runs (memory kept for high priority); no effect where every
     #: request has one priority.
     high_priority_reserve_blocks: int = 0
+    #: Automatic prefix caching (see the module docstring).
+    prefix_cache: bool = False
 
     def __post_init__(self) -> None:
         for name in ("num_blocks", "block_size", "max_model_len", "vocab_size", "max_batch_size"):
@@ -156,6 +168,14 @@ class Request:
     num_computed_tokens: int = 0  # tokens whose KV is in block_ids
     block_ids: list[int] = field(default_factory=list)
     num_preemptions: int = 0
+    #: prompt tokens found in the prefix cache at its first admission here (not computed)
+    num_cached_tokens: int = 0
+    #: the chain hashes of its full blocks computed so far (prefix caching)
+    block_hashes: list[int] = field(default_factory=list)
+    #: how many of ``block_ids`` are registered in the prefix cache (a prefix of them)
+    num_registered_blocks: int = 0
+    #: whether it was ever admitted here (its cached tokens are reported from the first time)
+    admitted: bool = False
 
     @property
     def num_tokens(self) -> int:
@@ -223,7 +243,11 @@ class LocalScheduler:
 
     def __init__(self, config: LocalSchedulerConfig) -> None:
         self.config = config
-        self.blocks = BlockManager(config.num_blocks, config.block_size)
+        self.blocks = BlockManager(config.num_blocks, config.block_size, prefix_cache=config.prefix_cache)
+        self._prefix_cache = config.prefix_cache
+        self._root_hash = root_hash(config.block_size)
+        self.prefix_cache_queries = 0  # tokens looked up at admission (vLLM's prefix_cache_queries)
+        self.prefix_cache_hits = 0  # of those, tokens found cached (prefix_cache_hits)
         self._max_num_tokens = config.max_num_tokens
         self._requests: dict[str, Request] = {}
         self._running: list[Request] = []  # RUNNING and SUSPENDED, sorted by _order_key
@@ -524,17 +548,21 @@ class LocalScheduler:
                     step_priority = head.priority
                 elif head.priority != step_priority:
                     break
-            num_new = head.num_tokens - head.num_computed_tokens
+            hit = self._cached_prefix(head) if self._prefix_cache and not head.block_ids else []
+            num_new = head.num_tokens - head.num_computed_tokens - len(hit) * blocks.block_size
             if limit is not None and prefills and budget_used + admitted_tokens + num_new > limit:
                 break
-            need = blocks.blocks_for_tokens(head.num_tokens) - len(head.block_ids)
+            need = blocks.blocks_for_tokens(head.num_tokens) - len(head.block_ids) - len(hit)
             if head.priority > self._best_priority and self._running:
                 need += config.high_priority_reserve_blocks  # kept unless the batch is empty
-            if need > blocks.num_free_blocks:
+            if need + (blocks.num_evictable_among(hit) if hit else 0) > blocks.num_free_blocks:
                 break
             heapq.heappop(self._waiting)
             self._num_waiting -= 1
+            if self._prefix_cache and not head.block_ids:
+                self._take_cached_prefix(head, hit)
             head.block_ids.extend(blocks.allocate(need))
+            head.admitted = True
             head.status = RequestStatus.RUNNING
             bisect.insort(self._running, head, key=_order_key)
             chunk = self._chunk(head, None if budget is None else budget - admitted_tokens)
@@ -542,6 +570,48 @@ class LocalScheduler:
             prefills.append(chunk)
             admitted_tokens += chunk.num_tokens
         return admitted_tokens
+
+    # -------------------------------------------------------- prefix cache
+
+    def _cached_prefix(self, request: Request) -> list[int]:
+        """The cached blocks of ``request``'s longest cached prefix, at most all but its last token."""
+        block_size = self.config.block_size
+        hashes = extend_block_hashes(request.block_hashes, request.all_token_ids, block_size, self._root_hash)
+        return self.blocks.lookup(hashes[: (len(request.all_token_ids) - 1) // block_size])
+
+    def _take_cached_prefix(self, request: Request, hit: list[int]) -> None:
+        """Start ``request``'s block table with the cached blocks ``hit`` (one reference each)."""
+        num_cached = len(hit) * self.config.block_size
+        self.prefix_cache_queries += len(request.all_token_ids)
+        self.prefix_cache_hits += num_cached
+        if not request.admitted:
+            request.num_cached_tokens = num_cached
+        if hit:
+            self.blocks.share(hit)
+            request.block_ids.extend(hit)
+        request.num_computed_tokens = num_cached
+        request.num_registered_blocks = len(hit)
+
+    def _register(self, request: Request) -> None:
+        """Enter ``request``'s newly completed full blocks into the prefix cache."""
+        block_size = self.config.block_size
+        num_full = min(request.num_computed_tokens // block_size, len(request.block_ids))
+        if num_full <= request.num_registered_blocks:
+            return
+        hashes = extend_block_hashes(request.block_hashes, request.all_token_ids, block_size, self._root_hash)
+        blocks = self.blocks
+        block_ids = request.block_ids
+        for index in range(request.num_registered_blocks, num_full):
+            blocks.cache_block(block_ids[index], hashes[index])
+        request.num_registered_blocks = num_full
+
+    def take_cache_delta(self) -> CacheDelta:
+        """What the prefix cache gained and lost since the last call (for cache events)."""
+        return self.blocks.take_cache_delta()
+
+    def cached_block_hashes(self) -> list[int]:
+        """Every block hash the prefix cache holds (for a full re-sync)."""
+        return self.blocks.cached_hashes()
 
     def _preempt_newest_lowest(self, preempted: list[str]) -> Request:
         """Preempt the last RUNNING request in batch order (lowest priority, newest)."""
@@ -554,6 +624,7 @@ class LocalScheduler:
                 self.blocks.free(victim.block_ids)
                 victim.block_ids = []
                 victim.num_computed_tokens = 0
+                victim.num_registered_blocks = 0
                 victim.num_preemptions += 1
                 victim.status = RequestStatus.PREEMPTED
                 self._enqueue(victim)
@@ -580,6 +651,8 @@ class LocalScheduler:
         requests = self._requests
         max_num_tokens = self._max_num_tokens
         eos = self.config.eos_token_id
+        cache = self._prefix_cache
+        block_size = self.config.block_size
         any_finished = False
         scheduled: list[tuple[Request, int]] = []
         for prefill in output.prefills:
@@ -587,6 +660,8 @@ class LocalScheduler:
                 scheduled.append((prefill.request, prefill.end))
             elif self._is_live(prefill.request):
                 prefill.request.num_computed_tokens = prefill.end  # a chunk: no token yet
+                if cache:
+                    self._register(prefill.request)
         scheduled += [(r, r.num_computed_tokens + 1) for r in output.decodes]
         for request, num_computed in scheduled:
             request_id = request.request_id
@@ -602,6 +677,8 @@ class LocalScheduler:
             request.num_computed_tokens = num_computed
             tokens = request.all_token_ids
             tokens.append(token_id)
+            if cache and num_computed // block_size > request.num_registered_blocks:
+                self._register(request)  # before a finish frees its blocks
             num_output = len(tokens) - request.num_prompt_tokens
             sampling = request.sampling
             finish: RequestStatus | None = None
@@ -620,7 +697,8 @@ class LocalScheduler:
             top = None if top_logprobs is None else top_logprobs.get(request_id)
             results.append(
                 RequestOutput(request_id, num_output - 1, (token_id,), reason, request.num_prompt_tokens,
-                              None if logprob is None else (logprob,), None if top is None else (top,))
+                              None if logprob is None else (logprob,), None if top is None else (top,),
+                              request.num_cached_tokens)
             )
         if any_finished:
             self._running = [r for r in self._running if not r.status.is_finished]
@@ -739,8 +817,11 @@ class LocalScheduler:
         for reservation in reservations:
             request.block_ids.extend(self.blocks.commit(reservation.reservation_id))
         request.num_computed_tokens = computed
+        request.admitted = True
         request.status = RequestStatus.RUNNING
         bisect.insort(self._running, request, key=_order_key)
+        if self._prefix_cache:
+            self._register(request)  # imported full blocks enter this instance's cache
         return request
 
     # --------------------------------------------------------------- stats
@@ -779,5 +860,9 @@ class LocalScheduler:
             num_preemptions=self.num_preemptions,
             num_rejections=self.num_rejections,
             num_finished=self.num_finished,
+            prefix_cache_queries=self.prefix_cache_queries,
+            prefix_cache_hits=self.prefix_cache_hits,
+            prefix_cache_evictions=blocks.num_evictions,
+            num_cached_blocks=blocks.num_cached_blocks,
             requests=tuple(self.request_stats(r) for r in [*self._running, *waiting]),
         )

@@ -28,11 +28,12 @@ from typing import Protocol, runtime_checkable
 
 import msgspec
 
-from agents.engines.block_manager import OutOfBlocks, Reservation
+from agents.engines.block_manager import CacheDelta, OutOfBlocks, Reservation
 from schemas import Alternatives, KVLayout, ModelIdentity, SamplingParams
 from schemas.reasons import FinishReason, RejectReason
 
 __all__ = [
+    "CacheDelta",
     "FINISH_REASONS",
     "Engine",
     "EngineError",
@@ -150,6 +151,8 @@ class RequestOutput(msgspec.Struct, frozen=True):
     logprobs: tuple[float, ...] | None = None
     #: per token, the most likely (token id, logprob) pairs, if the request asks (``top_logprobs``)
     top_logprobs: tuple[Alternatives, ...] | None = None
+    #: prompt tokens served from the prefix cache when the request was first admitted here
+    num_cached_tokens: int = 0
 
     @property
     def finished(self) -> bool:
@@ -240,6 +243,10 @@ class EngineStats:
     num_rejections: int  # cumulative
     num_finished: int  # cumulative, aborts included
     requests: tuple[RequestStats, ...]  # every unfinished request, running first
+    prefix_cache_queries: int = 0  # cumulative tokens looked up in the prefix cache at admission
+    prefix_cache_hits: int = 0  # cumulative tokens of those found cached
+    prefix_cache_evictions: int = 0  # cumulative cached blocks evicted to make room
+    num_cached_blocks: int = 0  # blocks in the prefix cache now (in use or evictable)
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,6 +350,17 @@ class Engine(Protocol):
 
     def take_events(self) -> list[SchedulerEvent]:
         """Preemptions and rejections since the last call (the agent counts and logs them)."""
+        ...
+
+    # -- prefix cache ----------------------------------------------------
+
+    def take_cache_delta(self) -> CacheDelta:
+        """The block hashes (:mod:`schemas.block_hash`) the prefix cache stored and removed since
+        the last call, net; empty when the cache is off."""
+        ...
+
+    def cached_block_hashes(self) -> list[int]:
+        """Every block hash the prefix cache holds now (a full re-sync of the scheduler's index)."""
         ...
 
     # -- migration -------------------------------------------------------

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 
-from agents.engines.block_manager import Reservation
+from agents.engines.block_manager import CacheDelta, Reservation
 from agents.engines.local_scheduler import LocalScheduler
 from agents.engines.protocol import (
     EngineInfo,
@@ -99,6 +99,12 @@ class ScheduledEngine:
 
     def output_token_ids(self, request_id: str) -> tuple[int, ...]:
         return self.scheduler.request(request_id).output_token_ids
+
+    def take_cache_delta(self) -> CacheDelta:
+        return self.scheduler.take_cache_delta()
+
+    def cached_block_hashes(self) -> list[int]:
+        return self.scheduler.cached_block_hashes()
 
     def take_events(self) -> list[SchedulerEvent]:
         return self.scheduler.take_events()

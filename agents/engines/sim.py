@@ -99,11 +99,14 @@ class SimEngine(ScheduledEngine):
         max_prefill_tokens: int | None = None,
         max_step_tokens: int | None = None,
         time_scale: float = 1.0,
+        prefix_cache: bool = False,
     ) -> None:
         """``time_scale`` multiplies every modeled duration (0.1 runs ten times faster than modeled).
 
         ``max_step_tokens``: chunked prefill, at most that many tokens computed per step (the
         local scheduler's rule, as the torch engine runs it); None: a prompt prefills in one step.
+        ``prefix_cache``: automatic prefix caching; a hit is charged prefill only for the tokens
+        not found cached (the local scheduler starts the prefill after them).
         """
         if not isinstance(profile, EngineProfile):
             profile = load_profile(profile)
@@ -136,6 +139,7 @@ class SimEngine(ScheduledEngine):
                 max_batch_size=max_batch_size,
                 max_prefill_tokens=max_prefill_tokens,
                 max_step_tokens=max_step_tokens,
+                prefix_cache=prefix_cache,
             )
         )
         self._imported: dict[int, int] = {}  # reserved block id -> fingerprint written into it

@@ -102,6 +102,8 @@ class TorchEngineConfig:
     #: Tokens computed per step (chunked prefill: a longer prompt continues in the next steps,
     #: alongside the decodes); None: a prompt is prefilled in one step, however long.
     max_step_tokens: int | None = 2048
+    #: Automatic prefix caching: a prompt's cached full blocks are shared, not computed again.
+    prefix_cache: bool = True
     batch_invariant: bool = False
     #: ``step_async(exclusive=True)`` computes a step inline when it should take at most this long
     #: (estimated from the last step, scaled by tokens); longer ones go to a worker thread.
@@ -193,6 +195,7 @@ class TorchEngine(ScheduledEngine):
                 max_batch_size=config.max_batch_size,
                 max_prefill_tokens=config.max_prefill_tokens,
                 max_step_tokens=config.max_step_tokens,
+                prefix_cache=config.prefix_cache,
             )
         )
         self._info = EngineInfo(
