@@ -42,9 +42,9 @@ from dataclasses import dataclass
 
 __all__ = [
     "BlockManager",
-    "CacheDelta",
     "BlockManagerError",
     "BlockStateError",
+    "CacheDelta",
     "OutOfBlocks",
     "Reservation",
     "UnknownReservation",

@@ -33,8 +33,8 @@ from schemas import Alternatives, KVLayout, ModelIdentity, SamplingParams
 from schemas.reasons import FinishReason, RejectReason
 
 __all__ = [
-    "CacheDelta",
     "FINISH_REASONS",
+    "CacheDelta",
     "Engine",
     "EngineError",
     "EngineInfo",
