@@ -126,6 +126,7 @@ class DeltaBuffer:
                     top_logprobs=None if delta.top_logprobs is None else delta.top_logprobs[skip:],
                     finish_reason=delta.finish_reason,
                     num_prompt_tokens=delta.num_prompt_tokens,
+                    num_cached_tokens=delta.num_cached_tokens,
                 )
             out.append(delta)
         return out

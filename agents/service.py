@@ -417,6 +417,7 @@ class Agent:
                     top_logprobs=output.top_logprobs,
                     finish_reason=output.finish_reason,
                     num_prompt_tokens=tokens.num_prompt_tokens,
+                    num_cached_tokens=output.num_cached_tokens,
                 )
                 self._queue_delta(delta, tokens.delta_subject)
             elif output.finish_reason is not None:
@@ -429,6 +430,7 @@ class Agent:
                         token_ids=tuple(tokens.output_token_ids),
                         finish_reason=output.finish_reason,
                         num_prompt_tokens=tokens.num_prompt_tokens,
+                        num_cached_tokens=output.num_cached_tokens,
                     ),
                     tokens.delta_subject,
                 )
