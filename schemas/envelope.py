@@ -30,6 +30,7 @@ from schemas.errors import (
 )
 from schemas.history import HistoryMessage
 from schemas.instance import InstanceEvent
+from schemas.kv_events import KVMessage
 from schemas.load import LoadReport
 from schemas.migration import MigrationEvent
 from schemas.requests import RequestEvent
@@ -48,6 +49,7 @@ Body = (
     | TokenDelta
     | HistoryMessage
     | TokenDeltaBatch
+    | KVMessage
 )
 
 T = TypeVar("T")
