@@ -48,6 +48,13 @@ class Dispatched(Message, frozen=True, kw_only=True, tag="dispatched"):
     #: A move of a request still queued on this instance (no KV; the scheduler's
     #: ``requeue_after_s``), decided by ``scheduler.policy.dispatch.requeue_choice``; "": a placement.
     requeued_from: str = ""
+    #: The prefix index at the decision (:mod:`scheduler.prefix_index`): the request's chain had
+    #: ``num_chain_blocks`` full blocks; ``cached_blocks`` lists ``(instance id, leading blocks of
+    #: the chain it held)`` for the instances holding any, by id; ``kv_seq`` is the last
+    #: ``<prefix>_kv`` stream sequence the index had folded (all 0 / empty: not looked up).
+    num_chain_blocks: int = 0
+    cached_blocks: tuple[tuple[str, int], ...] = ()
+    kv_seq: int = 0
 
 
 class Paired(Message, frozen=True, kw_only=True, tag="paired"):
