@@ -7,6 +7,13 @@ and the scheduler applies the stop rules. Migration moves whole blocks: one
 gather into a contiguous buffer (format v1, see :mod:`.kv_cache`) on export, one
 scatter on import.
 
+Prefix caching (``TorchEngineConfig.prefix_cache``, on by default) is the scheduler's: a
+request admitted on cached blocks starts its prefill at ``num_computed_tokens`` (a block
+boundary), so the step computes and writes KV only for the positions after its cached prefix,
+into blocks of its own, and attends to the shared blocks through its block table as a later
+chunk of a chunked prefill does. A cached block is full and complete, and no request writes
+it again; ``shoal agent --no-prefix-cache`` turns the cache off.
+
 ``step_async`` computes in a worker thread so the agent's event loop keeps
 serving (migration, new requests) meanwhile. Aborts and releases that arrive
 while a step computes are applied when it completes (their blocks could
