@@ -106,7 +106,8 @@ class SimEngine(ScheduledEngine):
         ``max_step_tokens``: chunked prefill, at most that many tokens computed per step (the
         local scheduler's rule, as the torch engine runs it); None: a prompt prefills in one step.
         ``prefix_cache``: automatic prefix caching; a hit is charged prefill only for the tokens
-        not found cached (the local scheduler starts the prefill after them).
+        not found cached (the local scheduler starts the prefill after them), plus their attention
+        over the cached prefix (:meth:`modeled_duration_s`).
         """
         if not isinstance(profile, EngineProfile):
             profile = load_profile(profile)
@@ -144,6 +145,7 @@ class SimEngine(ScheduledEngine):
         )
         self._imported: dict[int, int] = {}  # reserved block id -> fingerprint written into it
         self._token_keys: dict[str, int] = {}  # request id -> token hash key, while it runs here
+        self._chunk_ends: dict[str, int] = {}  # request id -> end of its last chunk, mid-prefill
 
     # ------------------------------------------------------------ serving
 
@@ -179,9 +181,14 @@ class SimEngine(ScheduledEngine):
     def modeled_duration_s(self, plan: SchedulerOutput) -> float:
         """The profile's time for a planned step, times ``time_scale``.
 
-        A later chunk of a chunked prefill (``max_step_tokens``) also pays its attention over the
-        prefix already computed: ``prefill(end) - prefill(start) - prefill(chunk)`` on top of the
-        chunk's own time, so chunking spreads a prompt's work over steps without making it cheaper.
+        A prefill that starts after tokens already computed also pays attention over them:
+
+        * the next chunk of a chunked prefill (``max_step_tokens``) pays
+          ``prefill(end) - prefill(start) - prefill(chunk)`` on top of the chunk's own time, so
+          chunking spreads a prompt's work over steps without making it cheaper;
+        * the first pass after a prefix-cache hit is a pass over the uncached tokens alone plus
+          their attention over the cached prefix: ``2 c start chunk`` on top of the chunk's own
+          time (``c``: the profile's quadratic coefficient, as across the prompts of one step).
         """
         timing = self.timing
         seconds = timing.step_s(
@@ -190,12 +197,29 @@ class SimEngine(ScheduledEngine):
             plan.num_prefill_tokens,
             [chunk.num_tokens for chunk in plan.prefills],
         )
+        chunk_ends = self._chunk_ends
         for chunk in plan.prefills:
-            if chunk.start > 0:  # a later chunk of a chunked prefill also attends to the prefix
-                whole_ms = timing.prefill_ms(chunk.end) - timing.prefill_ms(chunk.start)
+            start = chunk.start
+            if start <= 0:
+                continue
+            if chunk_ends.get(chunk.request.request_id) == start:  # the next chunk of a chunked prefill
+                whole_ms = timing.prefill_ms(chunk.end) - timing.prefill_ms(start)
                 prefix_ms = whole_ms - timing.prefill_ms(chunk.num_tokens)
                 seconds += max(prefix_ms, 0.0) / 1000.0
+            else:  # the first pass over a prefix found cached (or imported)
+                seconds += 2.0 * timing.attention_ms_per_token2 * start * chunk.num_tokens / 1000.0
         return seconds * self.time_scale
+
+    def _track_chunks(self, plan: SchedulerOutput) -> None:
+        """Remember where each unfinished prefill stopped, once its step is complete."""
+        chunk_ends = self._chunk_ends
+        for chunk in plan.prefills:
+            if chunk.final:
+                chunk_ends.pop(chunk.request.request_id, None)
+            elif chunk.request.status.holds_blocks:  # not aborted or released meanwhile
+                chunk_ends[chunk.request.request_id] = chunk.end
+        for request_id in plan.preempted:
+            chunk_ends.pop(request_id, None)
 
     def _sample(self, plan: SchedulerOutput) -> dict[str, int]:
         vocab = self._info.vocab_size
@@ -217,9 +241,12 @@ class SimEngine(ScheduledEngine):
         for output in outputs:
             if output.finish_reason is not None:
                 keys.pop(output.request_id, None)
+        if duration_s is None:
+            duration_s = self.modeled_duration_s(plan)
+        self._track_chunks(plan)
         return StepResult(
             outputs=outputs,
-            duration_s=self.modeled_duration_s(plan) if duration_s is None else duration_s,
+            duration_s=duration_s,
             num_scheduled=plan.num_scheduled,
             num_prefill_tokens=plan.num_prefill_tokens,
             num_decode_requests=len(plan.decodes),
@@ -228,6 +255,7 @@ class SimEngine(ScheduledEngine):
 
     def abort(self, request_id: str) -> bool:
         self._token_keys.pop(request_id, None)
+        self._chunk_ends.pop(request_id, None)
         return self.scheduler.abort(request_id)
 
     # ---------------------------------------------------------- migration
@@ -264,12 +292,16 @@ class SimEngine(ScheduledEngine):
         reservations: Sequence[Reservation],
         *,
         num_computed_tokens: int | None = None,
+        cached_block_ids: Sequence[int] = (),
     ) -> None:
+        """The blocks after ``cached_block_ids`` (held from this instance's prefix cache, checked
+        by the scheduler against the request's chain) must have received their fingerprints."""
+        num_cached = len(cached_block_ids)
         table = [b for r in reservations for b in r.block_ids]
         num_tokens = len(prompt_token_ids) + len(output_token_ids)
         computed = num_tokens - 1 if num_computed_tokens is None else num_computed_tokens
         num_filled = self.scheduler.blocks.blocks_for_tokens(computed)
-        for index, block_id in enumerate(table[:num_filled]):
+        for index, block_id in enumerate(table[: max(num_filled - num_cached, 0)], start=num_cached):
             if self._imported.get(block_id) != _block_fingerprint(request_id, index):
                 raise MigrationError(
                     f"block {index} of request {request_id!r} (local block {block_id}) was not imported"
@@ -282,12 +314,14 @@ class SimEngine(ScheduledEngine):
             priority,
             [r.reservation_id for r in reservations],
             num_computed_tokens=num_computed_tokens,
+            cached_block_ids=cached_block_ids,
         )
         for block_id in table:
             self._imported.pop(block_id, None)
 
     def release_request(self, request_id: str) -> int:
         self._token_keys.pop(request_id, None)
+        self._chunk_ends.pop(request_id, None)
         return self.scheduler.release_request(request_id)
 
     def release_reservation(self, reservation: Reservation) -> int:
