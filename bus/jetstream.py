@@ -241,6 +241,15 @@ class JetStreamBus:
                 **common,
             )
         )
+        await self._ensure_stream(
+            api.StreamConfig(
+                name=names.kv_stream,
+                subjects=[names.kv_all],
+                max_age=streams.kv_max_age,
+                max_bytes=streams.kv_max_bytes,
+                **common,
+            )
+        )
         js = self._parts()[0].jetstream(timeout=cfg.api_timeout)
         try:
             await js.key_value(names.kv_bucket)

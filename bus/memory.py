@@ -273,6 +273,12 @@ class MemoryBus:
                 max_age=streams.history_max_age,
                 duplicate_window=streams.duplicate_window,
             )
+            self.broker.ensure_stream(
+                subjects.kv_stream,
+                [subjects.kv_all],
+                max_age=streams.kv_max_age,
+                duplicate_window=streams.duplicate_window,
+            )
             self.broker.ensure_bucket(subjects.kv_bucket)
         self._connected = True
 

@@ -99,7 +99,7 @@ class KvChange(msgspec.Struct, frozen=True):
 
 @dataclass(frozen=True)
 class StreamConfig:
-    """Retention of the three streams and the KV bucket (seconds for ages and windows).
+    """Retention of the four streams and the KV bucket (seconds for ages and windows).
 
     ``events`` keeps history by age. ``loads`` is bounded by age *and* by
     ``loads_max_msgs_per_subject`` reports per instance (one subject each).
@@ -113,13 +113,19 @@ class StreamConfig:
     loads_max_age: float = 3600.0
     loads_max_msgs_per_subject: int = 100
     history_max_age: float = 24 * 3600.0 + 900.0
+    #: prefix-cache events (``<prefix>_kv``): kept as long as the history, and at most this many
+    #: bytes (the oldest dropped first; an agent's periodic full batch is the restart point)
+    kv_max_age: float = 24 * 3600.0 + 900.0
+    kv_max_bytes: int = 1 << 30
     duplicate_window: float = 120.0
     kv_history: int = 1
     replicas: int = 1
 
     def __post_init__(self) -> None:
-        if self.events_max_age <= 0 or self.loads_max_age <= 0 or self.history_max_age <= 0:
+        if min(self.events_max_age, self.loads_max_age, self.history_max_age, self.kv_max_age) <= 0:
             raise ValueError("stream max ages must be positive")
+        if self.kv_max_bytes < 1:
+            raise ValueError("kv_max_bytes must be >= 1")
         if self.loads_max_msgs_per_subject < 1:
             raise ValueError("loads_max_msgs_per_subject must be >= 1")
         if (

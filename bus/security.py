@@ -9,14 +9,14 @@ and the JetStream API subjects nats-py uses:
   request's, and the frontends' per-step batch subjects), append request
   lifecycle events, read the events and loads streams;
 * **agent** (one user per instance) — append its own instance events and
-  load reports, migration steps and request events (admission, preemption),
-  publish token deltas, probes and migration handshakes, serve only its own
-  RPC and handshake subjects, read the events stream;
+  load reports, prefix-cache events, migration steps and request events
+  (admission, preemption), publish token deltas, probes and migration handshakes, serve only its own
+  RPC, handshake and cache re-sync subjects, read the events stream;
 * **scheduler** (and its standby) — append decisions and instance events,
-  send commands to agents, serve dispatch, hold the lease and snapshots in
+  send commands and cache re-syncs to agents, serve dispatch, hold the lease and snapshots in
   the KV bucket, archive load reports and checkpoints into the history
-  stream, read all three streams (direct gets by time included);
-* **observer** — read all three streams (``shoal events``, ``trace``, ``replay``);
+  stream, read all four streams (direct gets by time included);
+* **observer** — read all four streams (``shoal events``, ``trace``, ``replay``);
 * **admin** — everything: provisions the streams and the bucket (``shoal up``).
 
 Only the admin may create, update or delete streams, consumers of other
@@ -86,7 +86,7 @@ def role_permissions(role: Role, subjects: Subjects, instance_id: str | None = N
     """The permissions of ``role`` in the cluster named by ``subjects``; agents need their ``instance_id``."""
     p = subjects.prefix
     events, loads, bucket = subjects.events_stream, subjects.loads_stream, subjects.kv_bucket
-    history = subjects.history_stream
+    history, kv = subjects.history_stream, subjects.kv_stream
     if role is Role.ADMIN:
         return Permissions(publish=(">",), subscribe=(">",))
     # every bus connects the same way: stream and bucket info, nothing else of the API by default
@@ -95,6 +95,7 @@ def role_permissions(role: Role, subjects: Subjects, instance_id: str | None = N
         f"$JS.API.STREAM.INFO.{events}",
         f"$JS.API.STREAM.INFO.{loads}",
         f"$JS.API.STREAM.INFO.{history}",
+        f"$JS.API.STREAM.INFO.{kv}",
         f"$JS.API.STREAM.INFO.KV_{bucket}",
     ]
     # readers of the whole log (replay, trace, events): the archive too, and direct gets by time
@@ -102,7 +103,8 @@ def role_permissions(role: Role, subjects: Subjects, instance_id: str | None = N
         *_stream_reader(events),
         *_stream_reader(loads),
         *_stream_reader(history),
-        *(f"$JS.API.DIRECT.GET.{stream}" for stream in (events, loads, history)),
+        *_stream_reader(kv),
+        *(f"$JS.API.DIRECT.GET.{stream}" for stream in (events, loads, history, kv)),
     ]
     inbox = ["_INBOX.>"]
     if role is Role.OBSERVER:
@@ -132,6 +134,7 @@ def role_permissions(role: Role, subjects: Subjects, instance_id: str | None = N
                 f"{p}.ev.sched.>",
                 f"{p}.ev.instance.*",
                 f"{p}.rpc.agent.*.>",
+                f"{p}.kvsync.*",
                 f"$KV.{bucket}.>",
                 f"$JS.API.DIRECT.GET.KV_{bucket}.>",
                 f"$JS.API.STREAM.MSG.GET.KV_{bucket}",
@@ -147,13 +150,17 @@ def role_permissions(role: Role, subjects: Subjects, instance_id: str | None = N
                 *_stream_reader(events),
                 subjects.instance(instance_id),
                 subjects.load(instance_id),
+                subjects.kv(instance_id),
                 f"{p}.ev.mig.>",
                 f"{p}.ev.req.>",
                 f"{p}.tok.>",
                 f"{p}.tokb.>",
                 f"{p}.rpc.mig.*",
             ),
-            subscribe=(*inbox, f"{p}.rpc.agent.{instance_id}.>", subjects.rpc_mig(instance_id)),
+            subscribe=(
+                *inbox, f"{p}.rpc.agent.{instance_id}.>", subjects.rpc_mig(instance_id),
+                subjects.kv_sync(instance_id),
+            ),
         )
     raise ValueError(f"unknown role {role!r}")
 

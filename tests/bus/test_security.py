@@ -160,7 +160,8 @@ def test_agent_permissions_name_only_its_own_subjects() -> None:
     rules = role_permissions(Role.AGENT, subjects, "i7")
     assert "c.load.i7" in rules.publish and "c.ev.instance.i7" in rules.publish
     assert not any(s.startswith(("c.load.*", "c.ev.sched", "c.rpc.agent", "$KV", ">")) for s in rules.publish)
-    assert set(rules.subscribe) == {"_INBOX.>", "c.rpc.agent.i7.>", "c.rpc.mig.i7"}
+    assert "c.kv.i7" in rules.publish and not any(s.startswith("c.kv.*") for s in rules.publish)
+    assert set(rules.subscribe) == {"_INBOX.>", "c.rpc.agent.i7.>", "c.rpc.mig.i7", "c.kvsync.i7"}
     assert not any("STREAM.CREATE" in s or "STREAM.UPDATE" in s for s in rules.publish)
     with pytest.raises(ValueError):
         role_permissions(Role.AGENT, subjects)
