@@ -795,8 +795,12 @@ class LocalScheduler:
         reservation_ids: Sequence[int],
         *,
         num_computed_tokens: int | None = None,
+        cached_block_ids: Sequence[int] = (),
     ) -> Request:
-        """Add a migrated request to the batch; its block table is the reservations' blocks in order."""
+        """Add a migrated request to the batch; its block table is ``cached_block_ids`` (its
+        leading blocks, found in this instance's prefix cache and referenced for it by the
+        migration: the references become the request's), then the reservations' blocks in order.
+        Each cached block must hold the hash of the request's block at its place."""
         if request_id in self._requests:
             raise MigrationError(f"request {request_id!r} is already on this instance")
         if not output_token_ids:
@@ -806,7 +810,10 @@ class LocalScheduler:
         if not 0 <= computed < num_tokens:
             raise MigrationError(f"num_computed_tokens {computed} outside 0..{num_tokens - 1}")
         reservations = [self.blocks.reservation(rid) for rid in reservation_ids]  # raises if unknown
-        num_blocks = sum(r.num_blocks for r in reservations)
+        cached = list(cached_block_ids)
+        if cached:
+            self._check_cached_prefix(request_id, [*prompt_token_ids, *output_token_ids], cached)
+        num_blocks = len(cached) + sum(r.num_blocks for r in reservations)
         if num_blocks < self.blocks.blocks_for_tokens(computed):
             raise MigrationError(
                 f"{num_blocks} blocks cannot hold the KV of {computed} tokens "
@@ -814,6 +821,7 @@ class LocalScheduler:
             )
         self._validate(request_id, prompt_token_ids, output_token_ids, sampling)
         request = self._new_request(request_id, prompt_token_ids, output_token_ids, sampling, priority)
+        request.block_ids.extend(cached)
         for reservation in reservations:
             request.block_ids.extend(self.blocks.commit(reservation.reservation_id))
         request.num_computed_tokens = computed
@@ -823,6 +831,22 @@ class LocalScheduler:
         if self._prefix_cache:
             self._register(request)  # imported full blocks enter this instance's cache
         return request
+
+    def _check_cached_prefix(self, request_id: str, token_ids: list[int], block_ids: list[int]) -> None:
+        """MigrationError unless each block is held and cached under the chain hash of the
+        request's block at its place (the KV there is the request's own)."""
+        blocks = self.blocks
+        hashes = extend_block_hashes([], token_ids[: len(block_ids) * blocks.block_size],
+                                     blocks.block_size, self._root_hash)
+        if len(hashes) < len(block_ids):
+            raise MigrationError(f"{len(block_ids)} cached blocks for the {len(hashes)} full blocks "
+                                 f"of request {request_id!r}")
+        for index, (block_id, block_hash) in enumerate(zip(block_ids, hashes, strict=False)):
+            if blocks.ref_count(block_id) <= 0 or blocks.block_hash(block_id) != block_hash:
+                raise MigrationError(
+                    f"block {index} of request {request_id!r} (local block {block_id}) is not a held "
+                    "cached block of its prefix"
+                )
 
     # --------------------------------------------------------------- stats
 

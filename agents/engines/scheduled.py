@@ -125,6 +125,21 @@ class ScheduledEngine:
     def reserve(self, num_blocks: int) -> Reservation:
         return self.scheduler.reserve(num_blocks)
 
+    def hold_cached_blocks(self, block_hashes: Sequence[int]) -> tuple[int, ...]:
+        """For an incoming migration: one reference to each cached block of the longest leading
+        run of ``block_hashes`` (the request's chain), so none of them is evicted before the
+        request is admitted with them (``admit_migrated(cached_block_ids=...)``) or the migration
+        gives up (:meth:`drop_held_blocks`). Nothing is copied into them: a cached block's KV is
+        the chain's. ``()`` with the prefix cache off."""
+        blocks = self.scheduler.blocks
+        held = blocks.lookup(block_hashes)
+        blocks.share(held)
+        return tuple(held)
+
+    def drop_held_blocks(self, block_ids: Sequence[int]) -> None:
+        """Drop one reference to each block :meth:`hold_cached_blocks` returned."""
+        self.scheduler.blocks.free(block_ids)
+
     def _payload_problem(self, buffer: KVBuffer) -> str | None:
         """Why this engine cannot read ``buffer``'s payload, or None; checked by :meth:`_check_import`."""
         return None

@@ -440,7 +440,10 @@ class TorchEngine(ScheduledEngine):
         reservations: Sequence[Reservation],
         *,
         num_computed_tokens: int | None = None,
+        cached_block_ids: Sequence[int] = (),
     ) -> None:
+        """``cached_block_ids``: the request's leading blocks, held from this pool's prefix cache
+        (:meth:`hold_cached_blocks`); the reservations' blocks follow them in its table."""
         sampling = self._engine_sampling(request_id, sampling)
         self.scheduler.admit_migrated(
             request_id,
@@ -450,6 +453,7 @@ class TorchEngine(ScheduledEngine):
             priority,
             [r.reservation_id for r in reservations],
             num_computed_tokens=num_computed_tokens,
+            cached_block_ids=cached_block_ids,
         )
 
     def release_request(self, request_id: str) -> int:
