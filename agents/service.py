@@ -16,7 +16,8 @@ the contract (``generate``, ``abort``, ``resend``, ``migrate_out``,
 and operators checking that no block is left reserved, and ``liveness``: whether
 its reports are still being sent, asked by the scheduler before it marks a silent
 instance failed) and hands migration messages to
-:class:`agents.migration.manager.MigrationManager`.
+:class:`agents.migration.manager.MigrationManager`. After each step its prefix cache's
+changes go to :class:`agents.cache_events.CacheEventPublisher` (published off the step path).
 
 Requests whose frontend is gone are aborted: every ``orphan_check_interval_s``
 the agent sends a :class:`~schemas.TokenProbe` request on each subject its live
@@ -46,6 +47,7 @@ import msgspec
 from opentelemetry import trace
 from opentelemetry.context import Context
 
+from agents.cache_events import CacheEventPublisher
 from agents.config import AgentConfig
 from agents.deltas import DeltaBuffer, RequestTokens
 from agents.engines.protocol import (
@@ -187,6 +189,8 @@ class Agent:
         self.request_spans = RequestSpans(tracer_from(tracer_provider), config.instance_id)
         self.migration = MigrationManager(self, tracer_provider=tracer_provider)
         self.migration.outcome_listeners.append(self.metrics.observe_migration)
+        #: prefix-cache events (made in :meth:`start`, after the warm-up, so its first batch has it)
+        self.cache_events: CacheEventPublisher | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -266,10 +270,27 @@ class Agent:
             self._services.append(
                 await self.bus.serve(self.subjects.rpc_agent(self.instance_id, method), handler)
             )
+        await self._start_cache_events()
         self.spawn(self._step_loop())
         self._report_task = self.spawn(self._report_loop())
         if self.config.orphan_check_interval_s > 0:
             self.spawn(self._orphan_loop())
+
+    async def _start_cache_events(self) -> None:
+        publisher = self.cache_events = CacheEventPublisher(
+            self.engine,
+            instance_id=self.instance_id,
+            block_size=self.engine.info.block_size,
+            subject=self.subjects.kv(self.instance_id),
+            append=lambda subject, data, msg_id, timeout: self.bus.append(
+                subject, data, msg_id=msg_id, timeout=timeout
+            ),
+            codec=self.codec,
+        )
+        self.step_listeners.append(publisher.after_step)
+        sync = await self.bus.serve(self.subjects.kv_sync(self.instance_id), publisher.serve_sync)
+        self._services.append(sync)
+        self.spawn(publisher.run())
 
     async def stop(self) -> None:
         """Stop cleanly: stop serving, end migrations, announce ``InstanceLeft``, close the transport."""
