@@ -145,7 +145,8 @@ async def agent_cluster(url: str, secure: Any = None) -> AsyncIterator[AgentClus
             with contextlib.suppress(Exception):
                 await agent.bus.close()
         jsm = cluster.client.client.jsm()
-        for stream in (subjects.events_stream, subjects.loads_stream, f"KV_{subjects.kv_bucket}"):
+        streams = (subjects.events_stream, subjects.loads_stream, subjects.kv_stream)
+        for stream in (*streams, f"KV_{subjects.kv_bucket}"):
             with contextlib.suppress(Exception):
                 await (jsm.delete_stream(stream) if secure is None else jsm.purge_stream(stream))
         await cluster.client.close()

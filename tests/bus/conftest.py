@@ -47,7 +47,7 @@ async def make_bus(request: pytest.FixtureRequest, subjects: Subjects) -> AsyncI
         cleaner = JetStreamBus(short_config(url, subjects, provision=False))
         await cleaner.connect()
         jsm = cleaner.client.jsm()
-        streams = (subjects.events_stream, subjects.loads_stream, subjects.history_stream)
+        streams = (subjects.events_stream, subjects.loads_stream, subjects.history_stream, subjects.kv_stream)
         for stream in (*streams, f"KV_{subjects.kv_bucket}"):
             try:
                 await jsm.delete_stream(stream)

@@ -78,7 +78,8 @@ async def delete_streams(url: str, prefix: str) -> None:
         jsm = bus.client.jsm()
         subjects = Subjects(prefix)
         for stream in (
-            subjects.events_stream, subjects.loads_stream, subjects.history_stream, f"KV_{subjects.kv_bucket}"
+            subjects.events_stream, subjects.loads_stream, subjects.history_stream, subjects.kv_stream,
+            f"KV_{subjects.kv_bucket}",
         ):
             with contextlib.suppress(Exception):
                 await jsm.delete_stream(stream)
