@@ -75,9 +75,10 @@ class Flavor(ABC, Generic[BodyT]):
 
     @abstractmethod
     def response(
-        self, reply: Reply, choices: list[Json], num_prompt_tokens: int, num_output_tokens: int
+        self, reply: Reply, choices: list[Json], num_prompt_tokens: int, num_output_tokens: int,
+        num_cached_tokens: int = 0,
     ) -> Json:
-        """The whole (non-streaming) response body."""
+        """The whole (non-streaming) response body; ``num_cached_tokens``: prompt tokens found cached."""
 
 
 class CompletionFlavor(Flavor[CompletionRequest]):
@@ -109,10 +110,11 @@ class CompletionFlavor(Flavor[CompletionRequest]):
         return R.completion_choice(index, text, finish_reason, logprobs)
 
     def response(
-        self, reply: Reply, choices: list[Json], num_prompt_tokens: int, num_output_tokens: int
+        self, reply: Reply, choices: list[Json], num_prompt_tokens: int, num_output_tokens: int,
+        num_cached_tokens: int = 0,
     ) -> Json:
         return R.completion_response(reply.request_id, reply.created, reply.model, choices,
-                                     num_prompt_tokens, num_output_tokens)
+                                     num_prompt_tokens, num_output_tokens, num_cached_tokens)
 
 
 class ChatFlavor(Flavor[ChatCompletionRequest]):
@@ -151,10 +153,11 @@ class ChatFlavor(Flavor[ChatCompletionRequest]):
         return R.chat_choice(index, text, finish_reason, logprobs)
 
     def response(
-        self, reply: Reply, choices: list[Json], num_prompt_tokens: int, num_output_tokens: int
+        self, reply: Reply, choices: list[Json], num_prompt_tokens: int, num_output_tokens: int,
+        num_cached_tokens: int = 0,
     ) -> Json:
         return R.chat_response(reply.request_id, reply.created, reply.model, choices,
-                               num_prompt_tokens, num_output_tokens)
+                               num_prompt_tokens, num_output_tokens, num_cached_tokens)
 
 
 COMPLETIONS = CompletionFlavor()

@@ -17,7 +17,9 @@ contract says:
    refusal is decided on its :class:`~schemas.reasons.RejectReason`: a client
    fault (:data:`CLIENT_FAULTS`) is the client's OpenAI error at once;
 4. reassemble deltas (:class:`~frontend.streams.DeltaAssembler`), ask the
-   owner to resend from a gap that outlives ``gap_grace``;
+   owner to resend from a gap that outlives ``gap_grace``; keep the prompt tokens the engine
+   that produced the first tokens found in its prefix cache (``num_cached_tokens``: usage's
+   ``cached_tokens``, whatever instance continues the request);
 5. rescue — re-place prompt + generated tokens with the next owner epoch —
    when the owner is declared failed, falls silent on the board, or the stream
    stalls for ``stall_timeout`` since admission or the last token. A rescue that
@@ -398,6 +400,9 @@ class RequestStream:
         self.closed = False
         self.close_reason: CloseReason | None = None
         self.finish_reason: FinishReason | None = None
+        #: prompt tokens the engine that produced the first tokens found in its prefix cache
+        #: (None until a token came)
+        self.num_cached_tokens: int | None = None
 
     @property
     def request_id(self) -> str:
@@ -470,6 +475,8 @@ class RequestStream:
         if not accepted.token_ids and accepted.finish_reason is None:
             return None
         if accepted.token_ids:
+            if self.num_cached_tokens is None:
+                self.num_cached_tokens = delta.num_cached_tokens
             self.generated.extend(accepted.token_ids)
             self.last_progress = now
             if self.first_token_at is None:

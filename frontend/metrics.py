@@ -1,7 +1,8 @@
 """Prometheus metrics of the frontend, on a registry of their own (one per app).
 
 Requests by endpoint and outcome, TTFT, time per output token and end-to-end
-latency histograms, tokens in and out, migrations seen in streams (an owner
+latency histograms, tokens in and out (and the prompt tokens instances found in their
+prefix caches), migrations seen in streams (an owner
 change the frontend did not cause), recomputes (a request restarted from its
 prompt plus generated tokens, which is what a rescue is), per-instance
 freeness, running and waiting counts and cumulative preemptions from the load
@@ -105,6 +106,10 @@ class FrontendMetrics:
         )
         self.prompt_tokens = Counter("shoal_prompt_tokens", "Prompt tokens of finished requests", registry=r)
         self.output_tokens = Counter("shoal_generation_tokens", "Tokens generated for clients", registry=r)
+        self.cached_prompt_tokens = Counter(
+            "shoal_prompt_cached_tokens",
+            "Prompt tokens of finished requests that their instance found in its prefix cache", registry=r,
+        )
         self.migrations = Counter(
             "shoal_migrations_observed", "Owner changes seen in token streams (live migrations)", registry=r
         )

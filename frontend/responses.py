@@ -1,7 +1,7 @@
 """OpenAI response bodies and SSE chunks, built as plain dicts (encoded with msgspec). Pure.
 
 Completions (``text_completion``) and chat completions (``chat.completion`` /
-``chat.completion.chunk``), usage blocks, and logprobs in each endpoint's
+``chat.completion.chunk``), usage blocks (with the prompt's cached tokens), and logprobs in each endpoint's
 format. Token strings for logprobs come from a ``decode_one`` function so this
 module needs no tokenizer.
 """
@@ -42,11 +42,15 @@ def sse(payload: Json) -> bytes:
     return b"data: " + _encode(payload) + b"\n\n"
 
 
-def usage(num_prompt_tokens: int, num_output_tokens: int) -> dict[str, int]:
+def usage(num_prompt_tokens: int, num_output_tokens: int, num_cached_tokens: int = 0) -> Json:
+    """OpenAI's usage block. ``prompt_tokens_details.cached_tokens`` (prompt tokens the engine found in
+    its prefix cache) is always there, 0 on a miss: OpenAI's shape (vLLM adds it only with
+    ``--enable-prompt-tokens-details`` and a hit)."""
     return {
         "prompt_tokens": num_prompt_tokens,
         "completion_tokens": num_output_tokens,
         "total_tokens": num_prompt_tokens + num_output_tokens,
+        "prompt_tokens_details": {"cached_tokens": num_cached_tokens},
     }
 
 
@@ -133,29 +137,30 @@ def chat_choice(index: int, text: str, finish_reason: str, logprobs: Json | None
 
 def completion_response(
     request_id: str, created: int, model: str, choices: list[Json],
-    num_prompt_tokens: int, num_output_tokens: int,
+    num_prompt_tokens: int, num_output_tokens: int, num_cached_tokens: int = 0,
 ) -> Json:
     return {
         "id": request_id, "object": "text_completion", "created": created, "model": model,
-        "choices": choices, "usage": usage(num_prompt_tokens, num_output_tokens),
+        "choices": choices, "usage": usage(num_prompt_tokens, num_output_tokens, num_cached_tokens),
     }
 
 
 def chat_response(
     request_id: str, created: int, model: str, choices: list[Json],
-    num_prompt_tokens: int, num_output_tokens: int,
+    num_prompt_tokens: int, num_output_tokens: int, num_cached_tokens: int = 0,
 ) -> Json:
     return {
         "id": request_id, "object": "chat.completion", "created": created, "model": model,
-        "choices": choices, "usage": usage(num_prompt_tokens, num_output_tokens),
+        "choices": choices, "usage": usage(num_prompt_tokens, num_output_tokens, num_cached_tokens),
     }
 
 
 def usage_chunk(
-    request_id: str, object_: str, created: int, model: str, num_prompt_tokens: int, num_output_tokens: int
+    request_id: str, object_: str, created: int, model: str, num_prompt_tokens: int, num_output_tokens: int,
+    num_cached_tokens: int = 0,
 ) -> Json:
     """The last SSE chunk when ``stream_options.include_usage`` is set: no choices, the usage block."""
     return {
         "id": request_id, "object": object_, "created": created, "model": model, "choices": [],
-        "usage": usage(num_prompt_tokens, num_output_tokens),
+        "usage": usage(num_prompt_tokens, num_output_tokens, num_cached_tokens),
     }

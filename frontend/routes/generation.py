@@ -174,9 +174,12 @@ def _end_placed(state: FrontendState, task: asyncio.Future[Turn]) -> None:
         end_turn(state, task.result(), "client")
 
 
-def _usage(turns: list[Turn], n: int) -> tuple[int, int]:
-    """Prompt tokens (each prompt once, however many choices it has) and output tokens (every choice)."""
-    return sum(turn.num_prompt_tokens for turn in turns[::n]), sum(turn.num_output_tokens for turn in turns)
+def _usage(turns: list[Turn], n: int) -> tuple[int, int, int]:
+    """Prompt tokens (each prompt once, however many choices it has), output tokens (every choice)
+    and cached prompt tokens (each prompt's first choice's: what its first instance found cached)."""
+    firsts = turns[::n]
+    return (sum(turn.num_prompt_tokens for turn in firsts), sum(turn.num_output_tokens for turn in turns),
+            sum(turn.stream.num_cached_tokens or 0 for turn in firsts))
 
 
 async def _start_turn(
@@ -219,6 +222,7 @@ def end_turn(state: FrontendState, turn: Turn, outcome: str) -> None:
     if outcome == "ok":
         metrics.prompt_tokens.inc(turn.num_prompt_tokens)
         metrics.output_tokens.inc(turn.num_output_tokens)
+        metrics.cached_prompt_tokens.inc(turn.stream.num_cached_tokens or 0)
     stopped_early = turn.finish_reason is FinishReason.STOP
     reason = CloseReason.FINISHED if outcome == "ok" and not stopped_early else (
         CloseReason.STOP_STRING if outcome == "ok" else CloseReason.CLIENT

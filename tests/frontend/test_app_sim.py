@@ -21,7 +21,8 @@ async def test_completion_streams_and_counts_usage(nats_url: str) -> None:
             lines = [line async for line in response.aiter_lines() if line]
         assert lines[-1] == "data: [DONE]"
         chunks = [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
-        assert chunks[-1]["usage"] == {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12}
+        assert chunks[-1]["usage"] == {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12,
+                                       "prompt_tokens_details": {"cached_tokens": 0}}
         assert chunks[-2]["choices"][0]["finish_reason"] == "length"
 
         plain = await client.post("/v1/completions", json={**body, "stream": False})
