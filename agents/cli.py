@@ -67,18 +67,21 @@ def build_engine(
     dtype: str | None = None,
     engine_core: str = "thread",
     threads: int | None = None,
+    prefix_cache: bool = True,
 ) -> Any:
     """The engine the options describe (torch is imported only when chosen).
 
     ``block_size`` None: the engine's default (torch 16, vllm 32). ``dtype``
     (torch; vLLM's comes in ``vllm_options``) None or ``"auto"``: the engine's
-    default (float32 on CPU). Bad vllm options (tensor parallelism with
+    default (float32 on CPU). ``prefix_cache``: automatic prefix caching (sim and torch; vllm's
+    comes in ``vllm_options``). Bad vllm options (tensor parallelism with
     migration, say) are a usage error.
     """
     if engine == "sim":
         from agents.engines.sim import SimEngine
 
-        return SimEngine(profile, num_blocks=num_blocks, max_batch_size=max_batch_size, time_scale=time_scale)
+        return SimEngine(profile, num_blocks=num_blocks, max_batch_size=max_batch_size, time_scale=time_scale,
+                         prefix_cache=prefix_cache)
     if engine == "torch":
         from agents.engines.torch_engine import TorchEngine, TorchEngineConfig
 
@@ -96,6 +99,7 @@ def build_engine(
                 dtype=None if dtype in (None, "auto") else dtype,
                 core=engine_core,
                 core_threads=threads,
+                prefix_cache=prefix_cache,
             )
         )
     if engine == "vllm":
@@ -265,11 +269,13 @@ def _engine(options: AgentCliConfig) -> Any:
         dtype=options.dtype,
         engine_core=options.engine_core,
         threads=options.threads,
+        prefix_cache=options.prefix_cache,
         vllm_options={
             "dtype": options.dtype,
             "gpu_memory_utilization": options.gpu_memory_utilization,
             "tensor_parallel_size": options.tensor_parallel_size,
             "cpus": cpus,
+            "prefix_cache": options.prefix_cache,
         },
     )
 

@@ -191,7 +191,8 @@ def agent_config(up: UpConfig, nats: NatsOptions, instance_id: str, **more: Any)
     engine = up.engine
     model = up.model or ("small" if engine == "torch" else "tiny-test")
     fields: dict[str, Any] = {"nats": nats, "instance_id": instance_id, "engine": engine,
-                              "threads": up.threads, "transport_kind": "tcp", "num_blocks": up.num_blocks}
+                              "threads": up.threads, "transport_kind": "tcp", "num_blocks": up.num_blocks,
+                              "prefix_cache": up.prefix_cache}
     if engine == "sim":
         fields.update(profile=model, time_scale=up.time_scale)
     else:
@@ -246,6 +247,9 @@ class UpConfig(CliConfig):
     engine_core: Literal["thread", "process"] = option_like(
         AgentCliConfig, "engine_core",
         help="torch: where each agent's model step computes (see shoal agent --engine-core).")
+    prefix_cache: bool = option_like(
+        AgentCliConfig, "prefix_cache",
+        help="Automatic prefix caching in every agent (see shoal agent --prefix-cache).")
     kv_cache_bytes: int | None = option_like(
         AgentCliConfig, "kv_cache_bytes",
         help="vllm: KV space per agent in bytes (on CPU 1 GiB unless VLLM_CPU_KVCACHE_SPACE is set).")

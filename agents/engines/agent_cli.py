@@ -98,6 +98,12 @@ class AgentCliConfig(CliConfig):
     tensor_parallel_size: int | None = option("--tensor-parallel-size", default=None, min=1,
                                               help="vllm: TP degree (1 with migration).")
     threads: int = option("--threads", default=1, min=1, help="torch.set_num_threads (CPU).")
+    prefix_cache: bool = option(
+        "--prefix-cache", secondary="--no-prefix-cache", default=True, show_default=True,
+        envvar="SHOAL_PREFIX_CACHE",
+        help="Automatic prefix caching: a prompt's full KV blocks computed before (by any request "
+             "here) are reused, not computed again; cached blocks nobody uses count as free and are "
+             "evicted least recently used first (sim, torch, vllm).")
     engine_core: Literal["thread", "process"] = option(
         "--engine-core", default="thread",
         help="torch: where the model step computes: in the agent's process, or in a child process "
