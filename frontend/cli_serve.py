@@ -89,6 +89,10 @@ class ServeCliConfig(CliConfig):
         "--supervisor-status", default=None, type=click.Path(dir_okay=False, path_type=Path),
         help="A JSON file where a supervisor (shoal up) writes the components it left down and why: "
              "/health reports them.")
+    prefix_block_size: int | None = option(
+        "--prefix-block-size", default=None, min=0, metavar="TOKENS",
+        help="Block size of the prompt hash chain each dispatch carries for prefix-aware placement "
+             "(default: the block size the instances announce; 0: send none).")
     log_level: str = option("--log-level", default="warning")
 
     def frontend_config(self) -> FrontendConfig:
@@ -115,6 +119,7 @@ class ServeCliConfig(CliConfig):
             instance_stale_after=self.instance_stale_after,
             request_deadline=self.request_deadline,
             supervisor_status=self.supervisor_status,
+            prefix_block_size=self.prefix_block_size,
         )
 
 

@@ -4,8 +4,9 @@
 so which tokenizer the frontend loads), the limits that protect the cluster
 (concurrent requests, request size, ``max_tokens`` cap) and the timeouts of
 dispatch, generate, gap repair and stall detection that drive bypass and
-rescue, and how long a rescue may look for an instance before the request
-fails. Nothing here reads the environment.
+rescue, how long a rescue may look for an instance before the request
+fails, and the block size of the prompt hash chains sent for prefix-aware dispatch.
+Nothing here reads the environment.
 """
 
 from __future__ import annotations
@@ -57,6 +58,9 @@ class FrontendConfig:
     #: where a supervisor writes the components it left down (``/health`` reads it); None: no supervisor
     supervisor_status: Path | None = None
     extra_model_names: tuple[str, ...] = field(default_factory=tuple)
+    #: block size of the prompt's block-hash chain each dispatch carries (the scheduler's prefix
+    #: index); None: the block size the instances announce; 0: no chain
+    prefix_block_size: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("dispatch_timeout", "scheduler_backoff", "generate_timeout", "gap_grace",
@@ -69,6 +73,8 @@ class FrontendConfig:
             raise ValueError("max_placement_attempts must be >= 1")
         if self.generate_retries < 0:
             raise ValueError("generate_retries must be >= 0")
+        if self.prefix_block_size is not None and self.prefix_block_size < 0:
+            raise ValueError("prefix_block_size must be >= 0 (0: no chain)")
 
     @property
     def model_name(self) -> str:

@@ -10,8 +10,10 @@ and the gateway hands each delta to its request's stream. Per request, as the
 contract says:
 
 1. register the request's stream (its deltas are routed to it) *before* placing it;
-2. ask the scheduler (``rpc_dispatch``, short timeout); on a timeout, no
-   responders, an error or no answer, place it from the board (bypass mode);
+2. ask the scheduler (``rpc_dispatch``, short timeout) with the prompt's block-hash chain
+   (:func:`schemas.block_hash.block_hashes`, computed once per prompt: :meth:`Gateway.prompt_chain`)
+   for its prefix index; on a timeout, no responders, an error or no answer, place it from the
+   board (bypass mode);
 3. send ``GenerateRequest`` to the chosen agent; an agent that does not answer
    or refuses for its own reasons is excluded and the placement retried. A
    refusal is decided on its :class:`~schemas.reasons.RejectReason`: a client
@@ -42,7 +44,8 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Mapping
+from collections import Counter
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import msgspec
@@ -73,6 +76,7 @@ from schemas import (
     TokenDelta,
     TokenDeltaBatch,
 )
+from schemas.block_hash import block_hashes, extend_block_hashes, root_hash
 from schemas.requests import (
     RequestAborted,
     RequestArrived,
@@ -82,7 +86,7 @@ from schemas.requests import (
     RequestRescued,
 )
 
-__all__ = ["CLIENT_FAULTS", "Gateway", "Job", "RequestStream"]
+__all__ = ["CLIENT_FAULTS", "NO_CHAIN", "Chain", "Gateway", "Job", "RequestStream", "common_block_size"]
 
 log = logging.getLogger(__name__)
 
@@ -114,14 +118,36 @@ def _bypass_of(reply: object) -> Bypass:
     return Bypass(BypassReason.SCHEDULER_REFUSED, f"{reason}: {reply.detail}" if reply.detail else reason)
 
 
+def common_block_size(block_sizes: Iterable[int]) -> int:
+    """The block size most instances use (the smallest among equals); 0 when there is none."""
+    counts = Counter(size for size in block_sizes if size > 0)
+    if not counts:
+        return 0
+    return min(counts, key=lambda size: (-counts[size], size))
+
+
+class Chain(NamedTuple):
+    """A prompt's block-hash chain (:func:`schemas.block_hash.block_hashes`) for blocks of
+    ``block_size`` tokens; ``block_size`` 0: none was computed."""
+
+    block_size: int = 0
+    hashes: tuple[int, ...] = ()
+
+
+#: no chain: the scheduler places without its prefix index
+NO_CHAIN = Chain()
+
+
 class Job(msgspec.Struct, frozen=True, kw_only=True):
-    """One request as the gateway runs it: token ids and engine sampling parameters."""
+    """One request as the gateway runs it: token ids, engine sampling parameters, the prompt's chain."""
 
     request_id: str
     prompt_ids: tuple[int, ...]
     sampling: SamplingParams
     priority: int = 0
     deadline: float | None = None  # monotonic seconds
+    #: the prompt's block-hash chain (``Gateway.prompt_chain``), sent with every placement
+    chain: Chain = NO_CHAIN
 
 
 class Gateway:
@@ -227,6 +253,25 @@ class Gateway:
     def max_model_len(self) -> int:
         return self.board.max_model_len(self.config.max_model_len)
 
+    def prefix_block_size(self) -> int:
+        """The block size of the chains sent to the scheduler: ``config.prefix_block_size``, or when
+        that is None the one most instances announced (0: no chain)."""
+        configured = self.config.prefix_block_size
+        if configured is not None:
+            return configured
+        board = self.board
+        return common_block_size(
+            record.joined.block_size for instance_id, record in board.state.instances.items()
+            if not board.is_failed(instance_id)
+        )
+
+    def prompt_chain(self, prompt_ids: Sequence[int]) -> Chain:
+        """``prompt_ids``' block-hash chain for the scheduler's prefix index (empty when off)."""
+        block_size = self.prefix_block_size()
+        if block_size <= 0:
+            return NO_CHAIN
+        return Chain(block_size, tuple(block_hashes(prompt_ids, block_size)))
+
     async def open(self, job: Job) -> RequestStream:
         """Register, place and start ``job``; raises :class:`APIError` if no instance takes it."""
         if self.deltas_closed or self._delta_subscription is None:
@@ -247,14 +292,14 @@ class Gateway:
         return stream
 
     async def place(
-        self, request: GenerateRequest, exclude: tuple[str, ...] = ()
+        self, request: GenerateRequest, exclude: tuple[str, ...] = (), chain: Chain = NO_CHAIN
     ) -> tuple[str, Bypass | None]:
         """Place and start ``request`` on some instance; returns the instance and, if the frontend
-        placed it itself, why."""
+        placed it itself, why. ``chain``: the block-hash chain of ``request.token_ids``."""
         excluded = list(exclude)
         last_error = "no instance is available"
         for _ in range(self.config.max_placement_attempts):
-            instance_id, bypass = await self._choose(request, tuple(excluded))
+            instance_id, bypass = await self._choose(request, tuple(excluded), chain)
             if instance_id is None:
                 break
             outcome = await self._generate(instance_id, request)
@@ -271,12 +316,12 @@ class Gateway:
         raise unavailable(f"no instance could take the request: {last_error}", self.config.retry_after_s)
 
     async def _choose(
-        self, request: GenerateRequest, exclude: tuple[str, ...]
+        self, request: GenerateRequest, exclude: tuple[str, ...], chain: Chain
     ) -> tuple[str | None, Bypass | None]:
         num_prompt = len(request.token_ids)
         ask = DispatchRequest(
             request_id=request.request_id, num_prompt_tokens=num_prompt, priority=request.priority,
-            exclude=exclude,
+            exclude=exclude, block_size=chain.block_size, block_hashes=chain.hashes,
         )
         bypass = Bypass(BypassReason.SCHEDULER_QUIET, "a dispatch timed out recently")
         if self.clock() >= self.scheduler_quiet_until:
@@ -423,7 +468,7 @@ class RequestStream:
 
     async def start(self) -> None:
         gateway = self.gateway
-        self.owner_id, bypass = await gateway.place(self._request((), 0))
+        self.owner_id, bypass = await gateway.place(self._request((), 0), chain=self.job.chain)
         self.bypass = bypass is not None
         self.assembler.expect_epoch(0, self.owner_id)
         self.last_progress = gateway.clock()
@@ -547,7 +592,8 @@ class RequestStream:
         since = self.unplaced_since if self.unplaced_since is not None else now
         try:
             async with asyncio.timeout(max(since + bound - gateway.clock(), 0.0)):
-                new_owner, _ = await gateway.place(self._request(generated, epoch), exclude)
+                new_owner, _ = await gateway.place(self._request(generated, epoch), exclude,
+                                                   self._chain(generated))
         except (APIError, TimeoutError) as exc:
             why = exc.message if isinstance(exc, APIError) else (
                 self.unplaced_why or "no instance answered in time")
@@ -580,6 +626,15 @@ class RequestStream:
             request_id=self.request_id, failed_instance_id=failed, new_instance_id=new_owner,
             num_tokens_kept=len(generated),
         ))
+
+    def _chain(self, generated: tuple[int, ...]) -> Chain:
+        """The chain of the prompt plus ``generated`` (a rescue's prompt): the prompt's, extended."""
+        block_size, hashes = self.job.chain
+        if block_size <= 0:
+            return self.job.chain
+        tokens = self.job.prompt_ids + generated
+        chain = extend_block_hashes(list(hashes), tokens, block_size, root_hash(block_size))
+        return Chain(block_size, tuple(chain))
 
     async def close(self, reason: CloseReason = CloseReason.FINISHED) -> None:
         """End the request: abort it on its owner unless it finished, log, unsubscribe. Idempotent.

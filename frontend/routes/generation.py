@@ -39,7 +39,7 @@ from frontend.dependencies import FrontendState, StateDep, check_api_key, priori
 from frontend.detokenize import IncrementalDetokenizer, StopStringMatcher
 from frontend.errors import APIError, context_length_exceeded, invalid_parameter, model_not_found
 from frontend.flavors import CHAT, COMPLETIONS, BodyT, Flavor, Reply
-from frontend.gateway import Job
+from frontend.gateway import Chain, Job
 from frontend.http_responses import TurnResponse, json_response
 from frontend.openai_models import (
     ChatCompletionRequest,
@@ -142,17 +142,22 @@ async def _start_turns(
     budgets = [output_budget(config, max_model_len, len(ids), requested, param) for ids in prompts]
     stops = stop_strings_of(body, config.max_stop_strings)
     priority = priority_of(request, body.priority)
-    jobs: list[tuple[list[int], SamplingParams]] = []
+    jobs: list[tuple[list[int], SamplingParams, Chain]] = []
     for prompt_ids, max_tokens in zip(prompts, budgets, strict=True):
         sampling = sampling_of(body, max_tokens=max_tokens)
+        chain = gateway.prompt_chain(prompt_ids)  # once per prompt, for all its choices
         for index in range(n):
             seed = None if sampling.seed is None else (sampling.seed + index) % (2**63)
-            jobs.append((prompt_ids, msgspec.structs.replace(sampling, seed=seed) if index else sampling))
+            choice_sampling = msgspec.structs.replace(sampling, seed=seed) if index else sampling
+            jobs.append((prompt_ids, choice_sampling, chain))
     if len(jobs) == 1:
-        return [await _start_turn(request, body, flavor, jobs[0][0], state, jobs[0][1], stops, priority)]
+        ids, sampling, chain = jobs[0]
+        return [await _start_turn(request, body, flavor, ids, state, sampling, stops, priority, chain)]
     tasks = [
-        asyncio.ensure_future(_start_turn(request, body, flavor, ids, state, sampling, stops, priority))
-        for ids, sampling in jobs
+        asyncio.ensure_future(
+            _start_turn(request, body, flavor, ids, state, sampling, stops, priority, chain)
+        )
+        for ids, sampling, chain in jobs
     ]
     try:
         await asyncio.wait(tasks)
@@ -184,16 +189,16 @@ def _usage(turns: list[Turn], n: int) -> tuple[int, int, int]:
 
 async def _start_turn(
     request: Request, body: BodyT, flavor: Flavor[BodyT], prompt_ids: list[int], state: FrontendState,
-    sampling: SamplingParams, stops: tuple[str, ...], priority: int,
+    sampling: SamplingParams, stops: tuple[str, ...], priority: int, chain: Chain,
 ) -> Turn:
-    """Admit and place one choice; its stream is open on return."""
+    """Admit and place one choice (``chain``: its prompt's block-hash chain); its stream is open on return."""
     config, gateway = state.config, state.gateway
     state.admission.admit()
     try:
         request_id = f"{flavor.id_prefix}-{uuid.uuid4().hex}"
         deadline = None if config.request_deadline is None else time.monotonic() + config.request_deadline
         job = Job(request_id=request_id, prompt_ids=tuple(prompt_ids), sampling=sampling,
-                  priority=priority, deadline=deadline)
+                  priority=priority, deadline=deadline, chain=chain)
         stream = await gateway.open(job)
     except BaseException:
         state.admission.release()
