@@ -3,7 +3,10 @@
 Read at scrape time from the latest :class:`~agents.engines.protocol.EngineStats`
 the agent took (each load-report round takes one):
 KV blocks (total, free, used, reserved for incoming migrations), running and
-waiting requests, cumulative preemptions. Observed as they happen: engine
+waiting requests, cumulative preemptions, and the prefix cache as vLLM counts it
+(``shoal_prefix_cache_queries_total`` and ``_hits_total`` in tokens, so hits over
+queries is the token hit rate; ``_evictions_total`` and the ``shoal_prefix_cache_blocks``
+gauge in blocks). Observed as they happen: engine
 step duration and batch size (per step, from the agent's step listeners),
 how late the event loop wakes (the agent's load-report loop measures it),
 and, per migration this agent started as the source, its outcome, the
@@ -61,6 +64,17 @@ class _EngineCollector(Collector):
         yield CounterMetricFamily("shoal_agent_preemptions",
                                   "Preemptions by recompute since the engine started",
                                   value=stats.num_preemptions)
+        yield CounterMetricFamily("shoal_prefix_cache_queries",
+                                  "Prompt tokens looked up in the prefix cache at admission",
+                                  value=stats.prefix_cache_queries)
+        yield CounterMetricFamily("shoal_prefix_cache_hits",
+                                  "Of the tokens looked up, those found cached (not computed)",
+                                  value=stats.prefix_cache_hits)
+        yield CounterMetricFamily("shoal_prefix_cache_evictions",
+                                  "Cached KV blocks evicted to make room", value=stats.prefix_cache_evictions)
+        yield GaugeMetricFamily("shoal_prefix_cache_blocks",
+                                "KV blocks in the prefix cache (in use or evictable)",
+                                value=stats.num_cached_blocks)
 
 
 class AgentMetrics:

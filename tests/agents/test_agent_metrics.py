@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from agents.engines.sim import SimEngine
 from schemas import GenerateRequest, MigrationAbortReason
 from tests.agents.agent_cluster import agent_cluster, fast_agent_config, greedy, sim_engine
 from tests.scrape import scrape, serving, value
@@ -66,6 +67,42 @@ async def test_agent_metrics_move_with_traffic_and_a_forced_migration(nats_url: 
             assert value(moved, "shoal_agent_migration_bytes_total") == moved_bytes > 0
             assert value(moved, "shoal_agent_num_requests_running") == 0
             assert value(moved, "shoal_agent_kv_blocks_free") == 64  # the request left with its blocks
+
+
+async def test_a_repeated_prompt_shows_as_prefix_cache_hits(nats_url: str) -> None:
+    """The same 40-token prompt twice: the second finds all its full blocks but the last token's."""
+
+    async def counters(url: str, queries: float | None = None) -> tuple[float, float]:
+        """(queries, hits) once a load report shows the prefix cache (with ``queries`` if given)."""
+        deadline = time.monotonic() + 5.0
+        while True:
+            samples = await scrape(url)
+            seen = samples.get(("shoal_prefix_cache_queries_total", ()))
+            if seen is not None and queries in (None, seen):
+                return seen, value(samples, "shoal_prefix_cache_hits_total")
+            assert time.monotonic() < deadline, f"no load report showed {queries} prefix-cache queries in 5 s"
+            await asyncio.sleep(0.05)
+
+    async with agent_cluster(nats_url) as cluster:
+        engine = SimEngine("tiny-test", num_blocks=64, prefix_cache=True)
+        agent = await cluster.add(engine, fast_agent_config("a1"))
+        block_size = engine.info.block_size
+        prompt = tuple(range(10, 50))  # not the warm-up's prompt (1, 2, 3, 4), whose block is cached too
+        with serving(agent.metrics.registry) as url:
+            queries, hits = await counters(url)  # the warm-up request's
+            for request_id in ("first", "again"):
+                watcher = await cluster.watch(request_id)
+                reply = await cluster.generate(
+                    "a1", GenerateRequest(request_id=request_id, token_ids=prompt, sampling=greedy(4))
+                )
+                assert reply.accepted
+                await watcher.wait_finished()
+                await watcher.close()
+            _, after = await counters(url, queries + 2 * len(prompt))
+            assert after - hits == (len(prompt) - 1) // block_size * block_size > 0
+            samples = await scrape(url)
+            assert value(samples, "shoal_prefix_cache_evictions_total") == 0
+            assert value(samples, "shoal_prefix_cache_blocks") >= len(prompt) // block_size
 
 
 async def test_a_blocked_event_loop_is_measured_and_logged(
