@@ -7,6 +7,12 @@ times, to ``<prefix>.ev.mig.<migration_id>`` so a migration can be replayed and
 timed afterwards. The destination's ``CommitAck`` in the log decides who owns
 the request if the reply is lost. Before its first message the source appends
 ``MigrationStarted`` (log only, not a handshake message): why it started.
+
+Deduplication against the destination's prefix cache is decided at the handshake: the
+first ``PreAllocate`` carries the chain hashes of the request's full blocks
+(:mod:`schemas.block_hash`), the destination's stage-0 ``Ack`` says how many leading blocks
+of that chain it already caches (it holds them from then until commit or abort), and only
+the rest is copied. Either field left at its default (an older peer) copies everything.
 """
 
 from __future__ import annotations
@@ -33,7 +39,12 @@ __all__ = [
 class PreAllocate(Message, frozen=True, kw_only=True, tag="mig_pre_allocate"):
     """Reserve a stage's blocks. ``copy_step_share`` is the source's pacing of this migration
     (``MigrationConfig.copy_step_share``; 0: full speed, as a draining source copies), which the
-    destination's paced writes follow; None (older sources) leaves the destination's own."""
+    destination's paced writes follow; None (older sources) leaves the destination's own.
+
+    ``block_hashes`` (stage 0 only): the chain hashes of the request's full blocks, first block
+    first. The destination holds the leading run of them it caches instead of reserving blocks
+    for it (``Ack.num_cached_blocks``); empty (older sources, nothing full yet): no dedup.
+    They travel to the destination only: the event log's copy leaves them out."""
 
     migration_id: str
     request_id: str
@@ -42,17 +53,24 @@ class PreAllocate(Message, frozen=True, kw_only=True, tag="mig_pre_allocate"):
     stage: int
     num_blocks: int
     copy_step_share: float | None = None
+    block_hashes: tuple[int, ...] = ()
 
 
 class Ack(Message, frozen=True, kw_only=True, tag="mig_ack"):
     """The destination reserved the stage's blocks. ``transfer_token`` is the unguessable,
     single-use token the KV buffer of this stage must carry (the destination's transport
-    refuses any other); it travels only to the source and is blanked in the event log."""
+    refuses any other); it travels only to the source and is blanked in the event log.
+
+    ``num_cached_blocks`` (stage 0 only): how many leading blocks of the request (of
+    ``PreAllocate.block_hashes``) the destination already caches and holds for it until commit
+    or abort; they are not copied, and ``block_ids`` are for the stage's other blocks. 0 (older
+    destinations, no hit): the whole stage is copied."""
 
     migration_id: str
     stage: int
     block_ids: tuple[int, ...]
     transfer_token: str = ""
+    num_cached_blocks: int = 0
 
 
 class Abort(Message, frozen=True, kw_only=True, tag="mig_abort"):

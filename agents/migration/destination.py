@@ -9,6 +9,13 @@ stage's reserved blocks only when the machine says so (``WriteBlocks``); on
 request joins the running batch and the agent publishes its tokens on the same
 subject from the next index with the owner epoch incremented. Releases cancel
 the transport slots too, so late data never lands in released blocks.
+
+Stage 0 first takes a reference to the leading blocks of the request's chain (the
+``PreAllocate``'s block hashes) that the engine's prefix cache holds
+(:class:`~agents.migration.host.CachedBlockHolder`), then reserves blocks for the rest
+only, so only those are copied; the references are the admitted request's, or are
+dropped with the reservations when the migration is given up. An engine without a
+prefix cache (or one that lends none) holds nothing and every block is copied.
 """
 
 from __future__ import annotations
@@ -41,7 +48,7 @@ from agents.migration.fsm.actions import (
 from agents.migration.fsm.config import MigrationConfig
 from agents.migration.fsm.destination import DestinationState
 from agents.migration.fsm.record import DestinationStart
-from agents.migration.host import DriverContext
+from agents.migration.host import CachedBlockHolder, DriverContext
 from agents.migration.pacing import CopyPacer, splits_by_block
 from agents.tracing import parent_context
 from schemas.migration import Ack, Commit, HurryCopy, StageWritten
@@ -77,6 +84,8 @@ class DestinationDriver(MachineDriver):
         super().__init__(manager, state, start, config)
         self._on_finished = on_finished
         self.reservations: dict[int, Reservation] = {}
+        #: cached blocks of the request's prefix held for it since stage 0 (not copied)
+        self.held: tuple[int, ...] = ()
         #: the KV transfer token of each stage, sent to the source in our Ack
         self.transfer_tokens: dict[int, str] = {}
         self.pending: dict[int, PendingTransfer] = {}
@@ -145,24 +154,43 @@ class DestinationDriver(MachineDriver):
             return ReserveFailed(stage=action.stage, reason=MigrationAbortReason.TOO_MANY_INCOMING)
         if action.stage == 0 and self.agent.terminating:
             return ReserveFailed(stage=action.stage, reason=MigrationAbortReason.DESTINATION_TERMINATING)
+        # hold the cached prefix before reserving, so the reservation cannot evict it
+        held = self._hold(action.block_hashes)
         try:
-            reservation = engine.reserve(action.num_blocks)
+            reservation = engine.reserve(action.num_blocks - len(held))
         except OutOfBlocks as exc:
+            self._drop_held()
             return ReserveFailed(
                 stage=action.stage, reason=MigrationAbortReason.OUT_OF_BLOCKS, detail=str(exc)
             )
         self.reservations[action.stage] = reservation
-        if action.num_blocks == 0:  # a queued request moves without KV: no data will come
-            return Reserved(stage=action.stage, block_ids=reservation.block_ids)
+        if reservation.num_blocks == 0:  # nothing to copy (held cached, or a queued move without KV)
+            return Reserved(stage=action.stage, block_ids=reservation.block_ids, cached_block_ids=held)
         info = engine.info
-        nbytes = action.num_blocks * payload_bytes_per_block(info.engine, info.bytes_per_block)
+        nbytes = reservation.num_blocks * payload_bytes_per_block(info.engine, info.bytes_per_block)
         # only the source learns the token (in our Ack): a buffer without it is refused, and a
         # replay of the real one finds the slot used (single use)
         token = self.transfer_tokens[action.stage] = secrets.token_urlsafe(24)
         pending = self.agent.transport.expect(self.migration_id, action.stage, nbytes, reservation_id=token)
         self.pending[action.stage] = pending
         self.helper(self._await_transfer(action.stage, pending))
-        return Reserved(stage=action.stage, block_ids=reservation.block_ids)
+        return Reserved(stage=action.stage, block_ids=reservation.block_ids, cached_block_ids=held)
+
+    def _hold(self, block_hashes: tuple[int, ...]) -> tuple[int, ...]:
+        """Reference the leading blocks of ``block_hashes`` the engine caches (stage 0 only)."""
+        engine = self.agent.engine
+        if not block_hashes or self.held or not isinstance(engine, CachedBlockHolder):
+            return ()
+        self.held = engine.hold_cached_blocks(block_hashes)
+        if self.held:
+            self.span.set_attribute("shoal.migration.cached_blocks", len(self.held))
+        return self.held
+
+    def _drop_held(self) -> None:
+        engine = self.agent.engine
+        held, self.held = self.held, ()
+        if held and isinstance(engine, CachedBlockHolder):
+            engine.drop_held_blocks(held)
 
     async def _await_transfer(self, stage: int, pending: PendingTransfer) -> None:
         try:
@@ -315,6 +343,7 @@ class DestinationDriver(MachineDriver):
         for reservation in self.reservations.values():
             self.agent.engine.release_reservation(reservation)
         self.reservations.clear()
+        self._drop_held()
         self.received.clear()
 
     async def _admit(self, commit: Commit) -> None:
@@ -323,28 +352,37 @@ class DestinationDriver(MachineDriver):
         prompt = commit.token_ids[: commit.num_prompt_tokens]
         outputs = commit.token_ids[commit.num_prompt_tokens :]
         failed_write = await self._writes_done()
-        if not any(r.block_ids for r in reservations):  # no KV came: queue it here as it was there
-            self._queue_moved(commit, reservations)
+        if not self.held and not any(r.block_ids for r in reservations):
+            self._queue_moved(commit, reservations)  # no KV came: queue it here as it was there
             return
+        engine = agent.engine
         try:
             if failed_write is not None:
                 raise MigrationError(f"writing a stage failed: {failed_write!r}")
-            agent.engine.admit_migrated(
-                commit.request_id,
-                prompt,
-                outputs,
-                commit.sampling,
-                commit.priority,
-                reservations,
-            )
+            if self.held and isinstance(engine, CachedBlockHolder):
+                engine.admit_migrated(
+                    commit.request_id,
+                    prompt,
+                    outputs,
+                    commit.sampling,
+                    commit.priority,
+                    reservations,
+                    cached_block_ids=self.held,
+                )
+            else:
+                engine.admit_migrated(
+                    commit.request_id, prompt, outputs, commit.sampling, commit.priority, reservations
+                )
         except MigrationError as exc:  # the data did not all arrive: the request cannot continue here
             self.span.record_exception(exc)
             for reservation in reservations:
-                agent.engine.release_reservation(reservation)
+                engine.release_reservation(reservation)
             self.reservations.clear()
+            self._drop_held()
             agent.spawn(agent.publish_failure(commit, str(exc)))
             return
         self.reservations.clear()
+        self.held = ()  # the request's references now
         agent.adopt_migrated(commit, trace_context=trace.set_span_in_context(self.span))
 
     def _queue_moved(self, commit: Commit, reservations: list[Reservation]) -> None:

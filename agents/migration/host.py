@@ -8,6 +8,9 @@
 * :class:`DriverContext` — what a driver of one machine
   (:mod:`agents.migration.source`, :mod:`agents.migration.destination`) uses of
   the :class:`~agents.migration.manager.MigrationManager` that owns it.
+* :class:`CachedBlockHolder` — what a destination uses of an engine whose prefix cache
+  spares a migration the copy of blocks it already holds (shoal's own engines); with any
+  other engine every block is copied.
 
 Only type-level imports of lower layers here; nothing imports the manager or
 the agent, so neither a driver nor the manager needs the class that hosts it.
@@ -16,14 +19,15 @@ the agent, so neither a driver nor the manager needs the class that hosts it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
-from typing import Any, Protocol
+from collections.abc import Coroutine, Sequence
+from typing import Any, Protocol, runtime_checkable
 
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, Tracer
 
 from agents.config import AgentConfig
 from agents.deltas import RequestTokens
+from agents.engines.block_manager import Reservation
 from agents.engines.protocol import Engine
 from agents.migration.fsm.config import MigrationConfig
 from agents.migration.log import MigrationLog
@@ -32,9 +36,41 @@ from bus import Bus
 from schemas import Codec, Subjects
 from schemas.load import LoadReport
 from schemas.migration import Commit, MigrationMessage
+from schemas.rpc import SamplingParams
 from transport import KVTransport
 
-__all__ = ["DriverContext", "MigrationHost"]
+__all__ = ["CachedBlockHolder", "DriverContext", "MigrationHost"]
+
+
+@runtime_checkable
+class CachedBlockHolder(Protocol):
+    """An engine that lends an incoming migration the blocks its prefix cache already holds."""
+
+    def hold_cached_blocks(self, block_hashes: Sequence[int]) -> tuple[int, ...]:
+        """One reference to each cached block of the longest leading run of ``block_hashes``
+        (a chain, :mod:`schemas.block_hash`); held until :meth:`drop_held_blocks` or an admission
+        takes them over. ``()`` when nothing (or no cache) matches."""
+        ...
+
+    def drop_held_blocks(self, block_ids: Sequence[int]) -> None:
+        """Drop the references :meth:`hold_cached_blocks` took (the migration was given up)."""
+        ...
+
+    def admit_migrated(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        output_token_ids: Sequence[int],
+        sampling: SamplingParams,
+        priority: int,
+        reservations: Sequence[Reservation],
+        *,
+        num_computed_tokens: int | None = None,
+        cached_block_ids: Sequence[int] = (),
+    ) -> None:
+        """:meth:`Engine.admit_migrated`, the block table starting with the held ``cached_block_ids``
+        (their references become the request's), then the reservations' blocks."""
+        ...
 
 
 class MigrationHost(Protocol):

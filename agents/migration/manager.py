@@ -195,7 +195,11 @@ class MigrationManager:
         agent = self.agent
         headers = headers_for(span)
         data = agent.codec.encode(message, time=time.time(), trace=headers.get("traceparent"))
-        logged = msgspec.structs.replace(message, transfer_token="") if isinstance(message, Ack) else message
+        logged = message
+        if isinstance(message, Ack):
+            logged = msgspec.structs.replace(message, transfer_token="")
+        elif isinstance(message, PreAllocate) and message.block_hashes:
+            logged = msgspec.structs.replace(message, block_hashes=())  # for the peer, not the log
         self.log.record(logged, trace=headers.get("traceparent"))
         for _ in range(self._fault("out", message)):
             try:

@@ -8,6 +8,12 @@ the request's blocks only on the destination's ``CommitAck`` (or the log's
 word), claims "aborted" in the log when the ack never comes, and resumes the
 request when anything goes wrong. It records one OpenTelemetry span for the
 migration and a child span per stage. The outcome is a :class:`MigrationOutcome`.
+
+The first ``PreAllocate`` offers the chain hashes of the request's full blocks
+(:func:`schemas.block_hash.block_hashes` over its tokens); the blocks the destination
+answers it already caches are not exported (``MigrationOutcome.num_cached_blocks``). The
+source's own blocks are released one reference each on commit, so blocks it shares
+with other requests (its prefix cache) stay theirs.
 """
 
 from __future__ import annotations
@@ -49,8 +55,9 @@ from agents.migration.fsm.actions import (
 from agents.migration.fsm.config import MigrationConfig
 from agents.migration.fsm.record import SourceStart
 from agents.migration.fsm.source import SourceState, start_source
-from agents.migration.host import DriverContext
+from agents.migration.host import DriverContext, MigrationHost
 from agents.migration.pacing import CopyPacer, splits_by_block
+from schemas.block_hash import block_hashes
 from schemas.migration import Ack, Commit, CommitAck, HurryCopy
 from schemas.reasons import MigrationAbortReason
 from transport import TransferHeader
@@ -89,6 +96,10 @@ class MigrationOutcome:
     finished_at: float = 0.0
     #: why its paced copy went at full speed from some point on (``HurryCopy.reason``), if it did
     hurried: str | None = None
+    #: leading blocks the destination already held in its prefix cache (not copied)
+    num_cached_blocks: int = 0
+    #: the KV bytes of those blocks, which did not travel
+    bytes_saved: int = 0
 
     @property
     def num_stages(self) -> int:
@@ -128,14 +139,16 @@ class SourceDriver(MachineDriver):
         stats = agent.engine.request_stats(request_id)
         if stats is None:
             raise UnknownRequest(request_id)
+        # a queued move copies nothing: it holds the request first (and aborts if it runs)
+        num_full_blocks = 0 if queued else stats.num_computed_tokens // agent.engine.info.block_size
         start = SourceStart(
             migration_id=migration_id,
             request_id=request_id,
             source_id=agent.instance_id,
             destination_id=destination_id,
-            # a queued move copies nothing: it holds the request first (and aborts if it runs)
-            num_full_blocks=0 if queued else stats.num_computed_tokens // agent.engine.info.block_size,
+            num_full_blocks=num_full_blocks,
             at=time.time(),
+            block_hashes=self._chain(agent, request_id, num_full_blocks),
         )
         state, actions = start_source(
             migration_id=migration_id,
@@ -145,6 +158,7 @@ class SourceDriver(MachineDriver):
             num_full_blocks=start.num_full_blocks,
             now=start.at,
             config=config,
+            block_hashes=start.block_hashes,
         )
         super().__init__(manager, state, start, config)
         self.request_id = request_id
@@ -170,6 +184,16 @@ class SourceDriver(MachineDriver):
         self._on_finished = on_finished
         #: the pacer of the stage being sent paced, if one is
         self._pacer: CopyPacer | None = None
+
+    @staticmethod
+    def _chain(agent: MigrationHost, request_id: str, num_full_blocks: int) -> tuple[int, ...]:
+        """The chain hashes of the request's first ``num_full_blocks`` blocks (its computed ones)."""
+        record = agent.request_record(request_id)
+        if record is None or num_full_blocks <= 0:
+            return ()
+        block_size = agent.engine.info.block_size
+        tokens = (*record.prompt_token_ids, *agent.engine.output_token_ids(request_id))
+        return tuple(block_hashes(tokens[: num_full_blocks * block_size], block_size))
 
     def begin(self) -> None:
         self.start(self._initial)
@@ -268,7 +292,6 @@ class SourceDriver(MachineDriver):
         self.feed(Suspended(num_blocks=stats.num_blocks))
 
     async def _copy(self, action: CopyBlocks) -> None:
-        engine = self.agent.engine
         num_blocks = action.end_block - action.first_block
         span = self.manager.tracer.start_span(
             "migration.stage",
@@ -276,6 +299,11 @@ class SourceDriver(MachineDriver):
             attributes={"shoal.migration.stage": action.stage, "shoal.migration.blocks": num_blocks},
         )
         started = time.perf_counter()
+        if num_blocks == 0:  # the destination held every block of this stage cached: nothing to send
+            span.end()
+            self.outcome.stages.append(StageRecord(action.stage, 0, 0, 0.0, 0, 0))
+            self.feed(CopyDone(stage=action.stage, num_full_blocks=self._num_full_blocks()))
+            return
         try:
             delay = self.agent.config.faults.copy_delay_s
             if delay:
@@ -321,11 +349,15 @@ class SourceDriver(MachineDriver):
         self.outcome.stages.append(
             StageRecord(action.stage, num_blocks, buffer.nbytes, duration, chunks, largest)
         )
+        self.feed(CopyDone(
+            stage=action.stage, num_full_blocks=self._num_full_blocks(), num_bytes=buffer.nbytes,
+            duration_s=duration,
+        ))
+
+    def _num_full_blocks(self) -> int:
+        engine = self.agent.engine
         stats = engine.request_stats(self.request_id)
-        full = 0 if stats is None else stats.num_computed_tokens // engine.info.block_size
-        self.feed(
-            CopyDone(stage=action.stage, num_full_blocks=full, num_bytes=buffer.nbytes, duration_s=duration)
-        )
+        return 0 if stats is None else stats.num_computed_tokens // engine.info.block_size
 
     async def _export(self, indices: range) -> KVBuffer:
         engine = self.agent.engine
@@ -448,6 +480,8 @@ class SourceDriver(MachineDriver):
         outcome = self.outcome
         outcome.migrated, outcome.reason, outcome.detail = migrated, reason, detail
         outcome.finished_at = time.time()
+        outcome.num_cached_blocks = self.state.num_cached_blocks
+        outcome.bytes_saved = outcome.num_cached_blocks * self.agent.engine.info.bytes_per_block
         span = self.span
         span.set_attribute("shoal.migration.outcome", "migrated" if migrated else "aborted")
         if reason is not None:
@@ -456,6 +490,8 @@ class SourceDriver(MachineDriver):
             span.set_attribute("shoal.migration.detail", detail)
         span.set_attribute("shoal.migration.stages", outcome.num_stages)
         span.set_attribute("shoal.migration.bytes", sum(s.num_bytes for s in outcome.stages))
+        if outcome.num_cached_blocks:
+            span.set_attribute("shoal.migration.cached_blocks", outcome.num_cached_blocks)
         if outcome.downtime_s is not None:
             span.set_attribute("shoal.migration.downtime_ms", outcome.downtime_s * 1e3)
         span.end()

@@ -25,7 +25,10 @@ Actions are plain data the shell executes, in order:
   the suspend or put the request back in the batch), :class:`FreeSourceBlocks`;
 * :class:`Reserve` (answer with :class:`Reserved` / :class:`ReserveFailed`
   *before* feeding anything else to that machine), :class:`ReleaseReservation`,
-  :class:`AdmitRequest` — the destination's block manager and engine;
+  :class:`AdmitRequest` — the destination's block manager and engine. Stage 0's
+  ``Reserve`` carries the request's block hashes: the blocks its prefix cache
+  already holds are referenced (``Reserved.cached_block_ids``) instead of copied,
+  until ``AdmitRequest`` hands them to the request or ``ReleaseReservation`` drops them;
 * :class:`ClaimOutcome` — append the outcome event (the destination's
   ``CommitAck`` or the source's ``Abort``) to the migration's log subject
   *unless an outcome is already there* (JetStream's expected-last-subject-
@@ -124,8 +127,12 @@ class OutcomeClaimed(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
 
 class Reserved(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """The stage's blocks are reserved. ``cached_block_ids`` (stage 0): the request's leading
+    blocks the destination's prefix cache already held, now referenced for it (not copied)."""
+
     stage: int
     block_ids: tuple[int, ...]
+    cached_block_ids: tuple[int, ...] = ()
 
 
 class ReserveFailed(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -187,12 +194,19 @@ class FreeSourceBlocks(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
 
 class Reserve(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """Reserve the stage's ``num_blocks``; with ``block_hashes`` (stage 0) first take a reference
+    to the leading run of them the prefix cache holds and reserve only the rest."""
+
     stage: int
     num_blocks: int
+    block_hashes: tuple[int, ...] = ()
 
 
 class ReleaseReservation(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """Release the reserved ``block_ids`` and drop the references held on ``cached_block_ids``."""
+
     block_ids: tuple[int, ...]
+    cached_block_ids: tuple[int, ...] = ()
 
 
 class WriteBlocks(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -215,13 +229,16 @@ class RejectBlocks(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
 
 class AdmitRequest(msgspec.Struct, frozen=True, kw_only=True, gc=False):
-    """Admit the migrated request into the running batch with the reserved blocks.
+    """Admit the migrated request into the running batch: its block table is the held cached
+    blocks ``cached_block_ids`` (their references become the request's), then the reserved
+    ``block_ids``.
 
     Publish its tokens with owner epoch ``commit.owner_epoch + 1``.
     """
 
     commit: Commit
     block_ids: tuple[int, ...]
+    cached_block_ids: tuple[int, ...] = ()
 
 
 class ClaimOutcome(msgspec.Struct, frozen=True, kw_only=True, gc=False):

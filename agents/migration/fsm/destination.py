@@ -19,6 +19,12 @@ reserved (:class:`~agents.migration.fsm.actions.WriteBlocks`), never after a
 release. Repeated messages are answered again (the same
 ``Ack`` for a stage, the same ``CommitAck`` after committing, ``Abort`` once
 aborted). Pure: :func:`destination_step` returns the next state and actions.
+
+Stage 0 deduplicates against the prefix cache: the ``PreAllocate``'s block hashes go into
+the ``Reserve``, the blocks the cache already holds come back referenced
+(``Reserved.cached_block_ids``), the ``Ack`` says how many (``num_cached_blocks``) and blocks
+are reserved for the rest only. Those references are held until the admission takes them
+over or the rollback drops them with the reservation.
 """
 
 from __future__ import annotations
@@ -75,8 +81,9 @@ class DestinationPhase(enum.StrEnum):
 class DestinationState(msgspec.Struct, frozen=True, kw_only=True):
     """Where the destination stands.
 
-    ``block_ids`` are every block it holds for the request, ``blocks_by_stage``
-    the same split by the stage that reserved them.
+    ``block_ids`` are every block it reserved for the request, ``blocks_by_stage``
+    the same split by the stage that reserved them; ``cached_block_ids`` the request's leading
+    blocks its prefix cache held at stage 0, referenced for it and not copied.
     """
 
     migration_id: str
@@ -87,6 +94,7 @@ class DestinationState(msgspec.Struct, frozen=True, kw_only=True):
     stage: int = 0
     block_ids: tuple[int, ...] = ()
     blocks_by_stage: tuple[tuple[int, ...], ...] = ()
+    cached_block_ids: tuple[int, ...] = ()
     commit: Commit | None = None
     commit_ack: CommitAck | None = None
     deadline: float = math.inf
@@ -108,7 +116,8 @@ def start_destination(
             source_id=message.source_id, destination_id=destination_id,
             phase=DestinationPhase.RESERVING, stage=0,
         )
-        return state, (Reserve(stage=0, num_blocks=message.num_blocks),)
+        hashes = message.block_hashes[: message.num_blocks]
+        return state, (Reserve(stage=0, num_blocks=message.num_blocks, block_hashes=hashes),)
     request_id = getattr(message, "request_id", "")
     source_id = getattr(message, "source_id", "")
     state = DestinationState(
@@ -130,15 +139,15 @@ def _abort(state: DestinationState, reason: MigrationAbortReason, detail: str = 
 
 def _rollback(state: DestinationState, reason: MigrationAbortReason, *, notify_peer: bool,
               detail: str = "") -> _Step:
-    """Release every reserved block, tell the peer if asked, report."""
+    """Release every reserved block and held cached block, tell the peer if asked, report."""
     actions: list[Action] = []
-    if state.block_ids:
-        actions.append(ReleaseReservation(block_ids=state.block_ids))
+    if state.block_ids or state.cached_block_ids:
+        actions.append(ReleaseReservation(block_ids=state.block_ids, cached_block_ids=state.cached_block_ids))
     if notify_peer:
         actions.append(SendToPeer(message=_abort(state, reason, detail)))
     actions.append(ReportFailed(reason=reason, detail=detail))
     state = _replace(state, phase=DestinationPhase.ABORTED, block_ids=(), blocks_by_stage=(),
-                     deadline=math.inf, reason=reason)
+                     cached_block_ids=(), deadline=math.inf, reason=reason)
     return state, tuple(actions)
 
 
@@ -148,13 +157,19 @@ def _rollback(state: DestinationState, reason: MigrationAbortReason, *, notify_p
 def _on_reserved(state: DestinationState, event: Reserved, now: float, config: MigrationConfig) -> _Step:
     if event.stage != state.stage:
         return state, ()
-    ack = Ack(migration_id=state.migration_id, stage=state.stage, block_ids=event.block_ids)
     state = _replace(
         state, phase=DestinationPhase.RESERVED, block_ids=state.block_ids + event.block_ids,
         blocks_by_stage=(*state.blocks_by_stage, event.block_ids),
+        cached_block_ids=state.cached_block_ids + event.cached_block_ids,
         deadline=now + config.destination_idle_timeout_s,
     )
-    return state, (SendToPeer(message=ack),)
+    return state, (SendToPeer(message=_ack(state, state.stage)),)
+
+
+def _ack(state: DestinationState, stage: int) -> Ack:
+    """The ``Ack`` of a reserved stage (stage 0 says how many leading blocks are held cached)."""
+    return Ack(migration_id=state.migration_id, stage=stage, block_ids=state.blocks_by_stage[stage],
+               num_cached_blocks=len(state.cached_block_ids) if stage == 0 else 0)
 
 
 def _on_reserve_failed(state: DestinationState, event: ReserveFailed, now: float,
@@ -165,9 +180,7 @@ def _on_reserve_failed(state: DestinationState, event: ReserveFailed, now: float
 def _on_pre_allocate(state: DestinationState, event: PreAllocate, now: float,
                      config: MigrationConfig) -> _Step:
     if event.stage == state.stage:  # the source did not get our Ack: send it again
-        ack = Ack(migration_id=state.migration_id, stage=state.stage,
-                  block_ids=state.blocks_by_stage[state.stage])
-        return state, (SendToPeer(message=ack),)
+        return state, (SendToPeer(message=_ack(state, state.stage)),)
     if event.stage != state.stage + 1:
         return state, ()
     state = _replace(state, phase=DestinationPhase.RESERVING, stage=event.stage)
@@ -213,7 +226,7 @@ def _on_outcome(state: DestinationState, event: OutcomeClaimed, now: float,
     if not event.committed:
         return _rollback(state, _R.CLAIM_LOST, notify_peer=False, detail="the source aborted first")
     commit, ack = _claimed(state)
-    admit = AdmitRequest(commit=commit, block_ids=state.block_ids)
+    admit = AdmitRequest(commit=commit, block_ids=state.block_ids, cached_block_ids=state.cached_block_ids)
     state = _replace(state, phase=DestinationPhase.COMMITTED, deadline=math.inf)
     return state, (admit, SendToPeer(message=ack), ReportMigrated())
 

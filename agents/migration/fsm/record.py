@@ -37,6 +37,8 @@ class SourceStart:
     destination_id: str
     num_full_blocks: int
     at: float
+    #: the chain hashes offered for deduplication (empty: none)
+    block_hashes: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +103,7 @@ def _start(record: MachineRecord) -> tuple[SourceState | DestinationState, tuple
         return start_source(
             migration_id=start.migration_id, request_id=start.request_id, source_id=start.source_id,
             destination_id=start.destination_id, num_full_blocks=start.num_full_blocks, now=start.at,
-            config=config,
+            config=config, block_hashes=start.block_hashes,
         )
     return start_destination(start.message, destination_id=start.destination_id, now=start.at, config=config)
 

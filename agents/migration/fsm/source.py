@@ -29,6 +29,13 @@ scheduler's move of a queued request) migrates the same way with nothing to
 copy: ``Suspend`` (the shell holds it out of its queue) -> ``PreAllocate`` of 0
 blocks -> ``Ack`` -> ``Commit``; the destination queues it instead of running it.
 
+Deduplication: the first ``PreAllocate`` offers the chain hashes of the request's full
+blocks (``block_hashes`` at the start); the destination's stage-0 ``Ack`` names how many
+leading blocks it already caches (``num_cached_blocks``), and that stage copies only the
+blocks after them (a stage left with nothing to copy is a ``CopyBlocks`` of an empty range,
+done at once). Later stages are unchanged. An ``Ack`` claiming more blocks than were offered
+is a ``BAD_ACK``; an older destination answers 0 and everything is copied.
+
 Rollback lives in one place, :func:`_rollback`, which undoes exactly what the
 state says is held. Every way to fail has a :class:`~schemas.reasons.MigrationAbortReason`:
 a phase's timeout its own (``_TIMEOUTS``), an ``Abort`` from the destination the
@@ -96,7 +103,9 @@ class SourceState(msgspec.Struct, frozen=True, kw_only=True):
 
     ``stage`` is the current stage (-1 before the first); the current stage
     covers blocks ``[stage_start, stage_end)``. ``suspend_requested`` and
-    ``peer_may_hold`` record what a rollback must undo.
+    ``peer_may_hold`` record what a rollback must undo. ``block_hashes`` are offered in the
+    first ``PreAllocate`` (then dropped; ``num_offered`` counts them); ``num_cached_blocks``
+    is how many leading blocks the destination held cached and were not copied.
     """
 
     migration_id: str
@@ -110,6 +119,9 @@ class SourceState(msgspec.Struct, frozen=True, kw_only=True):
     stage_end: int = 0
     num_copied_blocks: int = 0
     destination_block_ids: tuple[int, ...] = ()
+    block_hashes: tuple[int, ...] = ()
+    num_offered: int = 0
+    num_cached_blocks: int = 0
     suspend_requested: bool = False
     peer_may_hold: bool = False
     request_gone: MigrationAbortReason | None = None
@@ -126,11 +138,16 @@ def start_source(
     num_full_blocks: int,
     now: float,
     config: MigrationConfig,
+    block_hashes: tuple[int, ...] = (),
 ) -> _Step:
-    """Begin migrating a running request that has ``num_full_blocks`` full blocks."""
+    """Begin migrating a running request that has ``num_full_blocks`` full blocks.
+
+    ``block_hashes``: the chain hashes of (at most) those full blocks, offered to the
+    destination for deduplication against its prefix cache (empty: copy everything)."""
     state = SourceState(
         migration_id=migration_id, request_id=request_id, source_id=source_id,
         destination_id=destination_id, phase=SourcePhase.PRE_ALLOCATING,
+        block_hashes=block_hashes[:num_full_blocks],
     )
     if num_full_blocks <= config.last_stage_max_blocks or config.max_stages == 1:
         return _suspend(state, now, config)
@@ -143,15 +160,17 @@ def start_source(
 def _pre_allocate(state: SourceState, num_blocks: int, *, last: bool, now: float,
                   config: MigrationConfig) -> _Step:
     stage = state.stage + 1
+    offered = state.block_hashes[:num_blocks] if stage == 0 else ()
     message = PreAllocate(
         migration_id=state.migration_id, request_id=state.request_id, source_id=state.source_id,
         destination_id=state.destination_id, stage=stage, num_blocks=num_blocks,
-        copy_step_share=config.copy_step_share,
+        copy_step_share=config.copy_step_share, block_hashes=offered,
     )
     state = _replace(
         state, phase=SourcePhase.PRE_ALLOCATING, stage=stage, last_stage=last,
         stage_start=state.num_copied_blocks, stage_end=state.num_copied_blocks + num_blocks,
         destination_block_ids=(), peer_may_hold=True, deadline=now + config.ack_timeout_s,
+        block_hashes=(), num_offered=len(offered) if stage == 0 else state.num_offered,
     )
     return state, (SendToPeer(message=message),)
 
@@ -214,6 +233,14 @@ def _rollback(state: SourceState, reason: MigrationAbortReason, *, notify_peer: 
 def _on_ack(state: SourceState, event: Ack, now: float, config: MigrationConfig) -> _Step:
     if event.stage != state.stage:
         return state, ()  # a duplicate or a late ack of another stage
+    cached = event.num_cached_blocks if state.stage == 0 else 0
+    if cached:
+        if not 0 < cached <= state.num_offered:
+            detail = f"{cached} blocks held cached of {state.num_offered} offered"
+            return _rollback(state, _R.BAD_ACK, notify_peer=True, detail=detail)
+        # the destination holds the leading blocks already: this stage copies the rest
+        state = _replace(state, num_cached_blocks=cached, num_copied_blocks=cached,
+                         stage_start=state.stage_start + cached)
     num_blocks = state.stage_end - state.stage_start
     if len(event.block_ids) != num_blocks:
         detail = f"{len(event.block_ids)} blocks reserved for a stage of {num_blocks}"
