@@ -40,9 +40,10 @@ class VllmEngineConfig:
     vLLM otherwise takes from ``VLLM_CPU_KVCACHE_SPACE``); without either, vLLM
     sizes it from ``gpu_memory_utilization`` (GPU) or its CPU default.
     ``block_size``: vLLM's CPU attention wants a multiple of 32.
-    ``migration`` turns prefix caching off (migrated requests get their blocks
-    handed over, unhashed; the engine logs it) and needs one in-process worker
-    (``tensor_parallel_size`` 1: anything else is refused with a ValueError).
+    ``prefix_cache``: vLLM's automatic prefix caching (``enable_prefix_caching``), with
+    its KV cache events turned into shoal's block hashes (:mod:`.prefix_cache`).
+    ``migration`` needs one in-process worker (``tensor_parallel_size`` 1:
+    anything else is refused with a ValueError).
     ``cpus``: the CPUs the model thread is pinned to, with one torch (OpenMP)
     thread each (see :mod:`.cpu_binding`; ``shoal agent`` picks them as vLLM's
     CPU worker would); empty leaves the thread unpinned and torch's thread
@@ -62,6 +63,7 @@ class VllmEngineConfig:
     seed: int = 0
     enforce_eager: bool = True
     migration: bool = True
+    prefix_cache: bool = True
     cpus: tuple[int, ...] = ()
     #: ``step_async(exclusive=True)`` waits for a step with the caller's loop blocked only when it
     #: should take at most this long (the last step's time, scaled by tokens); a longer one (a long

@@ -24,6 +24,13 @@ appended to its prompt (see :mod:`.sampling`). Stats come from vLLM's
 scheduler and its KV block pool: block 0 is vLLM's null block, so capacity is
 ``num_gpu_blocks - 1``.
 
+Prefix caching (``config.prefix_cache``, on by default) is vLLM's own: vLLM finds and
+shares cached blocks at admission and evicts them when it needs room. Its KV cache events
+(kept by :class:`~.scheduler.ShoalScheduler`) are folded after every step into shoal's
+block hashes (:class:`~.prefix_cache.VllmCacheIndex`) for :meth:`VllmEngine.take_cache_delta`
+and :meth:`VllmEngine.cached_block_hashes`; a request's cached tokens are vLLM's own count
+from its first output (``PrefillStats``).
+
 Migration (:mod:`.migration`: reservations from vLLM's block pool, block
 export/import, admission by handing the reserved blocks to the request) and
 :class:`~.scheduler.ShoalScheduler` (suspend/resume) hold the rest; this module
@@ -46,7 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agents.engines.block_manager import Reservation
+from agents.engines.block_manager import CacheDelta, Reservation
 from agents.engines.protocol import (
     EngineInfo,
     EngineStats,
@@ -67,6 +74,7 @@ from agents.engines.protocol import (
 from agents.engines.vllm_engine.amx import request_amx_tiles
 from agents.engines.vllm_engine.compat import require_vllm
 from agents.engines.vllm_engine.config import VllmEngineConfig
+from agents.engines.vllm_engine.prefix_cache import VllmCacheIndex
 from agents.engines.vllm_engine.sampling import migration_blocker, to_vllm_sampling
 from schemas import Alternatives, FinishReason, KVLayout, ModelIdentity, SamplingParams
 
@@ -100,6 +108,8 @@ class _Tracked:
     arrival_seq: int
     num_preemptions: int = 0
     migration_blocker: str | None = None
+    #: prompt tokens vLLM found in its prefix cache when it first admitted the request here
+    num_cached_tokens: int = 0
     deferred: set[str] = field(default_factory=set)
 
 
@@ -175,8 +185,11 @@ def _engine_args(config: VllmEngineConfig) -> Any:
     )
     if config.max_num_batched_tokens is not None:
         kwargs["max_num_batched_tokens"] = config.max_num_batched_tokens
-    if config.migration:  # admission hands reserved blocks to a request: no prefix-cache hashing for them
-        kwargs["enable_prefix_caching"] = False
+    kwargs["enable_prefix_caching"] = config.prefix_cache
+    if config.prefix_cache:  # its events name the cached blocks; kept by ShoalScheduler, not sent
+        from vllm.config.kv_events import KVEventsConfig
+
+        kwargs["kv_events_config"] = KVEventsConfig(enable_kv_cache_events=True, publisher="null")
     return EngineArgs(**kwargs)
 
 
@@ -237,6 +250,7 @@ class VllmEngine:
         self.scheduler: Any = scheduler  # a ShoalScheduler
         self._block_pool = self.scheduler.kv_cache_manager.block_pool
         self._info = self._describe(version)
+        self._cache = VllmCacheIndex(self._info.block_size) if config.prefix_cache else None
         self._requests: dict[str, _Tracked] = {}
         self._arrivals = itertools.count()
         self._events: list[SchedulerEvent] = []
@@ -251,11 +265,6 @@ class VllmEngine:
         from agents.engines.vllm_engine.migration import MigrationSupport
 
         self.migration = MigrationSupport(self) if config.migration else None
-        if config.migration:
-            log.info(
-                "vllm engine: prefix caching is off (live migration hands KV blocks over unhashed; "
-                "an engine built with migration=False keeps vLLM's prefix caching and cannot migrate)"
-            )
 
     # ----------------------------------------------------------- identity
 
@@ -417,6 +426,8 @@ class VllmEngine:
         )
         core_outputs = self.scheduler.update_from_output(plan, model_output)
         self._num_steps += 1
+        if self._cache is not None:
+            self._cache.fold(self.scheduler.take_kv_events())
         dropped = self._apply_deferred() if self._deferred else set()
         outputs: list[RequestOutput] = []
         for client_outputs in core_outputs.values():
@@ -426,12 +437,25 @@ class VllmEngine:
                     continue
                 first = len(tracked.output_token_ids)
                 tracked.output_token_ids.extend(out.new_token_ids)
+                if out.prefill_stats is not None and first == 0:  # set at its first output only
+                    tracked.num_cached_tokens = out.prefill_stats.num_cached_tokens
                 finish = None if out.finish_reason is None else _FINISH[int(out.finish_reason)]
                 new = tuple(out.new_token_ids)
                 lists = out.new_logprobs
                 logprobs, top = _sampled_logprobs(lists, len(new)), _top_logprobs(lists, len(new))
                 num_prompt = len(tracked.prompt_token_ids)
-                outputs.append(RequestOutput(out.request_id, first, new, finish, num_prompt, logprobs, top))
+                outputs.append(
+                    RequestOutput(
+                        out.request_id,
+                        first,
+                        new,
+                        finish,
+                        num_prompt,
+                        logprobs,
+                        top,
+                        num_cached_tokens=tracked.num_cached_tokens,
+                    )
+                )
                 if finish is not None:
                     self._forget(out.request_id)
         preempted = tuple(sorted(plan.preempted_req_ids or ()))
@@ -546,6 +570,7 @@ class VllmEngine:
         waiting = [s for s in requests if s.status.is_queued]
         head = min(waiting, key=lambda s: (s.priority, s.arrival_seq), default=None)
         reserved = 0 if self.migration is None else self.migration.num_reserved_blocks
+        queries, hits = self.scheduler.prefix_cache_counts()
         return EngineStats(
             num_total_blocks=self._info.num_blocks,
             num_free_blocks=self._block_pool.get_num_free_blocks(),
@@ -559,6 +584,10 @@ class VllmEngine:
             num_rejections=self._num_rejections,
             num_finished=self._num_finished,
             requests=tuple(requests),
+            prefix_cache_queries=queries,
+            prefix_cache_hits=hits,
+            prefix_cache_evictions=0 if self._cache is None else self._cache.num_evictions,
+            num_cached_blocks=0 if self._cache is None else len(self._block_pool.cached_block_hash_to_block),
         )
 
     def output_token_ids(self, request_id: str) -> tuple[int, ...]:
@@ -570,6 +599,25 @@ class VllmEngine:
     def take_events(self) -> list[SchedulerEvent]:
         events, self._events = self._events, []
         return events
+
+    # ------------------------------------------------------- prefix cache
+
+    def take_cache_delta(self) -> CacheDelta:
+        """The shoal block hashes vLLM's prefix cache stored and removed since the last call (net);
+        empty with prefix caching off."""
+        if self._cache is None:
+            return CacheDelta()
+        self._cache.fold(self.scheduler.take_kv_events())
+        return self._cache.take_delta()
+
+    def cached_block_hashes(self) -> list[int]:
+        """The shoal hash of every block vLLM's prefix cache holds now, checked against its block
+        pool (a full re-sync); empty with prefix caching off."""
+        if self._cache is None:
+            return []
+        self._cache.fold(self.scheduler.take_kv_events())
+        self._cache.reconcile(self.scheduler.cached_block_hashes())
+        return self._cache.hashes()
 
     def shutdown(self) -> None:
         """Stop vLLM's executor (frees the KV cache and the worker).

@@ -10,6 +10,12 @@ and no free blocks beyond the reservation. Suspend/resume live in
 reads the worker's KV tensors in this process; tensor parallelism would need
 ``collective_rpc``).
 
+With prefix caching on, a request's table may hold blocks it shares with other requests:
+export only reads them, and the source's release (vLLM's ``finish_requests``) drops only
+this request's references. A reservation is fresh blocks (``get_new_blocks`` evicts a cached
+block nobody uses before handing it out), so an import never writes a block the cache holds;
+vLLM caches the imported full blocks itself when it first schedules the admitted request.
+
 Buffer format: layer-major, per layer of vLLM's KV tensors (in the worker's
 order) that layer's slices of the blocks, raw bytes (``bytes_per_block`` per
 block in all); see :mod:`.kv_blocks`.

@@ -11,6 +11,12 @@ the blocks); this class only forgets it. A queued request that never ran can
 be *held* (:meth:`hold`: out of ``waiting``, for a move without KV) and queued
 again in its place (:meth:`unhold`). It also keeps the last
 ``SchedulerOutput`` for the engine's step statistics.
+
+With KV cache events on (the engine turns them on with prefix caching), the events vLLM
+hands its publisher at the end of each step are kept for the engine
+(:meth:`take_kv_events`, with those its block pool queued since), and vLLM's prefix-cache
+counters (queries and hits, in tokens) are kept from the start: vLLM keeps them only when
+it logs statistics, which the in-process engine does not.
 """
 
 from __future__ import annotations
@@ -19,10 +25,27 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
+from vllm.distributed.kv_events import EventBatch, EventPublisher, KVCacheEvent
+from vllm.v1.core.kv_cache_utils import get_block_hash, maybe_convert_block_hash
 from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.metrics.stats import PrefixCacheStats
 from vllm.v1.request import RequestStatus
 
 __all__ = ["ShoalScheduler"]
+
+
+class _KeptEvents(EventPublisher):  # type: ignore[misc, unused-ignore]  # vLLM is Any without it
+    """vLLM's publisher seam: keeps each step's KV cache events in a list instead of sending them."""
+
+    def __init__(self) -> None:
+        super().__init__(0)
+        self.events: list[KVCacheEvent] = []
+
+    def publish(self, events: EventBatch) -> None:
+        self.events.extend(events.events)
+
+    def shutdown(self) -> None:
+        self.events.clear()
 
 
 class ShoalScheduler(Scheduler):  # type: ignore[misc, unused-ignore]  # vLLM is Any without it
@@ -34,6 +57,34 @@ class ShoalScheduler(Scheduler):  # type: ignore[misc, unused-ignore]  # vLLM is
         #: queued requests that never ran, held out of ``waiting`` while they move without KV
         self.held: dict[str, Any] = {}
         self.last_output: Any = None
+        self._kept_events: _KeptEvents | None = None
+        if self.enable_kv_cache_events:
+            self._kept_events = self.kv_event_publisher = _KeptEvents()
+        manager = self.kv_cache_manager
+        if manager.enable_caching and manager.prefix_cache_stats is None:
+            manager.log_stats = True  # only gates these counters in the KV cache manager
+            manager.prefix_cache_stats = PrefixCacheStats()
+
+    def take_kv_events(self) -> list[Any]:
+        """vLLM's KV cache events since the last call, in order (empty with events off)."""
+        if self._kept_events is None:
+            return []
+        events, self._kept_events.events = self._kept_events.events, []
+        events.extend(self.kv_cache_manager.take_events())  # queued since the last step's end
+        return events
+
+    def prefix_cache_counts(self) -> tuple[int, int]:
+        """Tokens looked up in vLLM's prefix cache at admission and tokens found, since the start
+        (re-admissions after a preemption included); (0, 0) with prefix caching off."""
+        stats = self.kv_cache_manager.prefix_cache_stats
+        if stats is None or not self.kv_cache_manager.enable_caching:
+            return 0, 0
+        return stats.queries + stats.preempted_queries, stats.hits + stats.preempted_hits
+
+    def cached_block_hashes(self) -> list[Any]:
+        """The hash of every block vLLM's block pool caches now, as its KV cache events name it."""
+        keys = self.kv_cache_manager.block_pool.cached_block_hash_to_block._cache
+        return [maybe_convert_block_hash(get_block_hash(key)) for key in keys]
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         self.last_output = super().schedule(*args, **kwargs)

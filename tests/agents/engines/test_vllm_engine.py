@@ -24,6 +24,7 @@ from agents.engines.protocol import Engine, MigrationError, RequestStatus
 from agents.engines.vllm_engine import vllm_unavailable_reason
 from agents.engines.vllm_engine.checkpoint import build_checkpoint
 from schemas import SamplingParams
+from schemas.block_hash import block_hashes
 from tests.agents.engines.loop_ticks import loop_ticks
 
 # vLLM's import and start-up warn about its own dependencies (torch.jit, torch.distributed, ...)
@@ -63,7 +64,8 @@ def _vllm(checkpoint: Path, **overrides: Any) -> Any:
 
 @pytest.fixture(scope="module")
 def vllm_reference(checkpoint: Path) -> list[int]:
-    """vLLM's own ``LLM.generate`` greedy tokens for PROMPT (built, and shut down, before the engines)."""
+    """vLLM's own ``LLM.generate`` greedy tokens for PROMPT without prefix caching (built, and shut
+    down, before the engines)."""
     if _REASON is not None:
         pytest.skip(_REASON)
     from vllm import LLM
@@ -77,6 +79,7 @@ def vllm_reference(checkpoint: Path) -> list[int]:
         enforce_eager=True,
         kv_cache_memory_bytes=64 * 2**20,
         num_gpu_blocks_override=NUM_BLOCKS + 1,
+        enable_prefix_caching=False,  # the engines cache prefixes: their tokens must be these
     )
     params = VllmSamplingParams(max_tokens=GREEDY.max_tokens, temperature=0.0, ignore_eos=True)
     outputs = llm.generate({"prompt_token_ids": list(PROMPT)}, params, use_tqdm=False)
@@ -120,10 +123,15 @@ def test_checkpoint_loads_in_the_torch_engine(checkpoint: Path) -> None:
 
 @needs_vllm
 def test_greedy_tokens_match_vllms_own_generate(engines: Any, vllm_reference: list[int]) -> None:
+    """With the engine's prefix cache on, cold and served from the cache, as vLLM's run without one."""
     engine, _ = engines
     assert isinstance(engine, Engine)
+    assert engine.vllm_config.cache_config.enable_prefix_caching
     assert _run(engine, "r1", PROMPT, GREEDY) == vllm_reference
-    assert engine.stats().num_free_blocks == NUM_BLOCKS
+    assert _run(engine, "r2", PROMPT, GREEDY) == vllm_reference
+    stats = engine.stats()
+    assert stats.prefix_cache_hits == 64 and stats.prefix_cache_queries == 2 * len(PROMPT)
+    assert stats.num_free_blocks == NUM_BLOCKS
 
 
 @needs_vllm
@@ -198,6 +206,9 @@ def test_kv_really_moves_a_request_admitted_without_it_diverges(engines: Any) ->
             tokens.extend(output.token_ids)
     assert tokens != expected
     assert destination.stats().num_free_blocks == NUM_BLOCKS
+    # vLLM cached the unwritten blocks under the prompt's hashes: drop them, or PROMPT would hit them
+    assert destination.scheduler.reset_prefix_cache()
+    assert destination.take_cache_delta().cleared and destination.cached_block_hashes() == []
 
 
 @needs_vllm
@@ -346,12 +357,98 @@ def test_a_queued_request_is_held_and_moves_without_kv(engines: Any, vllm_refere
     assert destination.stats().num_free_blocks == NUM_BLOCKS == source.stats().num_free_blocks
 
 
+def _collect(engine: Any, request_id: str, prompt: tuple[int, ...], sampling: SamplingParams) -> Any:
+    """Run one request alone: its tokens and the cached-token counts its outputs carried."""
+    engine.add_request(request_id, prompt, sampling)
+    tokens: list[int] = []
+    cached: set[int] = set()
+    while engine.has_unfinished():
+        for output in engine.step().outputs:
+            tokens.extend(output.token_ids)
+            cached.add(output.num_cached_tokens)
+    return tokens, cached
+
+
 @needs_vllm
-def test_prefix_caching_is_off_when_the_engine_migrates(engines: Any) -> None:
-    """Blocks handed over by a migration are not hashed: a prefix-cache hit on them is never offered."""
+def test_a_repeated_prompt_is_served_from_vllms_cache_named_by_shoals_hashes(engines: Any) -> None:
+    """vLLM's own prefix cache, seen through shoal: the blocks it caches are reported by the chain
+    hashes of :mod:`schemas.block_hash`, and a repeated prompt reports the tokens it did not compute."""
     engine, _ = engines
-    assert engine.migration is not None
-    assert engine.vllm_config.cache_config.enable_prefix_caching is False
+    prompt = tuple((i * 11) % 450 + 5 for i in range(100))  # 3 full blocks of 32, then 4 tokens
+    sampling = SamplingParams(max_tokens=8, ignore_eos=True)
+    engine.take_cache_delta()
+    before = engine.stats()
+    first, cached = _collect(engine, "cold", prompt, sampling)
+    assert cached == {0}
+    chain = block_hashes(prompt, 32)
+    delta = engine.take_cache_delta()
+    # the prompt's 3 full blocks; the 4th (4 prompt tokens + 7 computed outputs) is not full
+    assert delta.stored == tuple(chain) and not delta.cleared
+    assert set(chain) <= set(engine.cached_block_hashes())
+    again, cached = _collect(engine, "warm", prompt, sampling)
+    assert again == first
+    assert cached == {96}  # vLLM leaves the last prompt token to compute: 99 tokens, 3 blocks
+    assert not engine.take_cache_delta().stored  # nothing new: it ran on the cached blocks
+    stats = engine.stats()
+    assert stats.prefix_cache_queries - before.prefix_cache_queries == 200
+    assert stats.prefix_cache_hits - before.prefix_cache_hits == 96
+    assert stats.num_cached_blocks >= 3 and stats.num_free_blocks == NUM_BLOCKS
+
+
+@needs_vllm
+def test_a_request_sharing_cached_blocks_migrates_and_leaves_them_to_the_other(engines: Any) -> None:
+    """With prefix caching on, a migrated request's leading blocks are shared with a request that
+    stays: the export reads them, the release drops only the migrated request's references, and the
+    destination writes only the blocks it reserved, never one its own cache holds."""
+    source, destination = engines
+    prefix = tuple((i * 13) % 400 + 7 for i in range(64))  # two full blocks
+    stay, go = (*prefix, 11, 12, 13), (*prefix, *range(21, 51))  # go: a third block of its own
+    sampling = SamplingParams(max_tokens=24, ignore_eos=True)
+    expected = {"stay": _run(source, "ref-stay", stay, sampling), "go": _run(source, "ref-go", go, sampling)}
+    # the destination caches the same prefix (its own copy), and keeps it through the migration
+    assert _run(destination, "dest-stay", stay, sampling) == expected["stay"]
+    dest_cached = set(destination.cached_block_hashes())
+    assert set(block_hashes(prefix, 32)) <= dest_cached
+    tokens: dict[str, list[int]] = {}
+    source.add_request("stay", stay, sampling)
+    source.add_request("go", go, sampling)
+    _step_collect(source, tokens, 6)
+    shared = source._block_ids("stay")[:2]
+    assert source._block_ids("go")[:2] == shared  # both run on the cached prefix blocks
+    source.suspend("go")
+    held = source.request_stats("go").num_blocks
+    assert held == 4  # 94 + 6 tokens
+    reservation = destination.reserve(held)
+    pool = destination._block_pool
+    assert all(pool.blocks[b].block_hash is None for b in reservation.block_ids)  # fresh, never cached
+    destination.import_blocks(reservation.block_ids, source.export_blocks("go", range(held)))
+    destination.admit_migrated("go", go, source.output_token_ids("go"), sampling, 0, [reservation])
+    assert source.release_request("go") == held  # its references, the shared ones included
+    assert source.request_stats("stay").num_blocks == 3
+    assert all(source._block_pool.blocks[b].ref_cnt == 1 for b in shared)  # still the other's
+    while source.has_unfinished() or destination.has_unfinished():
+        _step_collect(source, tokens)
+        _step_collect(destination, tokens)
+    assert tokens["stay"] == expected["stay"] and tokens["go"] == expected["go"]
+    # the imported full blocks entered the destination's cache under the request's own hashes
+    chain = block_hashes((*go, *expected["go"]), 32)
+    assert chain[2] not in dest_cached and set(chain[:3]) <= set(destination.cached_block_hashes())
+    # the destination's own cached prefix was never written: a new request served from it is right
+    again, cached = _collect(destination, "dest-again", stay, sampling)
+    assert again == expected["stay"] and cached == {64}
+    assert source.stats().num_free_blocks == NUM_BLOCKS == destination.stats().num_free_blocks
+
+
+@needs_vllm
+def test_prefix_caching_off_reports_no_cache(checkpoint: Path) -> None:
+    """``prefix_cache=False`` is vLLM's ``enable_prefix_caching=False``, without cache events."""
+    from agents.engines.vllm_engine.config import VllmEngineConfig
+    from agents.engines.vllm_engine.engine import _engine_args
+
+    args = _engine_args(VllmEngineConfig(model=str(checkpoint), prefix_cache=False))
+    assert args.enable_prefix_caching is False and args.kv_events_config is None
+    args = _engine_args(VllmEngineConfig(model=str(checkpoint)))
+    assert args.enable_prefix_caching is True and args.kv_events_config.enable_kv_cache_events
 
 
 @needs_vllm
