@@ -112,25 +112,35 @@ def test_multi_turn_greedy_text_is_the_same_with_the_cache_on_off_and_in_transfo
     assert plain.stats().prefix_cache_hits == 0 and plain.stats().num_cached_blocks == 0
 
 
-@pytest.mark.parametrize("max_step_tokens", [None, 24])
-def test_a_repeated_long_prompt_is_prefilled_from_its_cached_blocks(max_step_tokens: int | None) -> None:
+@pytest.mark.parametrize(
+    ("max_step_tokens", "core"),
+    [(None, "thread"), (24, "thread"), (24, "process")],
+    ids=["whole-prefill", "chunked", "chunked-core-process"],
+)
+def test_a_repeated_long_prompt_is_prefilled_from_its_cached_blocks(
+    max_step_tokens: int | None, core: str
+) -> None:
     """``max_step_tokens=24``: the first request's prompt is computed in chunks; the repeat's few
-    uncached tokens fit one step."""
+    uncached tokens fit one step. ``core="process"``: the step computes in a child process, on the
+    KV pool it shares with this one."""
     prompt = _prompt(150, 3)
     sampling = SamplingParams(max_tokens=6, ignore_eos=True)
-    engine = TorchEngine("tiny", num_blocks=64, max_step_tokens=max_step_tokens)
-    first = _run(engine, "first", prompt, sampling)
-    assert first.num_cached_tokens == 0
+    engine = TorchEngine("tiny", num_blocks=64, max_step_tokens=max_step_tokens, core=core)
+    try:
+        first = _run(engine, "first", prompt, sampling)
+        assert first.num_cached_tokens == 0
 
-    engine.add_request("again", prompt, sampling)
-    step = engine.step()
-    assert step.num_prefill_tokens == len(prompt) - (len(prompt) - 1) // BLOCK * BLOCK  # 6 of 150
-    (out,) = step.outputs
-    assert out.num_cached_tokens == (len(prompt) - 1) // BLOCK * BLOCK >= len(prompt) - BLOCK
-    tokens = list(out.token_ids)
-    while engine.has_unfinished():
-        tokens.extend(t for o in engine.step().outputs for t in o.token_ids)
-    assert tokens == list(first.token_ids)
+        engine.add_request("again", prompt, sampling)
+        step = engine.step()
+        assert step.num_prefill_tokens == len(prompt) - (len(prompt) - 1) // BLOCK * BLOCK  # 6 of 150
+        (out,) = step.outputs
+        assert out.num_cached_tokens == (len(prompt) - 1) // BLOCK * BLOCK >= len(prompt) - BLOCK
+        tokens = list(out.token_ids)
+        while engine.has_unfinished():
+            tokens.extend(t for o in engine.step().outputs for t in o.token_ids)
+        assert tokens == list(first.token_ids)
+    finally:
+        engine.close()
 
 
 def test_cached_blocks_are_never_written_while_requests_share_them() -> None:
