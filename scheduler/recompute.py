@@ -134,6 +134,8 @@ def dispatch_decision(
     cursor: Cursor,
     policy: PolicyConfig,
     dispatcher: Dispatcher | None = None,
+    cached_blocks: tuple[tuple[str, int], ...] = (),
+    kv_seq: int = 0,
 ) -> Dispatched | None:
     """The placement of ``request`` over ``view`` as the event the scheduler appends (None: no place).
 
@@ -141,21 +143,29 @@ def dispatch_decision(
     one kept per policy configuration. A dispatcher memoises its ratings per instance view
     (the same result, computed once), so consecutive decisions over views that share most
     instances' loads rate only what changed.
+
+    ``cached_blocks``: what the prefix index (at kv-stream sequence ``kv_seq``) said of the
+    request's ``block_hashes``: per instance the leading blocks it holds. Like a scaling
+    decision's clock readings it is an input the decision records, so a recomputation reads it
+    back from the recorded event; the policy sees it as ``PendingRequest.cached_tokens``.
     """
     if dispatcher is None:
         dispatcher = _kept_dispatcher(policy)
+    block_size = request.block_size
     pending = PendingRequest(
         request_id=request.request_id,
         num_prompt_tokens=request.num_prompt_tokens,
         priority=request.priority,
         exclude=request.exclude,
+        cached_tokens=tuple((key, n * block_size) for key, n in cached_blocks),
     )
     decision = dispatcher.choose(pending, live_loads(view), num_dispatched=view.num_dispatched)
     if decision is None:
         return None
     return msgspec.structs.replace(
         decision.to_event(epoch), events_seq=cursor.events_seq, loads_seq=cursor.loads_seq,
-        exclude=request.exclude,
+        exclude=request.exclude, num_chain_blocks=len(request.block_hashes),
+        cached_blocks=cached_blocks, kv_seq=kv_seq,
     )
 
 
@@ -329,13 +339,28 @@ def recompute(
             num_prompt_tokens=recorded.num_prompt_tokens,
             priority=recorded.priority,
             exclude=recorded.exclude,
+            # the chain itself is not recorded, only its length and what the index said of it
+            block_size=_recorded_block_size(view, recorded),
+            block_hashes=(0,) * recorded.num_chain_blocks,
         )
         recorded_policy = dataclasses.replace(policy, dispatch_policy=DispatchPolicy(recorded.policy))
         cursor = Cursor(recorded.events_seq, recorded.loads_seq)
-        return dispatch_decision(view, request, epoch=recorded.epoch, cursor=cursor, policy=recorded_policy)
+        return dispatch_decision(
+            view, request, epoch=recorded.epoch, cursor=cursor, policy=recorded_policy,
+            cached_blocks=recorded.cached_blocks, kv_seq=recorded.kv_seq,
+        )
     if isinstance(recorded, (Paired, Unpaired)):
         return next_pairing_decision(view, epoch=recorded.epoch, policy=policy)
     return None
+
+
+def _recorded_block_size(view: ClusterState, recorded: Dispatched) -> int:
+    """The block size the recorded chain was cut in: that of the instances the index named."""
+    for instance_id, _ in recorded.cached_blocks:
+        record = view.instances.get(instance_id)
+        if record is not None:
+            return record.joined.block_size
+    return 0
 
 
 def overlay_of(buffered: Sequence[tuple[int, Body]], *, epoch: int, before_seq: int) -> list[Body]:

@@ -81,6 +81,9 @@ class PendingRequest(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     priority: int = 0
     arrival: float = 0.0
     exclude: tuple[str, ...] = ()
+    #: ``(instance id, prompt tokens it holds in its prefix cache)`` for the instances whose cache
+    #: holds the start of the prompt (the scheduler's prefix index; empty when not looked up)
+    cached_tokens: tuple[tuple[str, int], ...] = ()
 
 
 class DispatchDecision(msgspec.Struct, frozen=True, kw_only=True, gc=False):
