@@ -225,6 +225,11 @@ class PrefixIndex:
             return ApplyOutcome.GAP
         return ApplyOutcome.APPLIED
 
+    def reject(self, kv_seq: int = 0) -> None:
+        """A kv-stream entry that is not a batch (undecodable, another message): counted, skipped."""
+        self.kv_seq = max(self.kv_seq, kv_seq)
+        self.num_malformed += 1
+
     def drop(self, instance_id: str) -> bool:
         """Forget an instance that failed or left; later batches of its incarnation are ignored."""
         entry = self._instances.pop(instance_id, None)

@@ -26,6 +26,11 @@ One :class:`SchedulerService` per process. It
   into the history stream and appends a checkpoint of its state there every
   ``checkpoint_every_s`` (:mod:`scheduler.history`); scaling and failure
   decisions carry the clock readings they were made from;
+* in every role: folds the agents' prefix-cache batches (the kv stream) into
+  its :class:`~scheduler.prefix_index.PrefixIndex`, so a standby's index is the
+  active one's; while active, asks an agent the index is unsure of for a full
+  batch (``KVCacheSync``), and records in each ``Dispatched`` how many leading
+  blocks of the request's chain each instance held;
 * steps down when it sees a newer epoch in the log or cannot renew its lease,
   and starts over as a standby.
 
@@ -61,6 +66,7 @@ from scheduler.outbox import Outbox
 from scheduler.policy.dispatch import make_dispatcher
 from scheduler.policy.load import freeness_after_admit, load_freeness
 from scheduler.policy.scaling import ScaleDownDecision, ScalingState, decide_scaling
+from scheduler.prefix_index import SYNC_REASONS, PrefixIndex, ResyncTracker, decode_index, encode_index
 from scheduler.recompute import (
     Cursor,
     apply_overlay,
@@ -81,7 +87,8 @@ from scheduler.service_config import (
 from scheduler.snapshots import SnapshotStore
 from schemas.decisions import Dispatched, Paired, ScaleDown, ScaleUp, SchedulerTick, Unpaired
 from schemas.envelope import Body, Codec
-from schemas.instance import FailureInputs, InstanceFailed, InstanceJoined
+from schemas.instance import FailureInputs, InstanceFailed, InstanceJoined, InstanceLeft
+from schemas.kv_events import KVCacheEvents, KVCacheSync, KVSyncReason
 from schemas.load import LoadReport
 from schemas.reasons import DispatchFailReason, RpcErrorCode
 from schemas.rpc import (
@@ -108,6 +115,13 @@ log = logging.getLogger(__name__)
 
 #: a standby reads the lease at most this often (plus every ``lease_ttl_s / 4`` when nothing happens)
 LEASE_POLL_MIN_S = 0.05
+
+#: How long the scheduler waits for the full cache batch it asked a stale instance for before
+#: asking again (the request or the batch may have been lost).
+KV_RESYNC_RETRY_S = 5.0
+
+#: How long recovery waits for the kv stream's tail before serving with the index it has.
+KV_CATCH_UP_S = 10.0
 
 #: How many requeued request ids the scheduler remembers (each request moves at most once).
 _REQUEUED_KEPT = 100_000
@@ -184,6 +198,13 @@ class SchedulerService:
         #: handler's start to the encoded reply; inbound from the requester's ``SENT_HEADER`` stamp
         #: (wall clock, same host) to the handler's start, -1 without it.
         self.decision_times: deque[tuple[float, float, float]] = deque(maxlen=500_000)
+        #: which instance caches which prefix blocks: folded from the kv stream by every role
+        #: (a standby's equals the active one's), snapshotted with the state
+        self.prefix = PrefixIndex()
+        self._kv_received = 0
+        self._resync = ResyncTracker(retry_s=KV_RESYNC_RETRY_S)
+        self._stale_reasons: dict[str, KVSyncReason] = {}
+        self._encoded_index: tuple[int, int, bytes] = (-1, -1, b"")
 
     # -- public -------------------------------------------------------------------------
     @property
@@ -246,7 +267,13 @@ class SchedulerService:
         """State, fold point, control epoch and that epoch's recorded policy ("" if unknown)."""
         events = self.subjects.events_stream
         record = await self.snapshots.load() if self.config.use_snapshot else None
+        self.prefix = PrefixIndex()
         if record is not None:
+            try:
+                self.prefix = decode_index(record.prefix_index)
+            except ValueError as exc:
+                log.warning("snapshot's prefix index ignored (rebuilt from the kv stream): %s", exc)
+            self._kv_received = self.prefix.kv_seq
             return record.decode_state(), record.cursor, record.control_epoch, record.policy
         state = initial_state(
             gapless_streams=(events,), pending_report_limit=self.config.pending_report_limit
@@ -275,15 +302,25 @@ class SchedulerService:
             await self.bus.last_seq(self.subjects.events_stream),
             await self.bus.last_seq(self.subjects.loads_stream),
         )
+        kv_target = await self.bus.last_seq(self.subjects.kv_stream)
+        self._kv_received = self.prefix.kv_seq
         self._tasks = [
             asyncio.create_task(self._read_events(cursor.events_seq + 1)),
             asyncio.create_task(self._read_loads(cursor.loads_seq + 1)),
+            asyncio.create_task(self._read_kv(self.prefix.kv_seq + 1)),
             asyncio.create_task(self.outbox.run()),
         ]
-        while not follower.received.covers(targets):
+        # the kv stream's tail is waited for a bounded time: retention may have dropped its last entries
+        kv_deadline = self._clock() + KV_CATCH_UP_S
+        while not follower.received.covers(targets) or (
+            self._kv_received < kv_target and self._clock() < kv_deadline
+        ):
             await self._wait_changed(0.05)
             self._check_tasks()
             self.shadow.advance()
+        if self._kv_received < kv_target:
+            log.warning("kv stream read to seq %d of %d within %.0f s; the prefix index goes on filling",
+                        self._kv_received, kv_target, KV_CATCH_UP_S)
         self.shadow.advance()
         gc.freeze()  # what recovery built is long-lived: keep it out of later collections (latency)
         self.role = Role.STANDBY
@@ -403,6 +440,72 @@ class SchedulerService:
         if isinstance(body, InstanceJoined):
             self._last_seen[body.instance_id] = self._clock()
             self._last_report_seq[body.instance_id] = 0
+        elif isinstance(body, (InstanceFailed, InstanceLeft)):
+            self._drop_cached(body)
+
+    # -- the prefix index ----------------------------------------------------------------
+    async def _read_kv(self, from_seq: int) -> None:
+        async with self.bus.tail(self.subjects.kv_stream, from_seq=from_seq) as feed:
+            async for message in feed:
+                self._on_kv(message.position.seq, self._body(message))
+
+    def _on_kv(self, seq: int, body: Body) -> None:
+        """Fold one kv-stream entry into the prefix index; ask at once for a full batch where it
+        left an instance stale (the active scheduler only)."""
+        self._kv_received = seq
+        if not isinstance(body, KVCacheEvents):
+            self.prefix.reject(seq)
+            log.warning("kv stream seq %d: not a cache batch (%s); skipped", seq, type(body).__name__)
+        else:
+            reason = SYNC_REASONS.get(self.prefix.apply(body, seq))
+            if reason is not None:
+                self._stale_reasons[body.instance_id] = reason
+                if self.role is Role.ACTIVE:
+                    self._ask_resyncs()
+        if self.role is Role.STARTING:
+            self._changed.set()  # what recovery waits for
+
+    def _ask_resyncs(self) -> None:
+        """Ask each stale instance's agent for its full batch: once, again after a timeout."""
+        for instance_id in self._resync.due(self.prefix.stale_instances(), self._clock()):
+            reason = self._stale_reasons.get(instance_id, KVSyncReason.GAP)
+            log.info("prefix index unsure of %s (%s): asking for its full cache batch", instance_id, reason)
+            sync = KVCacheSync(instance_id=instance_id, reason=reason)
+            self._spawn(self._request(self.subjects.kv_sync(instance_id), sync))
+
+    def _drop_cached(self, body: InstanceFailed | InstanceLeft) -> None:
+        """An instance that failed or left caches nothing any more (an earlier incarnation's
+        failure, which the fold ignores, leaves the index alone too)."""
+        record = self.follower.state.instances.get(body.instance_id)
+        if isinstance(body, InstanceFailed) and body.incarnation and record is not None:
+            if body.incarnation != record.incarnation:
+                return
+        self.prefix.drop(body.instance_id)
+        self._stale_reasons.pop(body.instance_id, None)
+
+    def prefix_hits(self, request: DispatchRequest, view: ClusterState) -> tuple[tuple[str, int], ...]:
+        """Per live instance of the request's block size, the leading blocks of its chain that
+        instance's cache holds (only those holding some, by id)."""
+        if not request.block_hashes or request.block_size < 1:
+            return ()
+        found = self.prefix.overlap(request.block_hashes, block_size=request.block_size)
+        hits = []
+        for instance_id, num_blocks in found.items():
+            record = view.instances.get(instance_id)
+            if (
+                record is not None
+                and record.status is not InstanceStatus.FAILED
+                and record.joined.block_size == request.block_size
+            ):
+                hits.append((instance_id, num_blocks))
+        return tuple(sorted(hits))
+
+    def _encoded_prefix_index(self) -> bytes:
+        """The index for a snapshot, encoded again only when it changed (batches or drops)."""
+        key = (self.prefix.kv_seq, self.prefix.num_entries)
+        if key != self._encoded_index[:2]:
+            self._encoded_index = (*key, encode_index(self.prefix))
+        return self._encoded_index[2]
 
     async def _read_loads(self, from_seq: int) -> None:
         async with self.bus.tail(self.subjects.loads_stream, from_seq=from_seq) as feed:
@@ -492,7 +595,8 @@ class SchedulerService:
             state, cursor, view = follower.state, follower.cursor, self.view()
         event = dispatch_decision(
             view, request, epoch=self.epoch, cursor=cursor, policy=self.config.policy,
-            dispatcher=self._dispatcher,
+            dispatcher=self._dispatcher, cached_blocks=self.prefix_hits(request, view),
+            kv_seq=self.prefix.kv_seq if request.block_hashes else 0,
         )
         if event is None:
             self.stats.dispatch_errors += 1
@@ -621,6 +725,7 @@ class SchedulerService:
             emitted.extend(pairing)
         if self.config.requeue_after_s is not None:
             emitted.extend(self._requeue_stalled(cursor, now))
+        self._ask_resyncs()
         self.stats.ticks += 1
         return emitted
 
@@ -704,6 +809,7 @@ class SchedulerService:
                 taken_at=self._wall(),
                 holder=self.config.scheduler_id,
                 policy=self._policy_json,
+                prefix_index=self._encoded_prefix_index(),
             )
             self.stats.snapshots += 1
         except BusError as exc:

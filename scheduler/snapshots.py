@@ -2,7 +2,8 @@
 
 A :class:`SnapshotRecord` holds the state at one of the active scheduler's
 fold points (:func:`scheduler.cluster_state.encode_snapshot`), the fold point
-itself (events and loads sequences it includes) and the control epoch.
+itself (events and loads sequences it includes), the control epoch and the
+prefix index (:mod:`scheduler.prefix_index`, at its own kv-stream sequence).
 Recovery loads the latest one and replays the log's tail from its fold point.
 The encoded record is split into chunks under ``scheduler.snapshot.<n>`` when
 it exceeds one NATS message; the head key ``scheduler.snapshot`` is written
@@ -32,6 +33,9 @@ class SnapshotRecord(msgspec.Struct, frozen=True, kw_only=True):
     holder: str = ""
     #: The control epoch's policy as its takeover tick recorded it (that tick may precede the snapshot).
     policy: str = ""
+    #: The prefix index (:func:`scheduler.prefix_index.encode_index`, with the last kv-stream
+    #: sequence it folded); b"": none (a snapshot from before it, or no cache events yet).
+    prefix_index: bytes = b""
 
     @property
     def cursor(self) -> Cursor:
@@ -69,6 +73,7 @@ class SnapshotStore:
         taken_at: float,
         holder: str = "",
         policy: str = "",
+        prefix_index: bytes = b"",
     ) -> int:
         """Store a snapshot; returns its size in bytes."""
         data = _encoder.encode(
@@ -80,6 +85,7 @@ class SnapshotStore:
                 taken_at=taken_at,
                 holder=holder,
                 policy=policy,
+                prefix_index=prefix_index,
             )
         )
         self._generation = (self._generation + 1) % 2

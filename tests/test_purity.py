@@ -47,8 +47,14 @@ ENGINE_CORE = ("protocol", "block_manager", "local_scheduler")
 CORES = (
     Core(
         "scheduler policy core",
-        ("scheduler/config.py", "scheduler/cluster_state.py", "scheduler/fold.py", "scheduler/policy/*.py"),
-        ("schemas", "scheduler.config", "scheduler.cluster_state", "scheduler.fold", "scheduler.policy"),
+        (
+            "scheduler/config.py", "scheduler/cluster_state.py", "scheduler/fold.py",
+            "scheduler/prefix_index.py", "scheduler/policy/*.py",
+        ),
+        (
+            "schemas", "scheduler.config", "scheduler.cluster_state", "scheduler.fold",
+            "scheduler.prefix_index", "scheduler.policy",
+        ),
     ),
     Core("migration protocol", ("agents/migration/fsm/*.py",), ("schemas", "agents.migration.fsm")),
     Core(
