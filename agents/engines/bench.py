@@ -39,8 +39,10 @@ def _median_s(run: Callable[[], object], repeats: int) -> float:
 def _engine(preset: str, num_blocks: int, max_batch_size: int, device: str, dtype: str | None) -> Any:
     from agents.engines.torch_engine import TorchEngine
 
+    # The prefix cache off: these measure the model's compute, and a repeated prompt would be a hit.
     return TorchEngine(
-        preset, num_blocks=num_blocks, max_batch_size=max_batch_size, device=device, dtype=dtype
+        preset, num_blocks=num_blocks, max_batch_size=max_batch_size, device=device, dtype=dtype,
+        prefix_cache=False,
     )
 
 
