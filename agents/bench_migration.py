@@ -24,7 +24,11 @@ Agent-side: ``Commit.suspended_at`` to ``CommitAck.resumed_at`` read back from
 the migration's events (live, blocking); for recompute, the drop to the first
 token the destination published (its delta's envelope time). Also: the number
 of stages, the transport bandwidth of the stage copies, and the source's decode
-step time for its co-located requests before and during a live migration.
+step time for its co-located requests before and during a live migration, and the KV
+bytes a migration did not copy because the destination's prefix cache held them. Every
+run moves the same tokens, so the engines' prefix caches are emptied after each run: no
+run finds an earlier one's blocks (a migration would copy none of them, a recompute
+prefill none), and every method moves KV the destination lacks.
 Every figure is a median over ``--repeats`` runs; recompute at lengths of
 ``--long-from`` tokens and more runs ``--recompute-long-repeats`` times (an 8k
 prefill takes tens of seconds on a CPU), which the output says. The defaults
@@ -81,6 +85,8 @@ class Sample:
     chunks: int = 0
     #: blocks copied while the request was suspended (the last stage): what the downtime carries
     last_stage_blocks: int | None = None
+    #: KV bytes not copied: blocks the destination's prefix cache already held
+    bytes_saved: int = 0
 
 
 @dataclass
@@ -111,6 +117,8 @@ class Row:
             "blocking_agent_ms": self.median("blocking", "agent_ms"),
             "recompute_agent_ms": self.median("recompute", "agent_ms"),
             "stages": self.median("live", "stages"),
+            "live_stage_bytes": self.median("live", "stage_bytes"),
+            "live_bytes_saved": self.median("live", "bytes_saved"),
             "transport_gb_per_s": bandwidth,
             "colocated_step_ms_idle": self.median("live", "step_ms_idle"),
             "colocated_step_ms_migrating": self.median("live", "step_ms_migrating"),
@@ -212,6 +220,18 @@ async def _one_run(
             agent.call(drop_everything)
         for agent in (source, destination):
             await _wait(lambda a=agent: a.call(is_empty), 60, "engines to empty")
+        for agent in (source, destination):
+            agent.call(_forget_cached_prefixes)
+
+
+def _forget_cached_prefixes(agent: Any) -> None:
+    """Empty the prefix cache of an engine on shoal's local scheduler (the next run moves the
+    same tokens and must not find this run's blocks)."""
+    from agents.engines.local_scheduler import LocalScheduler
+
+    scheduler = getattr(agent.engine, "scheduler", None)
+    if isinstance(scheduler, LocalScheduler):
+        scheduler.blocks.clear_cache()
 
 
 async def _measure(
@@ -316,6 +336,7 @@ async def _move(
             sample.agent_ms = outcome.downtime_s * 1e3
         sample.stages = outcome.num_stages
         sample.stage_bytes = sum(s.num_bytes for s in outcome.stages)
+        sample.bytes_saved = outcome.bytes_saved
         sample.stage_seconds = sum(s.duration_s for s in outcome.stages)
         sample.chunks = sum(s.num_chunks for s in outcome.stages)
         sample.last_stage_blocks = outcome.stages[-1].num_blocks if outcome.stages else None
