@@ -75,10 +75,11 @@ def _hf_greedy(engine: TorchEngine, prompt: list[int], max_tokens: int) -> list[
 
 
 def _conversation(
-    engine: TorchEngine, turns: int, answer_tokens: int
+    engine: TorchEngine, turns: int, answer_tokens: int, sampling: SamplingParams | None = None
 ) -> list[tuple[list[int], RequestOutput]]:
-    """Turn k's prompt is turn k-1's prompt, its answer and new user tokens; one turn after the other."""
-    sampling = SamplingParams(max_tokens=answer_tokens, ignore_eos=True)
+    """Turn k's prompt is turn k-1's prompt, its answer and new user tokens; one turn after the other
+    (greedy unless ``sampling`` says otherwise)."""
+    sampling = sampling or SamplingParams(max_tokens=answer_tokens, ignore_eos=True)
     prompt = _prompt(37)
     history: list[tuple[list[int], RequestOutput]] = []
     for turn in range(turns):
@@ -110,6 +111,21 @@ def test_multi_turn_greedy_text_is_the_same_with_the_cache_on_off_and_in_transfo
     assert stats.prefix_cache_hits == sum(out.num_cached_tokens for _, out in with_cache)
     assert stats.prefix_cache_queries == sum(len(prompt) for prompt, _ in with_cache)
     assert plain.stats().prefix_cache_hits == 0 and plain.stats().num_cached_blocks == 0
+
+
+def test_batch_invariant_cached_kv_is_bit_exact_so_seeded_sampling_is_unchanged() -> None:
+    """In batch-invariant mode a position's KV depends on its tokens only, so the cached blocks hold
+    what a recompute would: even temperature sampling draws the same tokens with the cache on and off."""
+    sampling = SamplingParams(max_tokens=8, ignore_eos=True, temperature=0.9, top_p=0.95, seed=21)
+    runs = [
+        _conversation(
+            TorchEngine("tiny", num_blocks=48, batch_invariant=True, prefix_cache=on), 3, 8, sampling
+        )
+        for on in (True, False)
+    ]
+    with_cache, without = runs
+    assert [out.token_ids for _, out in with_cache] == [out.token_ids for _, out in without]
+    assert all(out.num_cached_tokens > 0 for _, out in with_cache[1:])
 
 
 @pytest.mark.parametrize(
