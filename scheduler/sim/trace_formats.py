@@ -7,10 +7,12 @@
 * ``burstgpt``: CSV ``Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type``,
   arrivals in seconds (BurstGPT).
 * ``mooncake``: JSON lines ``{"timestamp", "input_length", "output_length", "hash_ids"}``,
-  arrivals in milliseconds (Mooncake's traces, as aiperf and Dynamo's tools read them).
+  arrivals in milliseconds (Mooncake's traces, as aiperf and Dynamo's tools read them). Each
+  hash id names one 512-token block of the prompt (:attr:`TraceFormat.block_tokens`); equal
+  ids are equal blocks, kept per row in :attr:`TraceFile.blocks`.
 
-Other columns are ignored (a Mooncake row's ``hash_ids``, BurstGPT's model and
-log type). Arrivals are returned in seconds, rows sorted by arrival. A row with
+Other columns are ignored (BurstGPT's model and log type). A file whose name ends in ``.gz`` is
+read through gzip. Arrivals are returned in seconds, rows sorted by arrival. A row with
 no prompt or no output tokens (BurstGPT's failed requests have 0 response
 tokens) is dropped and counted; a row that cannot be read is an error naming
 its line.
@@ -19,9 +21,10 @@ its line.
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -40,6 +43,10 @@ class TraceFormat:
     #: an arrival field's text or value -> seconds (on the format's own clock)
     seconds: Callable[[Any], float]
     credit: str = ""
+    #: the field naming the prompt's blocks (equal names, equal tokens), "" if the format has none
+    blocks: str = ""
+    #: prompt tokens per named block
+    block_tokens: int = 0
 
     @property
     def fields(self) -> tuple[str, str, str]:
@@ -63,8 +70,9 @@ TRACE_FORMATS: tuple[TraceFormat, ...] = (
     ),
     TraceFormat(
         "mooncake", "timestamp", "input_length", "output_length", lambda ms: float(ms) / 1000.0,
-        credit='Trace: Mooncake (Qin et al., "Mooncake: A KVCache-centric Disaggregated Architecture '
-        'for LLM Serving", FAST 2025).',
+        credit='Trace: Mooncake (Qin et al., "Mooncake: Trading More Storage for Less Computation - '
+        'A KVCache-centric Architecture for Serving LLM Chatbot", FAST 2025; Apache-2.0).',
+        blocks="hash_ids", block_tokens=512,
     ),
 )
 
@@ -77,6 +85,8 @@ class TraceFile:
     rows: list[tuple[float, int, int]]
     #: rows dropped for having no prompt or no output tokens
     num_dropped: int
+    #: per row, the ids of its prompt's blocks of ``format.block_tokens`` tokens (formats with blocks)
+    blocks: list[tuple[int, ...]] = field(default_factory=list)
 
 
 def _format_of(path: Path, fields: set[str]) -> TraceFormat:
@@ -100,9 +110,21 @@ def _json_lines(path: Path, handle: Any) -> Iterator[tuple[int, dict[str, Any]]]
         yield number, row
 
 
+def _block_ids(value: Any) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise ValueError(f"block ids must be a list of integers, got {str(value)[:60]}")
+    return tuple(value)
+
+
+def _open(path: Path) -> Any:
+    if path.suffix == ".gz":
+        return gzip.open(path, "rt", newline="", encoding="utf-8-sig")
+    return path.open(newline="", encoding="utf-8-sig")
+
+
 def read_trace(path: Path) -> TraceFile:
     """Read ``path`` in whichever format its header (CSV) or first object (JSON lines) names."""
-    with path.open(newline="", encoding="utf-8-sig") as handle:
+    with _open(path) as handle:
         first = handle.readline()
         handle.seek(0)
         records: Iterable[tuple[int, dict[str, Any]]]
@@ -116,13 +138,15 @@ def read_trace(path: Path) -> TraceFile:
             reader.fieldnames = [name.strip() for name in reader.fieldnames or ()]
             trace_format = _format_of(path, set(reader.fieldnames))
             records = ((reader.line_num, row) for row in reader)
-        rows: list[tuple[float, int, int]] = []
+        rows: list[tuple[float, int, int, tuple[int, ...]]] = []
         dropped = 0
         arrival, prompt, output = trace_format.fields
+        blocks = trace_format.blocks
         for number, row in records:
             try:
                 at = trace_format.seconds(row[arrival])
                 num_prompt, num_output = int(row[prompt]), int(row[output])
+                block_ids = _block_ids(row[blocks]) if blocks else ()
             except (KeyError, TypeError, ValueError) as exc:
                 raise ValueError(
                     f"{path}, line {number}: cannot read a {trace_format.name} row ({exc!r})"
@@ -130,6 +154,9 @@ def read_trace(path: Path) -> TraceFile:
             if num_prompt <= 0 or num_output <= 0:
                 dropped += 1
                 continue
-            rows.append((at, num_prompt, num_output))
+            rows.append((at, num_prompt, num_output, block_ids))
     rows.sort(key=lambda r: r[0])
-    return TraceFile(trace_format, rows, dropped)
+    return TraceFile(
+        trace_format, [r[:3] for r in rows], dropped,
+        blocks=[r[3] for r in rows] if blocks else [],
+    )

@@ -12,11 +12,15 @@
 * **Synthetic lengths** as in the Llumnix paper: power laws with means 128
   (Short), 256 (Medium) and 512 (Long) tokens, capped at 6k, combined as
   input-output mixes ``S-S``, ``M-M``, ``L-L``, ``S-L``, ``L-S``.
+* **Multi-turn sessions** (:mod:`scheduler.sim.sessions`): each turn's prompt is the previous
+  prompt, its answer and a new user message, sent a think time after the answer ends.
 * A chosen share of requests gets the high priority (a *lower* value, as in vLLM).
 
 A :class:`SimRequest` carries its output length: the simulator uses it to
-stop the request (``max_tokens``); no policy ever sees it. Everything is
-deterministic for a given seed.
+stop the request (``max_tokens``); no policy ever sees it. Its prompt's token
+ids are named by segments (:mod:`scheduler.sim.prompts`): a Mooncake trace's
+hash ids become shared runs of tokens, so the engines' prefix cache finds what
+prompts share. Everything is deterministic for a given seed.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
+from scheduler.sim.prompts import trace_block_segments
 from scheduler.sim.trace_formats import read_trace
 
 __all__ = [
@@ -52,6 +57,7 @@ TRACES_DIR = Path(__file__).with_name("traces")
 TRACES: dict[str, Path] = {
     "azure-conv": TRACES_DIR / "azure2023_conv.csv",
     "azure-code": TRACES_DIR / "azure2023_code.csv",
+    "mooncake": TRACES_DIR / "mooncake_synthetic.jsonl.gz",
 }
 AZURE_CREDIT = (
     'Trace: "Azure LLM inference trace 2023", Microsoft Azure Public Dataset (CC-BY 4.0), '
@@ -66,13 +72,22 @@ LENGTH_CAP = 6000
 
 
 class SimRequest(msgspec.Struct, frozen=True, kw_only=True, gc=False):
-    """One request of a workload. ``num_output_tokens`` is known to the simulator only."""
+    """One request of a workload. ``num_output_tokens`` is known to the simulator only.
+
+    ``segments`` name its prompt's tokens (:func:`scheduler.sim.prompts.prompt_token_ids`).
+    A request that ``follows`` another (the next turn of a session) starts with that one's
+    prompt and answer, and arrives ``think_s`` after that answer's last token (``arrival_s``
+    is then unused); the others arrive at ``arrival_s``.
+    """
 
     request_id: str
     arrival_s: float
     num_prompt_tokens: int
     num_output_tokens: int
     priority: int = 0
+    segments: tuple[tuple[int, int], ...] = ()
+    follows: str = ""
+    think_s: float = 0.0
 
 
 class Workload(msgspec.Struct, frozen=True, kw_only=True):
@@ -86,7 +101,9 @@ class Workload(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def duration_s(self) -> float:
-        return self.requests[-1].arrival_s - self.requests[0].arrival_s if self.requests else 0.0
+        """The span of the arrivals set in advance (a session's later turns arrive as answers end)."""
+        arrivals = [r.arrival_s for r in self.requests if not r.follows]
+        return max(arrivals) - min(arrivals) if arrivals else 0.0
 
     @property
     def mean_rate(self) -> float:
@@ -119,6 +136,8 @@ def load_trace(
     available = max(len(rows) - start, 0)
     stop = None if num_requests is None else start + num_requests
     rows = rows[start:stop]
+    blocks = trace.blocks[start:stop]
+    block_tokens = trace.format.block_tokens
     if not rows:
         raise ValueError(f"{path}: no requests in the chosen window")
     warnings: tuple[str, ...] = ()
@@ -128,6 +147,12 @@ def load_trace(
         warnings += (
             f"trace truncated: {num_requests} requests asked for, the trace has {available} usable rows "
             f"from row {start}; simulating {len(rows)}",
+        )
+    short = sum(1 for (_, i, _), b in zip(rows, blocks, strict=False) if len(b) * block_tokens < i)
+    if short:
+        warnings += (
+            f"{short} rows' {trace.format.blocks} cover fewer tokens than their prompt: "
+            "the rest of those prompts is their own",
         )
     origin = rows[0][0]
     natural = Workload(
@@ -147,11 +172,12 @@ def load_trace(
         SimRequest(
             request_id=f"r{k:06d}", arrival_s=r.arrival_s / time_scale,
             num_prompt_tokens=r.num_prompt_tokens, num_output_tokens=r.num_output_tokens,
+            segments=trace_block_segments(blocks[k], block_tokens) if blocks else (),
         )
         for k, r in enumerate(natural.requests)
     )
     name = str(name_or_path) if str(name_or_path) in TRACES else path.name
-    credit = AZURE_CREDIT if name in TRACES or (trace.format.name == "shoal" and "azure" in name) else ""
+    credit = AZURE_CREDIT if trace.format.name == "shoal" and "azure" in name else ""
     workload = Workload(
         requests=requests, description="", credit=credit or trace.format.credit, warnings=warnings
     )
@@ -287,7 +313,8 @@ def build_workload(
     time_scale: float = 1.0,
     start: int = 0,
 ) -> Workload:
-    """A workload by name: a trace (``azure-conv``, ``azure-code`` or a trace file) or a mix (``M-M``).
+    """A workload by name: a trace (``azure-conv``, ``azure-code``, ``mooncake`` or a trace file) or a
+    mix (``M-M``).
 
     Traces take ``rate`` (a target mean rate) or ``time_scale``; synthetic
     mixes need ``rate`` and take ``cv`` (Gamma arrivals; 1 is Poisson).
