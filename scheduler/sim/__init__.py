@@ -4,6 +4,8 @@ N ``sim`` engines on a virtual clock, driven by the live scheduler's fold and
 policies (:class:`PolicyLayer`), with staged live migration, preemption and
 auto-scaling. Modules: :mod:`~scheduler.sim.config` (what to simulate),
 :mod:`~scheduler.sim.workload` (traces and synthetic workloads),
+:mod:`~scheduler.sim.sessions` (multi-turn chat sessions),
+:mod:`~scheduler.sim.prompts` (prompt token ids, shared where prompts share),
 :mod:`~scheduler.sim.policy_layer` (the global scheduler),
 :mod:`~scheduler.sim.instance` (an engine and its agent),
 :mod:`~scheduler.sim.migration` (which requests migrate, and the counts),

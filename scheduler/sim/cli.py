@@ -3,7 +3,7 @@
 The entry point of the simulator: options become a frozen
 :class:`~scheduler.sim.config.SimConfig` and a workload, the run shows a rich
 progress bar, and the result is printed as a table and optionally written as
-JSON (``--json``) and PNG plots (``--plots DIR``). Whenever an Azure trace is
+JSON (``--json``) and PNG plots (``--plots DIR``). Whenever a trace is
 used its credit is printed. Nothing below this module reads options or the
 environment.
 """
@@ -27,14 +27,17 @@ from agents.migration.fsm.config import MigrationConfig
 from scheduler.config import DISPATCH_MENU, DispatchPolicy, PairingConfig, ScalingConfig
 from scheduler.sim.config import MigrationModel, PolicyName, PolicySetup, SimConfig, policy_setup
 from scheduler.sim.metrics import SimResult
+from scheduler.sim.sessions import SessionSpec, session_workload
 from scheduler.sim.simulator import ProgressCallback
 from scheduler.sim.simulator import simulate as run_simulation
 from scheduler.sim.sweep import KNEE_FACTOR, SweepInputError, SweepSpec, knee, median_points, run_sweep
-from scheduler.sim.workload import AZURE_CREDIT, build_workload
+from scheduler.sim.workload import AZURE_CREDIT, Workload, build_workload, with_priorities
 
 __all__ = ["dumps", "simulate", "simulate_command", "sweep_command"]
 
 _POLICIES = [p.value for p in PolicyName]
+#: The built-in profile a run whose prompts the chosen one rejects is pointed to.
+LONG_CONTEXT_PROFILE = "llama-3.1-8b-h100"
 _DISPATCH = [d.value for d in DISPATCH_MENU]
 
 
@@ -78,6 +81,9 @@ def _cluster_options(func: Callable[..., Any]) -> Callable[..., Any]:
                      help="Move queued requests (no KV) off an instance whose head of line waited "
                      "this long, to one where they start at once (prefill_ahead dispatch only); "
                      "0: off. Default: the policy's own (shoal 0.5 s, others off)."),
+        click.option("--prefix-cache/--no-prefix-cache", default=True, show_default=True,
+                     help="The engines' automatic prefix caching: a prompt's cached prefix is not "
+                     "computed again."),
         click.option("--report-ms", default=100.0, show_default=True, help="Load-report interval (virtual)."),
         click.option("--pairing-ms", default=100.0, show_default=True, help="Pairing interval (virtual)."),
         click.option("--autoscale/--no-autoscale", default=False, show_default=True, help="Auto-scaling."),
@@ -123,6 +129,7 @@ def _base_config(opts: dict[str, Any]) -> SimConfig:
         startup_delay_s=opts["startup_delay_s"],
         max_step_tokens=opts["max_step_tokens"],
         requeue_after_s=opts["requeue_after_s"],
+        prefix_cache=opts["prefix_cache"],
     )
 
 
@@ -186,6 +193,7 @@ def _result_table(results: Sequence[SimResult]) -> Table:
         ("queued requests moved", lambda r: f"{r.requeues}"),
         ("rejected (share)", lambda r: f"{r.rejected} ({100 * r.rejected_share:.2f}%)"),
         ("instances mean", lambda r: f"{r.instances_mean:.2f}"),
+        ("prefix cache hit rate (cached / prompt tokens)", _hit_rate_cell),
         ("finished / requests", lambda r: f"{r.num_finished} / {r.num_requests}"),
         ("virtual / wall (s)", lambda r: f"{r.virtual_s:.0f} / {r.wall_s:.1f}"),
     ]
@@ -194,6 +202,28 @@ def _result_table(results: Sequence[SimResult]) -> Table:
         table.add_column(result.policy, justify="right")
     for name, fmt in rows:
         table.add_row(name, *(fmt(r) for r in results))
+    return table
+
+
+def _hit_rate_cell(result: SimResult) -> str:
+    if not result.prefix_cache:
+        return "off"
+    return f"{100 * result.prefix_cache_hit_rate:.1f}% ({result.cached_tokens:,} / {result.prompt_tokens:,})"
+
+
+def _cache_table(results: Sequence[SimResult]) -> Table:
+    """Per instance: its prefix-cache hit rate and evictions, one column per run."""
+    table = Table(title="prefix cache by instance: hit rate (evictions)")
+    table.add_column("instance")
+    for result in results:
+        table.add_column(result.policy, justify="right")
+    instance_ids = sorted({i for r in results for i in r.prefix_cache_by_instance})
+    for instance_id in instance_ids:
+        cells = []
+        for result in results:
+            entry = result.prefix_cache_by_instance.get(instance_id)
+            cells.append("" if entry is None else f"{100 * entry.hit_rate:.1f}% ({entry.evictions:,})")
+        table.add_row(instance_id, *cells)
     return table
 
 
@@ -223,6 +253,34 @@ def _workload_name(trace: str | None, mix: str | None) -> str:
     return trace or mix or "azure-conv"
 
 
+def _workload(opts: dict[str, Any], max_context_tokens: int) -> Workload:
+    """The run's workload: sessions (``--sessions``), a trace or a mix."""
+    if opts["sessions"] is None:
+        try:
+            return build_workload(
+                _workload_name(opts["trace"], opts["mix"]), num_requests=opts["num_requests"],
+                rate=opts["rate"], cv=opts["cv"], seed=opts["seed"], high_share=opts["high_share"],
+                time_scale=opts["time_scale"],
+            )
+        except ValueError as exc:  # no such trace, a bad trace file, a window it does not hold
+            raise click.ClickException(str(exc)) from exc
+    if opts["trace"] or opts["mix"]:
+        raise click.UsageError("give --sessions, --trace or --mix, not several")
+    if opts["rate"] is None:
+        raise click.UsageError("--sessions needs --rate (sessions started per second)")
+    try:
+        spec = SessionSpec(
+            num_sessions=opts["sessions"], rate=opts["rate"], turns=opts["turns"],
+            groups=opts["session_groups"],
+            system_tokens=opts["system_tokens"], user_tokens=opts["user_tokens"],
+            answer_tokens=opts["answer_tokens"], think_s=opts["think_s"],
+            max_context_tokens=max_context_tokens, seed=opts["seed"],
+        )
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+    return with_priorities(session_workload(spec), opts["high_share"], seed=opts["seed"])
+
+
 def _json_document(result: SimResult) -> dict[str, object]:
     data = result.to_dict()
     data["fragmentation_series"] = [[round(t, 2), round(v, 6)] for t, v in result.fragmentation_series]
@@ -249,6 +307,21 @@ def dumps(document: object) -> str:
                    "output_tokens, or an Azure, BurstGPT or Mooncake (JSON lines) trace as published.")
 @click.option("--mix", default=None,
               help="A synthetic length mix instead of a trace: S-S, M-M, L-L, S-L or L-S.")
+@click.option("--sessions", type=click.IntRange(min=1), default=None,
+              help="Multi-turn chat sessions instead of a trace: this many, started at --rate per second; "
+              "each turn's prompt is the previous prompt, its answer and a new message.")
+@click.option("--turns", type=click.IntRange(min=1), default=4, show_default=True,
+              help="Turns per session (fewer where the context would pass the profile's).")
+@click.option("--session-groups", type=click.IntRange(min=1), default=4, show_default=True,
+              help="Distinct system prompts; a session opens with its group's.")
+@click.option("--system-tokens", type=click.IntRange(min=0), default=1024, show_default=True,
+              help="Length of a group's system prompt.")
+@click.option("--user-tokens", default=128.0, show_default=True,
+              help="Mean length of a user message (power law, as the mixes' lengths).")
+@click.option("--answer-tokens", default=256.0, show_default=True,
+              help="Mean length of an answer (power law).")
+@click.option("--think-s", type=click.FloatRange(min=0), default=10.0, show_default=True,
+              help="Mean think time between an answer and the next turn (exponential).")
 @click.option("--rate", type=float, default=None,
               help="Mean request rate (req/s); traces are time-scaled to it.")
 @click.option("--time-scale", default=1.0, show_default=True,
@@ -265,12 +338,8 @@ def simulate_command(ctx: click.Context, /, **opts: Any) -> None:
         return
     console = Console()
     names = _policy_names(opts["policies"])
-    name = _workload_name(opts["trace"], opts["mix"])
-    workload = build_workload(
-        name, num_requests=opts["num_requests"], rate=opts["rate"], cv=opts["cv"], seed=opts["seed"],
-        high_share=opts["high_share"], time_scale=opts["time_scale"],
-    )
     base = _base_config(opts)
+    workload = _workload(opts, base.profile.max_model_len)
     console.print(f"[bold]workload:[/] {workload.description}")
     for warning in workload.warnings:
         console.print(f"[bold yellow]warning:[/] {warning}")
@@ -283,6 +352,15 @@ def simulate_command(ctx: click.Context, /, **opts: Any) -> None:
             config = replace(base, setup=_setup(policy, opts))
             results.append(run_simulation(config, workload, on_progress=callback))
     console.print(_result_table(results))
+    if base.prefix_cache:
+        console.print(_cache_table(results))
+    if any(r.rejected for r in results) and base.profile.name != LONG_CONTEXT_PROFILE:
+        longest = load_profile(LONG_CONTEXT_PROFILE).max_model_len
+        console.print(
+            f"[dim]an instance of {base.profile.name} holds prompts of up to "
+            f"{min(base.profile.max_model_len, base.profile.num_blocks * base.profile.block_size):,} tokens; "
+            f"--profile {LONG_CONTEXT_PROFILE} holds {longest:,}[/]"
+        )
     for result in results:
         if len(result.by_priority) > 1:
             console.print(_priority_table(result))

@@ -191,6 +191,8 @@ class SimConfig:
       once (dispatch rules whose scores say so: ``prefill_ahead``); None (the default): the policy's
       own (``PolicySetup.requeue_after_s``: 0.5 s for ``shoal``, off for the rest); 0: off.
       :attr:`requeue_s` is what the run uses;
+    * ``prefix_cache``: the engines' automatic prefix caching (off by default here, so that runs
+      built in code keep their accounting; ``shoal simulate`` turns it on);
     * ``record_policy_log`` / ``record_migrations``: keep the policy layer's
       inputs and decisions / every finished migration with its machines'
       records (for tests and replays).
@@ -209,6 +211,7 @@ class SimConfig:
     max_virtual_s: float = 1e6
     max_step_tokens: int | None = None
     requeue_after_s: float | None = None
+    prefix_cache: bool = False
     record_policy_log: bool = False
     record_migrations: bool = False
 

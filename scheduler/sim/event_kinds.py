@@ -12,7 +12,7 @@ __all__ = ["EventKind"]
 
 
 class EventKind(enum.IntEnum):
-    ARRIVAL = 0  # payload: index of the request in the workload
+    ARRIVAL = 0  # payload: position of the request among those whose arrival is set in advance
     STEP_END = 1  # payload: the SimInstance whose step ends
     REPORT = 2  # payload: tick number
     PAIR = 3  # payload: tick number
@@ -20,3 +20,4 @@ class EventKind(enum.IntEnum):
     SAMPLE = 5  # payload: tick number
     MIGRATION = 6  # payload: a migration_shell.Delivery (a message, copy, tick or answer reaching one side)
     READY = 7  # payload: id of a launched instance that joins now
+    TURN = 8  # payload: index in the workload of a session's next turn, sent now

@@ -25,7 +25,11 @@ tokens, preemptions and the time they cost, migrations. Summary
   and how many requests moved 0, 1, 2, ... times (``migrations_per_request``);
 * ``warnings``: what the run left out (a truncated trace, rejected requests);
 * **instances_mean**: the time-average of instances held (launching, serving
-  or draining), the cost when auto-scaling.
+  or draining), the cost when auto-scaling;
+* **prefix-cache hit rate**: prompt tokens served from the engines' prefix cache
+  when a request was first admitted, over all prompt tokens of the requests that
+  got a first token; per run and per instance (the one that computed the prompt),
+  with each instance's evictions of cached blocks.
 
 Pure arithmetic over the records; no clock.
 """
@@ -41,6 +45,7 @@ from scheduler.config import PolicyConfig
 
 __all__ = [
     "LATENCY_KEYS",
+    "InstanceCacheSummary",
     "LatencySummary",
     "RequestRecord",
     "SimResult",
@@ -60,9 +65,11 @@ class RequestRecord:
         "arrival_s",
         "finish_s",
         "first_token_s",
+        "num_cached_tokens",
         "num_migrations",
         "num_output_tokens",
         "num_preemptions",
+        "num_prompt_tokens",
         "preempted_at_s",
         "preemption_loss_s",
         "priority",
@@ -78,6 +85,8 @@ class RequestRecord:
         self.preempted_at_s = -1.0
         self.preemption_loss_s = 0.0
         self.num_migrations = 0
+        self.num_prompt_tokens = 0
+        self.num_cached_tokens = 0  # of the prompt, served from the prefix cache at first admission
 
 
 class LatencySummary(msgspec.Struct, frozen=True, kw_only=True):
@@ -90,6 +99,15 @@ class LatencySummary(msgspec.Struct, frozen=True, kw_only=True):
     tpot_p99_s: float
     e2e_mean_s: float
     e2e_p99_s: float
+
+
+class InstanceCacheSummary(msgspec.Struct, frozen=True, kw_only=True):
+    """One instance's prefix cache: the prompt tokens it computed or found cached, and evictions."""
+
+    prompt_tokens: int
+    cached_tokens: int
+    hit_rate: float
+    evictions: int
 
 
 def _mean_p99(values: np.ndarray) -> tuple[float, float]:
@@ -173,6 +191,12 @@ class SimResult(msgspec.Struct, kw_only=True):
     requeues: int = 0
     warnings: list[str] = msgspec.field(default_factory=list)
     instances_mean: float
+    prefix_cache: bool = False
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    #: ``cached_tokens / prompt_tokens``
+    prefix_cache_hit_rate: float = 0.0
+    prefix_cache_by_instance: dict[str, InstanceCacheSummary] = msgspec.field(default_factory=dict)
     virtual_s: float
     wall_s: float
     by_priority: dict[str, LatencySummary]
@@ -186,6 +210,10 @@ class SimResult(msgspec.Struct, kw_only=True):
             data.pop("fragmentation_series", None)
             data.pop("instances_series", None)
         return data  # type: ignore[no-any-return]
+
+
+def _share(part: int, whole: int) -> float:
+    return part / whole if whole else 0.0
 
 
 def summarize(
@@ -213,6 +241,9 @@ def summarize(
     parameters: dict[str, object],
     warnings: Sequence[str] = (),
     requeues: int = 0,
+    prefix_cache: bool = False,
+    prompt_tokens_by_instance: dict[str, list[int]] | None = None,
+    evictions_by_instance: dict[str, int] | None = None,
 ) -> SimResult:
     """Fold the per-request records and series into a :class:`SimResult`."""
     overall = summarize_latency(records)
@@ -226,6 +257,20 @@ def summarize(
     moves: dict[int, int] = {}
     for record in records:
         moves[record.num_migrations] = moves.get(record.num_migrations, 0) + 1
+    started = [r for r in records if r.first_token_s >= 0]
+    prompt_tokens = sum(r.num_prompt_tokens for r in started)
+    cached_tokens = sum(r.num_cached_tokens for r in started)
+    by_instance = prompt_tokens_by_instance or {}
+    evictions = evictions_by_instance or {}
+    cache_by_instance = {
+        instance_id: InstanceCacheSummary(
+            prompt_tokens=by_instance.get(instance_id, [0, 0])[0],
+            cached_tokens=by_instance.get(instance_id, [0, 0])[1],
+            hit_rate=_share(*by_instance.get(instance_id, [0, 0])[::-1]),
+            evictions=evictions.get(instance_id, 0),
+        )
+        for instance_id in sorted({*by_instance, *evictions})
+    }
     notes = list(warnings)
     if rejected:
         notes.append(
@@ -265,6 +310,11 @@ def summarize(
         requeues=requeues,
         warnings=notes,
         instances_mean=instance_seconds / virtual_s if virtual_s > 0 else float(num_instances),
+        prefix_cache=prefix_cache,
+        prompt_tokens=prompt_tokens,
+        cached_tokens=cached_tokens,
+        prefix_cache_hit_rate=_share(cached_tokens, prompt_tokens),
+        prefix_cache_by_instance=cache_by_instance,
         virtual_s=virtual_s,
         wall_s=wall_s,
         by_priority={name: summarize_latency(rs) for name, rs in sorted(by_class.items())},

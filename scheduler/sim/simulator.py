@@ -4,7 +4,10 @@ One event heap, ordered by (virtual time, insertion order), no sleeps, no bus:
 
 * **arrival** — the request goes to :meth:`PolicyLayer.dispatch` (the live
   dispatcher over the folded load views); a prompt no instance could ever
-  hold is rejected and counted; with no instance live it waits for one;
+  hold is rejected and counted; with no instance live it waits for one. Its
+  prompt's token ids are built when it is placed (:mod:`scheduler.sim.prompts`);
+* **turn** — a session's next turn arrives a think time after the previous
+  turn's last token, its prompt holding that turn's prompt and answer;
 * **step end** — an instance's step, planned with ``begin_step`` when it
   started, completes (tokens, finished requests, preemptions); the next step
   is planned at once while the instance has work;
@@ -36,7 +39,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from agents.engines.protocol import RequestRejected
-from agents.engines.sim import SimEngine
+from agents.engines.sim import SimEngine, sim_token_id
 from scheduler.policy import (
     Pairing,
     PendingRequest,
@@ -50,6 +53,7 @@ from scheduler.sim.instance import SimInstance
 from scheduler.sim.metrics import RequestRecord, SimResult, fragmentation_share, summarize
 from scheduler.sim.migration import MigrationDriver
 from scheduler.sim.policy_layer import PolicyLayer, PolicyLog
+from scheduler.sim.prompts import prompt_token_ids
 from scheduler.sim.workload import SimRequest, Workload
 from schemas import SamplingParams
 from schemas.instance import InstanceLeft
@@ -57,9 +61,9 @@ from schemas.reasons import MigrationAbortReason
 
 __all__ = ["SimulationIncomplete", "Simulator", "simulate"]
 
-ARRIVAL, STEP_END, REPORT, PAIR, SCALE, SAMPLE, MIGRATION, READY = (
+ARRIVAL, STEP_END, REPORT, PAIR, SCALE, SAMPLE, MIGRATION, READY, TURN = (
     EventKind.ARRIVAL, EventKind.STEP_END, EventKind.REPORT, EventKind.PAIR, EventKind.SCALE,
-    EventKind.SAMPLE, EventKind.MIGRATION, EventKind.READY,
+    EventKind.SAMPLE, EventKind.MIGRATION, EventKind.READY, EventKind.TURN,
 )
 
 ProgressCallback = Callable[[int, int, float], None]
@@ -100,6 +104,19 @@ class Simulator:
         self._by_id: dict[str, SimRequest] = {r.request_id: r for r in workload.requests}
         self._queued_at: dict[str, float] = {}  # request id -> when it was placed on its instance
         self._requeued: set[str] = set()  # requests moved once while queued (requeue_after_s)
+        requests = workload.requests
+        #: the requests whose arrival is set in advance, by arrival
+        self._opening = sorted(
+            (k for k, r in enumerate(requests) if not r.follows), key=lambda k: requests[k].arrival_s
+        )
+        #: request id -> index of the turn that follows it
+        self._next_turn: dict[str, int] = {r.follows: k for k, r in enumerate(requests) if r.follows}
+        self._prompts: dict[str, list[int]] = {}  # prompts of requests with a next turn, until they end
+        self._contexts: dict[str, list[int]] = {}  # request id -> prompt and answer its next turn starts with
+        self.num_turns_dropped = 0  # later turns of sessions whose earlier turn was rejected
+        #: instance id -> [prompt tokens, of those served from its prefix cache] at first admission
+        self.prompt_tokens_by_instance: dict[str, list[int]] = {}
+        self._evictions: dict[str, int] = {}  # departed instance id -> its prefix-cache evictions
 
     # ------------------------------------------------------------ plumbing
 
@@ -113,7 +130,9 @@ class Simulator:
 
     def _join(self, instance_id: str, launched_s: float) -> SimInstance:
         config = self.config
-        engine = SimEngine(config.profile, max_step_tokens=config.max_step_tokens)
+        engine = SimEngine(
+            config.profile, max_step_tokens=config.max_step_tokens, prefix_cache=config.prefix_cache
+        )
         instance = SimInstance(instance_id, engine, launched_s=launched_s, joined_s=self.now)
         self.instances[instance_id] = instance
         self.joins.append((instance_id, launched_s, self.now))
@@ -121,6 +140,7 @@ class Simulator:
 
     def _leave(self, instance: SimInstance) -> None:
         del self.instances[instance.instance_id]
+        self._evictions[instance.instance_id] = instance.engine.scheduler.blocks.num_evictions
         self._held.append((instance.launched_s, self.now))
         self.layer.fold((InstanceLeft(instance_id=instance.instance_id),))
         self.migrations.instance_left(instance.instance_id)
@@ -157,8 +177,8 @@ class Simulator:
         joined = [self._join(self._new_instance_id(), 0.0) for _ in range(config.num_instances)]
         self.layer.fold(tuple(inst.joined for inst in joined))
         requests = self.workload.requests
-        if requests:
-            self.push(requests[0].arrival_s, ARRIVAL, 0)
+        if self._opening:
+            self.push(requests[self._opening[0]].arrival_s, ARRIVAL, 0)
         self.push(config.report_interval_s, REPORT, 1)
         if self.setup.migrate:
             self.push(config.pairing_interval_s, PAIR, 1)
@@ -174,6 +194,7 @@ class Simulator:
             SAMPLE: self._on_sample,
             MIGRATION: self.migrations.on_delivery,
             READY: self._on_ready,
+            TURN: self._on_turn,
         }
         heap = self._heap
         pop = heapq.heappop
@@ -212,6 +233,7 @@ class Simulator:
             "autoscale": config.autoscale,
             "max_step_tokens": config.max_step_tokens,
             "requeue_after_s": config.requeue_s,
+            "prefix_cache": config.prefix_cache,
         }
         if config.autoscale:
             scaling = setup.policy.scaling
@@ -240,30 +262,88 @@ class Simulator:
             virtual_s=end,
             wall_s=wall_s,
             parameters=parameters,
-            warnings=self.workload.warnings,
+            warnings=self._warnings(),
             requeues=len(self._requeued),
+            prefix_cache=config.prefix_cache,
+            prompt_tokens_by_instance=self.prompt_tokens_by_instance,
+            evictions_by_instance=self._evictions_by_instance(),
         )
+
+    def _warnings(self) -> tuple[str, ...]:
+        if not self.num_turns_dropped:
+            return self.workload.warnings
+        return (*self.workload.warnings, (
+            f"{self.num_turns_dropped} later turns of sessions whose turn was rejected were never sent: "
+            "counted as rejected"
+        ))
+
+    def _evictions_by_instance(self) -> dict[str, int]:
+        evictions = dict(self._evictions)
+        for instance_id, instance in self.instances.items():
+            evictions[instance_id] = instance.engine.scheduler.blocks.num_evictions
+        return evictions
 
     # ------------------------------------------------------------ requests
 
-    def _on_arrival(self, index: int) -> None:
+    def _on_arrival(self, position: int) -> None:
         requests = self.workload.requests
-        request = requests[index]
-        self.records[request.request_id] = RequestRecord(request.arrival_s, request.priority)
+        opening = self._opening
+        request = requests[opening[position]]
+        self._arrive(request, request.arrival_s)
+        if position + 1 < len(opening):
+            self.push(requests[opening[position + 1]].arrival_s, ARRIVAL, position + 1)
+
+    def _on_turn(self, index: int) -> None:
+        self._arrive(self.workload.requests[index], self.now)
+
+    def _arrive(self, request: SimRequest, at: float) -> None:
+        self.records[request.request_id] = RequestRecord(at, request.priority)
         pending = PendingRequest(
             request_id=request.request_id,
             num_prompt_tokens=request.num_prompt_tokens,
             priority=request.priority if self.setup.priorities else 0,
-            arrival=request.arrival_s,
+            arrival=at,
         )
         self._place(pending, request)
-        if index + 1 < len(requests):
-            self.push(requests[index + 1].arrival_s, ARRIVAL, index + 1)
 
     def _reject(self, request_id: str) -> None:
         self.num_rejected += 1
         self.num_done += 1
         self.records[request_id].finish_s = -2.0
+        self._prompts.pop(request_id, None)
+        self._contexts.pop(self._by_id[request_id].follows, None)
+        requests = self.workload.requests
+        while request_id in self._next_turn:  # the rest of its session is never sent
+            request = requests[self._next_turn.pop(request_id)]
+            request_id = request.request_id
+            self.records[request_id] = RequestRecord(self.now, request.priority)
+            self.records[request_id].finish_s = -2.0
+            self.num_rejected += 1
+            self.num_done += 1
+            self.num_turns_dropped += 1
+
+    def _prompt(self, request: SimRequest) -> list[int]:
+        """The request's prompt token ids (a session's turn: the previous turn's prompt and answer first)."""
+        context = self._contexts.pop(request.follows, []) if request.follows else []
+        tokens = prompt_token_ids(
+            request.request_id, request.num_prompt_tokens, request.segments, self.config.profile.vocab_size,
+            context,
+        )
+        if request.request_id in self._next_turn:
+            self._prompts[request.request_id] = tokens
+        return tokens
+
+    def _send_next_turn(self, request_id: str, num_output_tokens: int) -> None:
+        """A session's turn ended: its next turn arrives after the think time, holding this one's tokens."""
+        index = self._next_turn.pop(request_id, None)
+        if index is None:
+            return
+        profile = self.config.profile
+        vocab, eos = profile.vocab_size, profile.eos_token_id
+        context = self._prompts.pop(request_id)
+        context.extend(sim_token_id(request_id, None, k, vocab, eos) for k in range(num_output_tokens))
+        self._contexts[request_id] = context
+        self.push(self.now + self.workload.requests[index].think_s, TURN, index)
 
     def _place(self, pending: PendingRequest, request: SimRequest) -> None:
         fits = self.layer.can_ever_place(pending.num_prompt_tokens)
@@ -277,9 +357,7 @@ class Simulator:
         instance = self.instances[decision.instance_id]
         sampling = SamplingParams(max_tokens=request.num_output_tokens, ignore_eos=True)
         try:
-            instance.engine.add_request(
-                request.request_id, [1] * request.num_prompt_tokens, sampling, pending.priority
-            )
+            instance.engine.add_request(request.request_id, self._prompt(request), sampling, pending.priority)
         except RequestRejected:
             self._reject(request.request_id)
             return
@@ -314,21 +392,24 @@ class Simulator:
                 request = self._by_id[request_id]
                 pending = PendingRequest(
                     request_id=request_id, num_prompt_tokens=request.num_prompt_tokens,
-                    priority=queued.priority, arrival=request.arrival_s,
+                    priority=queued.priority, arrival=self.records[request_id].arrival_s,
                 )
                 decision = self.layer.requeue(pending, instance.instance_id)
                 if decision is None:
                     break
+                prompt = queued.prompt_token_ids
                 instance.engine.release_request(request_id)
                 del instance.request_ids[request_id]
                 instance.dirty = True
                 self._requeued.add(request_id)
-                self._place_on(self.instances[decision.instance_id], request, queued.priority)
+                self._place_on(self.instances[decision.instance_id], request, prompt, queued.priority)
                 break
 
-    def _place_on(self, instance: SimInstance, request: SimRequest, priority: int) -> None:
+    def _place_on(
+        self, instance: SimInstance, request: SimRequest, prompt: Sequence[int], priority: int
+    ) -> None:
         sampling = SamplingParams(max_tokens=request.num_output_tokens, ignore_eos=True)
-        instance.engine.add_request(request.request_id, [1] * request.num_prompt_tokens, sampling, priority)
+        instance.engine.add_request(request.request_id, prompt, sampling, priority)
         instance.num_accepted += 1
         instance.request_ids[request.request_id] = None
         instance.dirty = True
@@ -376,6 +457,11 @@ class Simulator:
             record = records[output.request_id]
             if record.first_token_s < 0:
                 record.first_token_s = now
+                record.num_prompt_tokens = output.num_prompt_tokens
+                record.num_cached_tokens = output.num_cached_tokens
+                counts = self.prompt_tokens_by_instance.setdefault(instance.instance_id, [0, 0])
+                counts[0] += output.num_prompt_tokens
+                counts[1] += output.num_cached_tokens
             if record.preempted_at_s >= 0:
                 record.preemption_loss_s += now - record.preempted_at_s
                 record.preempted_at_s = -1.0
@@ -388,6 +474,7 @@ class Simulator:
                 self.migrations.request_gone(
                     instance.instance_id, output.request_id, MigrationAbortReason.REQUEST_FINISHED
                 )
+                self._send_next_turn(output.request_id, record.num_output_tokens)
         instance.dirty = True
         self.migrations.step_done(instance.instance_id)
         if instance.terminating and instance.is_drained():
