@@ -12,8 +12,11 @@ migrating one, an aborted dedup migration leaking nothing).
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass, field
 
 import msgspec
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agents.agent import Agent, FaultPlan
 from agents.engines.block_manager import BlockManager
@@ -43,6 +46,9 @@ from schemas.block_hash import block_hashes
 from schemas.migration import Abort, Ack, Commit, PreAllocate, StageDone
 from schemas.reasons import MigrationAbortReason
 from tests.agents.agent_cluster import AgentCluster, TokenWatcher, agent_cluster, fast_agent_config, greedy
+from tests.agents.migration.test_fsm import apply_moves, faults, moves
+from tests.agents.migration.world import CONFIG as WORLD_CONFIG
+from tests.agents.migration.world import World
 
 CONFIG = MigrationConfig(last_stage_max_blocks=2, max_stages=5)
 HASHES = tuple(range(100, 120))  # a 20-block chain (the machines only count and pass them on)
@@ -195,6 +201,82 @@ def test_the_destination_admits_with_the_held_blocks_first() -> None:
     admit = actions[0]
     assert isinstance(admit, AdmitRequest)
     assert admit.cached_block_ids == (40, 41, 42) and admit.block_ids == (7, 8)
+
+
+# -- composed over a faulty channel ------------------------------------------------------------
+
+
+@dataclass
+class DedupWorld(World):
+    """The toy world's destination caching the first ``cached`` blocks of the request's chain:
+    it holds them at stage 0 (ids from 10 000) and must hand them to the admission or drop them."""
+
+    cached: int = 0
+    held: set[int] = field(default_factory=set)
+
+    def start(self) -> None:
+        self.src, actions = start_source(
+            migration_id="m",
+            request_id="r",
+            source_id="a",
+            destination_id="b",
+            num_full_blocks=self.full_blocks,
+            now=self.now,
+            config=WORLD_CONFIG,
+            block_hashes=tuple(range(self.full_blocks)),
+        )
+        self.run_src_actions(actions)
+
+    def run_src_actions(self, actions: tuple[Action, ...]) -> None:
+        assert self.src is not None
+        for action in actions:
+            if isinstance(action, CopyBlocks):
+                self.check(action.first_block >= self.src.num_cached_blocks, "copied a block held cached")
+        super().run_src_actions(actions)
+
+    def run_dst_actions(self, actions: tuple[Action, ...]) -> None:
+        for action in actions:
+            if isinstance(action, Reserve) and action.block_hashes:
+                self.check(not self.held, "held the cached prefix twice")
+                hit = tuple(10_000 + i for i in range(min(self.cached, len(action.block_hashes))))
+                self.held |= set(hit)
+                ids = tuple(range(self.next_block, self.next_block + action.num_blocks - len(hit)))
+                self.next_block += len(ids)
+                self.reserved |= set(ids)
+                self.to_destination(Reserved(stage=action.stage, block_ids=ids, cached_block_ids=hit))
+            elif isinstance(action, ReleaseReservation | AdmitRequest):
+                self.check(set(action.cached_block_ids) == self.held, "held blocks not all handed on")
+                self.held.clear()
+                super().run_dst_actions((action,))
+            else:
+                super().run_dst_actions((action,))
+
+    def check_end(self) -> None:
+        super().check_end()
+        self.check(not self.held, f"cached blocks still held after both sides finished: {sorted(self.held)}")
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    full_blocks=st.integers(1, 30),
+    cached=st.integers(0, 40),
+    moves=moves,
+    reserve_fails=st.booleans(),
+    faults=faults,
+)
+def test_a_dedup_migration_over_a_faulty_channel_holds_nothing_at_the_end(
+    full_blocks: int, cached: int, moves: list[tuple[int, int]], reserve_fails: bool, faults: tuple[int, int]
+) -> None:
+    """Loss, duplication, reordering, delays, request endings and false failure suspicions, with
+    the destination caching none, some or all of the request's full blocks: one owner (or none,
+    it finished), no block copied that was held cached, nothing reserved or held at the end."""
+    world = DedupWorld(
+        full_blocks=full_blocks, cached=cached, reserve_fails=reserve_fails and cached % 3 == 0
+    )
+    world.start()
+    apply_moves(world, moves, *faults)
+    world.settle()
+    world.check_end()
 
 
 # -- the engines' accounting ------------------------------------------------------------------
