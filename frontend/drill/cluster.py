@@ -209,6 +209,9 @@ class DrillCluster:
                 pairing_interval=0.3, policy=policy,
             )
             self._spawn("scheduler", ["scheduler", *to_argv(scheduler)])
+            if spec.standby_scheduler:  # follows the log; takes over when the first one's lease expires
+                standby = dataclasses.replace(scheduler, nats=await self._nats("standby"), standby=True)
+                self._spawn("standby", ["scheduler", *to_argv(standby)])
         for index in range(spec.instances):
             await self.add_agent(f"agent-{index}")
         self.port = free_port()

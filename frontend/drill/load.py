@@ -93,7 +93,12 @@ class RequestRecord:
     #: an ``error``'s source: ``answer`` (the frontend answered with an error status or an error chunk)
     #: or ``connection`` (refused, reset or broken off: no frontend to answer)
     error_source: str = ""
+    #: the answer's ``usage``: prompt tokens, and of those found in the prefix cache
+    #: (``prompt_tokens_details.cached_tokens``; None: not said)
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
     text: str = field(default="", repr=False)
+    prompt: str = field(default="", repr=False)
 
     @property
     def latency_s(self) -> float | None:
@@ -118,8 +123,16 @@ class LoadGenerator:
         self.clock = clock
         self.rng = random.Random(spec.seed)
         prompt_rng = random.Random(spec.seed + 1)
-        self.greedy_prompts = [_prompt(prompt_rng, spec.prompt_words) for _ in range(_NUM_GREEDY_PROMPTS)]
+        #: the start every prompt shares (``prefix_words``; its own random stream, so the rest is unchanged)
+        self.prefix = ""
+        if spec.prefix_words:
+            self.prefix = _prompt(random.Random(spec.seed + 2), spec.prefix_words) + " "
+        self.greedy_prompts = [
+            self.prefix + _prompt(prompt_rng, spec.prompt_words) for _ in range(_NUM_GREEDY_PROMPTS)
+        ]
         self.records: list[RequestRecord] = []
+        #: the greedy prompts' reference requests, sent before the load (not counted in ``records``)
+        self.references: list[RequestRecord] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._http = httpx.AsyncClient(
             base_url=url,
@@ -151,6 +164,7 @@ class LoadGenerator:
             return
         for prompt_id, prompt in enumerate(self.greedy_prompts):
             record = RequestRecord(-1 - prompt_id, self.clock(), False, True, prompt_id)
+            self.references.append(record)
             await self._send(record, prompt)
             if record.outcome is not Outcome.OK:
                 raise RuntimeError(f"the reference request failed ({record.outcome}): {record.detail}")
@@ -168,7 +182,9 @@ class LoadGenerator:
                 self.rng.randrange(_NUM_GREEDY_PROMPTS) if greedy else -1,
             )
             prompt = (
-                self.greedy_prompts[record.prompt_id] if greedy else _prompt(self.rng, self.spec.prompt_words)
+                self.greedy_prompts[record.prompt_id]
+                if greedy
+                else self.prefix + _prompt(self.rng, self.spec.prompt_words)
             )
             self.records.append(record)
             task = asyncio.ensure_future(self._send(record, prompt))
@@ -188,6 +204,7 @@ class LoadGenerator:
     # ------------------------------------------------------------------ one request
 
     async def _send(self, record: RequestRecord, prompt: str) -> None:
+        record.prompt = prompt
         try:
             async with asyncio.timeout(self.spec.request_timeout_s):
                 await self._exchange(record, self._body(record, prompt))
@@ -246,6 +263,7 @@ class LoadGenerator:
             choice = data["choices"][0]
             record.text = choice.get("text", "")
             record.first_token_at = self.clock()
+            _usage(record, data.get("usage") or {})
             self._complete(
                 record, choice.get("finish_reason"), int(data.get("usage", {}).get("completion_tokens", 0))
             )
@@ -280,6 +298,7 @@ class LoadGenerator:
                     record.request_id = str(chunk["id"])
                 if chunk.get("usage"):
                     usage = int(chunk["usage"].get("completion_tokens", 0))
+                    _usage(record, chunk["usage"])
                 for choice in chunk.get("choices", []):
                     if choice.get("text"):
                         if record.first_token_at is None:
@@ -306,6 +325,15 @@ async def _sse_lines(response: httpx.Response) -> AsyncIterator[str]:
             yield line
     if pending:
         yield pending
+
+
+def _usage(record: RequestRecord, usage: dict[str, object]) -> None:
+    """The prompt and cached token counts of an answer's ``usage``."""
+    prompt = usage.get("prompt_tokens")
+    record.prompt_tokens = prompt if isinstance(prompt, int) else None
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    record.cached_tokens = cached if isinstance(cached, int) else None
 
 
 def _failed(status: int) -> Outcome:

@@ -147,6 +147,7 @@ def _result_dict(result: DrillResult) -> dict[str, Any]:
         "recovery": result.recovery,
         "agents": [asdict(a) for a in result.agents],
         "log": None if result.log is None else asdict(result.log),
+        "prefix_index": None if result.prefix is None else asdict(result.prefix),
         "hanging": result.num_hanging,
         "leaked_blocks": _leaked(result),
         "rescues": result.num_rescues,

@@ -30,9 +30,11 @@ from frontend.drill.scenario import FaultKind, Scenario
 from frontend.drill.verdicts import (
     AgentCheck,
     LogCheck,
+    PrefixCheck,
     Verdict,
     check_agents,
     check_log,
+    check_prefix_index,
     hanging,
     judge,
     latency_summary,
@@ -58,6 +60,8 @@ class DrillResult:
     recovery: dict[str, float | None] = field(default_factory=dict)
     agents: list[AgentCheck] = field(default_factory=list)
     log: LogCheck | None = None
+    #: the scheduler's prefix index against the cache events (``expect_prefix_index``)
+    prefix: PrefixCheck | None = None
     num_rescues: float | None = None
     #: requests that hung past the frontend's bound (None: the bound is unknown)
     num_hanging: int | None = None
@@ -210,6 +214,9 @@ async def run_scenario(
         idle = cluster.idle_timeout_s if isinstance(cluster, DrillCluster) else 60.0
         result.log = await check_log(cluster.nats_url, cluster.prefix, settle_s=idle + 10.0)
         result.num_rescues = await rescues(cluster.url)
+        if scenario.verdicts.expect_prefix_index:
+            result.prefix = await check_prefix_index(cluster.nats_url, cluster.prefix,
+                                                     [*load.references, *result.records], cluster.model)
         preempted = {s.split("@")[0]: n for s, n in sorted(snapshots.items())}
         result.num_preemptions = sum(a.num_preemptions for a in result.agents) + sum(
             n
@@ -237,6 +244,8 @@ async def run_scenario(
             greedy_method=None if greedy is None else greedy.method,
             bound_s=bound_s,
             ready=ready_intervals(watch.lifecycle, _kills(result.faults), clock()),
+            prefix=result.prefix,
+            recovery_start=result.phases["recovery_start"],
         )
         result.passed = result.error is None and not any(v.failed for v in result.verdicts)
     except Exception as exc:  # the drill itself failed: report it, clean up below

@@ -59,6 +59,9 @@ class ClusterSpec(_Model):
     num_blocks: Annotated[int | None, Field(ge=4)] = None
     time_scale: Annotated[float, Field(gt=0)] = 10.0
     scheduler: bool = True
+    #: a second scheduler started with ``--standby``: it follows the log (and the prefix-cache events)
+    #: and takes over when the first one's lease expires
+    standby_scheduler: bool = False
     #: seconds each migration stage's copy is delayed by (so a fault can land mid-stage)
     copy_delay_s: Annotated[float, Field(ge=0)] = 0.0
     #: every agent's engine step lasts at least this long (``shoal agent --fault-min-step``): a
@@ -148,6 +151,9 @@ class LoadSpec(_Model):
 
     rate: Annotated[float, Field(gt=0, le=1000)] = 4.0
     prompt_words: Annotated[int, Field(ge=1, le=4000)] = 8
+    #: words every prompt starts with, the same for all (a shared system prompt: a prefix the agents'
+    #: prefix caches hold once the first request computed it); 0: none
+    prefix_words: Annotated[int, Field(ge=0, le=4000)] = 0
     output_tokens: Annotated[int, Field(ge=1, le=8192)] = 32
     stream_share: Annotated[float, Field(ge=0, le=1)] = 0.5
     greedy_share: Annotated[float, Field(ge=0, le=1)] = 0.5
@@ -275,6 +281,11 @@ class Verdicts(_Model):
     #: the crash-looping agent (crash_loop), each agent that cannot step (first_step) was left down
     #: by its supervisor
     expect_left_down: bool = False
+    #: the scheduler's prefix index, as its dispatches recorded it, equals the prefix-cache events'
+    #: fold, before the fault and after the takeover; and the prompt tokens served from the agents'
+    #: prefix caches after the fault are a share no lower than before it, less ``hit_rate_margin``
+    expect_prefix_index: bool = False
+    hit_rate_margin: Annotated[float, Field(ge=0, le=1)] = 0.1
 
 
 class Scenario(_Model):
@@ -301,6 +312,10 @@ class Scenario(_Model):
             raise ValueError("verdicts.expect_left_down goes with a crash_loop or first_step fault")
         if expect.expect_left_down and not cluster.supervise:
             raise ValueError("verdicts.expect_left_down needs cluster.supervise")
+        if cluster.standby_scheduler and not cluster.scheduler:
+            raise ValueError("cluster.standby_scheduler needs cluster.scheduler")
+        if expect.expect_prefix_index and not cluster.scheduler:
+            raise ValueError("verdicts.expect_prefix_index needs cluster.scheduler (its index is checked)")
         return self
 
 
@@ -322,6 +337,20 @@ BUILTIN: dict[str, Scenario] = {
             "scheduler-kill",
             "kill -9 the scheduler; a new one recovers by replay after 1 s.",
             FaultSpec(kind=FaultKind.KILL, target=Target.SCHEDULER),
+        ),
+        _scenario(
+            "scheduler-kill-cached",
+            "kill -9 the scheduler while requests sharing a cached prompt prefix run on two torch `tiny` "
+            "agents; its standby takes over: nothing lost, the standby's prefix index equals the fold of "
+            "the agents' cache events (as every dispatch recorded it, before the kill and after), and the "
+            "share of prompt tokens served from the cache holds.",
+            FaultSpec(kind=FaultKind.KILL, target=Target.SCHEDULER, restart_after_s=None),
+            # the standby takes over once the killed scheduler's lease expires; requests of 96 tokens at
+            # steps of >= 5 ms last about 0.5 s, so some are always running when the kill lands
+            cluster={"engine": "torch", "instances": 2, "min_step_s": 0.005, "standby_scheduler": True},
+            load={"rate": 4.0, "prefix_words": 48, "prompt_words": 8, "output_tokens": 96},
+            phases={"steady_s": 4.0, "fault_s": 5.0, "recovery_s": 5.0},
+            verdicts={"expect_prefix_index": True},
         ),
         _scenario(
             "scheduler-stop",

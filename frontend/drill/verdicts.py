@@ -23,7 +23,14 @@
   instance had been ready for a grace period and still was (it could have taken it), from the
   instances' lifecycle the drill saw on the bus and the kills it made; and the log shows no
   request placed (``RequestPlaced``, ``Dispatched``, ``RequestRescued``) on an instance that had
-  not announced itself ready (``InstanceJoined``), or that had failed or left since.
+  not announced itself ready (``InstanceJoined``), or that had failed or left since;
+* **prefix index** (``expect_prefix_index``): each dispatch that recorded the scheduler's prefix
+  index (``Dispatched.cached_blocks`` at ``kv_seq``) matches the index folded from the
+  ``<prefix>_kv`` stream up to that sequence (:func:`scheduler.prefix_index.replay_index`) for the
+  request's chain, rebuilt from its prompt with the frontend's tokenizer: a scheduler that took
+  over (the standby, a restarted one) reads the same index as the one it replaced; and the share
+  of prompt tokens the agents served from their prefix caches (``usage.prompt_tokens_details.
+  cached_tokens``) after the fault is no lower than before it, within a margin.
 """
 
 from __future__ import annotations
@@ -51,16 +58,22 @@ from schemas.requests import RequestPlaced, RequestRescued
 __all__ = [
     "AgentCheck",
     "LogCheck",
+    "PrefixCheck",
     "Verdict",
     "check_agents",
     "check_log",
     "check_placements",
+    "check_prefix_index",
+    "compare_prefix_views",
     "greedy_verdict",
     "hang_verdict",
     "hanging",
+    "hit_rate",
+    "hit_rate_verdict",
     "judge",
     "latency_summary",
     "placement_verdict",
+    "prefix_index_verdict",
     "ready_intervals",
     "rescues",
     "takeable_verdict",
@@ -102,6 +115,28 @@ class LogCheck:
     @property
     def folds(self) -> bool:
         return self.fold_error is None and not self.gaps
+
+
+@dataclass
+class PrefixCheck:
+    """The scheduler's prefix index as its dispatches recorded it, against the cache events' fold."""
+
+    #: batches in the ``<prefix>_kv`` stream, and the block size they name
+    kv_batches: int = 0
+    block_size: int = 0
+    #: ``Dispatched`` events, and those that recorded the index (``kv_seq`` > 0)
+    dispatches: int = 0
+    with_view: int = 0
+    #: of those, compared with the fold (per scheduler epoch), and those that differ
+    compared: dict[int, int] = field(default_factory=dict)
+    mismatches: list[str] = field(default_factory=list)
+    num_mismatches: int = 0
+    #: dispatches whose chain the drill could not rebuild (request unknown, or its chain shorter)
+    no_chain: int = 0
+    #: blocks of the chains compared, and of those held by the instance holding the most
+    chain_blocks: int = 0
+    held_blocks: int = 0
+    error: str | None = None
 
 
 @dataclass
@@ -258,6 +293,141 @@ def _frontend_down(faults: Sequence[FaultRecord]) -> list[tuple[float, float]]:
     """The spans the frontend was down: from its fault until it answered again (never: to the end)."""
     return [(f.injected_at, f.back_at if f.back_at is not None else float("inf"))
             for f in faults if f.component == "frontend" and f.injected_at is not None]
+
+
+def hit_rate(records: Sequence[RequestRecord]) -> tuple[float | None, int]:
+    """Cached prompt tokens over prompt tokens of the ``ok`` answers that said both, and how many
+    answers that is (None: none said)."""
+    said = [r for r in records if r.outcome is Outcome.OK and r.prompt_tokens and r.cached_tokens is not None]
+    prompt = sum(r.prompt_tokens or 0 for r in said)
+    return (sum(r.cached_tokens or 0 for r in said) / prompt if prompt else None), len(said)
+
+
+def hit_rate_verdict(
+    records: Sequence[RequestRecord], fault_at: float | None, after_s: float | None, margin: float
+) -> Verdict:
+    """The prefix-cache hit rate of the requests sent after ``after_s`` is at least that of those
+    sent before the fault (``fault_at``), less ``margin``."""
+    name = "prefix-cache hit rate held after the fault"
+    sent = [r for r in records if r.index >= 0]
+    if fault_at is None or after_s is None:
+        return Verdict(name, False, "not checked: no fault struck", checked=False)
+    before, num_before = hit_rate([r for r in sent if r.sent_at < fault_at])
+    after, num_after = hit_rate([r for r in sent if r.sent_at >= after_s])
+    if before is None or after is None:
+        return Verdict(name, False, f"not checked: {num_before} answers before the fault and {num_after} "
+                       "after said their cached tokens (usage.prompt_tokens_details.cached_tokens)",
+                       checked=False)
+    return Verdict(name, after >= before - margin,
+                   f"{100 * after:.1f}% of prompt tokens cached after the fault ({num_after} answers), "
+                   f"{100 * before:.1f}% before ({num_before}); margin {100 * margin:.0f} points")
+
+
+def compare_prefix_views(
+    check: PrefixCheck,
+    dispatches: Sequence[tuple[int, Any]],
+    batches: Sequence[tuple[int, Any]],
+    chains: Mapping[str, Sequence[int]],
+) -> None:
+    """Fill ``check``: each dispatch ``(log seq, Dispatched)`` that recorded the prefix index, against
+    :func:`~scheduler.prefix_index.replay_index` of the ``(kv seq, KVCacheEvents)`` ``batches`` up to its
+    ``kv_seq``, for the request's chain in ``chains`` (by request id)."""
+    from scheduler.prefix_index import PrefixIndex
+
+    check.kv_batches = len(batches)
+    check.block_size = next((b.block_size for _, b in batches), 0)
+    check.dispatches = len(dispatches)
+    viewed = sorted(((d.kv_seq, seq, d) for seq, d in dispatches if d.kv_seq > 0), key=lambda v: (v[0], v[1]))
+    check.with_view = len(viewed)
+    index = PrefixIndex()
+    position = 0
+    for kv_seq, seq, dispatched in viewed:
+        while position < len(batches) and batches[position][0] <= kv_seq:
+            index.apply(batches[position][1], batches[position][0])
+            position += 1
+        chain = chains.get(dispatched.request_id)
+        if chain is None or len(chain) < dispatched.num_chain_blocks:
+            check.no_chain += 1
+            continue
+        expected = index.overlap(chain[: dispatched.num_chain_blocks], block_size=check.block_size)
+        recorded = dict(dispatched.cached_blocks)
+        check.compared[dispatched.epoch] = check.compared.get(dispatched.epoch, 0) + 1
+        check.chain_blocks += dispatched.num_chain_blocks
+        check.held_blocks += max(expected.values(), default=0)
+        if recorded != expected:
+            check.num_mismatches += 1
+            if len(check.mismatches) < 5:
+                check.mismatches.append(f"{dispatched.request_id} (log seq {seq}, epoch {dispatched.epoch}, "
+                                        f"kv seq {kv_seq}): recorded {recorded}, the fold says {expected}")
+
+
+async def check_prefix_index(
+    nats_url: str, prefix: str, records: Sequence[RequestRecord], model: str
+) -> PrefixCheck:
+    """:func:`compare_prefix_views` on the cluster's log and ``<prefix>_kv`` stream, each request's
+    chain rebuilt from its prompt (:func:`schemas.block_hash.block_hashes` of the frontend's tokens)."""
+    from bus import BusConfig, JetStreamBus, NatsAuth
+    from frontend.tokenization import completion_prompt_ids, load_frontend_tokenizer
+    from scheduler.events_cli import read_live
+    from schemas import Codec, Subjects
+    from schemas.block_hash import block_hashes
+    from schemas.kv_events import KVCacheEvents
+
+    check = PrefixCheck()
+    codec = Codec()
+    try:
+        log = await read_live(nats_url, prefix, None, None)
+        dispatches = []
+        for entry in log.events:
+            envelope = codec.decode_or_none(entry.data)
+            if envelope is not None and isinstance(envelope.body, Dispatched):
+                dispatches.append((entry.seq, envelope.body))
+        batches: list[tuple[int, KVCacheEvents]] = []
+        config = BusConfig(url=nats_url, auth=NatsAuth(), subjects=Subjects(prefix), name="shoal-drill-kv",
+                           provision=False)
+        async with JetStreamBus(config) as bus:
+            async with bus.replay(bus.config.subjects.kv_stream) as feed:
+                async for message in feed:
+                    envelope = codec.decode_or_none(message.data)
+                    if envelope is not None and isinstance(envelope.body, KVCacheEvents):
+                        batches.append((message.position.seq, envelope.body))
+    except Exception as exc:  # the verdict says it could not be checked, and why
+        check.error = f"{type(exc).__name__}: {exc}"
+        return check
+    block_size = next((b.block_size for _, b in batches), 0)
+    chains: dict[str, list[int]] = {}
+    if block_size:
+        tokenizer = load_frontend_tokenizer(model)
+        for record in records:
+            if record.request_id and record.prompt:
+                ids = completion_prompt_ids(tokenizer, record.prompt)[0]
+                chains[record.request_id] = block_hashes(ids, block_size)
+    compare_prefix_views(check, dispatches, batches, chains)
+    return check
+
+
+def prefix_index_verdict(check: PrefixCheck | None) -> Verdict:
+    """Every compared dispatch's recorded prefix view equals the cache events' fold, with dispatches
+    of two scheduler epochs at least compared (the one the fault ended and the one after it)."""
+    name = "scheduler's prefix index equals the cache events' fold"
+    if check is None:
+        return Verdict(name, False, "not checked: the prefix index was not read", checked=False)
+    if check.error is not None:
+        return Verdict(name, False, f"not checked: {check.error}", checked=False)
+    epochs = ", ".join(f"epoch {e}: {n}" for e, n in sorted(check.compared.items()))
+    detail = (f"{check.num_mismatches} of {sum(check.compared.values())} dispatches differ "
+              f"({epochs or 'none'}; "
+              f"{check.with_view} of {check.dispatches} dispatches recorded the index, {check.no_chain} "
+              f"without a chain; {check.kv_batches} cache-event batches; the best instance held "
+              f"{check.held_blocks} of the {check.chain_blocks} blocks of the chains)")
+    if check.mismatches:
+        detail += ": " + "; ".join(check.mismatches[:2])
+    if check.num_mismatches:
+        return Verdict(name, False, detail)
+    if len(check.compared) < 2:
+        return Verdict(name, False, "not checked: dispatches of fewer than two scheduler epochs compared; "
+                       + detail, checked=False)
+    return Verdict(name, True, detail)
 
 
 def placement_verdict(log: LogCheck) -> Verdict:
@@ -458,10 +628,13 @@ def judge(
     greedy_method: str | None,
     bound_s: float | None = None,
     ready: Mapping[str, Sequence[tuple[float, float]]] | None = None,
+    prefix: PrefixCheck | None = None,
+    recovery_start: float | None = None,
 ) -> list[Verdict]:
     """The scenario's verdicts. ``bound_s``: the frontend's bound on a request no instance can take
     (None: unknown); ``ready``: each instance's spans of readiness (:func:`ready_intervals`; None:
-    not followed)."""
+    not followed); ``prefix``: the prefix index check (``expect_prefix_index``), and
+    ``recovery_start``: when the requests whose hit rate is compared with the steady load's start."""
     counts = {o: sum(1 for r in records if r.outcome is o) for o in Outcome}
     expect = scenario.verdicts
     verdicts = [
@@ -580,6 +753,10 @@ def judge(
         verdicts.append(Verdict("the killed agent's requests were rescued", bool(num_rescues),
                                 f"{num_rescues} rescues; the agent held "
                                 + ", ".join(str(f.target_requests) for f in faults) + " requests"))
+    if expect.expect_prefix_index:
+        struck = next((f.injected_at for f in faults if f.injected_at is not None), None)
+        verdicts.append(prefix_index_verdict(prefix))
+        verdicts.append(hit_rate_verdict(records, struck, recovery_start, expect.hit_rate_margin))
     if expect.expect_no_recompute:
         verdicts.append(
             Verdict(
