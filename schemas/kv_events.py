@@ -33,7 +33,9 @@ class KVSyncReason(enum.StrEnum):
     REQUESTED = "requested"
 
 
-class KVCacheEvents(Message, frozen=True, kw_only=True, tag="kv_cache_events"):
+class KVCacheEvents(Message, frozen=True, kw_only=True, tag="kv_cache_events", omit_defaults=True):
+    """One batch (empty ``stored`` / ``removed`` and a false ``full`` are left out on the wire)."""
+
     instance_id: str
     incarnation: str
     seq: int
