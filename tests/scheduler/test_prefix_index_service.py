@@ -139,6 +139,7 @@ async def test_index_follows_agents_resyncs_a_gap_and_survives_kill_9_and_restar
                 before = encode_index(index)
                 assert encode_index(standby.prefix) == before
                 primary.crash()  # kill -9: the standby takes over with the same index, asking no agent
+                await primary_bus.close()  # and its connection goes with the process
                 await standby.wait_active(10)
                 assert encode_index(standby.prefix) == before
                 assert publisher.num_syncs == 1
