@@ -124,6 +124,9 @@ async def warm_up(
             f"the warm-up request left {free_before - stats.num_free_blocks} block(s) held and "
             f"{len(stats.requests)} request(s) unfinished"
         )
+    reset = getattr(engine, "reset_prefix_cache", None)
+    if reset is not None:
+        reset()  # a client's first prompt must not hit (or be counted against) the warm-up's blocks
     return WarmUp(tuple(tokens), num_steps, time.perf_counter() - started)
 
 

@@ -613,6 +613,15 @@ class LocalScheduler:
         """Every block hash the prefix cache holds (for a full re-sync)."""
         return self.blocks.cached_hashes()
 
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached hash and zero the cache's counters; running requests keep their blocks
+        (their full blocks are not registered again)."""
+        self.blocks.clear_cache()
+        self.blocks.take_cache_delta()
+        self.blocks.num_evictions = 0
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
+
     def _preempt_newest_lowest(self, preempted: list[str]) -> Request:
         """Preempt the last RUNNING request in batch order (lowest priority, newest)."""
         running = self._running

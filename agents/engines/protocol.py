@@ -363,6 +363,10 @@ class Engine(Protocol):
         """Every block hash the prefix cache holds now (a full re-sync of the scheduler's index)."""
         ...
 
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached block not in use and zero the cache's counters (after the warm-up)."""
+        ...
+
     # -- migration -------------------------------------------------------
 
     def export_blocks(self, request_id: str, block_indices: Sequence[int]) -> KVBuffer:

@@ -106,6 +106,9 @@ class ScheduledEngine:
     def cached_block_hashes(self) -> list[int]:
         return self.scheduler.cached_block_hashes()
 
+    def reset_prefix_cache(self) -> None:
+        self.scheduler.reset_prefix_cache()
+
     def take_events(self) -> list[SchedulerEvent]:
         return self.scheduler.take_events()
 

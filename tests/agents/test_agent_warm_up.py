@@ -19,7 +19,8 @@ import pytest
 from agents.agent import Agent
 from agents.config import FaultPlan, FirstStepFault
 from agents.engines.protocol import StepResult
-from agents.warm_up import WARM_UP_REQUEST_ID, WarmUpFailed, warm_up
+from agents.engines.sim import SimEngine
+from agents.warm_up import WARM_UP_PROMPT, WARM_UP_REQUEST_ID, WarmUpFailed, warm_up
 from bus import JetStreamBus, NoResponders
 from schemas import GenerateRequest, InstanceJoined, RequestAdmitted
 from tests.agents.agent_cluster import (
@@ -58,6 +59,19 @@ async def test_warm_up_runs_a_prefill_and_a_decode_step_and_leaves_the_pool_as_i
     stats = engine.stats()
     assert stats.num_free_blocks == stats.num_total_blocks == 16 and not stats.requests
     assert not engine.has_unfinished() and engine.take_events() == []
+
+
+@pytest.mark.unit
+async def test_warm_up_leaves_nothing_in_the_prefix_cache_for_a_client_to_hit() -> None:
+    engine = SimEngine("tiny-test", num_blocks=16, prefix_cache=True)
+    await warm_up(engine, lambda: engine.step_async(exclusive=True), timeout_s=10)
+    stats = engine.stats()
+    assert engine.cached_block_hashes() == [] and stats.num_cached_blocks == 0
+    assert (stats.prefix_cache_queries, stats.prefix_cache_hits) == (0, 0)
+    engine.add_request("client", list(WARM_UP_PROMPT) * 4, greedy(2))  # starts as the warm-up's did
+    while engine.has_unfinished():
+        outputs = engine.step().outputs
+        assert all(o.num_cached_tokens == 0 for o in outputs)
 
 
 @pytest.mark.unit
