@@ -24,6 +24,7 @@ rejected and counted. Pure: no I/O, no clock (times are passed in).
 from __future__ import annotations
 
 import enum
+import heapq
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -77,6 +78,8 @@ class InstanceEntry(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     seq: int
     block_size: int
     stale: bool = False
+    #: its bit in the holder masks (the order the index first saw it: the tie-break of overlap)
+    slot: int = -1
     hashes: tuple[int, ...] = ()
 
 
@@ -155,33 +158,40 @@ class PrefixIndex:
     def stale_instances(self) -> list[str]:
         return sorted(key for key, entry in self._instances.items() if entry.stale)
 
-    def overlap(self, chain: Iterable[int], *, block_size: int) -> dict[str, int]:
+    def overlap(self, chain: Iterable[int], *, block_size: int, limit: int | None = None) -> dict[str, int]:
         """Per instance of ``block_size`` holding the chain's first block, how many leading blocks
-        of ``chain`` it holds (instances holding none are left out). One lookup per block."""
+        of ``chain`` it holds (instances holding none are left out), best first. One lookup and
+        one AND per block; with ``limit`` only the ``limit`` instances holding the most, ties
+        going to the instance the index saw first (its slot, kept in snapshots)."""
         mask = self._by_block_size.get(block_size, 0)
-        result: dict[str, int] = {}
         holders = self._holders
+        drops: list[tuple[int, int]] = []  # (blocks held, mask of the instances holding that many)
         num_blocks = 0
         for block_hash in chain:
             held = holders.get(block_hash, 0) & mask
             if held != mask:
                 if num_blocks:
-                    self._count(mask & ~held, num_blocks, result)
+                    drops.append((num_blocks, mask & ~held))
                 mask = held
                 if not mask:
-                    return result
+                    break
             num_blocks += 1
         if mask and num_blocks:
-            self._count(mask, num_blocks, result)
+            drops.append((num_blocks, mask))
+        result: dict[str, int] = {}
+        room = len(self._slot_ids) if limit is None else limit
+        slot_ids = self._slot_ids
+        for num_blocks, group in reversed(drops):
+            while group and room > 0:
+                low = group & -group
+                instance_id = slot_ids[low.bit_length() - 1]
+                assert instance_id is not None
+                result[instance_id] = num_blocks
+                group ^= low
+                room -= 1
+            if room <= 0:
+                break
         return result
-
-    def _count(self, mask: int, num_blocks: int, into: dict[str, int]) -> None:
-        while mask:
-            low = mask & -mask
-            instance_id = self._slot_ids[low.bit_length() - 1]
-            assert instance_id is not None
-            into[instance_id] = num_blocks
-            mask ^= low
 
     # -- folding ---------------------------------------------------------------------------
     def apply(self, batch: KVCacheEvents, kv_seq: int = 0) -> ApplyOutcome:
@@ -239,16 +249,22 @@ class PrefixIndex:
         self._release(entry)
         return True
 
-    def _reset(self, instance_id: str, batch: KVCacheEvents) -> _Instance:
-        """An empty entry for ``batch``'s incarnation (the old one's hashes released)."""
+    def _reset(self, instance_id: str, batch: KVCacheEvents, slot: int = -1) -> _Instance:
+        """An empty entry for ``batch``'s incarnation (the old one's hashes released), in the
+        lowest free slot or (a snapshot's) in ``slot``."""
         old = self._instances.pop(instance_id, None)
         if old is not None:
             self._release(old)
-        slot = self._free_slots.pop() if self._free_slots else len(self._slot_ids)
-        if slot == len(self._slot_ids):
-            self._slot_ids.append(instance_id)
-        else:
-            self._slot_ids[slot] = instance_id
+        if slot < 0:
+            slot = heapq.heappop(self._free_slots) if self._free_slots else len(self._slot_ids)
+        elif slot in self._free_slots:
+            self._free_slots.remove(slot)
+            heapq.heapify(self._free_slots)
+        while len(self._slot_ids) <= slot:
+            if len(self._slot_ids) < slot:
+                heapq.heappush(self._free_slots, len(self._slot_ids))
+            self._slot_ids.append(None)
+        self._slot_ids[slot] = instance_id
         entry = _Instance(
             slot=slot, incarnation=batch.incarnation, seq=batch.seq, block_size=batch.block_size
         )
@@ -266,7 +282,7 @@ class PrefixIndex:
         else:
             self._by_block_size.pop(entry.block_size, None)
         self._slot_ids[entry.slot] = None
-        self._free_slots.append(entry.slot)
+        heapq.heappush(self._free_slots, entry.slot)
 
     def _store(self, entry: _Instance, hashes: Iterable[int]) -> None:
         bit = 1 << entry.slot
@@ -298,6 +314,7 @@ class PrefixIndex:
                     seq=entry.seq,
                     block_size=entry.block_size,
                     stale=entry.stale,
+                    slot=entry.slot,
                     hashes=tuple(sorted(entry.hashes)),
                 )
                 for key, entry in sorted(self._instances.items())
@@ -316,7 +333,7 @@ class PrefixIndex:
                 seq=item.seq,
                 block_size=item.block_size,
             )
-            entry = index._reset(item.instance_id, batch)
+            entry = index._reset(item.instance_id, batch, slot=item.slot)
             entry.stale = item.stale
             index._store(entry, item.hashes)
         index._departed = dict(snapshot.departed)

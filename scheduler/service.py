@@ -120,6 +120,14 @@ LEASE_POLL_MIN_S = 0.05
 #: asking again (the request or the batch may have been lost).
 KV_RESYNC_RETRY_S = 5.0
 
+#: How many instances a dispatch learns the cached blocks of (and its Dispatched records): those
+#: holding the most leading blocks of the request's chain. Bounds the event and the lookup when a
+#: common prefix (a system prompt) is cached everywhere.
+PREFIX_HITS_KEPT = 32
+
+#: How often at most the prefix index is encoded again for a snapshot.
+INDEX_SNAPSHOT_EVERY_S = 30.0
+
 #: How long recovery waits for the kv stream's tail before serving with the index it has.
 KV_CATCH_UP_S = 10.0
 
@@ -204,7 +212,7 @@ class SchedulerService:
         self._kv_received = 0
         self._resync = ResyncTracker(retry_s=KV_RESYNC_RETRY_S)
         self._stale_reasons: dict[str, KVSyncReason] = {}
-        self._encoded_index: tuple[int, int, bytes] = (-1, -1, b"")
+        self._encoded_index: tuple[tuple[int, int], float, bytes] = ((-1, -1), float("-inf"), b"")
 
     # -- public -------------------------------------------------------------------------
     @property
@@ -485,10 +493,12 @@ class SchedulerService:
 
     def prefix_hits(self, request: DispatchRequest, view: ClusterState) -> tuple[tuple[str, int], ...]:
         """Per live instance of the request's block size, the leading blocks of its chain that
-        instance's cache holds (only those holding some, by id)."""
+        instance's cache holds: the ``PREFIX_HITS_KEPT`` holding most (only those holding some, by id)."""
         if not request.block_hashes or request.block_size < 1:
             return ()
-        found = self.prefix.overlap(request.block_hashes, block_size=request.block_size)
+        found = self.prefix.overlap(
+            request.block_hashes, block_size=request.block_size, limit=PREFIX_HITS_KEPT
+        )
         hits = []
         for instance_id, num_blocks in found.items():
             record = view.instances.get(instance_id)
@@ -500,12 +510,16 @@ class SchedulerService:
                 hits.append((instance_id, num_blocks))
         return tuple(sorted(hits))
 
-    def _encoded_prefix_index(self) -> bytes:
-        """The index for a snapshot, encoded again only when it changed (batches or drops)."""
-        key = (self.prefix.kv_seq, self.prefix.num_entries)
-        if key != self._encoded_index[:2]:
-            self._encoded_index = (*key, encode_index(self.prefix))
-        return self._encoded_index[2]
+    def _encoded_prefix_index(self, *, force: bool = False) -> bytes:
+        """The index for a snapshot: encoded again when it changed, at most every
+        ``INDEX_SNAPSHOT_EVERY_S`` (encoding takes about 0.3 s per million entries, on the loop);
+        an older one is as good, recovery tails the kv stream from the sequence it names."""
+        version = (self.prefix.kv_seq, len(self.prefix))  # batches folded, instances dropped
+        encoded, encoded_at, data = self._encoded_index
+        if version != encoded and (force or self._clock() - encoded_at >= INDEX_SNAPSHOT_EVERY_S):
+            data = encode_index(self.prefix)
+            self._encoded_index = (version, self._clock(), data)
+        return data
 
     async def _read_loads(self, from_seq: int) -> None:
         async with self.bus.tail(self.subjects.loads_stream, from_seq=from_seq) as feed:
@@ -809,7 +823,7 @@ class SchedulerService:
                 taken_at=self._wall(),
                 holder=self.config.scheduler_id,
                 policy=self._policy_json,
-                prefix_index=self._encoded_prefix_index(),
+                prefix_index=self._encoded_prefix_index(force=force),
             )
             self.stats.snapshots += 1
         except BusError as exc:

@@ -180,3 +180,20 @@ def test_resync_asks_once_then_again_after_the_timeout() -> None:
     assert tracker.due(["i1"], now=106.0) == ["i1"]  # i2 is in sync again: forgotten
     assert tracker.due(["i2"], now=106.5) == ["i2"]
     assert tracker.num_asked == 4
+
+
+def test_a_limit_keeps_the_instances_holding_most_ties_to_the_first_seen() -> None:
+    prompt = chain(4)
+    index = PrefixIndex()
+    for n, held in enumerate([1, 4, 2, 4, 2, 2]):
+        index.apply(batch(f"i{5 - n}", 1, prompt[:held], full=True))  # seen in the order i5, i4, ...
+    assert index.overlap(prompt, block_size=BLOCK, limit=3) == {"i4": 4, "i2": 4, "i3": 2}
+    assert index.overlap(prompt, block_size=BLOCK, limit=0) == {}
+    assert len(index.overlap(prompt, block_size=BLOCK)) == 6
+    index.drop("i4")  # its slot is the lowest free one: the next instance seen takes it
+    index.apply(batch("i9", 1, prompt, full=True))
+    assert index.overlap(prompt, block_size=BLOCK, limit=2) == {"i9": 4, "i2": 4}
+    restored = decode_index(encode_index(index))  # slots survive a snapshot, and with them the ties
+    assert restored.overlap(prompt, block_size=BLOCK, limit=4) == index.overlap(
+        prompt, block_size=BLOCK, limit=4
+    )
