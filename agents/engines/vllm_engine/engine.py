@@ -610,6 +610,16 @@ class VllmEngine:
         self._cache.fold(self.scheduler.take_kv_events())
         return self._cache.take_delta()
 
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached block no request holds and zero the cache's counters (after the
+        warm-up). The removals stay in the next delta (a reset with every block free is a
+        ``cleared`` one)."""
+        if self._cache is None:
+            return
+        self.scheduler.forget_cached_blocks()
+        self._cache.fold(self.scheduler.take_kv_events())
+        self._cache.num_evictions = 0
+
     def cached_block_hashes(self) -> list[int]:
         """The shoal hash of every block vLLM's prefix cache holds now, checked against its block
         pool (a full re-sync); empty with prefix caching off."""

@@ -81,6 +81,26 @@ class ShoalScheduler(Scheduler):  # type: ignore[misc, unused-ignore]  # vLLM is
             return 0, 0
         return stats.queries + stats.preempted_queries, stats.hits + stats.preempted_hits
 
+    def forget_cached_blocks(self) -> None:
+        """Drop every cached block no request holds from vLLM's prefix cache and zero its counters.
+
+        vLLM's own reset (``reset_prefix_cache``) refuses while any block is in use (a request's,
+        a migration's reservation); then only the cached blocks nobody holds are evicted."""
+        manager = self.kv_cache_manager
+        if not manager.enable_caching:
+            return
+        pool = manager.block_pool
+        if pool.get_num_free_blocks() == pool.num_gpu_blocks - 1:  # all free (block 0 is vLLM's null block)
+            self.reset_prefix_cache()
+        else:
+            idle = {
+                b.block_id
+                for b in pool.blocks
+                if b.ref_cnt == 0 and b.block_hash is not None and not b.is_null
+            }
+            pool.evict_blocks(idle)
+        manager.prefix_cache_stats = PrefixCacheStats()
+
     def cached_block_hashes(self) -> list[Any]:
         """The hash of every block vLLM's block pool caches now, as its KV cache events name it."""
         keys = self.kv_cache_manager.block_pool.cached_block_hash_to_block._cache

@@ -393,6 +393,17 @@ def test_a_repeated_prompt_is_served_from_vllms_cache_named_by_shoals_hashes(eng
     assert stats.prefix_cache_queries - before.prefix_cache_queries == 200
     assert stats.prefix_cache_hits - before.prefix_cache_hits == 96
     assert stats.num_cached_blocks >= 3 and stats.num_free_blocks == NUM_BLOCKS
+    # a reset (after the agent's warm-up) forgets what no request holds and zeroes the counters
+    engine.add_request("busy", prompt, sampling)
+    engine.step()
+    engine.reset_prefix_cache()
+    stats = engine.stats()
+    assert stats.prefix_cache_queries == stats.prefix_cache_hits == stats.prefix_cache_evictions == 0
+    assert sorted(engine.cached_block_hashes()) == sorted(chain)  # the blocks "busy" runs on stay
+    assert engine.abort("busy")
+    engine.reset_prefix_cache()  # nothing in use: vLLM's own reset
+    assert engine.take_cache_delta().cleared and engine.cached_block_hashes() == []
+    assert _collect(engine, "after-reset", prompt, sampling) == (first, {0})
 
 
 @needs_vllm
