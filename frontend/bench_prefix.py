@@ -623,6 +623,7 @@ def _plot(results: Mapping[str, Any], path: Path) -> None:
         by_turn = results[side]["ttft_p50_by_turn_ms"]
         turns = [int(t) for t in by_turn]
         left.plot(turns, [by_turn[t] for t in by_turn], style, label=f"cache {side}")
+    left.set_xticks([int(t) for t in results[SIDES[0]]["ttft_p50_by_turn_ms"]])
     left.set_xlabel("turn")
     left.set_ylabel("TTFT p50 (ms)")
     left.set_title("TTFT by turn")
