@@ -6,7 +6,9 @@ selects, from the live streams (``--nats``, ``--prefix``) or an exported file
 ``shoal events follow``) keeps printing new entries as they are stored.
 Filters that name a subject (request, migration, instance, message type) are
 applied by the server. ``shoal events export`` writes both streams to a file
-for ``shoal replay --file``. A bad log file is an error naming what is wrong,
+for ``shoal replay --file``. ``shoal events prefix-index`` rebuilds the
+scheduler's prefix index from the kv stream as of a sequence or of a request's
+dispatch. A bad log file is an error naming what is wrong,
 not a traceback. What to select lives in :mod:`scheduler.event_query`; the
 file format in :mod:`scheduler.logfile`.
 """
@@ -35,7 +37,10 @@ from bus.protocol import StoredMessage
 from scheduler.event_query import EventMatcher, EventQuery, StreamFilter, parse_time
 from scheduler.history import HISTORY_MARGIN_S, HistoryCorrupt, checkpoint_before
 from scheduler.logfile import LogEntry, LogFileError, RecordedLog, load_log, read_bus_log, write_log
+from scheduler.prefix_index import PrefixIndex
+from scheduler.replay import prefix_hits_text, prefix_index_at
 from schemas import Subjects
+from schemas.decisions import Dispatched
 from schemas.envelope import Codec, Envelope
 from schemas.errors import MalformedMessage
 
@@ -175,6 +180,8 @@ def _row(codec: Codec, stream: str, entry: LogEntry) -> tuple[EventRow, Envelope
         return row, None
     body = msgspec.to_builtins(envelope.body)
     kind = body.pop("type", type(envelope.body).__name__)
+    if isinstance(envelope.body, Dispatched) and envelope.body.cached_blocks:
+        body["cached_blocks"] = dict(envelope.body.cached_blocks)  # instance -> leading blocks held
     row = EventRow(
         stream,
         entry.seq,
@@ -457,3 +464,69 @@ def export(
     log = run_live(reading, nats_url, prefix)
     count = write_log(path, log)
     click.echo(f"wrote {count} entries ({len(log.events)} events, {len(log.loads)} load reports) to {path}")
+
+
+async def _prefix_index_live(
+    nats_url: str, prefix: str, auth: NatsAuth | None, kv_seq: int | None, request_id: str | None
+) -> tuple[PrefixIndex, Dispatched | None]:
+    codec = Codec()
+    async with JetStreamBus(_bus_config(nats_url, prefix, auth)) as bus:
+        subjects = bus.config.subjects
+        decision: Dispatched | None = None
+        if request_id is not None:
+            async with bus.replay(subjects.events_stream, subjects=[subjects.sched("dispatch")]) as feed:
+                async for message in feed:
+                    envelope = codec.decode_or_none(message.data)
+                    if envelope is not None and isinstance(envelope.body, Dispatched):
+                        if envelope.body.request_id == request_id:
+                            decision = envelope.body  # the last: a requeue or a rescue comes later
+            if decision is None:
+                raise click.ClickException(f"no dispatch of request {request_id!r} in the events stream")
+            kv_seq = decision.kv_seq
+        entries: list[tuple[int, Any]] = []
+        if await bus.last_seq(subjects.kv_stream):
+            async with bus.replay(subjects.kv_stream, until_seq=kv_seq or None) as kv_feed:
+                async for message in kv_feed:
+                    envelope = codec.decode_or_none(message.data)
+                    entries.append((message.position.seq, None if envelope is None else envelope.body))
+    return prefix_index_at(entries, through_seq=kv_seq or None), decision
+
+
+@events.command("prefix-index")
+@nats_option()
+@nats_auth_options
+@click.option("--prefix", default=DEFAULT_PREFIX, show_default=True)
+@click.option("--kv-seq", type=int, default=None, help="As of this kv-stream sequence (default: its end).")
+@click.option(
+    "--request", "request_id", default=None,
+    help="As of this request's dispatch, with the blocks each instance held then.",
+)
+@click.option("--json", "as_json", is_flag=True, help="JSON instead of text.")
+def prefix_index(
+    nats_url: str, nats_auth: NatsAuth, prefix: str, kv_seq: int | None, request_id: str | None, as_json: bool
+) -> None:
+    """The scheduler's prefix index rebuilt from the kv stream: per instance its cached blocks."""
+    if kv_seq is not None and request_id is not None:
+        raise click.UsageError("give --kv-seq or --request, not both")
+    reading = _prefix_index_live(nats_url, prefix, nats_auth, kv_seq, request_id)
+    index, decision = run_live(reading, nats_url, prefix)
+    snapshot = index.snapshot()
+    rows = [
+        {"instance_id": e.instance_id, "incarnation": e.incarnation, "seq": e.seq, "block_size": e.block_size,
+         "cached_blocks": len(e.hashes), "stale": e.stale}
+        for e in snapshot.instances
+    ]
+    if as_json:
+        out: dict[str, Any] = {"kv_seq": index.kv_seq, "instances": rows, "malformed": index.num_malformed}
+        if decision is not None:
+            out["dispatch"] = msgspec.to_builtins(decision)
+        click.echo(json.dumps(out))
+        return
+    click.echo(f"kv stream seq {index.kv_seq}: {len(rows)} instances, {index.num_hashes} distinct blocks"
+               + (f", {index.num_malformed} malformed entries" if index.num_malformed else ""))
+    for row in rows:
+        stale = "  (stale)" if row["stale"] else ""
+        click.echo(f"  {row['instance_id']}  incarnation {row['incarnation']} seq {row['seq']}  "
+                   f"{row['cached_blocks']} blocks of {row['block_size']}{stale}")
+    if decision is not None:
+        click.echo(prefix_hits_text(decision))

@@ -15,14 +15,16 @@ history stream before it (``scheduler.history``); decisions before
 With ``what_if`` (a :class:`WhatIf`: changes to those rules) it also decides
 each point under the changed rules and reports where the choice differs and
 the freeness of both choices. Migrations are summarised from
-their handshake steps with stage timings. Pure apart from reading the
-in-memory log.
+their handshake steps with stage timings. :func:`prefix_index_at` rebuilds the
+prefix index as the scheduler had folded it at a kv-stream sequence (a
+dispatch records the one it read). Pure apart from reading the in-memory log.
 """
 
 from __future__ import annotations
 
 import bisect
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import msgspec
@@ -34,6 +36,7 @@ from scheduler.history import checkpoint_state, decode_checkpoint
 from scheduler.logfile import RecordedLog
 from scheduler.policy.dispatch import Dispatcher, PendingRequest, make_dispatcher
 from scheduler.policy.load import freeness_after_admit, load_freeness
+from scheduler.prefix_index import PrefixIndex
 from scheduler.recompute import (
     Cursor,
     dispatch_decision,
@@ -45,6 +48,7 @@ from schemas.decisions import Dispatched, Paired, ScaleDown, ScaleUp, Unpaired
 from schemas.envelope import Body, Codec
 from schemas.history import Checkpoint
 from schemas.instance import InstanceFailed
+from schemas.kv_events import KVCacheEvents
 from schemas.load import LoadReport
 from schemas.migration import Abort, Commit, CommitAck, PreAllocate, StageDone
 from schemas.reasons import MigrationAbortReason, RpcErrorCode
@@ -58,6 +62,8 @@ __all__ = [
     "ReplayResult",
     "WhatIf",
     "WhatIfRow",
+    "prefix_hits_text",
+    "prefix_index_at",
     "replay_log",
 ]
 
@@ -493,4 +499,31 @@ def replay_log(log: RecordedLog, options: ReplayOptions | None = None) -> Replay
         dispatch_views=observer.dispatch_views,
         states=observer.states,
         checkpoint=None if checkpoint is None else after,
+    )
+
+
+def prefix_index_at(entries: Iterable[tuple[int, Body]], *, through_seq: int | None = None) -> PrefixIndex:
+    """The prefix index folded from the kv stream's ``(seq, body)`` entries (in order, from the
+    stream's first or from an index snapshot's sequence on) up to ``through_seq``: what a
+    scheduler that read that far knew. Instances that failed since are still listed (the
+    scheduler drops them when the events stream says so)."""
+    index = PrefixIndex()
+    for seq, body in entries:
+        if through_seq is not None and seq > through_seq:
+            break
+        if isinstance(body, KVCacheEvents):
+            index.apply(body, seq)
+        else:
+            index.reject(seq)
+    return index
+
+
+def prefix_hits_text(decision: Dispatched) -> str:
+    """What a dispatch recorded of the prefix index, in words."""
+    if not decision.num_chain_blocks:
+        return f"dispatch of {decision.request_id}: no block hashes (not looked up)"
+    held = ", ".join(f"{key} held {n} of {decision.num_chain_blocks}" for key, n in decision.cached_blocks)
+    return (
+        f"dispatch of {decision.request_id} to {decision.instance_id} at kv seq {decision.kv_seq}: "
+        f"{held or f'no instance held any of its {decision.num_chain_blocks} blocks'}"
     )

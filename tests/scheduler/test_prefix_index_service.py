@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import AsyncIterator, Callable
 
+from click.testing import CliRunner
+
 from agents.engines.sim import SimEngine
 from bus import JetStreamBus
+from frontend.cli import cli
 from scheduler.logfile import read_bus_log
 from scheduler.prefix_index import decode_index, encode_index
 from scheduler.service import SchedulerConfig, SchedulerService
@@ -84,6 +88,12 @@ async def dispatch_chain(bus: JetStreamBus, request_id: str) -> DispatchReply:
     reply = codec.decode(message.data).body
     assert isinstance(reply, DispatchReply)
     return reply
+
+
+async def shoal(*args: str) -> str:
+    result = await asyncio.to_thread(CliRunner().invoke, cli, list(args), catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result.output
 
 
 async def test_index_follows_agents_resyncs_a_gap_and_survives_kill_9_and_restart(nats_url: str) -> None:
@@ -158,3 +168,18 @@ async def test_index_follows_agents_resyncs_a_gap_and_survives_kill_9_and_restar
                         lambda: restarted.prefix.kv_seq == index.kv_seq, "the restart read the kv stream"
                     )
                     assert encode_index(restarted.prefix) == before
+
+        # what the index held at d1's dispatch, rebuilt from the kv stream, and the decision as listed
+        source = ["--nats", nats_url, "--prefix", prefix]
+        shown = await shoal("events", "prefix-index", *source, "--request", "d1")
+        assert (
+            f"dispatch of d1 to {placed[0].instance_id} at kv seq {placed[0].kv_seq}: a1 held 8 of 8" in shown
+        )
+        assert "  a1  incarnation" in shown and "  a2  incarnation" in shown
+        rows = [
+            json.loads(line)
+            for line in (
+                await shoal("events", "list", "--json", *source, "--request", "d1", "--type", "dispatched")
+            ).splitlines()
+        ]
+        assert rows[0]["body"]["cached_blocks"] == {"a1": 8}
