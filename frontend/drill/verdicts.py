@@ -331,8 +331,10 @@ def compare_prefix_views(
 ) -> None:
     """Fill ``check``: each dispatch ``(log seq, Dispatched)`` that recorded the prefix index, against
     :func:`~scheduler.prefix_index.replay_index` of the ``(kv seq, KVCacheEvents)`` ``batches`` up to its
-    ``kv_seq``, for the request's chain in ``chains`` (by request id)."""
+    ``kv_seq``, for the request's chain in ``chains`` (by request id), the instances holding most of it
+    kept as the scheduler keeps them (``PREFIX_HITS_KEPT``)."""
     from scheduler.prefix_index import PrefixIndex
+    from scheduler.service import PREFIX_HITS_KEPT
 
     check.kv_batches = len(batches)
     check.block_size = next((b.block_size for _, b in batches), 0)
@@ -349,7 +351,8 @@ def compare_prefix_views(
         if chain is None or len(chain) < dispatched.num_chain_blocks:
             check.no_chain += 1
             continue
-        expected = index.overlap(chain[: dispatched.num_chain_blocks], block_size=check.block_size)
+        expected = index.overlap(chain[: dispatched.num_chain_blocks], block_size=check.block_size,
+                                 limit=PREFIX_HITS_KEPT)
         recorded = dict(dispatched.cached_blocks)
         check.compared[dispatched.epoch] = check.compared.get(dispatched.epoch, 0) + 1
         check.chain_blocks += dispatched.num_chain_blocks
