@@ -59,12 +59,14 @@ class CacheEventsConfig:
     #: at most one batch per this many seconds: a step's changes wait at most this long and
     #: batches merge meanwhile (``python -m agents.bench_cache_events``: the bytes it saves)
     min_interval_s: float = 0.1
+    #: after a batch was given up, how long the next one waits
+    failure_pause_s: float = 5.0
 
     def __post_init__(self) -> None:
         if self.full_every_s <= 0 or self.append_timeout_s <= 0 or self.append_attempts < 1:
             raise ValueError("full_every_s and append_timeout_s must be positive, append_attempts >= 1")
-        if self.min_interval_s < 0:
-            raise ValueError("min_interval_s must be >= 0")
+        if self.min_interval_s < 0 or self.failure_pause_s < 0:
+            raise ValueError("min_interval_s and failure_pause_s must be >= 0")
 
 
 class PendingBatch:
@@ -138,6 +140,7 @@ class CacheEventPublisher:
         self.num_failed = 0
         self.num_syncs = 0
         self.bytes_published = 0
+        self._failing_since: float | None = None
         self.request_full()  # the first batch is full
 
     # -- the step path ---------------------------------------------------------------------
@@ -205,13 +208,18 @@ class CacheEventPublisher:
                 await asyncio.sleep(rest)
 
     async def publish(self, batch: KVCacheEvents) -> bool:
+        """Store ``batch``, trying ``append_attempts`` times; after a batch is given up the next
+        waits ``failure_pause_s`` (a stream that is missing or has no leader), and only the first
+        failure of a run of them is logged as a warning."""
         data = self._codec.encode(batch, time=time.time())
         msg_id = f"{self.incarnation}:{batch.seq}"
         for attempt in range(1, self.config.append_attempts + 1):
             try:
                 await self._append(self.subject, data, msg_id, self.config.append_timeout_s)
             except BusError as exc:
-                log.warning(
+                level = logging.WARNING if self._failing_since is None else logging.DEBUG
+                log.log(
+                    level,
                     "agent %s: cache batch %d not stored (try %d of %d): %s",
                     self.instance_id,
                     batch.seq,
@@ -220,8 +228,14 @@ class CacheEventPublisher:
                     exc,
                 )
                 continue
+            if self._failing_since is not None:
+                log.info("agent %s: cache batches stored again", self.instance_id)
+                self._failing_since = None
             self.num_published += 1
             self.bytes_published += len(data)
             return True
+        if self._failing_since is None:
+            self._failing_since = self._clock()
+        await asyncio.sleep(self.config.failure_pause_s)
         self.num_failed += 1  # the scheduler sees the gap in seq and asks for a full batch
         return False

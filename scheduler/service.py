@@ -52,7 +52,7 @@ from typing import Any
 from opentelemetry import trace
 
 from bus import tracing as bus_tracing
-from bus.errors import BusError, BusTimeout, NoResponders, NotConnected
+from bus.errors import BusError, BusTimeout, NoResponders, NotConnected, StreamNotFound
 from bus.event_loop import cancel_and_wait, wait_event
 from bus.protocol import Bus, StoredMessage
 from scheduler.cluster_state import ClusterState, InstanceStatus, initial_state, live_loads
@@ -310,14 +310,21 @@ class SchedulerService:
             await self.bus.last_seq(self.subjects.events_stream),
             await self.bus.last_seq(self.subjects.loads_stream),
         )
-        kv_target = await self.bus.last_seq(self.subjects.kv_stream)
+        try:
+            kv_target = await self.bus.last_seq(self.subjects.kv_stream)
+        except StreamNotFound:  # a cluster provisioned without it: no index, dispatch as before
+            log.warning("no %s stream: the prefix index stays empty", self.subjects.kv_stream)
+            kv_target = None
         self._kv_received = self.prefix.kv_seq
         self._tasks = [
             asyncio.create_task(self._read_events(cursor.events_seq + 1)),
             asyncio.create_task(self._read_loads(cursor.loads_seq + 1)),
-            asyncio.create_task(self._read_kv(self.prefix.kv_seq + 1)),
             asyncio.create_task(self.outbox.run()),
         ]
+        if kv_target is None:
+            kv_target = 0
+        else:
+            self._tasks.append(asyncio.create_task(self._read_kv(self.prefix.kv_seq + 1)))
         # the kv stream's tail is waited for a bounded time: retention may have dropped its last entries
         kv_deadline = self._clock() + KV_CATCH_UP_S
         while not follower.received.covers(targets) or (

@@ -6,6 +6,7 @@ import asyncio
 
 from agents.cache_events import CacheEventPublisher, CacheEventsConfig, PendingBatch
 from agents.engines.sim import SimEngine
+from bus.errors import NoResponders
 from schemas import Codec, GenerateRequest
 from schemas.block_hash import block_hashes
 from schemas.kv_events import KVCacheEvents, KVCacheSync, KVCacheSyncAck, KVSyncReason
@@ -110,3 +111,34 @@ async def test_agent_publishes_cache_batches_to_the_kv_stream(nats_url: str) -> 
         full = found[ack.seq]
         assert full.full and full.seq == ack.seq + 1
         assert set(full.stored) == set(engine.cached_block_hashes())
+
+
+async def test_a_batch_the_stream_would_not_take_is_given_up_and_the_next_goes_out() -> None:
+    codec = Codec(producer="test")
+    engine = SimEngine("tiny-test", num_blocks=64, prefix_cache=True)
+    tries: list[str] = []
+    down = True
+
+    async def append(subject: str, data: bytes, msg_id: str, timeout: float) -> None:
+        tries.append(msg_id)
+        if down:
+            raise NoResponders("no stream captures it")
+
+    publisher = CacheEventPublisher(
+        engine,
+        instance_id="a1",
+        block_size=4,
+        subject="c.kv.a1",
+        append=append,
+        codec=codec,
+        config=CacheEventsConfig(append_attempts=2, failure_pause_s=0.0),
+    )
+    first = publisher.take_batch()
+    assert first is not None
+    assert not await publisher.publish(first)
+    assert tries == [f"{publisher.incarnation}:1"] * 2 and publisher.num_failed == 1
+    down = False
+    publisher.request_full()
+    second = publisher.take_batch()
+    assert second is not None and second.seq == 2 and second.full
+    assert await publisher.publish(second) and publisher.num_published == 1
