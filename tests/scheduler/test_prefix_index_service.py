@@ -14,6 +14,7 @@ import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from click.testing import CliRunner
 
@@ -28,7 +29,7 @@ from schemas import Codec, GenerateRequest
 from schemas.block_hash import block_hashes
 from schemas.decisions import Dispatched
 from schemas.rpc import DispatchReply, DispatchRequest
-from tests.agents.agent_cluster import AgentCluster, agent_cluster, fast_agent_config, greedy
+from tests.agents.agent_cluster import AgentCluster, agent_cluster, bus_config, fast_agent_config, greedy
 from tests.scheduler.service_helpers import connected
 
 
@@ -183,3 +184,28 @@ async def test_index_follows_agents_resyncs_a_gap_and_survives_kill_9_and_restar
             ).splitlines()
         ]
         assert rows[0]["body"]["cached_blocks"] == {"a1": 8}
+
+
+async def test_under_the_secure_deployment_agents_publish_and_the_scheduler_resyncs(secure_nats: Any) -> None:
+    async with agent_cluster(secure_nats.url, secure_nats) as cluster:
+        engine = SimEngine("tiny-test", num_blocks=64, time_scale=10.0, prefix_cache=True)
+        agent = await cluster.add(engine, fast_agent_config("a1"))
+        bus = JetStreamBus(
+            bus_config(secure_nats.url, cluster.subjects, "scheduler", secure_nats.auth("scheduler"))
+        )
+        await bus.connect()
+        try:
+            async with running(SchedulerService(bus, config("secure"))) as service:
+                await service.wait_active(10)
+                await serve(cluster, "s1", PROMPT)
+                await until(
+                    lambda: set(CHAIN) <= service.prefix.hashes_of("a1"), "the index lists the blocks"
+                )
+                publisher = agent.cache_events
+                assert publisher is not None and publisher.num_failed == 0
+                publisher.seq += 1  # a lost batch: the scheduler's user may ask the agent's for a full one
+                await serve(cluster, "s2", tuple(range(500, 517)))
+                await until(lambda: publisher.num_syncs == 1, "the agent was asked for a full batch")
+                await until(lambda: not service.prefix.is_stale("a1"), "the full batch arrived")
+        finally:
+            await bus.close()
