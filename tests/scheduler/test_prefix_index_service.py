@@ -147,6 +147,9 @@ async def test_index_follows_agents_resyncs_a_gap_and_survives_kill_9_and_restar
                 assert index.num_gaps == 1
 
                 await until(lambda: standby.prefix.kv_seq == index.kv_seq, "the standby read the kv stream")
+                # the standby recomputed the dispatch from what it recorded of the index
+                assert standby.shadow is not None and standby.shadow.stats.verified >= 1
+                assert not standby.shadow.mismatches
                 before = encode_index(index)
                 assert encode_index(standby.prefix) == before
                 primary.crash()  # kill -9: the standby takes over with the same index, asking no agent
@@ -186,7 +189,9 @@ async def test_index_follows_agents_resyncs_a_gap_and_survives_kill_9_and_restar
         assert rows[0]["body"]["cached_blocks"] == {"a1": 8}
 
 
-async def test_under_the_secure_deployment_agents_publish_and_the_scheduler_resyncs(secure_nats: Any) -> None:
+async def test_under_the_secure_deployment_agents_publish_the_scheduler_resyncs_and_drops_a_leaver(
+    secure_nats: Any,
+) -> None:
     async with agent_cluster(secure_nats.url, secure_nats) as cluster:
         engine = SimEngine("tiny-test", num_blocks=64, time_scale=10.0, prefix_cache=True)
         agent = await cluster.add(engine, fast_agent_config("a1"))
@@ -207,5 +212,8 @@ async def test_under_the_secure_deployment_agents_publish_and_the_scheduler_resy
                 await serve(cluster, "s2", tuple(range(500, 517)))
                 await until(lambda: publisher.num_syncs == 1, "the agent was asked for a full batch")
                 await until(lambda: not service.prefix.is_stale("a1"), "the full batch arrived")
+                await agent.stop()  # it leaves: its blocks leave the index
+                await until(lambda: service.prefix.instance_ids() == [], "the index dropped the instance")
+                assert service.prefix.num_hashes == 0
         finally:
             await bus.close()
