@@ -35,6 +35,12 @@ advance the position and count as ignored.
 
 Which interleaving of the two streams was folded matters only for pending
 dispatches, and only until the next few reports. Pure: no I/O, no clock.
+
+Prefix-cache batches (the kv stream) are not folded here: they would make every
+state copy carry millions of hashes. :mod:`scheduler.prefix_index` folds them
+into an index with its own position and checks, and a ``Dispatched`` records what
+it read there (``cached_blocks``, ``kv_seq``), so the decision still recomputes
+from this state alone.
 """
 
 from __future__ import annotations
