@@ -74,7 +74,7 @@ from agents.engines.protocol import (
 from agents.engines.vllm_engine.amx import request_amx_tiles
 from agents.engines.vllm_engine.compat import require_vllm
 from agents.engines.vllm_engine.config import VllmEngineConfig
-from agents.engines.vllm_engine.prefix_cache import VllmCacheIndex
+from agents.engines.vllm_engine.prefix_cache import VllmCacheIndex, VllmHasher
 from agents.engines.vllm_engine.sampling import migration_blocker, to_vllm_sampling
 from schemas import Alternatives, FinishReason, KVLayout, ModelIdentity, SamplingParams
 
@@ -193,6 +193,20 @@ def _engine_args(config: VllmEngineConfig) -> Any:
     return EngineArgs(**kwargs)
 
 
+def _hasher(vllm_config: Any) -> VllmHasher:
+    """vLLM's key of a block and the hash its KV cache events name it by (its own functions)."""
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.core.kv_cache_utils import hash_block_tokens, maybe_convert_block_hash
+
+    hash_fn = get_hash_fn_by_name(vllm_config.cache_config.prefix_caching_hash_algo)
+
+    def hasher(parent: Any, tokens: Sequence[int]) -> tuple[Any, Any]:
+        key = hash_block_tokens(hash_fn, parent, tokens)
+        return key, maybe_convert_block_hash(key)
+
+    return hasher
+
+
 def _sampled_logprobs(lists: Any, num_tokens: int) -> tuple[float, ...] | None:
     """The sampled tokens' logprobs from vLLM's ``LogprobsLists`` (column 0 of each row)."""
     if lists is None or len(lists.logprobs) != num_tokens:
@@ -250,7 +264,9 @@ class VllmEngine:
         self.scheduler: Any = scheduler  # a ShoalScheduler
         self._block_pool = self.scheduler.kv_cache_manager.block_pool
         self._info = self._describe(version)
-        self._cache = VllmCacheIndex(self._info.block_size) if config.prefix_cache else None
+        self._cache = (
+            VllmCacheIndex(self._info.block_size, _hasher(vllm_config)) if config.prefix_cache else None
+        )
         self._requests: dict[str, _Tracked] = {}
         self._arrivals = itertools.count()
         self._events: list[SchedulerEvent] = []
@@ -657,6 +673,17 @@ class VllmEngine:
     def import_blocks(self, block_ids: Sequence[int], buffer: KVBuffer) -> None:
         self._migration().import_blocks(block_ids, buffer)
 
+    def hold_cached_blocks(self, block_hashes: Sequence[int]) -> tuple[int, ...]:
+        """For an incoming migration: one reference to each block vLLM's prefix cache holds of the
+        longest leading run of ``block_hashes`` (the request's chain), so none is evicted before
+        the admission takes them (``admit_migrated(cached_block_ids=...)``) or
+        :meth:`drop_held_blocks`. ``()`` with the prefix cache off."""
+        result: tuple[int, ...] = self._migration().hold_cached_blocks(block_hashes)
+        return result
+
+    def drop_held_blocks(self, block_ids: Sequence[int]) -> None:
+        self._migration().drop_held_blocks(block_ids)
+
     def admit_migrated(
         self,
         request_id: str,
@@ -667,6 +694,7 @@ class VllmEngine:
         reservations: Sequence[Reservation],
         *,
         num_computed_tokens: int | None = None,
+        cached_block_ids: Sequence[int] = (),
     ) -> None:
         self._migration().admit_migrated(
             request_id,
@@ -676,6 +704,7 @@ class VllmEngine:
             priority,
             reservations,
             num_computed_tokens=num_computed_tokens,
+            cached_block_ids=cached_block_ids,
         )
 
     def _release_now(self, request_id: str) -> int:

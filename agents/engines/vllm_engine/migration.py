@@ -15,6 +15,11 @@ export only reads them, and the source's release (vLLM's ``finish_requests``) dr
 this request's references. A reservation is fresh blocks (``get_new_blocks`` evicts a cached
 block nobody uses before handing it out), so an import never writes a block the cache holds;
 vLLM caches the imported full blocks itself when it first schedules the admitted request.
+A destination lends an incoming migration the blocks its cache holds of the request's
+chain (:meth:`MigrationSupport.hold_cached_blocks`: vLLM's ``touch``, one reference each);
+admission puts them first in the request's table, checked against the request's own vLLM
+block hashes, and marks them cached for vLLM (``num_cached_block``) so they are not stored
+again.
 
 Buffer format: layer-major, per layer of vLLM's KV tensors (in the worker's
 order) that layer's slices of the blocks, raw bytes (``bytes_per_block`` per
@@ -25,12 +30,14 @@ from __future__ import annotations
 
 import itertools
 import warnings
+from collections import Counter
 from collections.abc import Container, Sequence
 from typing import Any, Protocol
 
 from agents.engines.block_manager import OutOfBlocks, Reservation
 from agents.engines.protocol import EngineInfo, KVBuffer, MigrationError, UnknownRequest
 from agents.engines.vllm_engine.kv_blocks import KVBlocks
+from agents.engines.vllm_engine.prefix_cache import VllmCacheIndex
 from schemas import SamplingParams
 
 __all__ = ["MigrationSupport"]
@@ -50,6 +57,9 @@ class EngineInternals(Protocol):
 
     @property
     def _requests(self) -> Container[str]: ...
+
+    @property
+    def _cache(self) -> VllmCacheIndex | None: ...
 
     def _block_ids(self, request_id: str) -> tuple[int, ...]: ...
 
@@ -72,6 +82,8 @@ class MigrationSupport:
         self.pool = engine.scheduler.kv_cache_manager.block_pool
         self.reservations: dict[int, list[Any]] = {}  # reservation id -> vLLM KVCacheBlocks
         self._reserved_ids: set[int] = set()
+        #: cached blocks lent to incoming migrations: block id -> references taken
+        self._held: Counter[int] = Counter()
         self._ids = itertools.count(1)
         self._kv: KVBlocks | None = None
 
@@ -124,6 +136,52 @@ class MigrationSupport:
         self._reserved_ids.difference_update(reservation.block_ids)
         return len(blocks)
 
+    def hold_cached_blocks(self, block_hashes: Sequence[int]) -> tuple[int, ...]:
+        index = self.engine._cache
+        if index is None:
+            return ()
+        index.fold(self.engine.scheduler.take_kv_events())
+        blocks: list[Any] = []
+        for block_hash in block_hashes:
+            key = index.vllm_key(block_hash)
+            found = None if key is None else self.pool.get_cached_block(key, [0])
+            if not found:
+                break
+            blocks.append(found[0])
+        self.pool.touch(blocks)
+        self._held.update(b.block_id for b in blocks)
+        return tuple(b.block_id for b in blocks)
+
+    def drop_held_blocks(self, block_ids: Sequence[int]) -> None:
+        blocks = []
+        for block_id in block_ids:
+            if self._held[block_id] > 0:
+                self._held[block_id] -= 1
+                blocks.append(self.pool.blocks[block_id])
+        self._held += Counter()  # drop the zero counts
+        self.pool.free_blocks(reversed(blocks))  # the chain's tail is evicted first
+
+    def _check_cached(self, request_id: str, tokens: Sequence[int], block_ids: Sequence[int]) -> None:
+        """MigrationError unless each block is lent here and cached under vLLM's key of the
+        request's block at its place."""
+        from vllm.utils.hashing import get_hash_fn_by_name
+        from vllm.v1.core.kv_cache_utils import get_block_hash, hash_block_tokens
+
+        size = self.engine.info.block_size
+        if len(block_ids) * size > len(tokens) or Counter(block_ids) - self._held:
+            raise MigrationError(f"blocks {list(block_ids)[:5]} are not lent cached blocks of {request_id!r}")
+        config = self.engine.core.vllm_config.cache_config
+        hash_fn = get_hash_fn_by_name(config.prefix_caching_hash_algo)
+        key = None
+        for index, block_id in enumerate(block_ids):
+            key = hash_block_tokens(hash_fn, key, tokens[index * size : (index + 1) * size])
+            cached = self.pool.blocks[block_id].block_hash
+            if cached is None or get_block_hash(cached) != key:
+                raise MigrationError(
+                    f"block {index} of request {request_id!r} (local block {block_id}) is not a "
+                    "cached block of its prefix"
+                )
+
     def import_blocks(self, block_ids: Sequence[int], buffer: KVBuffer) -> None:
         import torch
 
@@ -159,11 +217,13 @@ class MigrationSupport:
         reservations: Sequence[Reservation],
         *,
         num_computed_tokens: int | None = None,
+        cached_block_ids: Sequence[int] = (),
     ) -> None:
         engine = self.engine
         tokens = (*prompt_token_ids, *output_token_ids)
         computed = len(tokens) - 1 if num_computed_tokens is None else num_computed_tokens
-        blocks = tuple(b for r in reservations for b in r.block_ids)
+        cached = tuple(cached_block_ids)
+        blocks = cached + tuple(b for r in reservations for b in r.block_ids)
         missing = [r.reservation_id for r in reservations if r.reservation_id not in self.reservations]
         if missing:
             raise MigrationError(f"reservations {missing} are not held here")
@@ -176,20 +236,26 @@ class MigrationSupport:
         groups = len(engine.scheduler.kv_cache_manager.coordinator.single_type_managers)
         if groups != 1:  # hybrid / sliding-window models keep several block tables per request
             raise MigrationError(f"this model has {groups} KV cache groups; migration handles one")
+        if cached:
+            self._check_cached(request_id, tokens, cached)
         if not engine.add_request(
             request_id, prompt_token_ids, sampling, priority, output_token_ids=output_token_ids
         ):
             raise MigrationError(f"request {request_id!r} already lives here")
-        self._hand_over(request_id, computed, reservations)
+        self._hand_over(request_id, computed, reservations, cached)
 
-    def _hand_over(self, request_id: str, computed: int, reservations: Sequence[Reservation]) -> None:
+    def _hand_over(
+        self, request_id: str, computed: int, reservations: Sequence[Reservation], cached: Sequence[int] = ()
+    ) -> None:
         """Make the reserved blocks the waiting request's own, its first ``computed`` tokens computed.
 
         This is the state vLLM itself leaves a request in once an asynchronous
         KV load finished (``WAITING`` with blocks and ``num_computed_tokens``):
         its scheduler then skips the cache lookup and allocates only the
         blocks still missing. No copy, and admission needs no second set of
-        free blocks. Reserved blocks beyond the computed tokens go back to the pool.
+        free blocks. Reserved blocks beyond the computed tokens go back to the pool. Lent cached
+        blocks (``cached``) come first, their references the request's; vLLM counts them as the
+        request's cached blocks, so it stores only the blocks after them.
         The request waits in the queue vLLM drains first (requests holding blocks),
         ahead of requests that have none yet.
         """
@@ -199,8 +265,12 @@ class MigrationSupport:
         held = [block for r in reservations for block in self.reservations.pop(r.reservation_id)]
         for reservation in reservations:
             self._reserved_ids.difference_update(reservation.block_ids)
-        needed = -(-computed // engine.info.block_size)
-        manager.req_to_blocks[request_id].extend(held[:needed])
+        lent = [self.pool.blocks[block_id] for block_id in cached]
+        self._held -= Counter(cached)
+        needed = max(-(-computed // engine.info.block_size) - len(lent), 0)
+        manager.req_to_blocks[request_id].extend([*lent, *held[:needed]])
+        if lent:
+            manager.num_cached_block[request_id] = len(lent)
         if held[needed:]:
             self.pool.free_blocks(held[needed:])
         request.num_computed_tokens = computed

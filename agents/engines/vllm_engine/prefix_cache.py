@@ -22,18 +22,27 @@ pool itself (for a full re-sync).
 The net change since the last :meth:`VllmCacheIndex.take_delta` is kept as in
 :class:`~agents.engines.block_manager.BlockManager` (a hash stored and removed in between
 is in neither list). No vLLM import here: the events are read by their fields.
+
+To find a cached block by its shoal hash (a migration's destination lends the blocks it
+caches, :meth:`VllmCacheIndex.vllm_key`), the index also keeps vLLM's own key of each
+stored block: ``hasher`` (vLLM's hash function) recomputes it from the parent's key and the
+block's token ids, and it is kept only where it gives the hash the event carries.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Any
 
 from agents.engines.block_manager import CacheDelta
 from schemas.block_hash import extend_block_hashes, root_hash
 
-__all__ = ["VllmCacheIndex"]
+__all__ = ["VllmCacheIndex", "VllmHasher"]
+
+#: vLLM's key of a block from its parent's key (None: the first block) and its token ids, with
+#: the hash vLLM's events name that key by
+VllmHasher = Callable[[Any, Sequence[int]], tuple[Any, Hashable]]
 
 log = logging.getLogger(__name__)
 
@@ -41,10 +50,13 @@ log = logging.getLogger(__name__)
 class VllmCacheIndex:
     """Shoal's hashes of the blocks in one vLLM engine's prefix cache; see the module docstring."""
 
-    def __init__(self, block_size: int) -> None:
+    def __init__(self, block_size: int, hasher: VllmHasher | None = None) -> None:
         self.block_size = block_size
         self._root = root_hash(block_size)
+        self._hasher = hasher
         self._shoal: dict[Hashable, int] = {}  # vLLM hash -> shoal hash, for every cached block
+        self._vllm: dict[int, Hashable] = {}  # shoal hash -> vLLM hash
+        self._key: dict[Hashable, Any] = {}  # vLLM hash -> vLLM's key of the block (with a hasher)
         self._count: dict[Hashable, int] = {}  # vLLM hash -> blocks vLLM caches under it
         self._delta: dict[int, bool] = {}  # shoal hash -> stored (True) / removed (False) since the take
         self._cleared = False
@@ -57,6 +69,11 @@ class VllmCacheIndex:
     def shoal_hash(self, vllm_hash: Hashable) -> int | None:
         """The shoal hash of a block vLLM caches under ``vllm_hash``, or None if none is known."""
         return self._shoal.get(vllm_hash)
+
+    def vllm_key(self, shoal_hash: int) -> Any:
+        """vLLM's own key (``BlockHash``) of the cached block ``shoal_hash`` names, or None."""
+        vllm_hash = self._vllm.get(shoal_hash)
+        return None if vllm_hash is None else self._key.get(vllm_hash)
 
     def hashes(self) -> list[int]:
         """Every shoal hash vLLM caches now (as far as the events folded so far say)."""
@@ -76,6 +93,8 @@ class VllmCacheIndex:
                     self._removed(vllm_hash, evicted=True)
             elif kind == "AllBlocksCleared":
                 self._shoal.clear()
+                self._vllm.clear()
+                self._key.clear()
                 self._count.clear()
                 self._delta.clear()
                 self._cleared = True
@@ -97,16 +116,36 @@ class VllmCacheIndex:
                 return
             parent = known
         shoal_hashes = extend_block_hashes([], tokens, size, parent)
-        for vllm_hash, shoal_hash in zip(vllm_hashes, shoal_hashes, strict=True):
+        keys = self._keys(event.parent_block_hash, vllm_hashes, tokens)
+        for vllm_hash, shoal_hash, key in zip(vllm_hashes, shoal_hashes, keys, strict=True):
             count = self._count.get(vllm_hash, 0)
             self._count[vllm_hash] = count + 1
             if count:
                 continue
             self._shoal[vllm_hash] = shoal_hash
+            self._vllm[shoal_hash] = vllm_hash
+            if key is not None:
+                self._key[vllm_hash] = key
             if self._delta.get(shoal_hash) is False:
                 del self._delta[shoal_hash]  # removed and stored again since the last take: no change
             else:
                 self._delta[shoal_hash] = True
+
+    def _keys(self, parent: Hashable | None, vllm_hashes: list[Hashable], tokens: list[int]) -> list[Any]:
+        """vLLM's key of each stored block, None from the first one the hasher does not reproduce."""
+        keys: list[Any] = [None] * len(vllm_hashes)
+        if self._hasher is None:
+            return keys
+        key = None if parent is None else self._key.get(parent)
+        if parent is not None and key is None:
+            return keys
+        size = self.block_size
+        for index, vllm_hash in enumerate(vllm_hashes):
+            key, named = self._hasher(key, tokens[index * size : (index + 1) * size])
+            if named != vllm_hash:
+                return keys
+            keys[index] = key
+        return keys
 
     def _unmapped(self, num_blocks: int, why: str) -> None:
         if not self.num_unmapped:
@@ -124,6 +163,9 @@ class VllmCacheIndex:
             return
         del self._count[vllm_hash]
         shoal_hash = self._shoal.pop(vllm_hash)
+        self._key.pop(vllm_hash, None)
+        if self._vllm.get(shoal_hash) == vllm_hash:
+            del self._vllm[shoal_hash]
         if self._delta.get(shoal_hash) is True:
             del self._delta[shoal_hash]  # stored and removed since the last take: no change
         else:

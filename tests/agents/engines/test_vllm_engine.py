@@ -451,6 +451,48 @@ def test_a_request_sharing_cached_blocks_migrates_and_leaves_them_to_the_other(e
 
 
 @needs_vllm
+def test_a_destination_lends_its_cached_prefix_and_only_the_rest_is_copied(engines: Any) -> None:
+    """A destination that caches a migrating request's leading blocks holds them for it (shoal's
+    chain hashes found in vLLM's cache); only the blocks after them travel, and the request
+    continues on its own tokens."""
+    source, destination = engines
+    prefix = tuple((i * 17) % 400 + 9 for i in range(64))  # two full blocks
+    mover = (*prefix, *range(31, 61))  # 94 tokens: a third block of its own
+    sampling = SamplingParams(max_tokens=24, ignore_eos=True)
+    expected = _run(source, "ref-mover", mover, sampling)
+    _run(destination, "dest-prefix", (*prefix, 5, 6), SamplingParams(max_tokens=2, ignore_eos=True))
+    tokens: dict[str, list[int]] = {}
+    source.add_request("mover", mover, sampling)
+    _step_collect(source, tokens, 6)
+    source.suspend("mover")
+    table = source.request_stats("mover").num_blocks
+    generated = source.output_token_ids("mover")
+    chain = block_hashes((*mover, *generated), 32)
+    assert (table, len(chain)) == (4, 3)
+    assert destination.hold_cached_blocks(block_hashes(tuple(range(900, 964)), 32)) == ()  # not cached
+    free = destination.stats().num_free_blocks
+    held = destination.hold_cached_blocks(chain)
+    assert len(held) == 2 and destination.stats().num_free_blocks == free - 2  # no longer evictable
+    destination.drop_held_blocks(held)  # a migration given up
+    assert destination.stats().num_free_blocks == free
+    held = destination.hold_cached_blocks(chain)
+    reservation = destination.reserve(table - len(held))
+    destination.import_blocks(reservation.block_ids, source.export_blocks("mover", range(len(held), table)))
+    with pytest.raises(MigrationError):  # lent blocks must be the request's own prefix
+        destination.admit_migrated(
+            "wrong", (7,) * 94, generated, sampling, 0, [reservation], cached_block_ids=held
+        )
+    destination.admit_migrated("mover", mover, generated, sampling, 0, [reservation], cached_block_ids=held)
+    assert source.release_request("mover") == table
+    assert destination._block_ids("mover")[:2] == held
+    while destination.has_unfinished():
+        _step_collect(destination, tokens)
+    assert tokens["mover"] == expected
+    assert chain[2] in destination.cached_block_hashes()  # the copied full block entered its cache
+    assert source.stats().num_free_blocks == NUM_BLOCKS == destination.stats().num_free_blocks
+
+
+@needs_vllm
 def test_prefix_caching_off_reports_no_cache(checkpoint: Path) -> None:
     """``prefix_cache=False`` is vLLM's ``enable_prefix_caching=False``, without cache events."""
     from agents.engines.vllm_engine.config import VllmEngineConfig

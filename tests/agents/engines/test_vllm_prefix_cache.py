@@ -9,6 +9,7 @@ without importing vLLM; ``test_vllm_engine.py`` folds vLLM's real ones.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from agents.engines.vllm_engine.prefix_cache import VllmCacheIndex
@@ -92,3 +93,20 @@ def test_a_reset_clears_and_a_resync_drops_blocks_vllm_no_longer_holds() -> None
     index.take_delta()
     assert index.reconcile([901]) == 1 and index.take_delta().removed == (chain[1],)
     assert index.num_evictions == 0
+
+
+def _hasher(parent: object, tokens: Sequence[int]) -> tuple[object, int]:
+    """A stand-in for vLLM's hash function: the key chains, the name is 1000 + the first token."""
+    return (parent, tuple(tokens)), 1000 + tokens[0]
+
+
+def test_vllms_own_key_of_a_block_is_kept_only_where_the_hasher_reproduces_its_name() -> None:
+    chain = block_hashes(TOKENS, SIZE)
+    index = VllmCacheIndex(SIZE, _hasher)
+    index.fold([_stored([1100], None, TOKENS[:4]), _stored([1104], 1100, TOKENS[4:8])])
+    first = (None, TOKENS[:4])
+    assert index.vllm_key(chain[0]) == first and index.vllm_key(chain[1]) == (first, TOKENS[4:8])
+    index.fold([_stored([5], 1104, TOKENS[8:12])])  # named otherwise by vLLM: no key, still cached
+    assert index.vllm_key(chain[2]) is None and chain[2] in index.hashes()
+    index.fold([BlockRemoved([1100])])
+    assert index.vllm_key(chain[0]) is None

@@ -127,6 +127,47 @@ async def test_migrated_request_matches_an_unmigrated_run(nats_url: str, engines
         assert a2.transport.stats().transfers_received == outcome.num_stages
 
 
+async def test_a_destination_caching_the_prompt_receives_only_the_blocks_after_it(
+    nats_url: str, engines: Any
+) -> None:
+    """vLLM's prefix cache on both agents: a destination that served the prompt lends its cached
+    blocks to the migration (found by shoal's chain hashes), only the blocks after them travel, and
+    the request gives the unmigrated tokens."""
+    first, second, _ = engines
+    expected = _unmigrated(first)
+    pace = StepPace(PACE_S)
+    async with agent_cluster(nats_url) as cluster:
+        a1 = await cluster.add(first, fast_agent_config("v1", faults=FaultPlan(pace=pace)))
+        a2 = await cluster.add(second, fast_agent_config("v2"))
+        earlier = await cluster.watch("earlier")  # v2 computes and caches the prompt's 2 full blocks
+        short = SamplingParams(max_tokens=2, ignore_eos=True)
+        assert (
+            await cluster.generate(
+                "v2", GenerateRequest(request_id="earlier", token_ids=PROMPT, sampling=short)
+            )
+        ).accepted
+        await earlier.wait_finished(timeout=30)
+        watcher = await cluster.watch("moving")
+        request = GenerateRequest(request_id="moving", token_ids=PROMPT, sampling=GREEDY)
+        assert (await cluster.generate("v1", request)).accepted
+        await watcher.wait_tokens(30)  # 100 tokens: 3 full blocks
+        outcome = await a1.migrate("moving", "v2")
+        pace.release()
+        assert outcome.migrated, outcome.reason
+        bytes_per_block = a1.engine.info.bytes_per_block
+        copied = sum(stage.num_blocks for stage in outcome.stages)
+        assert outcome.num_cached_blocks == 2 and outcome.bytes_saved == 2 * bytes_per_block
+        assert a1.transport.stats().bytes_sent == copied * bytes_per_block
+        await watcher.wait_finished(timeout=60)
+        assert watcher.tokens() == expected
+        assert {d.owner_epoch for d in watcher.deltas} == {0, 1}
+        for stream in (earlier, watcher):
+            await stream.close()
+        await _idle(a1, a2)
+        assert a1.engine.stats().num_free_blocks == NUM_BLOCKS == a2.engine.stats().num_free_blocks
+        assert a2.engine.stats().num_reserved_blocks == 0
+
+
 @pytest.mark.parametrize("abort_lost", [False, True], ids=["abort-arrives", "abort-lost"])
 async def test_destination_out_of_blocks_aborts_and_the_request_finishes_on_its_source(
     nats_url: str, engines: Any, abort_lost: bool
