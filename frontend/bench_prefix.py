@@ -741,7 +741,8 @@ class Repetition:
 
 
 def vllm_serve_command(options: EngineOptions, port: int) -> list[str]:
-    """``vllm serve`` with vLLM's prefix caching on (the other options as ``shoal bench vllm-serve``'s)."""
+    """``vllm serve`` with vLLM's prefix caching on (the other options as ``shoal bench vllm-serve``'s, but
+    its stats kept: ``--disable-log-stats`` would leave its prefix-cache counters at 0)."""
     return [
         *_VLLM,
         "serve",
@@ -760,7 +761,6 @@ def vllm_serve_command(options: EngineOptions, port: int) -> list[str]:
         options.dtype,
         "--enforce-eager",
         "--enable-prefix-caching",
-        "--disable-log-stats",
     ]
 
 
@@ -1074,6 +1074,8 @@ def bench_prefix(
                 json_path,
             )
             return
+        if engine == "vllm" and model is None:
+            raise click.UsageError("--engine vllm needs --model CHECKPOINT_FOLDER")
         try:
             sessions = Workload(
                 groups, sessions_per_group, turns, system_words, user_words, answer_tokens, think, seed=seed
