@@ -67,6 +67,7 @@ from scheduler.policy.dispatch import make_dispatcher
 from scheduler.policy.load import freeness_after_admit, load_freeness
 from scheduler.policy.scaling import ScaleDownDecision, ScalingState, decide_scaling
 from scheduler.prefix_index import SYNC_REASONS, PrefixIndex, ResyncTracker, decode_index, encode_index
+from scheduler.prefix_metrics import PrefixIndexCollector, PrefixIndexReading, read_index
 from scheduler.recompute import (
     Cursor,
     apply_overlay,
@@ -213,6 +214,9 @@ class SchedulerService:
         self._resync = ResyncTracker(retry_s=KV_RESYNC_RETRY_S)
         self._stale_reasons: dict[str, KVSyncReason] = {}
         self._encoded_index: tuple[tuple[int, int], float, bytes] = ((-1, -1), float("-inf"), b"")
+        #: the index's figures at the last tick, for a scrape (on another thread)
+        self.prefix_reading = PrefixIndexReading()
+        self.metrics.registry.register(PrefixIndexCollector(lambda: self.prefix_reading))
 
     # -- public -------------------------------------------------------------------------
     @property
@@ -747,6 +751,7 @@ class SchedulerService:
         if self.config.requeue_after_s is not None:
             emitted.extend(self._requeue_stalled(cursor, now))
         self._ask_resyncs()
+        self.prefix_reading = read_index(self.prefix, self._resync.num_asked)
         self.stats.ticks += 1
         return emitted
 

@@ -145,6 +145,13 @@ async def test_index_follows_agents_resyncs_a_gap_and_survives_kill_9_and_restar
                     "the full batch replaced the instance's set",
                 )
                 assert index.num_gaps == 1
+                await until(
+                    lambda: b"shoal_scheduler_prefix_index_gaps_total 1.0" in primary.metrics.render(),
+                    "the gap counted in the scheduler's metrics",
+                )
+                scraped = primary.metrics.render().decode()
+                assert "shoal_scheduler_prefix_index_resyncs_total 1.0" in scraped
+                assert "shoal_scheduler_prefix_index_instances 2.0" in scraped
 
                 await until(lambda: standby.prefix.kv_seq == index.kv_seq, "the standby read the kv stream")
                 # the standby recomputed the dispatch from what it recorded of the index
