@@ -453,7 +453,7 @@ class VllmEngine:
                     continue
                 first = len(tracked.output_token_ids)
                 tracked.output_token_ids.extend(out.new_token_ids)
-                if out.prefill_stats is not None and first == 0:  # set at its first output only
+                if out.prefill_stats is not None:  # vLLM hands it over with a request's first output
                     tracked.num_cached_tokens = out.prefill_stats.num_cached_tokens
                 finish = None if out.finish_reason is None else _FINISH[int(out.finish_reason)]
                 new = tuple(out.new_token_ids)

@@ -393,6 +393,15 @@ def test_a_repeated_prompt_is_served_from_vllms_cache_named_by_shoals_hashes(eng
     assert stats.prefix_cache_queries - before.prefix_cache_queries == 200
     assert stats.prefix_cache_hits - before.prefix_cache_hits == 96
     assert stats.num_cached_blocks >= 3 and stats.num_free_blocks == NUM_BLOCKS
+    # a request continued here after 3 tokens elsewhere (a rescue) is served from the cache too
+    engine.add_request("rescued", prompt, sampling, output_token_ids=tuple(first[:3]))
+    rescued: dict[str, list[int]] = {}
+    cached = set()
+    while engine.has_unfinished():
+        for output in engine.step().outputs:
+            rescued.setdefault(output.request_id, []).extend(output.token_ids)
+            cached.add(output.num_cached_tokens)
+    assert rescued["rescued"] == first[3:] and cached == {96}
     # a reset (after the agent's warm-up) forgets what no request holds and zeroes the counters
     engine.add_request("busy", prompt, sampling)
     engine.step()
