@@ -253,6 +253,12 @@ def _step_text(step: TimelineStep) -> str:
         text += f"{d['fold_point']['loads_seq']}"
         if d.get("exclude"):
             text += f", excluding {', '.join(d['exclude'])}"
+        if prefix := d.get("prefix"):
+            held = ", ".join(f"{key} held {n}" for key, n in prefix["cached_blocks"].items())
+            text += (
+                f"\n  prefix index (kv seq {prefix['kv_seq']}), of its {prefix['num_chain_blocks']} blocks: "
+                f"{held or 'none held any'}"
+            )
         for c in d.get("candidates", []):
             mark = "chosen" if c["instance_id"] == step.instance_id else "runner-up"
             if c["instance_id"] not in (step.instance_id, d.get("runner_up")):

@@ -93,6 +93,11 @@ def _dispatch_detail(body: Dispatched, view: list[Candidate] | None) -> dict[str
     }
     if body.requeued_from:
         detail["requeued_from"] = body.requeued_from
+    if body.num_chain_blocks:  # what the prefix index said: per instance, leading blocks held
+        detail["prefix"] = {
+            "num_chain_blocks": body.num_chain_blocks, "cached_blocks": dict(body.cached_blocks),
+            "kv_seq": body.kv_seq,
+        }
     if view is None:
         return detail
     after = body.policy == "freeness_after_admit"

@@ -194,6 +194,8 @@ async def test_index_follows_agents_resyncs_a_gap_and_survives_kill_9_and_restar
             ).splitlines()
         ]
         assert rows[0]["body"]["cached_blocks"] == {"a1": 8}
+        timeline = await shoal("replay", *source, "--request", "d1")
+        assert "prefix index (kv seq" in timeline and "of its 8 blocks: a1 held 8" in timeline
 
 
 async def test_under_the_secure_deployment_agents_publish_the_scheduler_resyncs_and_drops_a_leaver(
