@@ -124,3 +124,16 @@ def test_the_scenario_shares_a_prefix_runs_a_standby_and_checks_the_index() -> N
     assert plain.prefix == ""
     with pytest.raises(ScenarioError, match=r"standby_scheduler needs cluster\.scheduler"):
         validate({"name": "x", "cluster": {"scheduler": False, "standby_scheduler": True}}, "x.toml")
+
+
+def test_only_a_scenario_that_expects_the_prefix_index_is_judged_on_it() -> None:
+    from frontend.drill.verdicts import LogCheck, judge
+
+    names = {
+        "scheduler's prefix index equals the cache events' fold",
+        "prefix-cache hit rate held after the fault",
+    }
+    for name, expected in (("scheduler-kill-cached", names), ("scheduler-kill", set())):
+        verdicts = judge(BUILTIN[name], [], [], [], LogCheck(), recovered=True, num_rescues=0.0,
+                         num_preemptions=0, greedy_method=None)  # fmt: skip
+        assert {v.name for v in verdicts} & names == expected
