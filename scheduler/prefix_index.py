@@ -17,7 +17,8 @@ index never saw start, leaves the instance ``stale`` (its deltas still apply; an
 incarnation first drops what the old one held) until a full batch replaces its set.
 :class:`ResyncTracker` says when to ask an agent for that full batch (once, again after a
 timeout). A failed or departed instance is dropped, and later batches of the same incarnation
-are ignored. A malformed batch (negative ``seq``, bad block size, hashes out of range) is
+are ignored, and so are those of an incarnation a full batch of a newer one replaced. A
+malformed batch (negative ``seq``, bad block size, hashes out of range) is
 rejected and counted. Pure: no I/O, no clock (times are passed in).
 """
 
@@ -213,6 +214,8 @@ class PrefixIndex:
             if entry is not None and entry.incarnation == batch.incarnation and batch.seq <= entry.seq:
                 return ApplyOutcome.REPEAT
             self._departed.pop(instance_id, None)
+            if entry is not None and entry.incarnation != batch.incarnation:
+                self._departed[instance_id] = entry.incarnation  # a new process: the old one's late batches
             entry = self._reset(instance_id, batch)
             self._store(entry, batch.stored)
             return ApplyOutcome.REPLACED

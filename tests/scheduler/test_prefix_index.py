@@ -197,3 +197,12 @@ def test_a_limit_keeps_the_instances_holding_most_ties_to_the_first_seen() -> No
     assert restored.overlap(prompt, block_size=BLOCK, limit=4) == index.overlap(
         prompt, block_size=BLOCK, limit=4
     )
+
+
+def test_a_late_batch_of_a_replaced_incarnation_is_ignored() -> None:
+    prompt = chain(3)
+    index = PrefixIndex()
+    index.apply(batch("i1", 4, prompt, full=True, incarnation="old"))
+    index.apply(batch("i1", 1, prompt[:1], full=True, incarnation="new"))  # the agent restarted
+    assert index.apply(batch("i1", 5, prompt[1:], incarnation="old")) is ApplyOutcome.DEPARTED
+    assert index.hashes_of("i1") == {prompt[0]} and not index.is_stale("i1")
