@@ -677,12 +677,15 @@ class VllmEngine:
         """For an incoming migration: one reference to each block vLLM's prefix cache holds of the
         longest leading run of ``block_hashes`` (the request's chain), so none is evicted before
         the admission takes them (``admit_migrated(cached_block_ids=...)``) or
-        :meth:`drop_held_blocks`. ``()`` with the prefix cache off."""
-        result: tuple[int, ...] = self._migration().hold_cached_blocks(block_hashes)
+        :meth:`drop_held_blocks`. ``()`` with the prefix cache off or without migration."""
+        if self.migration is None:
+            return ()
+        result: tuple[int, ...] = self.migration.hold_cached_blocks(block_hashes)
         return result
 
     def drop_held_blocks(self, block_ids: Sequence[int]) -> None:
-        self._migration().drop_held_blocks(block_ids)
+        if self.migration is not None:
+            self.migration.drop_held_blocks(block_ids)
 
     def admit_migrated(
         self,
