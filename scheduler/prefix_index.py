@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import enum
 import heapq
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import msgspec
@@ -34,6 +34,7 @@ import msgspec
 from schemas.kv_events import KVCacheEvents, KVSyncReason
 
 __all__ = [
+    "PREFIX_HITS_KEPT",
     "ApplyOutcome",
     "IndexSnapshot",
     "InstanceEntry",
@@ -41,10 +42,16 @@ __all__ = [
     "ResyncTracker",
     "decode_index",
     "encode_index",
+    "prefix_hits",
     "replay_index",
 ]
 
 _MAX_HASH = (1 << 64) - 1
+
+#: How many instances a dispatch's prefix lookup keeps (and its ``Dispatched`` event records):
+#: those holding the most leading blocks of the request's chain. Bounds the event and the lookup
+#: when a prefix is cached on many instances.
+PREFIX_HITS_KEPT = 32
 
 
 class ApplyOutcome(enum.StrEnum):
@@ -341,6 +348,19 @@ class PrefixIndex:
             index._store(entry, item.hashes)
         index._departed = dict(snapshot.departed)
         return index
+
+
+def prefix_hits(
+    index: PrefixIndex, chain: Iterable[int], *, block_size: int, eligible: Callable[[str], bool]
+) -> tuple[tuple[str, int], ...]:
+    """What a dispatch records of ``chain``: per ``eligible`` instance of ``block_size``, the
+    leading blocks of the chain its cache holds, among the :data:`PREFIX_HITS_KEPT` instances
+    holding most (only those holding some, by id). The live scheduler and the simulator both
+    fill ``PendingRequest.cached_tokens`` from it."""
+    if block_size < 1:
+        return ()
+    found = index.overlap(chain, block_size=block_size, limit=PREFIX_HITS_KEPT)
+    return tuple(sorted((key, n) for key, n in found.items() if eligible(key)))
 
 
 _encoder = msgspec.msgpack.Encoder()

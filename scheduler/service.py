@@ -66,7 +66,15 @@ from scheduler.outbox import Outbox
 from scheduler.policy.dispatch import make_dispatcher
 from scheduler.policy.load import freeness_after_admit, load_freeness
 from scheduler.policy.scaling import ScaleDownDecision, ScalingState, decide_scaling
-from scheduler.prefix_index import SYNC_REASONS, PrefixIndex, ResyncTracker, decode_index, encode_index
+from scheduler.prefix_index import (
+    PREFIX_HITS_KEPT,
+    SYNC_REASONS,
+    PrefixIndex,
+    ResyncTracker,
+    decode_index,
+    encode_index,
+    prefix_hits,
+)
 from scheduler.prefix_metrics import PrefixIndexCollector, PrefixIndexReading, read_index
 from scheduler.recompute import (
     Cursor,
@@ -104,6 +112,7 @@ from schemas.rpc import (
 )
 
 __all__ = [
+    "PREFIX_HITS_KEPT",
     "SENT_HEADER",
     "Role",
     "SchedulerConfig",
@@ -120,11 +129,6 @@ LEASE_POLL_MIN_S = 0.05
 #: How long the scheduler waits for the full cache batch it asked a stale instance for before
 #: asking again (the request or the batch may have been lost).
 KV_RESYNC_RETRY_S = 5.0
-
-#: How many instances a dispatch learns the cached blocks of (and its Dispatched records): those
-#: holding the most leading blocks of the request's chain. Bounds the event and the lookup when a
-#: common prefix (a system prompt) is cached everywhere.
-PREFIX_HITS_KEPT = 32
 
 #: How often at most the prefix index is encoded again for a snapshot.
 INDEX_SNAPSHOT_EVERY_S = 30.0
@@ -505,21 +509,20 @@ class SchedulerService:
     def prefix_hits(self, request: DispatchRequest, view: ClusterState) -> tuple[tuple[str, int], ...]:
         """Per live instance of the request's block size, the leading blocks of its chain that
         instance's cache holds: the ``PREFIX_HITS_KEPT`` holding most (only those holding some, by id)."""
-        if not request.block_hashes or request.block_size < 1:
+        if not request.block_hashes:
             return ()
-        found = self.prefix.overlap(
-            request.block_hashes, block_size=request.block_size, limit=PREFIX_HITS_KEPT
-        )
-        hits = []
-        for instance_id, num_blocks in found.items():
+
+        def eligible(instance_id: str) -> bool:
             record = view.instances.get(instance_id)
-            if (
+            return (
                 record is not None
                 and record.status is not InstanceStatus.FAILED
                 and record.joined.block_size == request.block_size
-            ):
-                hits.append((instance_id, num_blocks))
-        return tuple(sorted(hits))
+            )
+
+        return prefix_hits(
+            self.prefix, request.block_hashes, block_size=request.block_size, eligible=eligible
+        )
 
     def _encoded_prefix_index(self, *, force: bool = False) -> bytes:
         """The index for a snapshot: encoded again when it changed, at most every
