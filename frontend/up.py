@@ -70,7 +70,8 @@ from bus.options import MetricsOptions, NatsAuthOptions, NatsOptions, nats_url_o
 from bus.server import die_with_parent, free_port
 from frontend.cli_serve import ServeCliConfig
 from frontend.supervisor import Notice, RestartPolicy, Supervisor, write_status
-from scheduler.cli import ScaleBandOptions, SchedulerCliConfig
+from scheduler.cli import PolicyOptions, ScaleBandOptions, SchedulerCliConfig
+from scheduler.config import DISPATCH_MENU, DispatchPolicy
 
 __all__ = [
     "Child",
@@ -253,6 +254,9 @@ class UpConfig(CliConfig):
     kv_cache_bytes: int | None = option_like(
         AgentCliConfig, "kv_cache_bytes",
         help="vllm: KV space per agent in bytes (on CPU 1 GiB unless VLLM_CPU_KVCACHE_SPACE is set).")
+    policy: str = option("--policy", default=DispatchPolicy.PREFILL_AHEAD.value,
+                         type=click.Choice([p.value for p in DISPATCH_MENU]),
+                         help="Scheduler: the dispatch policy (see shoal scheduler --policy).")
     no_scheduler: bool = option("--no-scheduler", default=False,
                                 help="Run without a scheduler (the frontend places requests).")
     requeue_after_s: float | None = option_like(
@@ -470,7 +474,7 @@ def _start(cluster: ClusterProcesses, config: UpConfig, log_dir: Path, superviso
         metrics_port = free_port()
         scheduler = SchedulerCliConfig(
             nats=nats("scheduler"), requeue_after_s=config.requeue_after_s,
-            metrics=MetricsOptions(metrics_port=metrics_port),
+            policy=PolicyOptions(policy=config.policy), metrics=MetricsOptions(metrics_port=metrics_port),
         )
         if config.autoscale:
             # the scheduler's instance manager runs more agents like ours, as its own children (their
