@@ -76,8 +76,8 @@ class SimRequest(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
     ``segments`` name its prompt's tokens (:func:`scheduler.sim.prompts.prompt_token_ids`).
     A request that ``follows`` another (the next turn of a session) starts with that one's
-    prompt and answer, and arrives ``think_s`` after that answer's last token (``arrival_s``
-    is then unused); the others arrive at ``arrival_s``.
+    prompt and answer (or the first ``context_tokens`` of them), and arrives ``think_s`` after
+    that answer's last token (``arrival_s`` is then unused); the others arrive at ``arrival_s``.
     """
 
     request_id: str
@@ -88,6 +88,10 @@ class SimRequest(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     segments: tuple[tuple[int, int], ...] = ()
     follows: str = ""
     think_s: float = 0.0
+    #: tokens of the previous turn's prompt and answer that a following turn's prompt starts with
+    #: (None: all of them; 0: none, the prompt is its segments alone, as a recorded live session
+    #: whose client re-encodes the previous answer's text)
+    context_tokens: int | None = None
 
 
 class Workload(msgspec.Struct, frozen=True, kw_only=True):
