@@ -193,6 +193,8 @@ class SimConfig:
       :attr:`requeue_s` is what the run uses;
     * ``prefix_cache``: the engines' automatic prefix caching (off by default here, so that runs
       built in code keep their accounting; ``shoal simulate`` turns it on);
+    * ``slo``: ``(TTFT, TPOT)`` bounds in seconds a request must meet (the result's
+      ``slo_attainment``; a sweep derives them from an unloaded run); None: not judged;
     * ``record_policy_log`` / ``record_migrations``: keep the policy layer's
       inputs and decisions / every finished migration with its machines'
       records (for tests and replays).
@@ -212,6 +214,7 @@ class SimConfig:
     max_step_tokens: int | None = None
     requeue_after_s: float | None = None
     prefix_cache: bool = False
+    slo: tuple[float, float] | None = None
     record_policy_log: bool = False
     record_migrations: bool = False
 

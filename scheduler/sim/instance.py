@@ -27,6 +27,7 @@ from scheduler.config import PolicyConfig
 from scheduler.policy import RunningRequest, freeness, virtual_usage_of_groups
 from scheduler.policy.growth import OutputLengthEstimate, expected_growth_blocks
 from scheduler.sim.migration_ports import Continuation
+from schemas.block_hash import block_hashes
 from schemas.instance import InstanceJoined
 from schemas.load import LoadReport, PriorityLoad
 
@@ -173,6 +174,16 @@ class SimInstance:
         return Continuation(
             request.prompt_token_ids, request.output_token_ids, request.sampling, request.priority
         )
+
+    def chain(self, request_id: str, num_full_blocks: int) -> tuple[int, ...]:
+        """The block hashes of the request's first ``num_full_blocks`` blocks (prompt and output),
+        what a migration's source offers so that the destination's cached run is not copied."""
+        request = self.engine.scheduler.get(request_id)
+        if request is None or num_full_blocks <= 0:
+            return ()
+        block_size = self.block_size
+        tokens = (*request.prompt_token_ids, *request.output_token_ids)
+        return tuple(block_hashes(tokens[: num_full_blocks * block_size], block_size))
 
     def adopt(self, request_id: str) -> None:
         self.request_ids[request_id] = None

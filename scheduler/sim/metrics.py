@@ -171,6 +171,12 @@ class SimResult(msgspec.Struct, kw_only=True):
     e2e_mean_s: float
     e2e_p99_s: float
     ttft_p50_s: float
+    tpot_p50_s: float = 0.0
+    #: the service-level objective the run was judged by (``SimConfig.slo``): TTFT and TPOT bounds
+    slo_ttft_s: float = 0.0
+    slo_tpot_s: float = 0.0
+    #: share of all requests (rejected ones included) that finished within both SLO bounds
+    slo_attainment: float = 0.0
     preemptions: int
     preemption_loss_s: float
     fragmentation_mean: float
@@ -180,6 +186,12 @@ class SimResult(msgspec.Struct, kw_only=True):
     migrations_started: int = 0
     migration_abort_reasons: dict[str, int] = msgspec.field(default_factory=dict)
     migration_bytes: int = 0
+    #: KV bytes a migration's destination already cached (leading blocks of the chain not copied)
+    migration_bytes_saved: int = 0
+    #: ``migration_bytes / migrations`` (bytes copied per committed migration)
+    migration_bytes_per_migration: float = 0.0
+    #: ``migration_bytes_saved / (migration_bytes + migration_bytes_saved)``
+    migration_saved_share: float = 0.0
     #: stage copies paced (``MigrationConfig.copy_step_share``), and of those the ones that hurried
     paced_copies: int = 0
     hurried_copies: int = 0
@@ -216,6 +228,28 @@ def _share(part: int, whole: int) -> float:
     return part / whole if whole else 0.0
 
 
+def _tpot(record: RequestRecord) -> float:
+    return (record.finish_s - record.first_token_s) / (record.num_output_tokens - 1)
+
+
+def _tpot_p50(done: Sequence[RequestRecord]) -> float:
+    tpot = [_tpot(r) for r in done if r.num_output_tokens > 1]
+    return float(np.percentile(tpot, 50)) if tpot else 0.0
+
+
+def slo_attainment(records: Sequence[RequestRecord], ttft_s: float, tpot_s: float) -> float:
+    """The share of ``records`` that finished with TTFT <= ``ttft_s`` and TPOT <= ``tpot_s`` (a
+    one-token answer has no TPOT); a rejected or unfinished request misses."""
+    if not records:
+        return 0.0
+    met = sum(
+        1 for r in records
+        if r.finish_s >= 0 and r.first_token_s - r.arrival_s <= ttft_s
+        and (r.num_output_tokens <= 1 or _tpot(r) <= tpot_s)
+    )
+    return met / len(records)
+
+
 def summarize(
     *,
     records: Sequence[RequestRecord],
@@ -231,6 +265,7 @@ def summarize(
     migrations_started: int = 0,
     migration_abort_reasons: dict[str, int] | None = None,
     migration_bytes: int = 0,
+    migration_bytes_saved: int = 0,
     paced_copies: int = 0,
     hurried_copies: int = 0,
     fragmentation_series: list[tuple[float, float]],
@@ -244,8 +279,10 @@ def summarize(
     prefix_cache: bool = False,
     prompt_tokens_by_instance: dict[str, list[int]] | None = None,
     evictions_by_instance: dict[str, int] | None = None,
+    slo: tuple[float, float] | None = None,
 ) -> SimResult:
-    """Fold the per-request records and series into a :class:`SimResult`."""
+    """Fold the per-request records and series into a :class:`SimResult`; with ``slo`` (TTFT and
+    TPOT bounds, seconds) the share of requests within both (:func:`slo_attainment`)."""
     overall = summarize_latency(records)
     done = [r for r in records if r.finish_s >= 0]
     ttft = np.fromiter((r.first_token_s - r.arrival_s for r in done), dtype=float, count=len(done))
@@ -291,6 +328,10 @@ def summarize(
         e2e_mean_s=overall.e2e_mean_s,
         e2e_p99_s=overall.e2e_p99_s,
         ttft_p50_s=float(np.percentile(ttft, 50)) if ttft.size else 0.0,
+        tpot_p50_s=_tpot_p50(done),
+        slo_ttft_s=slo[0] if slo else 0.0,
+        slo_tpot_s=slo[1] if slo else 0.0,
+        slo_attainment=slo_attainment(records, *slo) if slo else 0.0,
         preemptions=sum(r.num_preemptions for r in records),
         preemption_loss_s=sum(r.preemption_loss_s for r in records),
         fragmentation_mean=float(np.mean(frag)) if frag else 0.0,
@@ -300,6 +341,9 @@ def summarize(
         migrations_started=migrations_started,
         migration_abort_reasons={} if migration_abort_reasons is None else migration_abort_reasons,
         migration_bytes=migration_bytes,
+        migration_bytes_saved=migration_bytes_saved,
+        migration_bytes_per_migration=migration_bytes / migrations if migrations else 0.0,
+        migration_saved_share=_share(migration_bytes_saved, migration_bytes + migration_bytes_saved),
         paced_copies=paced_copies,
         hurried_copies=hurried_copies,
         churn=churned / len(records) if records else 0.0,

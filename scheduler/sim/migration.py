@@ -53,6 +53,7 @@ class MigrationDriver:
         self.num_aborted = 0
         self.downtime_total_s = 0.0
         self.bytes_total = 0
+        self.bytes_saved = 0  # blocks of committed migrations the destination held cached, in bytes
         self.num_paced = 0  # stage copies paced
         self.num_hurried = 0  # paced copies that went on at full speed (one at most per migration)
         self.abort_reasons: Counter[MigrationAbortReason] = Counter()
@@ -201,6 +202,7 @@ class MigrationDriver:
         migration.source_done = True
         if migration.migrated:
             self.num_committed += 1
+            self.bytes_saved += migration.num_cached_blocks * migration.source.bytes_per_block
             downtime = migration.downtime_s
             self.downtime_total_s += 0.0 if downtime is None else downtime
         else:

@@ -59,7 +59,12 @@ class MigrationEngine(Protocol):
         reservations: Sequence[Reservation],
         *,
         num_computed_tokens: int | None = None,
+        cached_block_ids: Sequence[int] = (),
     ) -> None: ...
+
+    def hold_cached_blocks(self, block_hashes: Sequence[int]) -> tuple[int, ...]: ...
+
+    def drop_held_blocks(self, block_ids: Sequence[int]) -> None: ...
 
     def release_request(self, request_id: str) -> int: ...
 
@@ -117,6 +122,10 @@ class MigrationInstance(Protocol):
 
     def continuation(self, request_id: str) -> Continuation | None:
         """How to continue ``request_id`` elsewhere; None if it is not here."""
+        ...
+
+    def chain(self, request_id: str, num_full_blocks: int) -> tuple[int, ...]:
+        """The block hashes of the request's first ``num_full_blocks`` blocks (what the source offers)."""
         ...
 
     def adopt(self, request_id: str) -> None:

@@ -174,6 +174,9 @@ class SimMigration:
         self._generation = 0
         self.received: dict[int, KVBuffer] = {}  # landed, not yet written
         self.reservations: dict[int, Reservation] = {}
+        #: the destination's cached blocks of the request's chain, held for it (not copied)
+        self.held: tuple[int, ...] = ()
+        self.num_cached_blocks = 0  # how many the destination held (for the bytes saved)
         self.awaiting_suspend = False
         self.num_stages = 0
         self.num_bytes = 0
@@ -215,10 +218,12 @@ class SimMigration:
             migration_id=self.migration_id, request_id=self.request_id,
             source_id=self.source.instance_id, destination_id=self.destination.instance_id,
             num_full_blocks=num_full, at=self.host.now,
+            block_hashes=self.source.chain(self.request_id, num_full),
         )
         state, actions = start_source(
             migration_id=start.migration_id, request_id=start.request_id, source_id=start.source_id,
             destination_id=start.destination_id, num_full_blocks=num_full, now=start.at, config=self.config,
+            block_hashes=start.block_hashes,
         )
         self.source_state = state
         self.source_record = MachineRecord(start, self.config)
@@ -520,6 +525,7 @@ class SimMigration:
             for reservation in self.reservations.values():
                 engine.release_reservation(reservation)
             self.reservations.clear()
+            self._drop_held()
             self.received.clear()
         elif isinstance(action, AdmitRequest):
             self._admit(action.commit)
@@ -535,12 +541,28 @@ class SimMigration:
             return ReserveFailed(stage=action.stage, reason=MigrationAbortReason.TOO_MANY_INCOMING)
         if action.stage == 0 and destination.terminating:
             return ReserveFailed(stage=action.stage, reason=MigrationAbortReason.DESTINATION_TERMINATING)
+        # the cached leading run is held before reserving, so the reservation cannot evict it
+        held = self._hold(action.block_hashes)
         try:
-            reservation = destination.engine.reserve(action.num_blocks)
+            reservation = destination.engine.reserve(action.num_blocks - len(held))
         except OutOfBlocks:
+            self._drop_held()
             return ReserveFailed(stage=action.stage, reason=MigrationAbortReason.OUT_OF_BLOCKS)
         self.reservations[action.stage] = reservation
-        return Reserved(stage=action.stage, block_ids=reservation.block_ids)
+        return Reserved(stage=action.stage, block_ids=reservation.block_ids, cached_block_ids=held)
+
+    def _hold(self, block_hashes: tuple[int, ...]) -> tuple[int, ...]:
+        """Reference the leading blocks of the offered chain the destination caches (stage 0 only)."""
+        if not block_hashes or self.held:
+            return ()
+        self.held = self.destination.engine.hold_cached_blocks(block_hashes)
+        self.num_cached_blocks = len(self.held)
+        return self.held
+
+    def _drop_held(self) -> None:
+        held, self.held = self.held, ()
+        if held:
+            self.destination.engine.drop_held_blocks(held)
 
     def _admit(self, commit: Commit) -> None:
         """Take the request into the destination's batch; a block that did not arrive fails loudly."""
@@ -548,8 +570,10 @@ class SimMigration:
         prompt = commit.token_ids[: commit.num_prompt_tokens]
         outputs = commit.token_ids[commit.num_prompt_tokens :]
         self.destination.engine.admit_migrated(
-            commit.request_id, prompt, outputs, commit.sampling, commit.priority, reservations
+            commit.request_id, prompt, outputs, commit.sampling, commit.priority, reservations,
+            cached_block_ids=self.held,
         )
+        self.held = ()  # their references are the request's now
         self.reservations.clear()
         self.destination.adopt(commit.request_id)
         self.admitted_at = self.host.now

@@ -13,6 +13,12 @@ One event heap, ordered by (virtual time, insertion order), no sleeps, no bus:
   is planned at once while the instance has work;
 * **report tick** (``report_interval_s``) — every instance whose state
   changed builds a load report; the batch is folded into the scheduler's state;
+  with the prefix cache on, each engine's cache delta since the last tick
+  (``take_cache_delta``) is folded into the scheduler's
+  :class:`~scheduler.prefix_index.PrefixIndex` as the batch its agent would
+  publish, so a dispatch sees, per instance, the leading blocks of the
+  request's chain it caches (``PendingRequest.cached_tokens``, filled by
+  :func:`~scheduler.prefix_index.prefix_hits` as the live scheduler fills it);
 * **pairing tick** (``pairing_interval_s``, migrating policies) — the
   scheduler pairs instances; each source in a pair picks requests with
   :func:`~scheduler.policy.select_requests_to_migrate` toward the pair's
@@ -38,6 +44,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import msgspec
+
 from agents.engines.protocol import RequestRejected
 from agents.engines.sim import SimEngine, sim_token_id
 from scheduler.policy import (
@@ -47,6 +55,7 @@ from scheduler.policy import (
     ScaleUpDecision,
     order_pending,
 )
+from scheduler.prefix_index import PrefixIndex, prefix_hits
 from scheduler.sim.config import SimConfig
 from scheduler.sim.event_kinds import EventKind
 from scheduler.sim.instance import SimInstance
@@ -56,7 +65,9 @@ from scheduler.sim.policy_layer import PolicyLayer, PolicyLog
 from scheduler.sim.prompts import prompt_token_ids
 from scheduler.sim.workload import SimRequest, Workload
 from schemas import SamplingParams
+from schemas.block_hash import block_hashes
 from schemas.instance import InstanceLeft
+from schemas.kv_events import KVCacheEvents
 from schemas.reasons import MigrationAbortReason
 
 __all__ = ["SimulationIncomplete", "Simulator", "simulate"]
@@ -117,6 +128,11 @@ class Simulator:
         #: instance id -> [prompt tokens, of those served from its prefix cache] at first admission
         self.prompt_tokens_by_instance: dict[str, list[int]] = {}
         self._evictions: dict[str, int] = {}  # departed instance id -> its prefix-cache evictions
+        #: the scheduler's prefix index, fed each report tick with the engines' cache deltas
+        self.prefix = PrefixIndex()
+        self._kv_batches: dict[str, int] = {}  # instance id -> its last cache batch's seq
+        self._tokens: dict[str, list[int]] = {}  # request id -> prompt token ids, until placed
+        self._chains: dict[str, list[int]] = {}  # request id -> its prompt's block-hash chain, until placed
 
     # ------------------------------------------------------------ plumbing
 
@@ -140,6 +156,8 @@ class Simulator:
 
     def _leave(self, instance: SimInstance) -> None:
         del self.instances[instance.instance_id]
+        self.prefix.drop(instance.instance_id)
+        self._kv_batches.pop(instance.instance_id, None)
         self._evictions[instance.instance_id] = instance.engine.scheduler.blocks.num_evictions
         self._held.append((instance.launched_s, self.now))
         self.layer.fold((InstanceLeft(instance_id=instance.instance_id),))
@@ -267,6 +285,8 @@ class Simulator:
             prefix_cache=config.prefix_cache,
             prompt_tokens_by_instance=self.prompt_tokens_by_instance,
             evictions_by_instance=self._evictions_by_instance(),
+            slo=config.slo,
+            migration_bytes_saved=self.migrations.bytes_saved,
         )
 
     def _warnings(self) -> tuple[str, ...]:
@@ -298,6 +318,10 @@ class Simulator:
 
     def _arrive(self, request: SimRequest, at: float) -> None:
         self.records[request.request_id] = RequestRecord(at, request.priority)
+        tokens = self._prompt(request)
+        self._tokens[request.request_id] = tokens
+        if self.config.prefix_cache:
+            self._chains[request.request_id] = block_hashes(tokens, self.config.profile.block_size)
         pending = PendingRequest(
             request_id=request.request_id,
             num_prompt_tokens=request.num_prompt_tokens,
@@ -311,6 +335,8 @@ class Simulator:
         self.num_done += 1
         self.records[request_id].finish_s = -2.0
         self._prompts.pop(request_id, None)
+        self._tokens.pop(request_id, None)
+        self._chains.pop(request_id, None)
         self._contexts.pop(self._by_id[request_id].follows, None)
         requests = self.workload.requests
         while request_id in self._next_turn:  # the rest of its session is never sent
@@ -345,19 +371,34 @@ class Simulator:
         self._contexts[request_id] = context
         self.push(self.now + self.workload.requests[index].think_s, TURN, index)
 
+    def cached_tokens(self, chain: Sequence[int]) -> tuple[tuple[str, int], ...]:
+        """Per live instance holding the start of ``chain``, the prompt tokens its cache holds
+        (what the prefix index says now; ``PendingRequest.cached_tokens``)."""
+        if not chain:
+            return ()
+        block_size = self.config.profile.block_size
+        hits = prefix_hits(self.prefix, chain, block_size=block_size, eligible=self.instances.__contains__)
+        return tuple((instance_id, n * block_size) for instance_id, n in hits)
+
     def _place(self, pending: PendingRequest, request: SimRequest) -> None:
         fits = self.layer.can_ever_place(pending.num_prompt_tokens)
         if fits is False:
             self._reject(pending.request_id)
             return
+        if fits:
+            chain = self._chains.get(request.request_id)
+            if chain:
+                pending = msgspec.structs.replace(pending, cached_tokens=self.cached_tokens(chain))
         decision = self.layer.dispatch(pending) if fits else None
         if decision is None:
             self.unplaced.append(pending)
             return
         instance = self.instances[decision.instance_id]
         sampling = SamplingParams(max_tokens=request.num_output_tokens, ignore_eos=True)
+        tokens = self._tokens.pop(request.request_id)
+        self._chains.pop(request.request_id, None)
         try:
-            instance.engine.add_request(request.request_id, self._prompt(request), sampling, pending.priority)
+            instance.engine.add_request(request.request_id, tokens, sampling, pending.priority)
         except RequestRejected:
             self._reject(request.request_id)
             return
@@ -390,14 +431,18 @@ class Simulator:
                 if request_id in self._requeued or queued.num_computed_tokens or queued.num_output_tokens:
                     continue  # moved before, or preempted after it ran: it stays
                 request = self._by_id[request_id]
+                prompt = queued.prompt_token_ids
+                chain = (
+                    block_hashes(prompt, self.config.profile.block_size) if self.config.prefix_cache else ()
+                )
                 pending = PendingRequest(
                     request_id=request_id, num_prompt_tokens=request.num_prompt_tokens,
                     priority=queued.priority, arrival=self.records[request_id].arrival_s,
+                    cached_tokens=self.cached_tokens(chain),
                 )
                 decision = self.layer.requeue(pending, instance.instance_id)
                 if decision is None:
                     break
-                prompt = queued.prompt_token_ids
                 instance.engine.release_request(request_id)
                 del instance.request_ids[request_id]
                 instance.dirty = True
@@ -489,9 +534,29 @@ class Simulator:
         reports = [inst.build_report(policy) for inst in self.instances.values() if inst.dirty]
         if reports:
             self.layer.fold(reports)
+        if self.config.prefix_cache:
+            self._fold_cache_deltas()
         self._retry_unplaced()
         self._requeue_stalled()
         self.push((tick + 1) * self.config.report_interval_s, REPORT, tick + 1)
+
+    def _fold_cache_deltas(self) -> None:
+        """Each engine's prefix-cache delta since the last tick, folded into the prefix index as
+        the batch its agent publishes (a cleared cache: a full batch of what it holds after)."""
+        block_size = self.config.profile.block_size
+        for instance_id, instance in self.instances.items():
+            delta = instance.engine.take_cache_delta()
+            if not delta:
+                continue
+            seq = self._kv_batches.get(instance_id, 0) + 1
+            self._kv_batches[instance_id] = seq
+            full = delta.cleared or seq == 1
+            batch = KVCacheEvents(
+                instance_id=instance_id, incarnation=instance_id, seq=seq, block_size=block_size,
+                stored=tuple(instance.engine.cached_block_hashes()) if delta.cleared else delta.stored,
+                removed=() if full else delta.removed, full=full,
+            )
+            self.prefix.apply(batch)
 
     def _on_pair(self, tick: int) -> None:
         self.layer.pair()
