@@ -351,6 +351,8 @@ class Simulator:
     def _prompt(self, request: SimRequest) -> list[int]:
         """The request's prompt token ids (a session's turn: the previous turn's prompt and answer first)."""
         context = self._contexts.pop(request.follows, []) if request.follows else []
+        if request.context_tokens is not None:
+            context = context[: request.context_tokens]
         tokens = prompt_token_ids(
             request.request_id, request.num_prompt_tokens, request.segments, self.config.profile.vocab_size,
             context,
