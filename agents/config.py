@@ -19,6 +19,7 @@ import asyncio
 import enum
 from dataclasses import dataclass, field
 
+from agents.cache_events import CacheEventsConfig
 from agents.migration.fsm.config import MigrationConfig
 from scheduler.config import PolicyConfig
 from transport import TransportConfig
@@ -137,6 +138,7 @@ class AgentConfig:
       gone — is aborted, so it ends within about twice this (plus ``orphan_probe_timeout_s``).
     * ``warm_up_timeout_s``: how long the warm-up request (:meth:`agents.service.Agent.start`) may
       take before the agent gives up starting (a first step may compile kernels).
+    * ``cache_events``: how the prefix cache's batches are appended (timeouts, tries, pacing).
     """
 
     instance_id: str
@@ -155,6 +157,7 @@ class AgentConfig:
     migration: MigrationConfig = field(default_factory=MigrationConfig)
     transport: TransportConfig = field(default_factory=lambda: TransportConfig(kind="tcp"))
     faults: FaultPlan = field(default_factory=FaultPlan)
+    cache_events: CacheEventsConfig = field(default_factory=CacheEventsConfig)
 
     def __post_init__(self) -> None:
         if not self.instance_id or any(c in self.instance_id for c in ".*> \t\r\n"):

@@ -286,6 +286,7 @@ class Agent:
                 subject, data, msg_id=msg_id, timeout=timeout
             ),
             codec=self.codec,
+            config=self.config.cache_events,
         )
         self.step_listeners.append(publisher.after_step)
         sync = await self.bus.serve(self.subjects.kv_sync(self.instance_id), publisher.serve_sync)
