@@ -13,33 +13,64 @@ draws new arrivals and lengths, a trace takes the next window of its rows (seed
 one point per (workload, rate, policy) with the median of every number, and
 :func:`knee` finds, per workload and policy, the highest rate whose median P99
 TTFT stays within :data:`KNEE_FACTOR` times its value at the lightest rate.
+
+**Goodput** (``SweepSpec.slo``): before the sweep, each workload runs unloaded
+(:attr:`SweepSpec.unloaded_rate`, ``round-robin``, the prefix cache off, the same seeds: the
+policy cannot matter when requests rarely overlap, and without the cache the bound does not
+depend on how many prompts a short run happens to find cached, nor on the placement that
+found them) and its median P50 TTFT and P50 TPOT set the SLO:
+TTFT <= ``slo.ttft_factor`` x and TPOT <= ``slo.tpot_factor`` x those. Every run then
+reports the share of its requests within both (``slo_attainment``; a rejected request
+misses), and :func:`goodput` is, per policy, the highest rate swept at which (and at
+every lighter rate) at least :data:`GOODPUT_SHARE` of requests met the SLO.
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
-from scheduler.sim.config import PolicySetup, SimConfig
+from scheduler.sim.config import PolicyName, PolicySetup, SimConfig, policy_setup
 from scheduler.sim.metrics import SimResult
 from scheduler.sim.simulator import ProgressCallback, simulate
-from scheduler.sim.workload import build_workload
+from scheduler.sim.workload import Workload, build_workload
 
 __all__ = [
+    "GOODPUT_SHARE",
     "KNEE_FACTOR",
+    "SloSpec",
     "SweepInputError",
     "SweepSpec",
+    "WorkloadBuilder",
+    "goodput",
     "knee",
     "median_points",
     "ratios",
     "run_sweep",
     "sweep_point",
+    "unloaded_slo",
 ]
 
 #: The knee of a latency curve: the highest rate whose P99 TTFT is at most this many times
 #: the P99 TTFT at the lightest rate swept.
 KNEE_FACTOR = 3.0
+#: Goodput: the share of requests that must meet the SLO at a rate.
+GOODPUT_SHARE = 0.99
+
+#: A named workload the sweep builds itself: (requests, rate in req/s, seed) -> workload.
+WorkloadBuilder = Callable[[int, float, int], Workload]
+
+
+@dataclass(frozen=True, slots=True)
+class SloSpec:
+    """The SLO as multiples of the workload's unloaded P50 TTFT and TPOT, and the unloaded run:
+    ``unloaded_requests`` requests at ``unloaded_rate`` req/s (None: a tenth of the lightest rate)."""
+
+    ttft_factor: float = 5.0
+    tpot_factor: float = 2.0
+    unloaded_rate: float | None = None
+    unloaded_requests: int = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +85,9 @@ class SweepSpec:
     seed: int = 0
     high_share: float = 0.0
     seeds: tuple[int, ...] = ()
+    #: workloads built by name here (sessions, system-prompt groups), before traces and mixes
+    builders: Mapping[str, WorkloadBuilder] = field(default_factory=dict)
+    slo: SloSpec | None = None
 
     @property
     def run_seeds(self) -> tuple[int, ...]:
@@ -63,6 +97,21 @@ class SweepSpec:
     @property
     def num_runs(self) -> int:
         return len(self.workloads) * len(self.rates) * len(self.setups) * len(self.run_seeds)
+
+    @property
+    def unloaded_rate(self) -> float:
+        given = None if self.slo is None else self.slo.unloaded_rate
+        return given if given is not None else min(self.rates) / 10.0
+
+    def build(self, name: str, num_requests: int, rate: float, seed: int) -> Workload:
+        """Workload ``name`` at ``rate`` (a builder's, or a trace window / mix; see run_sweep)."""
+        builder = self.builders.get(name)
+        if builder is not None:
+            return builder(num_requests, rate, seed)
+        return build_workload(
+            name, num_requests=num_requests, rate=rate, cv=self.cv, seed=seed,
+            high_share=self.high_share, start=seed * self.num_requests if self.seeds else 0,
+        )
 
 
 def sweep_point(workload: str, rate: float, result: SimResult, seed: int = 0) -> dict[str, object]:
@@ -86,23 +135,24 @@ def run_sweep(
     *,
     on_start: Callable[[str, float, PolicySetup], ProgressCallback | None] | None = None,
     on_result: Callable[[dict[str, object]], None] | None = None,
+    slos: Mapping[str, Mapping[str, Mapping[str, float]]] | None = None,
 ) -> list[dict[str, object]]:
     """Run every combination of ``spec`` on ``base`` (its ``setup`` replaced per policy).
 
     ``on_start`` may return a progress callback for the run; ``on_result``
-    sees each point as soon as its run ends.
+    sees each point as soon as its run ends. With ``spec.slo``, ``slos`` are the workloads'
+    :func:`unloaded_slo` (computed here when not given).
     """
     points: list[dict[str, object]] = []
     try:  # all built first: a bad trace window is an error before hours of runs, not after
         workloads = {
-            (name, rate, seed): build_workload(
-                name, num_requests=spec.num_requests, rate=rate, cv=spec.cv, seed=seed,
-                high_share=spec.high_share, start=seed * spec.num_requests if spec.seeds else 0,
-            )
+            (name, rate, seed): spec.build(name, spec.num_requests, rate, seed)
             for name in spec.workloads for rate in spec.rates for seed in spec.run_seeds
         }
     except ValueError as exc:
         raise SweepInputError(str(exc)) from exc
+    if spec.slo and slos is None:
+        slos = {name: unloaded_slo(spec, base, name) for name in spec.workloads}
     if len(spec.run_seeds) > 1:
         for (name, _rate, seed), workload in workloads.items():
             if len(workload.requests) < spec.num_requests:
@@ -118,7 +168,12 @@ def run_sweep(
                 workload = workloads[workload_name, rate, seed]
                 for setup in spec.setups:
                     progress = None if on_start is None else on_start(workload_name, rate, setup)
-                    result = simulate(replace(base, setup=setup), workload, on_progress=progress)
+                    slo = slos[workload_name]["slo"] if slos and spec.slo else None
+                    config = replace(
+                        base, setup=setup,
+                        slo=None if slo is None else (float(slo["ttft_s"]), float(slo["tpot_s"])),
+                    )
+                    result = simulate(config, workload, on_progress=progress)
                     point = sweep_point(workload_name, rate, result, seed)
                     points.append(point)
                     if on_result is not None:
@@ -182,3 +237,47 @@ def ratios(points: Sequence[dict[str, object]], key: str, baseline: str, policy:
         if name == policy and (baseline, rate) in by and value > 0:
             out[rate] = by[(baseline, rate)] / value
     return out
+
+
+def unloaded_slo(spec: SweepSpec, base: SimConfig, workload: str) -> dict[str, dict[str, float]]:
+    """The SLO of ``workload`` (``spec.slo`` required): its unloaded run per seed
+    (``round-robin``, no migration, no prefix cache), the median P50 TTFT and TPOT over seeds,
+    and the bounds."""
+    slo = spec.slo
+    if slo is None:
+        raise ValueError("the sweep has no SLO")
+    config = replace(base, setup=policy_setup(PolicyName.ROUND_ROBIN), slo=None, prefix_cache=False)
+    try:
+        runs = [
+            simulate(config, spec.build(workload, slo.unloaded_requests, spec.unloaded_rate, seed))
+            for seed in spec.run_seeds
+        ]
+    except ValueError as exc:
+        raise SweepInputError(str(exc)) from exc
+    ttft = statistics.median(r.ttft_p50_s for r in runs)
+    tpot = statistics.median(r.tpot_p50_s for r in runs)
+    return {
+        "unloaded": {
+            "rate": spec.unloaded_rate, "requests": float(slo.unloaded_requests), "prefix_cache": 0.0,
+            "ttft_p50_s": ttft, "tpot_p50_s": tpot,
+        },
+        "slo": {
+            "ttft_s": slo.ttft_factor * ttft, "tpot_s": slo.tpot_factor * tpot,
+            "ttft_factor": slo.ttft_factor, "tpot_factor": slo.tpot_factor, "share": GOODPUT_SHARE,
+        },
+    }
+
+
+def goodput(points: Sequence[dict[str, object]], workload: str, policy: str) -> float:
+    """The highest rate at which, and at every lighter rate, at least :data:`GOODPUT_SHARE` of
+    requests met the SLO (``points``: one per rate, e.g. medians); 0 when the lightest fails."""
+    curve = sorted(
+        (float(str(p["rate"])), float(str(p["slo_attainment"])))
+        for p in points if p["workload"] == workload and p["policy"] == policy
+    )
+    found = 0.0
+    for rate, share in curve:
+        if share < GOODPUT_SHARE:
+            break
+        found = rate
+    return found
