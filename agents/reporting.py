@@ -63,6 +63,7 @@ def build_load_report(
     head_of_line_wait_s: float = 0.0,
     requeue_candidate: QueuedRequest | None = None,
     expected_output_tokens: int = 0,
+    waiting_cached_blocks: int | None = None,
 ) -> LoadReport:
     """The report of one engine snapshot; freeness counts reserved (migrating-in) blocks as used.
 
@@ -70,7 +71,9 @@ def build_load_report(
     agent, which knows when each request was queued and whether it ever moved;
     ``expected_output_tokens`` from the requests it finished
     (:class:`~scheduler.policy.growth.OutputLengthEstimate`; 0: none yet), which gives the
-    report's ``expected_growth_blocks``."""
+    report's ``expected_growth_blocks``. ``waiting_cached_blocks``: the blocks of the waiting
+    requests' prompts the engine's prefix cache holds now (None: not known), which gives
+    ``waiting_uncached_blocks``."""
     running = running_requests(stats)
     growth = expected_growth_blocks(
         (
@@ -129,6 +132,9 @@ def build_load_report(
         requeue_candidate=requeue_candidate,
         expected_growth_blocks=growth,
         prefill_blocks=prefill_blocks,
+        waiting_uncached_blocks=(
+            -1 if waiting_cached_blocks is None else max(waiting_demand - waiting_cached_blocks, 0)
+        ),
     )
 
 
@@ -171,6 +177,7 @@ def load_signature(report: LoadReport) -> tuple[object, ...]:
         report.num_migrating_out,
         report.num_migrating_in,
         report.prefill_blocks,
+        report.waiting_uncached_blocks,
     )
 
 

@@ -64,3 +64,7 @@ class LoadReport(Message, frozen=True, kw_only=True, tag="load_report"):
     #: chunked prompt. What a request placed here waits to see computed before its own step even
     #: when nothing is queued. 0 in older logs.
     prefill_blocks: int = 0
+    #: Blocks of the waiting requests' prompts (``waiting_demand``) that the engine's prefix cache does
+    #: not hold at report time: the prefill work the queue really brings. -1: not known (older logs,
+    #: engines without a prefix cache); read as ``waiting_demand``.
+    waiting_uncached_blocks: int = -1

@@ -86,6 +86,8 @@ class InstanceLoad(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     num_preemptions: int = 0
     expected_growth_blocks: int = 0
     prefill_blocks: int = 0
+    #: ``LoadReport.waiting_uncached_blocks`` (-1: not reported; :attr:`queued_uncached_blocks` reads it)
+    waiting_uncached_blocks: int = -1
 
     @classmethod
     def from_joined(cls, joined: InstanceJoined) -> InstanceLoad:
@@ -141,12 +143,22 @@ class InstanceLoad(msgspec.Struct, frozen=True, kw_only=True, gc=False):
             num_preemptions=report.num_preemptions,
             expected_growth_blocks=report.expected_growth_blocks,
             prefill_blocks=report.prefill_blocks,
+            waiting_uncached_blocks=report.waiting_uncached_blocks,
         )
 
     @property
     def num_running(self) -> int:
         """Running requests the report counts (the batch, before pending dispatches)."""
         return sum(group.num_running for group in self.running)
+
+    @property
+    def queued_uncached_blocks(self) -> int:
+        """Blocks of the queued prompts the instance's cache does not hold: the prefill work its queue
+        brings (the whole queued demand where the report does not say)."""
+        queued = max(self.waiting_demand, self.head_of_line_demand)
+        if self.waiting_uncached_blocks < 0:
+            return queued
+        return min(self.waiting_uncached_blocks, queued)
 
     @property
     def num_used_blocks(self) -> int:
