@@ -30,6 +30,7 @@ __all__ = [
     "SHOAL_HIGH_FREENESS",
     "SHOAL_REQUEUE_AFTER_S",
     "SUPERSEDED_DISPATCH",
+    "CacheCostConfig",
     "DispatchPolicy",
     "PairingConfig",
     "PolicyConfig",
@@ -60,6 +61,16 @@ class DispatchPolicy(enum.StrEnum):
     INFAAS = "infaas++"
     #: Instances in id order, one after another.
     ROUND_ROBIN = "round_robin"
+    #: shoal's cost model: the least predicted time to first token, in blocks of prefill: the uncached
+    #: prompt blocks queued, pending and in flight ahead of the request plus its own uncached blocks
+    #: (the prefix index's answer), or the memory it would wait for; ties among instances where it
+    #: starts at once go to the most room per request after admitting it.
+    PREDICTED_TTFT = "predicted_ttft"
+    #: NVIDIA Dynamo's KV router: the least ``w * prefill blocks + decode blocks``.
+    KV = "kv"
+    #: llm-d's inference scheduler: the highest weighted sum of its prefix-cache, queue and
+    #: KV-utilisation scorers.
+    PREFIX = "prefix"
     #: Superseded: the highest freeness the instance would have after admitting the request.
     FREENESS_AFTER_ADMIT = "freeness_after_admit"
     #: Superseded: freeness after admission counting every queued request's demand and batch slot;
@@ -88,13 +99,21 @@ class DispatchPolicy(enum.StrEnum):
         move there (:func:`scheduler.policy.dispatch.requeue_choice`)."""
         return self in (
             DispatchPolicy.BLOCKS_AHEAD, DispatchPolicy.BLOCKS_AHEAD_GROWTH, DispatchPolicy.PREFILL_AHEAD,
-            DispatchPolicy.PREFILL_AHEAD_SATURATED,
+            DispatchPolicy.PREFILL_AHEAD_SATURATED, DispatchPolicy.PREDICTED_TTFT,
         )
+
+    @property
+    def reads_cache(self) -> bool:
+        """Whether its score reads the prefix index's answer (``PendingRequest.cached_tokens``)."""
+        return self in (DispatchPolicy.PREDICTED_TTFT, DispatchPolicy.KV, DispatchPolicy.PREFIX)
 
     @property
     def counts_prefill(self) -> bool:
         """Whether its score counts the prompts admitted but not yet prefilled as work ahead."""
-        return self in (DispatchPolicy.PREFILL_AHEAD, DispatchPolicy.PREFILL_AHEAD_SATURATED)
+        return self in (
+            DispatchPolicy.PREFILL_AHEAD, DispatchPolicy.PREFILL_AHEAD_SATURATED,
+            DispatchPolicy.PREDICTED_TTFT,
+        )
 
     @property
     def is_shoal(self) -> bool:
@@ -107,10 +126,12 @@ class DispatchPolicy(enum.StrEnum):
         return self in SUPERSEDED_DISPATCH
 
 
-#: The dispatch rules a user picks from (``--policy``): shoal's default first, then the paper's
-#: Llumnix rule and the two comparison baselines.
+#: The dispatch rules a user picks from (``--policy``): shoal's default first, shoal's cache-aware
+#: cost model, the paper's Llumnix rule, the comparison baselines, and the KV-aware routers of
+#: NVIDIA Dynamo (``kv``) and llm-d (``prefix``).
 DISPATCH_MENU: tuple[DispatchPolicy, ...] = (
-    DispatchPolicy.PREFILL_AHEAD, DispatchPolicy.FREENESS, DispatchPolicy.INFAAS, DispatchPolicy.ROUND_ROBIN,
+    DispatchPolicy.PREFILL_AHEAD, DispatchPolicy.PREDICTED_TTFT, DispatchPolicy.FREENESS,
+    DispatchPolicy.INFAAS, DispatchPolicy.ROUND_ROBIN, DispatchPolicy.KV, DispatchPolicy.PREFIX,
 )
 
 #: Superseded rules: decoded from logs and recomputed by replay, offered by no command line.
@@ -119,7 +140,7 @@ SUPERSEDED_DISPATCH: tuple[DispatchPolicy, ...] = tuple(p for p in DispatchPolic
 #: shoal's dispatch rules, the default first.
 SHOAL_DISPATCH: tuple[DispatchPolicy, ...] = (
     DispatchPolicy.PREFILL_AHEAD, DispatchPolicy.BLOCKS_AHEAD, DispatchPolicy.QUEUE_AWARE,
-    DispatchPolicy.BLOCKS_AHEAD_GROWTH, DispatchPolicy.PREFILL_AHEAD_SATURATED,
+    DispatchPolicy.BLOCKS_AHEAD_GROWTH, DispatchPolicy.PREFILL_AHEAD_SATURATED, DispatchPolicy.PREDICTED_TTFT,
 )
 
 
@@ -219,6 +240,29 @@ def shoal_pairing(
 
 
 @dataclass(frozen=True, slots=True)
+class CacheCostConfig:
+    """Parameters of the cache-aware dispatch rules, each at its source's default.
+
+    * ``kv_overlap_weight`` (Dynamo's ``--router-kv-overlap-score-weight``, default 1) and
+      ``kv_temperature`` (``--router-temperature``, default 0: the lowest cost, deterministic; above
+      0 a softmax draw over the costs, seeded by the request id so that a replay draws the same);
+    * ``prefix_weight``, ``queue_weight``, ``kv_utilization_weight``: llm-d's default scheduling
+      profile (prefix-cache-scorer 3, queue-scorer 2, kv-cache-utilization-scorer 2).
+    """
+
+    kv_overlap_weight: float = 1.0
+    kv_temperature: float = 0.0
+    prefix_weight: float = 3.0
+    queue_weight: float = 2.0
+    kv_utilization_weight: float = 2.0
+
+    def __post_init__(self) -> None:
+        if min(self.kv_overlap_weight, self.kv_temperature, self.prefix_weight, self.queue_weight,
+               self.kv_utilization_weight) < 0:
+            raise ValueError("cache cost weights and the temperature must be >= 0")
+
+
+@dataclass(frozen=True, slots=True)
 class ScalingConfig:
     """Keep the average normal-usage freeness inside [min_freeness, max_freeness].
 
@@ -260,6 +304,7 @@ class PolicyConfig:
     dispatch_policy: DispatchPolicy = DispatchPolicy.FREENESS
     pairing: PairingConfig = field(default_factory=PairingConfig)
     scaling: ScalingConfig = field(default_factory=ScalingConfig)
+    cache: CacheCostConfig = field(default_factory=CacheCostConfig)
 
     def __post_init__(self) -> None:
         if not self.priority_classes:

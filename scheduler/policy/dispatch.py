@@ -41,6 +41,7 @@ Decisions are plain data; the scheduler service wraps one into a
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Iterable, Sequence
 from typing import Protocol
@@ -48,6 +49,8 @@ from typing import Protocol
 import msgspec
 
 from scheduler.config import DispatchPolicy, PolicyConfig
+from scheduler.policy.cache_cost import kv_cost, prefix_scores
+from scheduler.policy.cost_ranking import KvRanking, TtftRanking, best_kv_by_scan, best_ttft_by_scan
 from scheduler.policy.load import (
     InstanceLoad,
     freeness_after_admit,
@@ -316,6 +319,165 @@ class _RoundRobinDispatcher:
         )
 
 
+def _cached(request: PendingRequest) -> dict[str, int]:
+    """``request.cached_tokens`` as a dict: instance id -> prompt tokens cached there."""
+    return dict(request.cached_tokens)
+
+
+def _decision(
+    request: PendingRequest, policy: DispatchPolicy, chosen: InstanceLoad, score: float,
+    considered: Iterable[InstanceLoad],
+) -> DispatchDecision:
+    return DispatchDecision(
+        request_id=request.request_id,
+        instance_id=chosen.instance_id,
+        policy=policy,
+        score=score,
+        demand_blocks=chosen.demand_blocks(request.num_prompt_tokens),
+        num_prompt_tokens=request.num_prompt_tokens,
+        priority=request.priority,
+        considered=tuple((load.instance_id, load.stream_seq) for load in considered),
+    )
+
+
+def _rated_apart(
+    chosen: InstanceLoad, loads: Sequence[InstanceLoad], cached: dict[str, int]
+) -> list[InstanceLoad]:
+    """What a ranked decision cites as considered: the chosen instance and those caching the prompt."""
+    return [load for load in loads if load.instance_id in cached or load is chosen]
+
+
+class _PredictedTtftDispatcher:
+    """``predicted_ttft``: the least predicted TTFT (:func:`~scheduler.policy.cache_cost.predicted_ttft_key`).
+
+    Kept across decisions it ranks instances incrementally (:class:`~scheduler.policy.cost_ranking.
+    TtftRanking`): the instances the prefix index names are rated exactly, the rest read from sorted
+    lists. ``score`` is minus the predicted TTFT in blocks of prefill; ``considered`` cites the
+    chosen instance and those caching the prompt.
+    """
+
+    def __init__(self, config: PolicyConfig) -> None:
+        self._config = config
+        self._ranking = TtftRanking(config)
+
+    @property
+    def policy(self) -> DispatchPolicy:
+        return DispatchPolicy.PREDICTED_TTFT
+
+    def choose(
+        self, request: PendingRequest, loads: Sequence[InstanceLoad], *, num_dispatched: int = 0
+    ) -> DispatchDecision | None:
+        cached = _cached(request)
+        block_size = self._ranking.update(loads)
+
+        def eligible(load: InstanceLoad) -> bool:
+            return _eligible(load, request)
+
+        if block_size is None:  # instances of different block sizes: rate every one
+            cached_blocks = {
+                load.instance_id: cached[load.instance_id] // load.block_size
+                for load in loads if load.instance_id in cached
+            }
+            best = best_ttft_by_scan(
+                loads, lambda load: load.demand_blocks(request.num_prompt_tokens), cached_blocks, eligible,
+                self._config, request.priority,
+            )
+        else:
+            demand = -(-request.num_prompt_tokens // block_size)
+            cached_blocks = {key: tokens // block_size for key, tokens in cached.items()}
+            best = self._ranking.best(demand, cached_blocks, eligible, request.priority)
+        if best is None:
+            return None
+        chosen = next(load for load in loads if load.instance_id == best[0])
+        return _decision(request, self.policy, chosen, best[1][0], _rated_apart(chosen, loads, cached))
+
+
+def _softmax_pick(costs: list[tuple[str, float]], temperature: float, request_id: str) -> str:
+    """A draw from the softmax of minus the costs (scaled to [0, 1] by their range) over ``temperature``,
+    seeded by the request id: the same inputs draw the same instance, in a replay too."""
+    low = min(cost for _, cost in costs)
+    spread = max(cost for _, cost in costs) - low
+    weights = [math.exp(-((cost - low) / spread if spread else 0.0) / temperature) for _, cost in costs]
+    digest = hashlib.blake2b(request_id.encode(), digest_size=8).digest()
+    point = int.from_bytes(digest, "big") / 2**64 * sum(weights)
+    for (instance_id, _), weight in zip(costs, weights, strict=True):
+        point -= weight
+        if point < 0:
+            return instance_id
+    return costs[-1][0]
+
+
+class _KvDispatcher:
+    """``kv``: NVIDIA Dynamo's KV router, the least ``w * prefill blocks + decode blocks``
+    (:func:`~scheduler.policy.cache_cost.kv_cost`); at a temperature above 0 a softmax draw over the
+    eligible instances in id order. ``score`` is minus the cost."""
+
+    def __init__(self, config: PolicyConfig) -> None:
+        self._config = config
+        self._ranking = KvRanking(config)
+
+    @property
+    def policy(self) -> DispatchPolicy:
+        return DispatchPolicy.KV
+
+    def choose(
+        self, request: PendingRequest, loads: Sequence[InstanceLoad], *, num_dispatched: int = 0
+    ) -> DispatchDecision | None:
+        cached = _cached(request)
+        tokens = request.num_prompt_tokens
+
+        def eligible(load: InstanceLoad) -> bool:
+            return _eligible(load, request)
+
+        temperature = self._config.cache.kv_temperature
+        if temperature > 0:
+            costs = sorted(
+                (load.instance_id, kv_cost(load, tokens, cached.get(load.instance_id, 0), self._config.cache))
+                for load in loads if eligible(load)
+            )
+            if not costs:
+                return None
+            picked = _softmax_pick(costs, temperature, request.request_id)
+            chosen = next(load for load in loads if load.instance_id == picked)
+            return _decision(request, self.policy, chosen, -dict(costs)[picked],
+                             [load for load in loads if eligible(load)])
+        if self._ranking.update(loads) is None:
+            best = best_kv_by_scan(loads, tokens, cached, eligible, self._config)
+        else:
+            best = self._ranking.best(tokens, cached, eligible)
+        if best is None:
+            return None
+        chosen = next(load for load in loads if load.instance_id == best[0])
+        return _decision(request, self.policy, chosen, best[1][0], _rated_apart(chosen, loads, cached))
+
+
+class _PrefixDispatcher:
+    """``prefix``: llm-d's default scheduling profile, the highest weighted sum of its prefix-cache,
+    queue and KV-utilisation scorers (:func:`~scheduler.policy.cache_cost.prefix_scores`; the queue
+    scorer is normalised over the candidates, so every eligible instance is rated). ``score`` is
+    the sum."""
+
+    def __init__(self, config: PolicyConfig) -> None:
+        self._config = config
+
+    @property
+    def policy(self) -> DispatchPolicy:
+        return DispatchPolicy.PREFIX
+
+    def choose(
+        self, request: PendingRequest, loads: Sequence[InstanceLoad], *, num_dispatched: int = 0
+    ) -> DispatchDecision | None:
+        eligible = [load for load in loads if _eligible(load, request)]
+        if not eligible:
+            return None
+        scores = prefix_scores(eligible, request.num_prompt_tokens, _cached(request), self._config.cache)
+        best, best_score = eligible[0], scores[0]
+        for load, score in zip(eligible, scores, strict=True):
+            if score > best_score or (score == best_score and load.instance_id < best.instance_id):
+                best, best_score = load, score
+        return _decision(request, self.policy, best, best_score, eligible)
+
+
 def make_dispatcher(policy: DispatchPolicy | str, config: PolicyConfig | None = None) -> Dispatcher:
     """The dispatcher for ``policy`` (an enum member or its value, e.g. ``"infaas++"``)."""
     config = PolicyConfig() if config is None else config
@@ -328,6 +490,12 @@ def make_dispatcher(policy: DispatchPolicy | str, config: PolicyConfig | None = 
         return _InfaasDispatcher(kind, config)
     if kind is DispatchPolicy.PREFILL_AHEAD_SATURATED:
         return _SaturationAwareDispatcher(kind, config)
+    if kind is DispatchPolicy.PREDICTED_TTFT:
+        return _PredictedTtftDispatcher(config)
+    if kind is DispatchPolicy.KV:
+        return _KvDispatcher(config)
+    if kind is DispatchPolicy.PREFIX:
+        return _PrefixDispatcher(config)
     if kind.is_shoal:
         return _QueueAwareDispatcher(kind, config)
     return _RoundRobinDispatcher(config)

@@ -1,7 +1,8 @@
 """The dispatch rules a user picks from, and the superseded ones a recorded log may still carry.
 
-``shoal scheduler --policy`` and ``shoal simulate --dispatch`` offer shoal's default, the paper's
-rule and the two comparison baselines, and refuse a superseded rule. A log recorded under a
+``shoal scheduler --policy`` and ``shoal simulate --dispatch`` offer shoal's default, its cache-aware
+cost model, the paper's rule, the two comparison baselines and the KV-aware routers of Dynamo and
+llm-d, and refuse a superseded rule. A log recorded under a
 superseded rule still replays: ``shoal replay`` recomputes each decision under the rule recorded
 with it, whatever ``--policy`` the replay runs with.
 """
@@ -38,7 +39,7 @@ from schemas.rpc import DispatchRequest
 from tests.scheduler.events import joined
 
 PREFIX = "menu"
-MENU = ["prefill_ahead", "freeness", "infaas++", "round_robin"]
+MENU = ["prefill_ahead", "predicted_ttft", "freeness", "infaas++", "round_robin", "kv", "prefix"]
 SUPERSEDED = ["freeness_after_admit", "queue_aware", "blocks_ahead", "blocks_ahead_growth",
               "prefill_ahead_saturated"]
 
@@ -53,7 +54,7 @@ def test_the_menu_is_the_default_the_paper_s_rule_and_the_baselines() -> None:
 def test_help_offers_the_menu_and_no_superseded_rule_or_history(command: list[str]) -> None:
     result = CliRunner().invoke(cli, [*command, "--help"], terminal_width=200)
     assert result.exit_code == 0, result.output
-    assert "[prefill_ahead|freeness|infaas++|round_robin]" in result.output
+    assert "[prefill_ahead|predicted_ttft|freeness|infaas++|round_robin|kv|prefix]" in result.output
     for name in SUPERSEDED:
         assert name not in result.output
     assert not re.search(r"\brounds? \d|\b20\d\d-\d\d", result.output)  # behaviour, not history
@@ -79,10 +80,13 @@ def _report(instance_id: str, used: int, prefill_blocks: int = 0) -> LoadReport:
     )
 
 
-def _recorded_log(policy: DispatchPolicy) -> tuple[RecordedLog, str]:
+def _recorded_log(
+    policy: DispatchPolicy, cached_blocks: tuple[tuple[str, int], ...] = ()
+) -> tuple[RecordedLog, str]:
     """Two instances: ``prefilling`` holds 100 blocks and prefills a 90-block prompt in its step in
     flight; ``decoding`` holds 200 and prefills nothing. A scheduler under ``policy`` took over and
-    placed one request. Returns the log and where the request went."""
+    placed one request of 4 blocks, of which the prefix index said ``cached_blocks``. Returns the
+    log and where the request went."""
     subjects = Subjects(PREFIX)
     config = PolicyConfig(dispatch_policy=policy)
     events: list[tuple[str, Body]] = [
@@ -100,9 +104,10 @@ def _recorded_log(policy: DispatchPolicy) -> tuple[RecordedLog, str]:
         view = evolve(view, Position(f"{PREFIX}_events", seq), body)
     for seq, (_, body) in enumerate(loads, 1):
         view = evolve(view, Position(f"{PREFIX}_loads", seq), body)
+    request = DispatchRequest(request_id="r", num_prompt_tokens=64, block_size=16, block_hashes=(1, 2, 3, 4))
     decision = dispatch_decision(
-        view, DispatchRequest(request_id="r", num_prompt_tokens=64), epoch=1,
-        cursor=Cursor(len(events), len(loads)), policy=config,
+        view, request, epoch=1, cursor=Cursor(len(events), len(loads)), policy=config,
+        cached_blocks=cached_blocks, kv_seq=7 if cached_blocks else 0,
     )
     assert decision is not None and decision.policy == policy.value
     events.append((subjects.sched("dispatch"), decision))
@@ -116,22 +121,31 @@ def _recorded_log(policy: DispatchPolicy) -> tuple[RecordedLog, str]:
 
 
 @pytest.mark.parametrize(
-    ("policy", "chosen"),
+    ("policy", "chosen", "cached"),
     [
         # the superseded rules that do not count the prefill in flight start the request where it
         # waits behind it; shoal's default does not
-        ("freeness_after_admit", "prefilling"),
-        ("queue_aware", "prefilling"),
-        ("blocks_ahead", "prefilling"),
-        ("blocks_ahead_growth", "prefilling"),
-        ("prefill_ahead_saturated", "decoding"),
-        ("prefill_ahead", "decoding"),
+        ("freeness_after_admit", "prefilling", ()),
+        ("queue_aware", "prefilling", ()),
+        ("blocks_ahead", "prefilling", ()),
+        ("blocks_ahead_growth", "prefilling", ()),
+        ("prefill_ahead_saturated", "decoding", ()),
+        ("prefill_ahead", "decoding", ()),
+        # the cache-aware rules, with 3 of the request's 4 blocks cached on ``prefilling``: Dynamo's cost
+        # (90 + 1 prefill blocks + 104 decode blocks against 4 + 204) and llm-d's scores (prefix share
+        # and KV utilisation) take it there; shoal's predicted TTFT (90 in flight + 1 against 4) does not
+        ("kv", "prefilling", (("prefilling", 3),)),
+        ("prefix", "prefilling", (("prefilling", 3),)),
+        ("predicted_ttft", "decoding", (("prefilling", 3),)),
+        ("kv", "prefilling", ()),
+        ("prefix", "prefilling", ()),
+        ("predicted_ttft", "decoding", ()),
     ],
 )
 def test_a_log_recorded_under_any_rule_replays_its_decisions_exactly(
-    tmp_path: Path, policy: str, chosen: str
+    tmp_path: Path, policy: str, chosen: str, cached: tuple[tuple[str, int], ...]
 ) -> None:
-    log, placed = _recorded_log(DispatchPolicy(policy))
+    log, placed = _recorded_log(DispatchPolicy(policy), cached)
     assert placed == chosen
     recorded = encode_policy(PolicyConfig(dispatch_policy=DispatchPolicy(policy)))
     assert decode_policy(recorded).dispatch_policy is DispatchPolicy(policy)
