@@ -6,25 +6,29 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import click
 import pytest
 
-from frontend.bench_prefix import (
+from frontend.bench_prefix_report import (
     CacheCounters,
-    Repetition,
+    combine_rounds,
+    compare_prediction,
+    paired_ratios,
+    paired_to_reference,
+    parse_cache_counters,
+)
+from frontend.bench_prefix_runner import Sides, policy_sides, up_command
+from frontend.bench_prefix_sessions import (
     TurnRecord,
     Workload,
     build_sessions,
     cached_tokens_of,
     chat_messages,
-    combine_rounds,
     first_token_chunk,
-    paired_ratios,
-    parse_cache_counters,
-    repetition_client_command,
     summarize,
-    up_command,
-    vllm_serve_command,
 )
+from frontend.bench_prefix_sim import SIM_POLICIES, simulate_command
+from frontend.bench_prefix_vllm import Repetition, repetition_client_command, vllm_serve_command
 from frontend.bench_vllm_serve import EngineOptions
 
 
@@ -147,6 +151,49 @@ def test_only_the_side_without_the_cache_is_told_no_prefix_cache(tmp_path: Path)
         ]
 
 
+def test_each_policy_gets_its_own_cluster_and_every_round_another_goes_first(tmp_path: Path) -> None:
+    sides = policy_sides("prefill_ahead, infaas++,round_robin,infaas++")
+    assert sides.names == ("prefill_ahead", "infaas++", "round_robin")  # in order, no repeats
+    command = sides.command("infaas++", "torch", "small", 4, 8001, tmp_path, 1)
+    assert command[-2:] == ["--policy", "infaas++"] and "--no-prefix-cache" not in command
+    orders = [sides.order(r) for r in range(3)]
+    assert [o[0] for o in orders] == ["prefill_ahead", "infaas++", "round_robin"]
+    assert all(sorted(o) == sorted(sides.names) for o in orders)
+    assert Sides(("on", "off")).order(1) == ("off", "on")  # two sides alternate
+    with pytest.raises(click.BadParameter, match="unknown policies"):
+        policy_sides("prefill_ahead,nearest")
+
+
+def test_policies_are_paired_with_the_first_and_set_beside_the_simulator() -> None:
+    runs = {
+        "a": [{"ttft_p50_ms": 100.0, "ttft_p99_ms": 200.0, "ttft_p50_later_turns_ms": 50.0}] * 3,
+        "b": [{"ttft_p50_ms": 150.0, "ttft_p99_ms": 100.0, "ttft_p50_later_turns_ms": 100.0}] * 3,
+    }
+    paired = paired_to_reference(runs, ["a", "b"])
+    assert list(paired) == ["b"] and paired["b"]["ttft_p50_ratio"] == 1.5
+    live = {"a": {"pooled": {"ttft_p50_ms": 200.0, "ttft_p99_ms": 400.0, "hit_rate": 0.8}}}
+    predicted = {"a": {"ttft_p50_ms": 180.0, "ttft_p99_ms": 500.0, "hit_rate": 0.8}}
+    row = compare_prediction(live, predicted)["a"]
+    assert row["ttft_p50_predicted_over_live"] == pytest.approx(0.9)
+    assert row["live_ttft_p50_ms"] == 200.0 and row["predicted_ttft_p99_ms"] == 500.0
+
+
+def test_the_simulator_runs_each_live_policy_as_its_own_setup(tmp_path: Path) -> None:
+    def argv(policy: str) -> list[str]:
+        command = simulate_command(
+            policy, tmp_path / "t.jsonl.gz", tmp_path / "p.json", 4, tmp_path / "o.json"
+        )
+        return command[command.index("simulate") :]
+
+    shoal = argv("prefill_ahead")
+    assert shoal[shoal.index("--policy") + 1] == "shoal" and "--dispatch" not in shoal
+    kv = argv("kv")
+    assert kv[kv.index("--policy") + 1] == "infaas" and kv[kv.index("--dispatch") + 1] == "kv"
+    assert argv("infaas++")[argv("infaas++").index("--policy") + 1] == "infaas"
+    assert kv[kv.index("--instances") + 1] == "4" and "--prefix-cache" in kv
+    assert set(SIM_POLICIES) >= {"prefill_ahead", "infaas++", "round_robin", "kv", "prefix"}
+
+
 def test_the_vllm_mode_runs_prefix_repetition_against_a_caching_vllm(tmp_path: Path) -> None:
     options = EngineOptions(
         Path("/ckpt"), max_model_len=2048, block_size=32, kv_cache_bytes=2**30, dtype="auto"
@@ -182,3 +229,29 @@ def test_bench_prefix_serves_cached_tokens_only_with_the_cache_on(tmp_path: Path
     assert results["on"]["requests"] == results["off"]["requests"] == 4
     assert results["on"]["hit_rate_source"] == "usage"
     assert results["on"]["hit_rate"] > 0.0 and results["off"]["hit_rate"] == 0.0
+
+
+@pytest.mark.e2e
+def test_bench_prefix_policies_runs_each_policy_and_predicts_it(tmp_path: Path) -> None:
+    """Two one-agent clusters of torch ``tiny``, one per policy: both serve every turn with cached
+    tokens on the later turns, the sessions trace is written, and shoal simulate predicts both."""
+    import json
+    import subprocess
+    import sys
+
+    out, trace = tmp_path / "policies.json", tmp_path / "trace.jsonl.gz"
+    options = (
+        "--policies prefill_ahead,round_robin --model tiny --instances 1 --rounds 1 --groups 1 --sessions 2 "
+        "--turns 2 --system-words 30 --user-words 4 --answer-tokens 4 --think 0.05 --ready-timeout 120 "
+        "--run-timeout 120"
+    )
+    command = [sys.executable, "-c", "from frontend.cli import main; main()", "bench", "prefix"]
+    command += [*options.split(), "--json", str(out), "--trace-out", str(trace), "--log-dir", str(tmp_path)]
+    finished = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    document = json.loads(out.read_text())
+    for policy in ("prefill_ahead", "round_robin"):
+        assert document["results"][policy]["errors"] == 0, finished.stdout[-2000:]
+        assert document["results"][policy]["hit_rate"] > 0.0
+        assert document["prediction"]["predicted"][policy]["requests"] == 4
+    assert trace.is_file() and document["results"]["prompts_alike"] == 1.0
