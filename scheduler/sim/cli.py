@@ -27,10 +27,23 @@ from agents.migration.fsm.config import MigrationConfig
 from scheduler.config import DISPATCH_MENU, DispatchPolicy, PairingConfig, ScalingConfig
 from scheduler.sim.config import MigrationModel, PolicyName, PolicySetup, SimConfig, policy_setup
 from scheduler.sim.metrics import SimResult
-from scheduler.sim.sessions import SessionSpec, session_workload
+from scheduler.sim.session_trace import is_session_trace, read_session_trace, session_trace_workload
+from scheduler.sim.sessions import SessionSpec, session_workload, system_prompt_workload
 from scheduler.sim.simulator import ProgressCallback
 from scheduler.sim.simulator import simulate as run_simulation
-from scheduler.sim.sweep import KNEE_FACTOR, SweepInputError, SweepSpec, knee, median_points, run_sweep
+from scheduler.sim.sweep import (
+    GOODPUT_SHARE,
+    KNEE_FACTOR,
+    SloSpec,
+    SweepInputError,
+    SweepSpec,
+    WorkloadBuilder,
+    goodput,
+    knee,
+    median_points,
+    run_sweep,
+    unloaded_slo,
+)
 from scheduler.sim.workload import AZURE_CREDIT, Workload, build_workload, with_priorities
 
 __all__ = ["dumps", "simulate", "simulate_command", "sweep_command"]
@@ -106,6 +119,32 @@ def _cluster_options(func: Callable[..., Any]) -> Callable[..., Any]:
     for option in reversed(options):
         func = option(func)
     return func
+
+
+def _group_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Options of the system-prompt groups workload (one turn, llm-d's prefix-cache benchmark)."""
+    options = [
+        click.option("--groups", "num_groups", type=click.IntRange(min=1), default=None,
+                     help="System-prompt groups instead of a trace: one-turn requests, each a group's "
+                     "system prompt and a short question, Poisson at --rate (a sweep: workload "
+                     "'groups' uses 150 unless given)."),
+        click.option("--group-system-tokens", type=click.IntRange(min=1), default=6000, show_default=True,
+                     help="Length of a group's system prompt."),
+        click.option("--question-tokens", default=128.0, show_default=True,
+                     help="Mean length of a group request's question (power law)."),
+        click.option("--hot-group-share", type=click.FloatRange(0.0, 1.0), default=0.0, show_default=True,
+                     help="Share of the group requests that go to one group (the rest spread evenly)."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def _groups(opts: dict[str, Any], num_requests: int, rate: float, seed: int) -> Workload:
+    return system_prompt_workload(
+        num_requests, rate, groups=opts["num_groups"] or 150, system_tokens=opts["group_system_tokens"],
+        question_tokens=opts["question_tokens"], hot_group_share=opts["hot_group_share"], seed=seed,
+    )
 
 
 def _base_config(opts: dict[str, Any]) -> SimConfig:
@@ -254,7 +293,28 @@ def _workload_name(trace: str | None, mix: str | None) -> str:
 
 
 def _workload(opts: dict[str, Any], max_context_tokens: int) -> Workload:
-    """The run's workload: sessions (``--sessions``), a trace or a mix."""
+    """The run's workload: sessions (``--sessions``), a trace (a recorded sessions trace among them) or
+    a mix, or system-prompt groups (``--groups``)."""
+    if opts["num_groups"] is not None:
+        if opts["trace"] or opts["mix"] or opts["sessions"]:
+            raise click.UsageError("give --groups, --sessions, --trace or --mix, not several")
+        if opts["rate"] is None:
+            raise click.UsageError("--groups needs --rate (requests per second)")
+        try:
+            workload = _groups(opts, opts["num_requests"], opts["rate"], opts["seed"])
+        except ValueError as exc:
+            raise click.BadParameter(str(exc)) from exc
+        return with_priorities(workload, opts["high_share"], seed=opts["seed"])
+    trace = Path(opts["trace"]) if opts["trace"] else None
+    if trace is not None and opts["sessions"] is None and is_session_trace(trace):
+        if opts["rate"] is not None or opts["time_scale"] != 1.0:
+            raise click.UsageError("a sessions trace replays closed-loop: no --rate or --time-scale")
+        try:
+            turns = read_session_trace(trace)
+        except ValueError as exc:
+            raise click.ClickException(str(exc)) from exc
+        workload = session_trace_workload(turns, name=trace.name)
+        return with_priorities(workload, opts["high_share"], seed=opts["seed"])
     if opts["sessions"] is None:
         try:
             return build_workload(
@@ -304,7 +364,8 @@ def dumps(document: object) -> str:
               help=f"One of {', '.join(_POLICIES)}; or several, comma-separated, to compare on one workload.")
 @click.option("--trace", default=None,
               help="azure-conv (default), azure-code, or a trace file: a CSV arrival_s,input_tokens,"
-                   "output_tokens, or an Azure, BurstGPT or Mooncake (JSON lines) trace as published.")
+                   "output_tokens, an Azure, BurstGPT or Mooncake (JSON lines) trace as published, or a "
+                   "sessions trace (shoal bench prefix --policies --trace-out).")
 @click.option("--mix", default=None,
               help="A synthetic length mix instead of a trace: S-S, M-M, L-L, S-L or L-S.")
 @click.option("--sessions", type=click.IntRange(min=1), default=None,
@@ -326,6 +387,7 @@ def dumps(document: object) -> str:
               help="Mean request rate (req/s); traces are time-scaled to it.")
 @click.option("--time-scale", default=1.0, show_default=True,
               help="Trace speed-up when --rate is not given.")
+@_group_options
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="Write the result as JSON (several policies: an object keyed by policy).")
 @click.option("--plots", "plots_dir", type=click.Path(file_okay=False), default=None,
@@ -390,10 +452,34 @@ def simulate_command(ctx: click.Context, /, **opts: Any) -> None:
             console.print(f"wrote {plot_instances(instances, out / 'instances.png')}")
 
 
+#: Turns of a sweep's sessions (SessionSpec's default).
+SWEEP_SESSION_TURNS = 4
+
+
+def _sweep_builders(opts: dict[str, Any], max_context_tokens: int) -> dict[str, WorkloadBuilder]:
+    """``sessions``: chat sessions of ``SessionSpec``'s defaults (4 turns, 4 system prompts of
+    1,024 tokens), started at rate / turns so that the rate is requests per second; ``groups``:
+    :func:`system_prompt_workload` with the group options."""
+
+    def sessions(num_requests: int, rate: float, seed: int) -> Workload:
+        turns = SWEEP_SESSION_TURNS
+        spec = SessionSpec(
+            num_sessions=max(1, -(-num_requests // turns)), rate=rate / turns, turns=turns, seed=seed,
+            max_context_tokens=max_context_tokens,
+        )
+        return with_priorities(session_workload(spec), opts["high_share"], seed=seed)
+
+    def groups(num_requests: int, rate: float, seed: int) -> Workload:
+        return with_priorities(_groups(opts, num_requests, rate, seed), opts["high_share"], seed=seed)
+
+    return {"sessions": sessions, "groups": groups}
+
+
 @simulate_command.command(name="sweep")
 @click.option("--workload", "workloads", multiple=True, default=("azure-conv",), show_default=True,
-              help="Repeatable: azure-conv, azure-code, a trace file (see --trace of simulate), or a mix "
-                   "(S-S, M-M, L-L, S-L, L-S).")
+              help="Repeatable: azure-conv, azure-code, mooncake, a trace file (see --trace of simulate), "
+                   "a mix (S-S, M-M, L-L, S-L, L-S), sessions (4-turn chats, 4 system prompts of 1,024 "
+                   "tokens; the rate counts requests) or groups (system-prompt groups, see --groups).")
 @click.option("--rates", required=True, help="Comma-separated request rates (req/s).")
 @click.option("--policies", default="rr,infaas,llumnix,shoal", show_default=True)
 @click.option("--out", "out_prefix", type=click.Path(), required=True,
@@ -402,14 +488,27 @@ def simulate_command(ctx: click.Context, /, **opts: Any) -> None:
 @click.option("--seeds", default=None,
               help="Comma-separated seeds (e.g. 0,1,2): each a new synthetic draw or the next trace "
               "window of --requests rows; the table, knees and plot use the medians.")
+@click.option("--slo/--no-slo", default=True, show_default=True,
+              help="Judge each run by the SLO and report goodput per policy.")
+@click.option("--slo-ttft-factor", default=5.0, show_default=True,
+              help="SLO: TTFT at most this many times the workload's unloaded P50 TTFT.")
+@click.option("--slo-tpot-factor", default=2.0, show_default=True,
+              help="SLO: TPOT at most this many times the workload's unloaded P50 TPOT.")
+@click.option("--unloaded-rate", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Rate of the unloaded run that measures the P50s [default: a tenth of the lightest rate].")
+@click.option("--unloaded-requests", type=click.IntRange(min=1), default=100, show_default=True,
+              help="Requests of the unloaded run (round-robin, per seed).")
+@_group_options
 @_cluster_options
 def sweep_command(
     workloads: tuple[str, ...], rates: str, policies: str, out_prefix: str, plot: bool, seeds: str | None,
-    **opts: Any,
+    slo: bool, slo_ttft_factor: float, slo_tpot_factor: float, unloaded_rate: float | None,
+    unloaded_requests: int, **opts: Any,
 ) -> None:
     """Run every (workload, rate, policy[, seed]) and plot latency against rate per policy."""
     console = Console()
     names = _policy_names(policies)
+    base = _base_config(opts)
     spec = SweepSpec(
         workloads=tuple(workloads),
         rates=tuple(float(r) for r in rates.split(",")),
@@ -419,11 +518,30 @@ def sweep_command(
         seed=opts["seed"],
         high_share=opts["high_share"],
         seeds=tuple(int(s) for s in seeds.split(",")) if seeds else (),
+        builders=_sweep_builders(opts, base.profile.max_model_len),
+        slo=SloSpec(
+            ttft_factor=slo_ttft_factor, tpot_factor=slo_tpot_factor, unloaded_rate=unloaded_rate,
+            unloaded_requests=unloaded_requests,
+        ) if slo else None,
     )
     if any("azure" in w for w in workloads):
         console.print(f"[dim]{AZURE_CREDIT}[/]")
     out = Path(out_prefix)
     out.parent.mkdir(parents=True, exist_ok=True)
+    slos: dict[str, dict[str, dict[str, float]]] = {}
+    if spec.slo is not None:
+        try:
+            for workload in spec.workloads:
+                slos[workload] = found = unloaded_slo(spec, base, workload)
+                unloaded, bounds = found["unloaded"], found["slo"]
+                console.print(
+                    f"SLO ({workload}): TTFT <= {bounds['ttft_s']:.3f} s ({bounds['ttft_factor']:g}x the "
+                    f"unloaded P50 {unloaded['ttft_p50_s']:.3f} s), TPOT <= {bounds['tpot_s']:.4f} s "
+                    f"({bounds['tpot_factor']:g}x {unloaded['tpot_p50_s']:.4f} s); unloaded: "
+                    f"{unloaded_requests} requests at {spec.unloaded_rate:g} req/s, rr, no prefix cache"
+                )
+        except SweepInputError as exc:
+            raise click.ClickException(str(exc)) from exc
     points: list[dict[str, object]] = []
     with _progress(console, opts["quiet"]) as progress:
         overall = progress.add_task(f"sweep ({spec.num_runs} runs)", total=spec.num_runs, virtual=0.0)
@@ -438,7 +556,7 @@ def sweep_command(
             out.with_suffix(".json").write_text(dumps(points))
 
         try:
-            run_sweep(spec, _base_config(opts), on_start=on_start, on_result=on_result)
+            run_sweep(spec, base, on_start=on_start, on_result=on_result, slos=slos)
         except SweepInputError as exc:  # a trace window the trace does not hold, a bad trace file
             raise click.ClickException(str(exc)) from exc
     runs = points
@@ -447,14 +565,16 @@ def sweep_command(
         out.with_name(out.name + "-median.json").write_text(dumps(points))
     title = f"sweep: {out.with_suffix('.json')}" + (" (medians over seeds)" if spec.seeds else "")
     table = Table(title=title)
-    headers = ("workload", "rate", "policy", "TTFT mean", "TTFT P99", "TPOT P99", "preempt loss", "frag",
-               "migr (attempts)", "rejected")
+    headers = ("workload", "rate", "policy", "TTFT mean", "TTFT P99", "TPOT P99", "SLO met", "hit rate",
+               "preempt loss", "frag", "migr (attempts)", "rejected")
     for name in headers:
         table.add_column(name, justify="right")
     for p in points:
         table.add_row(
             str(p["workload"]), f"{p['rate']:g}", str(p["policy"]), f"{p['ttft_mean_s']:.3f}",
-            f"{p['ttft_p99_s']:.3f}", f"{p['tpot_p99_s']:.4f}", f"{p['preemption_loss_s']:.1f}",
+            f"{p['ttft_p99_s']:.3f}", f"{p['tpot_p99_s']:.4f}",
+            f"{100 * float(str(p['slo_attainment'])):.1f}%" if spec.slo else "-",
+            f"{100 * float(str(p['prefix_cache_hit_rate'])):.1f}%", f"{p['preemption_loss_s']:.1f}",
             f"{100 * float(str(p['fragmentation_mean'])):.2f}%",
             f"{p['migrations']} ({p['migrations_started']})", str(p["rejected"]),
         )
@@ -467,6 +587,19 @@ def sweep_command(
     for workload in spec.workloads:
         knees = ", ".join(f"{name} {knee(points, workload, name)}" for name in names)
         console.print(f"knee ({workload}; P99 TTFT within {KNEE_FACTOR:g}x of the lightest rate's): {knees}")
+    if spec.slo is not None:
+        summary: dict[str, object] = {}
+        for workload in spec.workloads:
+            rates_met = {name: goodput(points, workload, name) for name in names}
+            summary[workload] = {**slos[workload], "goodput": rates_met}
+            shown = ", ".join(f"{name} {rate:g}" for name, rate in rates_met.items())
+            console.print(
+                f"goodput ({workload}; highest rate with >= {100 * GOODPUT_SHARE:g}% of requests within "
+                f"the SLO, req/s; 0: not even the lightest): {shown}"
+            )
+        goodput_path = out.with_name(out.name + "-goodput.json")
+        goodput_path.write_text(dumps(summary))
+        console.print(f"wrote {goodput_path}")
     console.print(f"wrote {out.with_suffix('.json')}")
     if plot:
         from scheduler.sim.plots import plot_latency_vs_rate

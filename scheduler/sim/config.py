@@ -11,16 +11,25 @@ name              dispatch                      migration    priorities
 ``infaas``        INFaaS++ (least memory load)  no           no
 ``llumnix-base``  freeness (the paper)          yes          no (all normal)
 ``llumnix``       freeness (the paper)          yes          yes (headroom)
+``kv``            Dynamo's KV router cost       no           no
+                  (``kv``)
+``prefix``        llm-d's prefix, queue and     no           no
+                  KV-utilisation scorers
 ``shoal``         ``prefill_ahead``             yes, with    yes (headroom)
                   (the default)                 room check
+``shoal-cost``    ``predicted_ttft`` (shoal's   yes, with    yes (headroom)
+                  cost model over the cache)    room check
 ================  ============================  ===========  ===============
 
+``kv`` and ``prefix`` are the KV-aware routers a user would run instead (they read the prefix
+index's ``PendingRequest.cached_tokens``; neither can move a request once placed).
 ``shoal`` is the default policy, live and here: :data:`DispatchPolicy.PREFILL_AHEAD
 <scheduler.config.DispatchPolicy>` dispatch, :func:`~scheduler.config.shoal_pairing`
 (pairs only destinations with room, sends only what fits, no retry of an aborted
 request for 2 s, at most 3 moves per request) and the move of queued requests after
 :data:`~scheduler.config.SHOAL_REQUEUE_AFTER_S` (``PolicySetup.requeue_after_s``; no other
-policy moves queued requests).
+policy moves queued requests). ``shoal-cost`` is the same with the cost-model dispatch
+(:data:`DispatchPolicy.PREDICTED_TTFT <scheduler.config.DispatchPolicy>`).
 
 "Priorities no" means every request is submitted with the normal priority,
 to the policies and to the engines alike (the paper's baselines have none);
@@ -66,7 +75,10 @@ class PolicyName(enum.StrEnum):
     INFAAS = "infaas"
     LLUMNIX_BASE = "llumnix-base"
     LLUMNIX = "llumnix"
+    KV = "kv"
+    PREFIX = "prefix"
     SHOAL = "shoal"
+    SHOAL_COST = "shoal-cost"
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,8 +98,13 @@ _DISPATCH: dict[PolicyName, DispatchPolicy] = {
     PolicyName.INFAAS: DispatchPolicy.INFAAS,
     PolicyName.LLUMNIX_BASE: DispatchPolicy.FREENESS,
     PolicyName.LLUMNIX: DispatchPolicy.FREENESS,
+    PolicyName.KV: DispatchPolicy.KV,
+    PolicyName.PREFIX: DispatchPolicy.PREFIX,
     PolicyName.SHOAL: DispatchPolicy.PREFILL_AHEAD,
+    PolicyName.SHOAL_COST: DispatchPolicy.PREDICTED_TTFT,
 }
+#: The policies built on shoal's pairing, priorities and moves of queued requests.
+_SHOAL_FAMILY = (PolicyName.SHOAL, PolicyName.SHOAL_COST)
 
 
 def policy_setup(
@@ -104,7 +121,7 @@ def policy_setup(
     ``pairing`` None: the policy's own band (the paper's 3, 30; ``shoal``: 3, 60).
     """
     kind = PolicyName(name)
-    if kind is PolicyName.SHOAL:
+    if kind in _SHOAL_FAMILY:
         pairing = (
             shoal_pairing() if pairing is None
             else shoal_pairing(pairing.low_freeness, pairing.high_freeness, pairing.target_freeness)
@@ -120,11 +137,11 @@ def policy_setup(
     return PolicySetup(
         name=kind,
         policy=config,
-        migrate=kind in (PolicyName.LLUMNIX_BASE, PolicyName.LLUMNIX, PolicyName.SHOAL),
-        priorities=kind in (PolicyName.LLUMNIX, PolicyName.SHOAL),
+        migrate=kind in (PolicyName.LLUMNIX_BASE, PolicyName.LLUMNIX, *_SHOAL_FAMILY),
+        priorities=kind in (PolicyName.LLUMNIX, *_SHOAL_FAMILY),
         requeue_after_s=(
             SHOAL_REQUEUE_AFTER_S
-            if kind is PolicyName.SHOAL and config.dispatch_policy.moves_queued
+            if kind in _SHOAL_FAMILY and config.dispatch_policy.moves_queued
             else None
         ),
     )

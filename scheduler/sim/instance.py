@@ -91,6 +91,8 @@ class SimInstance:
         self.num_migrating_in = 0
         #: the output length learned from the requests finished here (as an agent learns it)
         self.output_length = OutputLengthEstimate()
+        #: request id -> (tokens hashed, chain) of waiting requests, computed once per length
+        self._chains: dict[str, tuple[int, list[int]]] = {}
 
     @property
     def busy(self) -> bool:
@@ -152,6 +154,28 @@ class SimInstance:
         snap.expected_growth_blocks = expected_growth_blocks(growing, expected_output, block_size)
         return snap
 
+    def waiting_cached_blocks(self) -> int | None:
+        """The blocks of the waiting requests' tokens the prefix cache holds now (their leading
+        cached runs), as the agent reports them; None with the prefix cache off."""
+        scheduler = self.engine.scheduler
+        if not scheduler.config.prefix_cache:
+            return None
+        lookup, get, block_size = scheduler.blocks.lookup, scheduler.get, self.block_size
+        chains, kept = self._chains, {}
+        total = 0
+        for request_id in self.request_ids:
+            request = get(request_id)
+            if request is None or request.status is _RUNNING or request.status is _SUSPENDED:
+                continue
+            tokens = request.all_token_ids
+            known = chains.get(request_id)
+            if known is None or known[0] != len(tokens):
+                known = (len(tokens), block_hashes(tokens, block_size))
+            kept[request_id] = known
+            total += len(lookup(known[1]))
+        self._chains = kept
+        return total
+
     def head_of_line_demand(self, snap: InstanceSnapshot) -> int:
         head = snap.head_of_line
         return 0 if head is None else -(-len(head.all_token_ids) // self.block_size)
@@ -209,6 +233,7 @@ class SimInstance:
         self.report_seq += 1
         self.dirty = False
         head = snap.head_of_line
+        cached = self.waiting_cached_blocks()
         return LoadReport(
             instance_id=self.instance_id,
             seq=self.report_seq,
@@ -229,6 +254,7 @@ class SimInstance:
             waiting_demand=snap.waiting_demand,
             expected_growth_blocks=snap.expected_growth_blocks,
             prefill_blocks=snap.prefill_blocks,
+            waiting_uncached_blocks=-1 if cached is None else max(snap.waiting_demand - cached, 0),
         )
 
     def migration_candidates(self, migrating: Collection[str]) -> tuple[list[RunningRequest], list[str]]:

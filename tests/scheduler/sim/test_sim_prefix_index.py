@@ -5,14 +5,18 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from agents.engines.profile import load_profile
 from agents.migration.fsm.config import MigrationConfig
-from scheduler.config import PairingConfig
+from scheduler.config import PairingConfig, PolicyConfig
 from scheduler.sim.config import MigrationModel, SimConfig, policy_setup
+from scheduler.sim.instance import SimInstance
 from scheduler.sim.policy_layer import DispatchCall
-from scheduler.sim.sessions import SessionSpec, session_workload
+from scheduler.sim.sessions import SessionSpec, session_workload, system_prompt_workload
 from scheduler.sim.simulator import Simulator
 from scheduler.sim.workload import SimRequest, Workload
+from schemas.load import LoadReport
 
 TINY = load_profile("tiny-test")  # 64 blocks of 4 tokens, 1 KiB each
 A10 = load_profile("llama-7b-a10")  # 16-token blocks
@@ -81,3 +85,49 @@ def test_a_request_migrating_back_copies_only_the_blocks_its_old_instance_no_lon
     assert per_migration < without.migration_bytes_per_migration
     assert cached.records["long"].num_output_tokens == 150 and with_cache.num_finished == 1
     assert without.migration_bytes_saved == 0 and without.migration_saved_share == 0
+
+
+def test_the_cache_aware_policies_find_more_of_the_shared_system_prompts_than_round_robin() -> None:
+    kv, prefix, cost = (policy_setup(name) for name in ("kv", "prefix", "shoal-cost"))
+    assert not kv.migrate and not prefix.migrate and not kv.priorities and kv.requeue_after_s is None
+    assert cost.migrate and cost.priorities and cost.requeue_after_s is not None
+    workload = system_prompt_workload(120, 4.0, groups=12, system_tokens=1024, answer_tokens=16, seed=2)
+    base = SimConfig(profile=A10, num_instances=4, prefix_cache=True)
+    hit_rates = {
+        name: Simulator(replace(base, setup=policy_setup(name)), workload).run().prefix_cache_hit_rate
+        for name in ("rr", "kv", "prefix", "shoal-cost")
+    }
+    for name in ("kv", "prefix", "shoal-cost"):
+        assert hit_rates[name] > hit_rates["rr"] + 0.05, hit_rates
+
+
+def test_a_load_report_counts_the_queue_without_the_blocks_the_cache_holds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # one tiny instance (64 blocks): one request at a time fits; three more with its prompt wait
+    config = SimConfig(setup=policy_setup("rr"), profile=TINY, num_instances=1, prefix_cache=True)
+    prompt = ((7, 40),)
+    requests = tuple(
+        SimRequest(
+            request_id=f"r{k}",
+            arrival_s=0.01 * k,
+            num_prompt_tokens=40,
+            num_output_tokens=200,
+            segments=prompt,
+        )
+        for k in range(4)
+    )
+    sim = Simulator(config, Workload(requests=requests, description="one prompt four times"))
+    reports = []
+    original = SimInstance.build_report
+
+    def spy(instance: SimInstance, policy: PolicyConfig) -> LoadReport:
+        report = original(instance, policy)
+        reports.append(report)
+        return report
+
+    monkeypatch.setattr(SimInstance, "build_report", spy)
+    sim.run()
+    queued = [r for r in reports if r.num_waiting]
+    assert queued
+    assert all(0 <= r.waiting_uncached_blocks < r.waiting_demand for r in queued)
