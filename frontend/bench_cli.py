@@ -28,6 +28,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "step": ("agents.engines.bench_step:bench_step", "Torch engine CPU per prompt token and decode step."),
     "migration": ("agents.bench_migration:bench_migration", "Live vs blocking vs recompute downtime."),
     "cluster": ("scheduler.bench_cluster:bench_cluster", "Dispatch latency at 64 sim instances."),
+    "dispatch": ("scheduler.bench_dispatch_cpu:bench_dispatch", "CPU per dispatch of each policy by size."),
     "recovery": ("scheduler.bench_recovery:bench_recovery", "Scheduler recovery time by log size."),
     "serve": ("frontend.bench_serve:bench_serve", "Streaming throughput through shoal vs direct."),
     "requeue": ("frontend.bench_requeue:bench_requeue", "Burst TTFT, queued requests moved or not."),
