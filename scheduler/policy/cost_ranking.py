@@ -2,8 +2,9 @@
 O(changed views + instances caching the prompt + a few candidates), not a scan of every instance.
 
 A dispatcher that keeps one is called with the whole list of instance views each time, as every
-dispatcher is; it compares the list with the one it saw before (one identity check per view, in C)
-and moves only the views that changed in its sorted lists. The instances the prefix index names
+dispatcher is; it compares the list with the one it saw before (in slices compared in C, an
+identical view at once; an equal view counts as unchanged) and moves only the views that changed
+in its sorted lists. The instances the prefix index names
 (at most ``PREFIX_HITS_KEPT``) are rated exactly; among the others, whose cost does not depend on
 the cache, the best is found from the sorted lists, reading only as far as the best could still be
 beaten. The answer is exactly the full scan's (:func:`best_ttft_by_scan`, :func:`best_kv_by_scan`),
@@ -16,8 +17,8 @@ from __future__ import annotations
 
 import bisect
 import itertools
-import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from scheduler.config import PolicyConfig
 from scheduler.policy.cache_cost import TtftTerms, kv_base_cost, kv_cost, predicted_ttft_key, ttft_terms
@@ -35,6 +36,9 @@ __all__ = [
 Candidate = tuple[str, tuple[float, float]]
 #: Whether an instance may take the request (eligibility and exclusions), by view.
 Eligible = Callable[[InstanceLoad], bool]
+
+#: Views compared at once when looking for those that changed.
+_CHUNK = 64
 
 #: Priorities whose lists are kept at once (each further one replaces the least recently used).
 _PRIORITIES_KEPT = 4
@@ -84,15 +88,19 @@ def best_kv_by_scan(
 
 
 class _Views:
-    """The views seen last, by position and id, and which changed since (one identity check each)."""
+    """The views seen last, by position and id, and which changed since (an equal view counts as
+    unchanged: it rates the same)."""
 
     def __init__(self) -> None:
         self.loads: list[InstanceLoad] = []
+        self.chunks: list[list[InstanceLoad]] = []  # ``loads`` in slices of ``_CHUNK``
         self.by_id: dict[str, InstanceLoad] = {}
         #: block size -> instances of it
         self.block_sizes: dict[int, int] = {}
 
     def _rebuild(self, fresh: list[InstanceLoad]) -> None:
+        self.loads = fresh
+        self.chunks = [fresh[start : start + _CHUNK] for start in range(0, len(fresh), _CHUNK)]
         self.by_id = {load.instance_id: load for load in fresh}
         self.block_sizes = {}
         for load in fresh:
@@ -101,27 +109,38 @@ class _Views:
     def update(self, loads: Sequence[InstanceLoad]) -> list[int] | None:
         """Positions of the views that changed, or None when everything must be rebuilt (instances
         came, went or moved, or most views changed)."""
+        if not isinstance(loads, list):  # compared in slices with the lists kept
+            loads = list(loads)
         old = self.loads
-        fresh = list(loads)
-        self.loads = fresh
-        if len(old) != len(fresh):
-            self._rebuild(fresh)
+        if len(old) != len(loads):
+            self._rebuild(list(loads))
             return None
-        changed = list(itertools.compress(range(len(fresh)), map(operator.is_not, fresh, old)))
-        if len(changed) > max(len(fresh) // 4, 8):
-            self._rebuild(fresh)
+        # compare chunk by chunk in C (a list compares identical items at once), then within a chunk
+        # that differs view by view
+        changed: list[int] = []
+        chunks = self.chunks
+        for n, chunk in enumerate(chunks):
+            start = n * _CHUNK
+            fresh = loads[start : start + _CHUNK]
+            if fresh != chunk:
+                changed.extend(i for i, view in enumerate(fresh, start) if view != old[i])
+                chunks[n] = list(fresh)
+        if len(changed) > max(len(old) // 4, 8):
+            self._rebuild(list(loads))
             return None
         for i in changed:
-            if fresh[i].instance_id != old[i].instance_id:
-                self._rebuild(fresh)
+            if loads[i].instance_id != old[i].instance_id:
+                self._rebuild(list(loads))
                 return None
         for i in changed:
-            self.by_id[fresh[i].instance_id] = fresh[i]
-            if fresh[i].block_size != old[i].block_size:
-                self.block_sizes[old[i].block_size] -= 1
-                if not self.block_sizes[old[i].block_size]:
-                    del self.block_sizes[old[i].block_size]
-                self.block_sizes[fresh[i].block_size] = self.block_sizes.get(fresh[i].block_size, 0) + 1
+            view, before = loads[i], old[i]
+            old[i] = view
+            self.by_id[view.instance_id] = view
+            if view.block_size != before.block_size:
+                self.block_sizes[before.block_size] -= 1
+                if not self.block_sizes[before.block_size]:
+                    del self.block_sizes[before.block_size]
+                self.block_sizes[view.block_size] = self.block_sizes.get(view.block_size, 0) + 1
         return changed
 
     @property
@@ -133,86 +152,95 @@ class _Views:
 
 
 class _TtftLists:
-    """For one request priority: every live instance's :class:`TtftTerms`, and three sorted lists:
-    by work ahead, by room (largest first) and, of those with no work at all, by room per slot."""
+    """For one request priority: every live instance's :class:`TtftTerms`, and four sorted lists:
+    by all the prefill work ahead (queued, pending and in flight), by room (largest first) and, of
+    those with no work at all, by room per slot (largest first) and by slots (most first)."""
 
     def __init__(self, loads: Sequence[InstanceLoad], config: PolicyConfig, priority: int) -> None:
         self.config, self.priority = config, priority
         self.terms: dict[str, TtftTerms] = {}
-        self.by_work: list[tuple[int, str]] = []
-        self.by_room: list[tuple[float, str]] = []
-        self.idle: list[tuple[float, str]] = []
+        self.by_work: list[tuple[int, str]] = []  # (work ahead, id)
+        self.by_room: list[tuple[float, str]] = []  # (-room, id)
+        self.idle: list[tuple[float, str]] = []  # (-room per slot, id) of instances with no work ahead
+        self.idle_slots: list[tuple[int, str]] = []  # (-slots, id) of the same
         for load in loads:
             self._add(load, bulk=True)
-        self.by_work.sort()
-        self.by_room.sort()
-        self.idle.sort()
+        for entries in (self.by_work, self.by_room, self.idle, self.idle_slots):
+            entries.sort()
 
-    def _entries(
-        self, instance_id: str, terms: TtftTerms
-    ) -> tuple[tuple[int, str], tuple[float, str], tuple[float, str] | None]:
-        idle = (-terms.room / terms.slots, instance_id) if terms.work == 0 and terms.in_flight == 0 else None
-        return (terms.work, instance_id), (-terms.room, instance_id), idle
+    def _lists(self, instance_id: str, terms: TtftTerms) -> list[tuple[list[Any], tuple[float, str]]]:
+        """Each list ``instance_id`` belongs in, with its entry there."""
+        work = terms.work + terms.in_flight
+        entries: list[tuple[list[Any], tuple[float, str]]] = [
+            (self.by_work, (work, instance_id)),
+            (self.by_room, (-terms.room, instance_id)),
+        ]
+        if work == 0:
+            entries.append((self.idle, (-terms.room / terms.slots, instance_id)))
+            entries.append((self.idle_slots, (-terms.slots, instance_id)))
+        return entries
 
     def _add(self, load: InstanceLoad, *, bulk: bool = False) -> None:
         if load.terminating:
             return
         terms = ttft_terms(load, self.config, self.priority)
         self.terms[load.instance_id] = terms
-        work, room, idle = self._entries(load.instance_id, terms)
-        if bulk:
-            self.by_work.append(work)
-            self.by_room.append(room)
-            if idle is not None:
-                self.idle.append(idle)
-        else:
-            bisect.insort(self.by_work, work)
-            bisect.insort(self.by_room, room)
-            if idle is not None:
-                bisect.insort(self.idle, idle)
+        for entries, entry in self._lists(load.instance_id, terms):
+            if bulk:
+                entries.append(entry)
+            else:
+                bisect.insort(entries, entry)
 
     def replace(self, load: InstanceLoad) -> None:
         old = self.terms.pop(load.instance_id, None)
         if old is not None:
-            work, room, idle = self._entries(load.instance_id, old)
-            del self.by_work[bisect.bisect_left(self.by_work, work)]
-            del self.by_room[bisect.bisect_left(self.by_room, room)]
-            if idle is not None:
-                del self.idle[bisect.bisect_left(self.idle, idle)]
+            for entries, entry in self._lists(load.instance_id, old):
+                del entries[bisect.bisect_left(entries, entry)]
         self._add(load)
 
     def best(self, demand: int, skip: Callable[[str], bool]) -> Candidate | None:
         """The best instance for a request of ``demand`` blocks cached nowhere, among those ``skip``
         does not rule out (ineligible, excluded, or rated apart because they cache the prompt)."""
-        # an instance where it starts at once beats every other: among those, the most room per slot
+        terms_of = self.terms
+        # 1. an instance where it starts at once beats every other; among those the most room per slot
+        # after admission, room / slots - demand / slots: one not yet read in either list has at most the
+        # room per slot read last in the first and at least the demand / slots read last in the second
         best: Candidate | None = None
-        for bound, instance_id in self.idle:
-            if best is not None and -bound <= best[1][1]:
-                break  # its room per slot after admission is below -bound, so below the best
-            terms = self.terms[instance_id]
-            if terms.room < demand or skip(instance_id):
-                continue
-            key = predicted_ttft_key(terms, demand)
-            if _better(key, instance_id, best):
-                best = (instance_id, key)
-        if best is not None:
-            return best
-        # else the least wait: max(work (+ in flight), demand - room) >= max(work, demand - room), so an
-        # instance not yet read in either list waits at least max(work read, demand - room read)
         seen: set[str] = set()
-        for (work, by_work), (neg_room, by_room) in zip(self.by_work, self.by_room, strict=True):
-            for instance_id in (by_work, by_room):
+        for (neg_room_per_slot, by_room), (neg_slots, by_slots) in zip(
+            self.idle, self.idle_slots, strict=True
+        ):
+            for instance_id in (by_room, by_slots):
                 if instance_id in seen:
                     continue
                 seen.add(instance_id)
-                if skip(instance_id):
+                terms = terms_of[instance_id]
+                if terms.room < demand or skip(instance_id):
                     continue
-                key = predicted_ttft_key(self.terms[instance_id], demand)
+                key = predicted_ttft_key(terms, demand)
                 if _better(key, instance_id, best):
                     best = (instance_id, key)
-            bound = -float(max(work, demand + neg_room) + demand)
-            if best is not None and bound < best[1][0]:
+            if best is not None and -neg_room_per_slot + demand / neg_slots < best[1][1]:
                 break
+        if best is not None:
+            return best
+        # 2. where its blocks fit, it waits for all the work ahead: the first such instance by work (the
+        # smaller id among equals) is the best of them
+        for _, instance_id in self.by_work:
+            if terms_of[instance_id].room >= demand and not skip(instance_id):
+                best = (instance_id, predicted_ttft_key(terms_of[instance_id], demand))
+                break
+        # 3. where they do not, it waits at least for the memory deficit, demand - room: read by room,
+        # largest first, as long as the deficit alone does not exceed the best wait
+        start = bisect.bisect_left(self.by_room, (-demand, chr(0x10FFFF)))
+        for neg_room, instance_id in itertools.islice(self.by_room, start, None):
+            if best is not None and -float(demand + neg_room + demand) < best[1][0]:
+                break
+            if skip(instance_id):
+                continue
+            key = predicted_ttft_key(terms_of[instance_id], demand)
+            if _better(key, instance_id, best):
+                best = (instance_id, key)
         return best
 
 
@@ -234,6 +262,11 @@ class TtftRanking:
                 for i in changed:
                     lists.replace(self._views.loads[i])
         return self._views.block_size
+
+    @property
+    def views(self) -> Mapping[str, InstanceLoad]:
+        """The views last taken in, by instance id."""
+        return self._views.by_id
 
     def best(
         self,
@@ -298,6 +331,11 @@ class KvRanking:
                     del self._order[bisect.bisect_left(self._order, (old, load.instance_id))]
                 self._add(load)
         return self._views.block_size
+
+    @property
+    def views(self) -> Mapping[str, InstanceLoad]:
+        """The views last taken in, by instance id."""
+        return self._views.by_id
 
     def best(
         self,

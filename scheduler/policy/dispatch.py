@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
 import msgspec
@@ -341,10 +341,16 @@ def _decision(
 
 
 def _rated_apart(
-    chosen: InstanceLoad, loads: Sequence[InstanceLoad], cached: dict[str, int]
+    chosen: InstanceLoad, views: Mapping[str, InstanceLoad], cached: dict[str, int]
 ) -> list[InstanceLoad]:
-    """What a ranked decision cites as considered: the chosen instance and those caching the prompt."""
-    return [load for load in loads if load.instance_id in cached or load is chosen]
+    """What a ranked decision cites as considered: the chosen instance, then those caching the
+    prompt (``views``: the current view of each instance by id)."""
+    rated = [chosen]
+    for instance_id in cached:
+        view = views.get(instance_id)
+        if view is not None and view is not chosen:
+            rated.append(view)
+    return rated
 
 
 class _PredictedTtftDispatcher:
@@ -388,8 +394,9 @@ class _PredictedTtftDispatcher:
             best = self._ranking.best(demand, cached_blocks, eligible, request.priority)
         if best is None:
             return None
-        chosen = next(load for load in loads if load.instance_id == best[0])
-        return _decision(request, self.policy, chosen, best[1][0], _rated_apart(chosen, loads, cached))
+        views = self._ranking.views
+        chosen = views[best[0]]
+        return _decision(request, self.policy, chosen, best[1][0], _rated_apart(chosen, views, cached))
 
 
 def _softmax_pick(costs: list[tuple[str, float]], temperature: float, request_id: str) -> str:
@@ -447,8 +454,9 @@ class _KvDispatcher:
             best = self._ranking.best(tokens, cached, eligible)
         if best is None:
             return None
-        chosen = next(load for load in loads if load.instance_id == best[0])
-        return _decision(request, self.policy, chosen, best[1][0], _rated_apart(chosen, loads, cached))
+        views = self._ranking.views
+        chosen = views[best[0]]
+        return _decision(request, self.policy, chosen, best[1][0], _rated_apart(chosen, views, cached))
 
 
 class _PrefixDispatcher:
