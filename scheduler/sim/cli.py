@@ -458,14 +458,14 @@ SWEEP_SESSION_TURNS = 4
 
 def _sweep_builders(opts: dict[str, Any], max_context_tokens: int) -> dict[str, WorkloadBuilder]:
     """``sessions``: chat sessions of ``SessionSpec``'s defaults (4 turns, 4 system prompts of
-    1,024 tokens), started at rate / turns so that the rate is requests per second; ``groups``:
-    :func:`system_prompt_workload` with the group options."""
+    1,024 tokens) with the sweep's ``--think-s``, started at rate / turns so that the rate is
+    requests per second; ``groups``: :func:`system_prompt_workload` with the group options."""
 
     def sessions(num_requests: int, rate: float, seed: int) -> Workload:
         turns = SWEEP_SESSION_TURNS
         spec = SessionSpec(
             num_sessions=max(1, -(-num_requests // turns)), rate=rate / turns, turns=turns, seed=seed,
-            max_context_tokens=max_context_tokens,
+            max_context_tokens=max_context_tokens, think_s=opts["think_s"],
         )
         return with_priorities(session_workload(spec), opts["high_share"], seed=seed)
 
@@ -498,6 +498,9 @@ def _sweep_builders(opts: dict[str, Any], max_context_tokens: int) -> dict[str, 
               help="Rate of the unloaded run that measures the P50s [default: a tenth of the lightest rate].")
 @click.option("--unloaded-requests", type=click.IntRange(min=1), default=100, show_default=True,
               help="Requests of the unloaded run (round-robin, per seed).")
+@click.option("--think-s", type=click.FloatRange(min=0), default=10.0, show_default=True,
+              help="Workload sessions: mean think time between an answer and the next turn. A session's "
+              "turns wait for its answers, so a long think time caps the load a few sessions make.")
 @_group_options
 @_cluster_options
 def sweep_command(
