@@ -49,7 +49,7 @@ from typing import Protocol
 import msgspec
 
 from scheduler.config import DispatchPolicy, PolicyConfig
-from scheduler.policy.cache_cost import kv_cost, prefix_scores
+from scheduler.policy.cache_cost import kv_cost, prefix_scores, ttft_terms
 from scheduler.policy.cost_ranking import KvRanking, TtftRanking, best_kv_by_scan, best_ttft_by_scan
 from scheduler.policy.load import (
     InstanceLoad,
@@ -73,6 +73,7 @@ __all__ = [
     "pending_order_key",
     "requeue_choice",
     "requeue_request",
+    "source_ttft_blocks",
 ]
 
 
@@ -576,6 +577,12 @@ def requeue_choice(
     :func:`requeue_request` is the request the dispatcher is asked to place (the instances ruled
     out in its ``exclude``): dispatching it gives the same decision.
 
+    Under ``predicted_ttft`` the request's blocks an instance caches (``request.cached_tokens``) need
+    no room there, and it moves only if its predicted TTFT there (the dispatcher's score) is below
+    its wait on ``source``: the source's queue (the request is its newest, so all of it is ahead of
+    it, its own uncached blocks included), pending dispatches and prompts in flight, or the memory
+    the queue waits for if that is more (:func:`source_ttft_blocks`).
+
     Reports without ``expected_growth_blocks`` (logs whose agents did not report it, or an instance
     that finished nothing yet) rule nothing out beyond the score, so such logs recompute as they did.
     """
@@ -585,7 +592,19 @@ def requeue_choice(
     decision = dispatcher.choose(moved, loads, num_dispatched=num_dispatched)
     if decision is None or (decision.score < 0 and not dispatcher.policy.counts_prefill):
         return None
+    if dispatcher.policy is DispatchPolicy.PREDICTED_TTFT:
+        origin = next((load for load in loads if load.instance_id == source), None)
+        if origin is not None and -decision.score >= source_ttft_blocks(origin, request, config):
+            return None
     return decision
+
+
+def source_ttft_blocks(source: InstanceLoad, request: PendingRequest, config: PolicyConfig) -> float:
+    """The predicted TTFT, in blocks of prefill, of ``request`` as the newest of ``source``'s queue:
+    the uncached blocks of the whole queue, pending dispatches and prompts in flight, or the memory
+    deficit of the queue if that is larger."""
+    terms = ttft_terms(source, config, request.priority)
+    return float(max(terms.work + terms.in_flight, -terms.room))
 
 
 def requeue_request(
@@ -598,16 +617,19 @@ def requeue_request(
     instance that expects growth and where the request would not start at once and stay, in
     ``loads`` order. Under ``prefill_ahead`` (``config.dispatch_policy.counts_prefill``) every
     instance where it would not, growth or not: that rule's score is negative also where the
-    request starts at once behind a prefill in flight, so the sign cannot say it."""
+    request starts at once behind a prefill in flight, so the sign cannot say it. Under
+    ``predicted_ttft`` the prompt blocks an instance caches need no room there."""
     every_instance = config.dispatch_policy.counts_prefill
+    cached = dict(request.cached_tokens) if config.dispatch_policy is DispatchPolicy.PREDICTED_TTFT else {}
     excluded = [source]
     for load in loads:
+        demand = load.demand_blocks(request.num_prompt_tokens)
+        if cached:  # the blocks it caches need no room
+            demand = max(demand - cached.get(load.instance_id, 0) // load.block_size, 0)
         if (
             (every_instance or load.expected_growth_blocks > 0)
             and load.instance_id != source
-            and not starts_at_once(
-                load, load.demand_blocks(request.num_prompt_tokens), config, priority=request.priority
-            )
+            and not starts_at_once(load, demand, config, priority=request.priority)
         ):
             excluded.append(load.instance_id)
     return msgspec.structs.replace(request, exclude=(*request.exclude, *excluded))

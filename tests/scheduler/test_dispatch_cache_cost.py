@@ -12,16 +12,20 @@ from __future__ import annotations
 
 import functools
 import random
+from typing import TypeVar
 
+import msgspec
 import pytest
 
 from scheduler.config import CacheCostConfig, DispatchPolicy, PolicyConfig
 from scheduler.policy import InstanceLoad, PendingRequest, dispatch_pending, make_dispatcher
 from scheduler.policy.cache_cost import predicted_ttft_key, ttft_terms
 from scheduler.policy.cost_ranking import best_kv_by_scan, best_ttft_by_scan
+from scheduler.policy.dispatch import requeue_choice, requeue_request
 from schemas.load import PriorityLoad
 
 CONFIG = PolicyConfig()
+T = TypeVar("T", InstanceLoad, PendingRequest)
 SYSTEM_PROMPT = 6000  # tokens: 375 blocks of 16
 PROMPT = SYSTEM_PROMPT + 64  # 379 blocks
 
@@ -293,7 +297,60 @@ def test_predicted_ttft_key_reads_prefill_in_flight_only_where_memory_fits() -> 
     assert predicted_ttft_key(terms, 150) == (-200.0, float("-inf"))  # 50 short: waits for memory
 
 
-def msgspec_replace(view: InstanceLoad, **changes: object) -> InstanceLoad:
-    import msgspec
-
+def msgspec_replace(view: T, **changes: object) -> T:
     return msgspec.structs.replace(view, **changes)
+
+
+# -- moving a queued request under the cost model -----------------------------------------------------
+
+TTFT_CONFIG = PolicyConfig(dispatch_policy=DispatchPolicy.PREDICTED_TTFT)
+
+
+@pytest.mark.parametrize(
+    ("source_uncached", "cached", "moved_to"),
+    [
+        # the source's queue (the request and one ahead of it) is all cached there: 8 blocks to prefill,
+        # against 379 on an idle instance: it stays
+        (8, {"source": SYSTEM_PROMPT}, None),
+        # nothing of the queue is cached at the source (758 blocks): the idle instance's 379 are less
+        (758, {}, "idle"),
+        # and an idle instance caching the prompt beats the one that does not (4 blocks against 379)
+        (758, {"warm": SYSTEM_PROMPT}, "warm"),
+    ],
+)
+def test_predicted_ttft_moves_a_queued_request_only_where_its_predicted_ttft_is_lower(
+    source_uncached: int, cached: dict[str, int], moved_to: str | None
+) -> None:
+    source = load(
+        "source",
+        used=1000,
+        running=10,
+        num_waiting=2,
+        waiting_demand=758,
+        head_of_line_demand=379,
+        waiting_uncached_blocks=source_uncached,
+    )
+    loads = [source, load("idle"), load("warm")]
+    request = PendingRequest(request_id="q", num_prompt_tokens=PROMPT, cached_tokens=tuple(cached.items()))
+    dispatcher = make_dispatcher(DispatchPolicy.PREDICTED_TTFT, TTFT_CONFIG)
+    decision = requeue_choice(dispatcher, request, "source", loads, config=TTFT_CONFIG)
+    assert (decision and decision.instance_id) == moved_to
+
+
+def test_predicted_ttft_a_cached_prompt_needs_no_room_where_it_is_cached() -> None:
+    # 100 blocks of room left after the running requests' expected growth: the 379-block prompt does
+    # not start there at once, its 4 uncached blocks do
+    tight = load("tight", used=1800, running=10, expected_growth_blocks=100)
+    source = load("source", used=1000, running=10, num_waiting=1, waiting_demand=379, head_of_line_demand=379)
+    request = PendingRequest(request_id="q", num_prompt_tokens=PROMPT)
+    assert "tight" in requeue_request(request, "source", [source, tight], TTFT_CONFIG).exclude
+    cached = msgspec_replace(request, cached_tokens=(("tight", SYSTEM_PROMPT),))
+    assert "tight" not in requeue_request(cached, "source", [source, tight], TTFT_CONFIG).exclude
+    decision = requeue_choice(
+        make_dispatcher(DispatchPolicy.PREDICTED_TTFT, TTFT_CONFIG),
+        cached,
+        "source",
+        [source, tight],
+        config=TTFT_CONFIG,
+    )
+    assert decision is not None and decision.instance_id == "tight"
