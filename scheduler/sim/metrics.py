@@ -192,6 +192,12 @@ class SimResult(msgspec.Struct, kw_only=True):
     migration_bytes_per_migration: float = 0.0
     #: ``migration_bytes_saved / (migration_bytes + migration_bytes_saved)``
     migration_saved_share: float = 0.0
+    #: the busiest instance's running requests over the mean instance's (averaged over the sample
+    #: ticks; 1: even spread)
+    running_max_over_mean: float = 0.0
+    #: TTFT P99 of the requests opening with the workload's hot prompt (the most common first
+    #: segment, when a tenth of the requests and twice the mean segment's share open with it; 0: none)
+    hot_prefix_ttft_p99_s: float = 0.0
     #: stage copies paced (``MigrationConfig.copy_step_share``), and of those the ones that hurried
     paced_copies: int = 0
     hurried_copies: int = 0
@@ -237,6 +243,23 @@ def _tpot_p50(done: Sequence[RequestRecord]) -> float:
     return float(np.percentile(tpot, 50)) if tpot else 0.0
 
 
+def _max_over_mean(samples: dict[str, int]) -> float:
+    values = list(samples.values())
+    mean = sum(values) / len(values) if values else 0.0
+    return max(values) / mean if mean > 0 else 0.0
+
+
+def _hot_ttft_p99(records: Sequence[RequestRecord], ids: Sequence[str], groups: dict[str, int]) -> float:
+    if not groups:
+        return 0.0
+    hot = [
+        r.first_token_s - r.arrival_s
+        for r, request_id in zip(records, ids, strict=True)
+        if request_id in groups and r.first_token_s >= 0
+    ]
+    return float(np.percentile(hot, 99)) if hot else 0.0
+
+
 def slo_attainment(records: Sequence[RequestRecord], ttft_s: float, tpot_s: float) -> float:
     """The share of ``records`` that finished with TTFT <= ``ttft_s`` and TPOT <= ``tpot_s`` (a
     one-token answer has no TPOT); a rejected or unfinished request misses."""
@@ -280,6 +303,9 @@ def summarize(
     prompt_tokens_by_instance: dict[str, list[int]] | None = None,
     evictions_by_instance: dict[str, int] | None = None,
     slo: tuple[float, float] | None = None,
+    running_samples: dict[str, int] | None = None,
+    prefix_groups: dict[str, int] | None = None,
+    record_ids: Sequence[str] = (),
 ) -> SimResult:
     """Fold the per-request records and series into a :class:`SimResult`; with ``slo`` (TTFT and
     TPOT bounds, seconds) the share of requests within both (:func:`slo_attainment`)."""
@@ -344,6 +370,8 @@ def summarize(
         migration_bytes_saved=migration_bytes_saved,
         migration_bytes_per_migration=migration_bytes / migrations if migrations else 0.0,
         migration_saved_share=_share(migration_bytes_saved, migration_bytes + migration_bytes_saved),
+        running_max_over_mean=_max_over_mean(running_samples or {}),
+        hot_prefix_ttft_p99_s=_hot_ttft_p99(records, record_ids, prefix_groups or {}),
         paced_copies=paced_copies,
         hurried_copies=hurried_copies,
         churn=churned / len(records) if records else 0.0,

@@ -128,6 +128,8 @@ class Simulator:
         #: instance id -> [prompt tokens, of those served from its prefix cache] at first admission
         self.prompt_tokens_by_instance: dict[str, list[int]] = {}
         self._evictions: dict[str, int] = {}  # departed instance id -> its prefix-cache evictions
+        #: instance id -> running requests summed over the sample ticks (the spread of the load)
+        self.running_samples: dict[str, int] = {}
         #: the scheduler's prefix index, fed each report tick with the engines' cache deltas
         self.prefix = PrefixIndex()
         self._kv_batches: dict[str, int] = {}  # instance id -> its last cache batch's seq
@@ -260,6 +262,7 @@ class Simulator:
             parameters["startup_delay_s"] = config.startup_delay_s
         return summarize(
             records=list(self.records.values()),
+            record_ids=list(self.records),
             policy=self.policy,
             policy_name=setup.name.value,
             workload=self.workload.description,
@@ -287,7 +290,25 @@ class Simulator:
             evictions_by_instance=self._evictions_by_instance(),
             slo=config.slo,
             migration_bytes_saved=self.migrations.bytes_saved,
+            running_samples=self.running_samples,
+            prefix_groups=self._prefix_groups(),
         )
+
+    def _prefix_groups(self) -> dict[str, int]:
+        """Request id -> 1 for the requests opening with the workload's most common first prompt
+        segment (a hot system prompt), when at least a tenth of the requests and twice the mean
+        share of a first segment open with it; else empty."""
+        requests = self.workload.requests
+        firsts = [r.segments[0] for r in requests if r.segments]
+        if not firsts:
+            return {}
+        counts: dict[tuple[int, int], int] = {}
+        for first in firsts:
+            counts[first] = counts.get(first, 0) + 1
+        hot, count = max(counts.items(), key=lambda item: item[1])
+        if count < max(2, len(requests) // 10, 2 * len(firsts) // len(counts)):
+            return {}  # no prompt stands out: twice the mean prompt's share and a tenth of all
+        return {r.request_id: 1 for r in requests if r.segments and r.segments[0] == hot}
 
     def _warnings(self) -> tuple[str, ...]:
         if not self.num_turns_dropped:
@@ -597,6 +618,10 @@ class Simulator:
             blocked.append(demand if demand > num_free else 0)
             total += instance.num_total_blocks
         self.fragmentation_series.append((self.now, fragmentation_share(free, blocked, total)))
+        for instance_id, instance in self.instances.items():
+            self.running_samples[instance_id] = (
+                self.running_samples.get(instance_id, 0) + instance.engine.scheduler.num_running
+            )
         self.instances_series.append((self.now, len(self.instances) + len(self._launching)))
         if self.on_progress is not None:
             self.on_progress(self.num_done, len(self.workload.requests), self.now)

@@ -131,3 +131,15 @@ def test_a_load_report_counts_the_queue_without_the_blocks_the_cache_holds(
     queued = [r for r in reports if r.num_waiting]
     assert queued
     assert all(0 <= r.waiting_uncached_blocks < r.waiting_demand for r in queued)
+
+
+def test_a_run_reports_how_unevenly_requests_ran_and_the_hot_prompts_p99_ttft() -> None:
+    workload = system_prompt_workload(
+        200, 8.0, groups=10, system_tokens=512, answer_tokens=64, hot_group_share=0.5, seed=4
+    )
+    base = SimConfig(profile=A10, num_instances=4, prefix_cache=True)
+    spread = Simulator(replace(base, setup=policy_setup("rr")), workload).run()
+    assert 1.0 <= spread.running_max_over_mean < 1.5  # round-robin spreads evenly
+    assert 0 < spread.hot_prefix_ttft_p99_s <= spread.ttft_p99_s * 1.5
+    even = system_prompt_workload(200, 8.0, groups=10, system_tokens=512, answer_tokens=64, seed=4)
+    assert Simulator(replace(base, setup=policy_setup("rr")), even).run().hot_prefix_ttft_p99_s == 0
