@@ -322,15 +322,21 @@ def sessions_mode(
     if not sides.policies:
         _check_no_prefix_cache_option()
     predicting = bool(sides.policies) and engine == "torch"
-    progress = BenchProgress("prefix", 1 + len(sides.names) * rounds + (2 if predicting else 0))
-    profile_path = sim_profile
-    if predicting and profile_path is None:
+    progress = BenchProgress("prefix", 1 + len(sides.names) * rounds + (3 if predicting else 0))
+    profiles: dict[str, Path] = {} if sim_profile is None else {"given": sim_profile}
+    if predicting and sim_profile is None:
         from agents.engines.profile import dump_profile
         from frontend.bench_prefix_sim import measure_torch_profile
 
-        progress.phase(f"measuring the torch engine's profile of {model} ({threads} thread(s))")
-        profile_path = log_dir / "profile.json"
-        dump_profile(measure_torch_profile(model, threads=threads, echo=progress.note), profile_path)
+        # alone: one agent's steps on an idle machine; shared: beside instances - 1 busy neighbours,
+        # as when every agent of a cluster computes at once
+        for name, neighbours in (("alone", 0), ("shared", instances - 1)):
+            progress.phase(
+                f"measuring the torch engine's profile of {model}, {name} ({neighbours} neighbours)"
+            )
+            profiles[name] = log_dir / f"profile-{name}.json"
+            profile = measure_torch_profile(model, threads=threads, echo=progress.note, neighbours=neighbours)
+            dump_profile(profile, profiles[name])
     what = f"policies {', '.join(sides.names)}" if sides.policies else "cache on and off"
     progress.phase(
         f"starting {len(sides.names)} clusters ({instances} {engine} agents of {model} each; {what})"
@@ -340,8 +346,8 @@ def sessions_mode(
     records_by_side: dict[str, list[TurnRecord]] = {side: [] for side in sides.names}
     trace_rows: list[dict[str, Any]] = []
     block_size = 16
-    if profile_path is not None:
-        block_size = int(json.loads(profile_path.read_text())["block_size"])
+    for path in profiles.values():
+        block_size = int(json.loads(path.read_text())["block_size"])
     with _clusters(sides, engine, model, instances, threads, log_dir, ready_timeout) as servers:
         for round_index in range(rounds):
             sessions = build_sessions(workload, round_index)
@@ -416,32 +422,32 @@ def sessions_mode(
             "hit rate: neither the answers' usage nor the agents' /metrics say how many tokens were cached"
         )
     prediction: dict[str, Any] | None = None
-    if predicting and profile_path is not None and trace_rows:
+    if predicting and profiles and trace_rows:
         from frontend.bench_prefix_sim import predict, write_trace
 
         trace_file = trace_path or log_dir / "sessions-trace.jsonl.gz"
         write_trace(trace_rows, trace_file)
         click.echo(f"wrote the sessions trace {trace_file} ({len(trace_rows)} turns)")
         progress.phase("the simulator's prediction: shoal simulate --trace of the sessions, per policy")
-        predicted = predict(trace_file, profile_path, sides.names, instances, log_dir, run_timeout)
-        prediction = {
-            "trace": str(trace_file),
-            "profile": str(profile_path),
-            "profile_content": json.loads(profile_path.read_text()),
-            "predicted": predicted,
-            "comparison": compare_prediction(results, predicted),
-        }
-        for policy, row in prediction["comparison"].items():
-            ratio = row["ttft_p50_predicted_over_live"]
-            click.echo(
-                f"{policy}: TTFT p50 live {fmt_ms(row['live_ttft_p50_ms'])} ms, simulated "
-                f"{fmt_ms(row['predicted_ttft_p50_ms'])} ms ({'-' if ratio is None else f'{ratio:.2f}x'}); "
-                f"hit rate live {fmt_rate(row['live_hit_rate'])}, simulated "
-                f"{fmt_rate(row['predicted_hit_rate'])}"
-            )
-        for policy, sim in predicted.items():
-            if "error" in sim:
-                click.echo(f"{policy}: shoal simulate failed: {sim['error']}")
+        prediction = {"trace": str(trace_file), "profiles": {}, "predicted": {}, "comparison": {}}
+        for name, path in profiles.items():
+            work_dir = log_dir / f"sim-{name}"
+            work_dir.mkdir(parents=True, exist_ok=True)
+            predicted = predict(trace_file, path, sides.names, instances, work_dir, run_timeout)
+            prediction["profiles"][name] = {"path": str(path), "content": json.loads(path.read_text())}
+            prediction["predicted"][name] = predicted
+            prediction["comparison"][name] = compare_prediction(results, predicted)
+            for policy, row in prediction["comparison"][name].items():
+                ratio = row["ttft_p50_predicted_over_live"]
+                click.echo(
+                    f"{policy}: TTFT p50 live {fmt_ms(row['live_ttft_p50_ms'])} ms, simulated with the "
+                    f"{name} profile {fmt_ms(row['predicted_ttft_p50_ms'])} ms "
+                    f"({'-' if ratio is None else f'{ratio:.2f}x'}); hit rate live "
+                    f"{fmt_rate(row['live_hit_rate'])}, simulated {fmt_rate(row['predicted_hit_rate'])}"
+                )
+            for policy, sim in predicted.items():
+                if "error" in sim:
+                    click.echo(f"{policy}: shoal simulate failed: {sim['error']}")
     progress.finish()
     meta = {
         "mode": "policies" if sides.policies else "sessions",

@@ -16,11 +16,13 @@ most 2 steps at a time), and the frontend, the scheduler and NATS run on the sam
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import subprocess
 import sys
-from collections.abc import Callable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,10 +62,38 @@ SIM_POLICIES: dict[str, tuple[str, str]] = {
 _SHOAL = [sys.executable, "-c", "from frontend.cli import main; main()"]
 
 
-def measure_torch_profile(model: str, *, threads: int, echo: Callable[[str], None]) -> EngineProfile:
+#: A neighbour of a shared measurement: one torch thread prefilling prompts without end.
+_NEIGHBOUR = (
+    "import torch; torch.set_num_threads({threads}); from agents.engines.bench import measure_prefill_ms\n"
+    "while True: measure_prefill_ms({model!r}, 1024, repeats=1)"
+)
+
+
+@contextlib.contextmanager
+def _busy_neighbours(model: str, count: int, threads: int) -> Iterator[None]:
+    """``count`` processes computing prefills of ``model`` beside this one, stopped at the end."""
+    code = _NEIGHBOUR.format(threads=threads, model=model)
+    processes = [
+        subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for _ in range(count)
+    ]
+    try:
+        time.sleep(2.0 if processes else 0.0)  # past their imports and first allocations
+        yield
+    finally:
+        for process in processes:
+            process.kill()
+        for process in processes:
+            process.wait()
+
+
+def measure_torch_profile(
+    model: str, *, threads: int, echo: Callable[[str], None], neighbours: int = 0
+) -> EngineProfile:
     """The torch engine's profile of ``model`` measured here with ``threads`` torch threads: prefill of
     one prompt at :data:`PREFILL_TOKENS`, decode steps at :data:`DECODE_BATCHES` x
-    :data:`DECODE_LENGTHS`; its blocks as an agent's default KV space holds."""
+    :data:`DECODE_LENGTHS`; its blocks as an agent's default KV space holds. ``neighbours``: that
+    many processes compute prefills beside it meanwhile (a cluster's agents sharing the cores)."""
     import torch
 
     from agents.engines.bench import measure_decode_ms, measure_prefill_ms
@@ -71,10 +101,13 @@ def measure_torch_profile(model: str, *, threads: int, echo: Callable[[str], Non
 
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
+    stack = contextlib.ExitStack()
     try:
+        stack.enter_context(_busy_neighbours(model, neighbours, threads))
         info = TorchEngine(model).info  # the agents' defaults: KV space, block size
         lengths = tuple(n for n in PREFILL_TOKENS if n < info.max_model_len)
-        prefill = tuple(round(measure_prefill_ms(model, n, repeats=3), 3) for n in lengths)
+        repeats = 5 if neighbours else 3  # time slices shared with neighbours spread the steps more
+        prefill = tuple(round(measure_prefill_ms(model, n, repeats=repeats), 3) for n in lengths)
         shown = ", ".join(f"{n} tok {ms:.0f} ms" for n, ms in zip(lengths, prefill, strict=True))
         echo(f"profile prefill: {shown}")
         short, long = DECODE_LENGTHS
@@ -88,10 +121,12 @@ def measure_torch_profile(model: str, *, threads: int, echo: Callable[[str], Non
             rows.append(tuple(round(max(0.0, t0 + slope * (c - c0)), 3) for c in contexts))
             echo(f"profile decode batch {batch}: " + ", ".join(f"{c} ctx {t:.1f} ms" for c, t in points))
     finally:
+        stack.close()
         torch.set_num_threads(previous)
+    beside = f", {neighbours} busy neighbours" if neighbours else ""
     return EngineProfile(
-        name=f"torch-{model}-cpu-{threads}t",
-        description=f"shoal's torch engine, preset {model!r}, on CPU with {threads} torch thread(s).",
+        name=f"torch-{model}-cpu-{threads}t" + (f"-shared{neighbours + 1}" if neighbours else ""),
+        description=f"shoal's torch engine, preset {model!r}, on CPU with {threads} torch thread(s){beside}.",
         source="shoal bench prefix --policies: prefill of one prompt; decode rows are lines through two "
         "measured points per batch size",
         estimated=False,

@@ -253,5 +253,6 @@ def test_bench_prefix_policies_runs_each_policy_and_predicts_it(tmp_path: Path) 
     for policy in ("prefill_ahead", "round_robin"):
         assert document["results"][policy]["errors"] == 0, finished.stdout[-2000:]
         assert document["results"][policy]["hit_rate"] > 0.0
-        assert document["prediction"]["predicted"][policy]["requests"] == 4
+        for profile in ("alone", "shared"):  # one agent's steps measured alone, and beside busy neighbours
+            assert document["prediction"]["predicted"][profile][policy]["requests"] == 4
     assert trace.is_file() and document["results"]["prompts_alike"] == 1.0
