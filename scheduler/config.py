@@ -247,7 +247,10 @@ class CacheCostConfig:
       ``kv_temperature`` (``--router-temperature``, default 0: the lowest cost, deterministic; above
       0 a softmax draw over the costs, seeded by the request id so that a replay draws the same);
     * ``prefix_weight``, ``queue_weight``, ``kv_utilization_weight``: llm-d's default scheduling
-      profile (prefix-cache-scorer 3, queue-scorer 2, kv-cache-utilization-scorer 2).
+      profile (prefix-cache-scorer 3, queue-scorer 2, kv-cache-utilization-scorer 2);
+    * ``added_prefill_weight``: shoal's ``predicted_ttft``, the decode cost of what a request adds:
+      its uncached prompt blocks count once in its own TTFT and this many times more for the steps
+      of the requests decoding beside it that its prefill stretches (1; 0: its TTFT alone).
     """
 
     kv_overlap_weight: float = 1.0
@@ -255,10 +258,11 @@ class CacheCostConfig:
     prefix_weight: float = 3.0
     queue_weight: float = 2.0
     kv_utilization_weight: float = 2.0
+    added_prefill_weight: float = 1.0
 
     def __post_init__(self) -> None:
         if min(self.kv_overlap_weight, self.kv_temperature, self.prefix_weight, self.queue_weight,
-               self.kv_utilization_weight) < 0:
+               self.kv_utilization_weight, self.added_prefill_weight) < 0:
             raise ValueError("cache cost weights and the temperature must be >= 0")
 
 

@@ -61,22 +61,28 @@ def ttft_terms(load: InstanceLoad, config: PolicyConfig, priority: int) -> TtftT
     return TtftTerms(work=work, in_flight=load.prefill_blocks, room=room, slots=batch + num_queued + 1)
 
 
-def predicted_ttft_key(terms: TtftTerms, own_blocks: int) -> tuple[float, float]:
-    """``(minus the predicted TTFT in blocks of prefill, the tie-break)``; the larger key wins.
+def predicted_ttft_key(terms: TtftTerms, own_blocks: int, added_weight: float = 0.0) -> tuple[float, float]:
+    """``(minus the cost in blocks of prefill, the tie-break)``; the larger key wins.
 
     ``own_blocks``: the request's prompt blocks the instance does not cache. With ``room`` left for
     them, the request waits for the queued, pending and in-flight prefill work, else for the
     larger of that queued and pending work and the memory deficit (as ``prefill_ahead``); then it
-    prefills its own blocks. Among instances where it starts at once (nothing ahead, room for it)
-    the tie-break is the room per request after admitting it, the decode cost of what it adds: the
-    fuller the batch it joins, the slower each of its steps.
+    prefills its own blocks: that is its predicted TTFT. The cost adds ``added_weight`` times its own
+    blocks, the decode cost of what it adds (the steps of the requests decoding beside it that its
+    prefill stretches), so a prompt prefilled again elsewhere costs more than its TTFT alone. Among
+    instances where it starts at once (nothing ahead, room for it) the tie-break is the room per
+    request after admitting it: the fuller the batch it joins, the slower each of its steps.
+
+    Where no instance caches anything, ``own_blocks`` is the same everywhere and the order is
+    ``prefill_ahead``'s.
     """
     room = terms.room - own_blocks
     work = terms.work + (terms.in_flight if room >= 0 else 0)
     ahead = max(work, -room)
+    added = (1.0 + added_weight) * own_blocks
     if ahead > 0:
-        return -float(ahead + own_blocks), NOT_AT_ONCE
-    return -float(own_blocks), room / terms.slots
+        return -(ahead + added), NOT_AT_ONCE
+    return -added, room / terms.slots
 
 
 def kv_base_cost(load: InstanceLoad, weight: float) -> float:

@@ -62,7 +62,7 @@ def best_ttft_by_scan(
         if not eligible(load):
             continue
         own = max(demand(load) - cached_blocks.get(load.instance_id, 0), 0)
-        key = predicted_ttft_key(ttft_terms(load, config, priority), own)
+        key = predicted_ttft_key(ttft_terms(load, config, priority), own, config.cache.added_prefill_weight)
         if _better(key, load.instance_id, best):
             best = (load.instance_id, key)
     return best
@@ -158,6 +158,7 @@ class _TtftLists:
 
     def __init__(self, loads: Sequence[InstanceLoad], config: PolicyConfig, priority: int) -> None:
         self.config, self.priority = config, priority
+        self.added_weight = config.cache.added_prefill_weight
         self.terms: dict[str, TtftTerms] = {}
         self.by_work: list[tuple[int, str]] = []  # (work ahead, id)
         self.by_room: list[tuple[float, str]] = []  # (-room, id)
@@ -217,7 +218,7 @@ class _TtftLists:
                 terms = terms_of[instance_id]
                 if terms.room < demand or skip(instance_id):
                     continue
-                key = predicted_ttft_key(terms, demand)
+                key = predicted_ttft_key(terms, demand, self.added_weight)
                 if _better(key, instance_id, best):
                     best = (instance_id, key)
             if best is not None and -neg_room_per_slot + demand / neg_slots < best[1][1]:
@@ -228,17 +229,18 @@ class _TtftLists:
         # smaller id among equals) is the best of them
         for _, instance_id in self.by_work:
             if terms_of[instance_id].room >= demand and not skip(instance_id):
-                best = (instance_id, predicted_ttft_key(terms_of[instance_id], demand))
+                best = (instance_id, predicted_ttft_key(terms_of[instance_id], demand, self.added_weight))
                 break
         # 3. where they do not, it waits at least for the memory deficit, demand - room: read by room,
         # largest first, as long as the deficit alone does not exceed the best wait
         start = bisect.bisect_left(self.by_room, (-demand, chr(0x10FFFF)))
+        added = (1.0 + self.added_weight) * demand
         for neg_room, instance_id in itertools.islice(self.by_room, start, None):
-            if best is not None and -float(demand + neg_room + demand) < best[1][0]:
+            if best is not None and -(demand + neg_room + added) < best[1][0]:
                 break
             if skip(instance_id):
                 continue
-            key = predicted_ttft_key(terms_of[instance_id], demand)
+            key = predicted_ttft_key(terms_of[instance_id], demand, self.added_weight)
             if _better(key, instance_id, best):
                 best = (instance_id, key)
         return best
@@ -284,13 +286,14 @@ class TtftRanking:
         while len(self._lists) > _PRIORITIES_KEPT:
             del self._lists[next(iter(self._lists))]
         by_id = self._views.by_id
+        terms_of = lists.terms
         best: Candidate | None = None
         for instance_id, num_cached in cached_blocks.items():
-            load = by_id.get(instance_id)
-            if load is None or not eligible(load) or instance_id not in lists.terms:
+            terms = terms_of.get(instance_id)  # None: gone or terminating
+            if terms is None:
                 continue
-            key = predicted_ttft_key(lists.terms[instance_id], max(demand - num_cached, 0))
-            if _better(key, instance_id, best):
+            key = predicted_ttft_key(terms, max(demand - num_cached, 0), lists.added_weight)
+            if _better(key, instance_id, best) and eligible(by_id[instance_id]):
                 best = (instance_id, key)
         other = lists.best(demand, lambda i: i in cached_blocks or not eligible(by_id[i]))
         if other is not None and _better(other[1], other[0], best):

@@ -73,7 +73,7 @@ __all__ = [
     "pending_order_key",
     "requeue_choice",
     "requeue_request",
-    "source_ttft_blocks",
+    "source_cost_blocks",
 ]
 
 
@@ -578,10 +578,8 @@ def requeue_choice(
     out in its ``exclude``): dispatching it gives the same decision.
 
     Under ``predicted_ttft`` the request's blocks an instance caches (``request.cached_tokens``) need
-    no room there, and it moves only if its predicted TTFT there (the dispatcher's score) is below
-    its wait on ``source``: the source's queue (the request is its newest, so all of it is ahead of
-    it, its own uncached blocks included), pending dispatches and prompts in flight, or the memory
-    the queue waits for if that is more (:func:`source_ttft_blocks`).
+    no room there, and it moves only if its cost there (minus the dispatcher's score) is below its
+    cost on ``source``, where it is the newest of the queue (:func:`source_cost_blocks`).
 
     Reports without ``expected_growth_blocks`` (logs whose agents did not report it, or an instance
     that finished nothing yet) rule nothing out beyond the score, so such logs recompute as they did.
@@ -594,17 +592,20 @@ def requeue_choice(
         return None
     if dispatcher.policy is DispatchPolicy.PREDICTED_TTFT:
         origin = next((load for load in loads if load.instance_id == source), None)
-        if origin is not None and -decision.score >= source_ttft_blocks(origin, request, config):
+        if origin is not None and -decision.score >= source_cost_blocks(origin, request, config):
             return None
     return decision
 
 
-def source_ttft_blocks(source: InstanceLoad, request: PendingRequest, config: PolicyConfig) -> float:
-    """The predicted TTFT, in blocks of prefill, of ``request`` as the newest of ``source``'s queue:
-    the uncached blocks of the whole queue, pending dispatches and prompts in flight, or the memory
-    deficit of the queue if that is larger."""
+def source_cost_blocks(source: InstanceLoad, request: PendingRequest, config: PolicyConfig) -> float:
+    """``predicted_ttft``'s cost, in blocks of prefill, of ``request`` staying the newest of ``source``'s
+    queue: its predicted TTFT (the uncached blocks of the whole queue, its own included, pending
+    dispatches and prompts in flight, or the queue's memory deficit if that is larger) plus the
+    decode cost of its own uncached blocks there."""
     terms = ttft_terms(source, config, request.priority)
-    return float(max(terms.work + terms.in_flight, -terms.room))
+    cached = dict(request.cached_tokens).get(source.instance_id, 0) // source.block_size
+    own = max(source.demand_blocks(request.num_prompt_tokens) - cached, 0)
+    return float(max(terms.work + terms.in_flight, -terms.room)) + config.cache.added_prefill_weight * own
 
 
 def requeue_request(

@@ -137,12 +137,13 @@ def test_predicted_ttft_equals_prefill_ahead_without_cached_prompts() -> None:
 @pytest.mark.parametrize(
     ("queued_uncached", "chosen"),
     [
-        # the hot instance's queue brings 200 uncached blocks: 200 + 4 < 379 on an idle instance
+        # the cost of prefilling the 379 blocks on the idle instance: 379 for its TTFT and 379 more for the
+        # decode steps its prefill stretches; on the hot one its queue's uncached blocks, then 2 x 4
         (200, "hot"),
-        (374, "hot"),
-        # 375 + 4 = 379: a tie with prefilling the whole prompt on the idle instance, whose room wins
-        (375, "idle"),
-        (600, "idle"),
+        (749, "hot"),
+        # 750 + 8 = 758: a tie with prefilling the whole prompt on the idle instance, whose room wins
+        (750, "idle"),
+        (900, "idle"),
     ],
 )
 def test_predicted_ttft_spreads_a_hot_prefix_once_the_wait_exceeds_a_prefill_elsewhere(
@@ -165,18 +166,29 @@ def test_predicted_ttft_spreads_a_hot_prefix_once_the_wait_exceeds_a_prefill_els
 
 def test_predicted_ttft_counts_the_whole_queue_where_the_report_does_not_say_what_is_cached() -> None:
     hot = load(
-        "hot", used=1000, running=10, total=8000, num_waiting=1, waiting_demand=379, head_of_line_demand=379
+        "hot", used=1000, running=10, total=8000, num_waiting=10, waiting_demand=3790, head_of_line_demand=379
     )
     idle = load("idle", total=8000)
     assert choose(DispatchPolicy.PREDICTED_TTFT, [hot, idle], {"hot": SYSTEM_PROMPT}) == "idle"
-    assert (
-        choose(
-            DispatchPolicy.PREDICTED_TTFT,
-            [msgspec_replace(hot, waiting_uncached_blocks=4), idle],
-            {"hot": SYSTEM_PROMPT},
-        )
-        == "hot"
+    told = msgspec_replace(hot, waiting_uncached_blocks=40)
+    assert choose(DispatchPolicy.PREDICTED_TTFT, [told, idle], {"hot": SYSTEM_PROMPT}) == "hot"
+
+
+def test_predicted_ttft_without_the_decode_cost_spreads_at_the_ttft_alone() -> None:
+    config = PolicyConfig(cache=CacheCostConfig(added_prefill_weight=0.0))
+    hot = load(
+        "hot",
+        used=1000,
+        running=10,
+        total=8000,
+        num_waiting=10,
+        waiting_demand=3790,
+        head_of_line_demand=379,
+        waiting_uncached_blocks=400,
     )
+    idle = load("idle", total=8000)
+    assert choose(DispatchPolicy.PREDICTED_TTFT, [hot, idle], {"hot": SYSTEM_PROMPT}) == "hot"  # 408 < 758
+    assert choose(DispatchPolicy.PREDICTED_TTFT, [hot, idle], {"hot": SYSTEM_PROMPT}, config=config) == "idle"
 
 
 def test_predicted_ttft_a_burst_of_one_hot_prefix_spreads_over_instances() -> None:
@@ -309,12 +321,12 @@ TTFT_CONFIG = PolicyConfig(dispatch_policy=DispatchPolicy.PREDICTED_TTFT)
 @pytest.mark.parametrize(
     ("source_uncached", "cached", "moved_to"),
     [
-        # the source's queue (the request and one ahead of it) is all cached there: 8 blocks to prefill,
-        # against 379 on an idle instance: it stays
+        # the source's queue (the request and one ahead of it) is all cached there: 8 blocks to prefill
+        # and 4 of its own, against 2 x 379 on an idle instance: it stays
         (8, {"source": SYSTEM_PROMPT}, None),
-        # nothing of the queue is cached at the source (758 blocks): the idle instance's 379 are less
+        # nothing of the queue is cached at the source (758 + 379): the idle instance costs 2 x 379
         (758, {}, "idle"),
-        # and an idle instance caching the prompt beats the one that does not (4 blocks against 379)
+        # and an idle instance caching the prompt beats the one that does not (2 x 4 against 2 x 379)
         (758, {"warm": SYSTEM_PROMPT}, "warm"),
     ],
 )
