@@ -52,12 +52,12 @@ SIM_STEP_TOKENS = 2048
 #: freeness its migration; the others place without migrating.
 SIM_POLICIES: dict[str, tuple[str, str]] = {
     "prefill_ahead": ("shoal", ""),
-    "predicted_ttft": ("shoal", "predicted_ttft"),
+    "predicted_ttft": ("shoal-cost", ""),
     "freeness": ("llumnix", ""),
     "infaas++": ("infaas", ""),
     "round_robin": ("rr", ""),
-    "kv": ("infaas", "kv"),
-    "prefix": ("infaas", "prefix"),
+    "kv": ("kv", ""),
+    "prefix": ("prefix", ""),
 }
 _SHOAL = [sys.executable, "-c", "from frontend.cli import main; main()"]
 

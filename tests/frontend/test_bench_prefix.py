@@ -188,7 +188,9 @@ def test_the_simulator_runs_each_live_policy_as_its_own_setup(tmp_path: Path) ->
     shoal = argv("prefill_ahead")
     assert shoal[shoal.index("--policy") + 1] == "shoal" and "--dispatch" not in shoal
     kv = argv("kv")
-    assert kv[kv.index("--policy") + 1] == "infaas" and kv[kv.index("--dispatch") + 1] == "kv"
+    assert kv[kv.index("--policy") + 1] == "kv" and "--dispatch" not in kv
+    cost = argv("predicted_ttft")
+    assert cost[cost.index("--policy") + 1] == "shoal-cost"
     assert argv("infaas++")[argv("infaas++").index("--policy") + 1] == "infaas"
     assert kv[kv.index("--instances") + 1] == "4" and "--prefix-cache" in kv
     assert set(SIM_POLICIES) >= {"prefill_ahead", "infaas++", "round_robin", "kv", "prefix"}
