@@ -90,6 +90,10 @@ def _cluster_options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--max-step-tokens", type=click.IntRange(min=1), default=None,
                      help="Engines' per-step token budget (chunked prefill); default: none, a prompt "
                      "prefills in one step."),
+        click.option("--cores", type=click.IntRange(min=1), default=None,
+                     help="CPU cores the instances share (a CPU cluster on one machine): while n instances "
+                     "compute, each steps at cores / n of its profile's speed (n > cores); default: each "
+                     "instance has hardware of its own."),
         click.option("--requeue-after-s", type=click.FloatRange(min=0), default=None,
                      help="Move queued requests (no KV) off an instance whose head of line waited "
                      "this long, to one where they start at once (prefill_ahead dispatch only); "
@@ -169,6 +173,7 @@ def _base_config(opts: dict[str, Any]) -> SimConfig:
         max_step_tokens=opts["max_step_tokens"],
         requeue_after_s=opts["requeue_after_s"],
         prefix_cache=opts["prefix_cache"],
+        cores=opts["cores"],
     )
 
 

@@ -212,6 +212,9 @@ class SimConfig:
       built in code keep their accounting; ``shoal simulate`` turns it on);
     * ``slo``: ``(TTFT, TPOT)`` bounds in seconds a request must meet (the result's
       ``slo_attainment``; a sweep derives them from an unloaded run); None: not judged;
+    * ``cores``: CPU cores the instances share (a CPU cluster on one machine): while ``n``
+      instances compute a step, each progresses at ``min(1, cores / n)`` of its profile's speed
+      (processor sharing); None: each instance has hardware of its own;
     * ``record_policy_log`` / ``record_migrations``: keep the policy layer's
       inputs and decisions / every finished migration with its machines'
       records (for tests and replays).
@@ -232,10 +235,13 @@ class SimConfig:
     requeue_after_s: float | None = None
     prefix_cache: bool = False
     slo: tuple[float, float] | None = None
+    cores: int | None = None
     record_policy_log: bool = False
     record_migrations: bool = False
 
     def __post_init__(self) -> None:
+        if self.cores is not None and self.cores < 1:
+            raise ValueError(f"cores must be >= 1 or None, got {self.cores}")
         if self.num_instances < 1:
             raise ValueError("num_instances must be >= 1")
         for name in ("report_interval_s", "pairing_interval_s", "scaling_interval_s", "sample_interval_s"):

@@ -128,6 +128,9 @@ class Simulator:
         #: instance id -> [prompt tokens, of those served from its prefix cache] at first admission
         self.prompt_tokens_by_instance: dict[str, list[int]] = {}
         self._evictions: dict[str, int] = {}  # departed instance id -> its prefix-cache evictions
+        #: sharing cores (``config.cores``): instance id -> [profile s left, since, version, started]
+        self._sharing: dict[str, list[float]] = {}
+        self._core_rate = 1.0
         #: instance id -> running requests summed over the sample ticks (the spread of the load)
         self.running_samples: dict[str, int] = {}
         #: the scheduler's prefix index, fed each report tick with the engines' cache deltas
@@ -512,9 +515,37 @@ class Simulator:
             return
         instance.plan = plan
         instance.plan_duration_s = duration
+        if self.config.cores is not None:
+            self._sharing[instance.instance_id] = [duration, self.now, 0.0, self.now]
+            self._share_cores()
+            return
         self.push(self.now + duration, STEP_END, instance)
 
-    def _on_step_end(self, instance: SimInstance) -> None:
+    def _share_cores(self) -> None:
+        """Instances sharing ``config.cores`` CPU cores: the computing ones progress at
+        ``min(1, cores / n)`` of their profile's speed, so every start or end of a step moves the
+        ends of the others (an end pushed before is dropped by its version)."""
+        now, rate = self.now, self._core_rate
+        for entry in self._sharing.values():  # [profile seconds left, since, version, started]
+            entry[0] -= (now - entry[1]) * rate
+            entry[1] = now
+        cores = self.config.cores or 1
+        self._core_rate = rate = min(1.0, cores / len(self._sharing)) if self._sharing else 1.0
+        for instance_id, entry in self._sharing.items():
+            entry[2] += 1
+            self.push(now + max(0.0, entry[0]) / rate, STEP_END, (self.instances[instance_id], entry[2]))
+
+    def _on_step_end(self, payload: SimInstance | tuple[SimInstance, float]) -> None:
+        if isinstance(payload, tuple):  # sharing cores: only the latest end pushed counts
+            instance, version = payload
+            entry = self._sharing.get(instance.instance_id)
+            if entry is None or entry[2] != version:
+                return
+            del self._sharing[instance.instance_id]
+            instance.plan_duration_s = self.now - entry[3]
+            self._share_cores()
+        else:
+            instance = payload
         plan = instance.plan
         assert plan is not None
         instance.plan = None

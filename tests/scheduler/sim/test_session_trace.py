@@ -95,3 +95,23 @@ def test_a_turn_out_of_order_is_an_error_naming_its_line(tmp_path: Path) -> None
     write_trace([_turn("a", 0, [1, 2, 3], 20)], path)
     with pytest.raises(ValueError, match="line 1: hash_ids cover more"):
         read_session_trace(path)
+
+
+def test_instances_sharing_one_core_take_turns_computing(tmp_path: Path) -> None:
+    """Two sessions opening at once on two instances: with a core each their first turns prefill side by
+    side; sharing one core, each step of the two takes twice as long."""
+    turns = [_turn("a", 0, [1, 2, 3, 4], 1000), _turn("b", 0, [5, 6, 7, 8], 1000)]
+    path = tmp_path / "two.jsonl"
+    write_trace(turns, path)
+    workload = session_trace_workload(read_session_trace(path))
+
+    def ttft(cores: int | None) -> float:
+        config = SimConfig(
+            setup=policy_setup("rr"), profile=A10, num_instances=2, prefix_cache=True, cores=cores
+        )
+        return Simulator(config, workload).run().ttft_p50_s
+
+    assert ttft(2) == pytest.approx(ttft(None))
+    assert ttft(1) == pytest.approx(2 * ttft(None), rel=0.05)
+    with pytest.raises(ValueError, match="cores"):
+        SimConfig(cores=0)
