@@ -431,17 +431,24 @@ def sessions_mode(
         progress.phase("the simulator's prediction: shoal simulate --trace of the sessions, per policy")
         prediction = {"trace": str(trace_file), "profiles": {}, "predicted": {}, "comparison": {}}
         for name, path in profiles.items():
-            work_dir = log_dir / f"sim-{name}"
-            work_dir.mkdir(parents=True, exist_ok=True)
-            predicted = predict(trace_file, path, sides.names, instances, work_dir, run_timeout)
             prediction["profiles"][name] = {"path": str(path), "content": json.loads(path.read_text())}
+        # each profile on hardware of its own per instance, and the first on this machine's cores
+        first = next(iter(profiles))
+        cores = os.cpu_count() or 1
+        runs_of: list[tuple[str, Path, int | None]] = [(name, path, None) for name, path in profiles.items()]
+        runs_of.append((f"{first}-on-{cores}-cores", profiles[first], cores))
+        prediction["cores"] = cores
+        for name, path, shared_cores in runs_of:
+            work_dir = log_dir / f"sim-{len(prediction['predicted'])}"
+            work_dir.mkdir(parents=True, exist_ok=True)
+            predicted = predict(trace_file, path, sides.names, instances, work_dir, run_timeout, shared_cores)
             prediction["predicted"][name] = predicted
             prediction["comparison"][name] = compare_prediction(results, predicted)
             for policy, row in prediction["comparison"][name].items():
                 ratio = row["ttft_p50_predicted_over_live"]
                 click.echo(
-                    f"{policy}: TTFT p50 live {fmt_ms(row['live_ttft_p50_ms'])} ms, simulated with the "
-                    f"{name} profile {fmt_ms(row['predicted_ttft_p50_ms'])} ms "
+                    f"{policy}: TTFT p50 live {fmt_ms(row['live_ttft_p50_ms'])} ms, simulated ({name}) "
+                    f"{fmt_ms(row['predicted_ttft_p50_ms'])} ms "
                     f"({'-' if ratio is None else f'{ratio:.2f}x'}); hit rate live "
                     f"{fmt_rate(row['live_hit_rate'])}, simulated {fmt_rate(row['predicted_hit_rate'])}"
                 )

@@ -179,8 +179,11 @@ def write_trace(turns: Sequence[Mapping[str, Any]], path: Path) -> None:
         path.write_text(text)
 
 
-def simulate_command(policy: str, trace: Path, profile: Path, instances: int, json_path: Path) -> list[str]:
-    """``shoal simulate`` replaying ``trace`` with the simulator's setup of the live ``--policy``."""
+def simulate_command(
+    policy: str, trace: Path, profile: Path, instances: int, json_path: Path, cores: int | None = None
+) -> list[str]:
+    """``shoal simulate`` replaying ``trace`` with the simulator's setup of the live ``--policy``
+    (``cores``: the instances share that many CPU cores)."""
     name, dispatch = SIM_POLICIES.get(policy, ("infaas", policy))
     command = [
         *_SHOAL,
@@ -200,18 +203,26 @@ def simulate_command(policy: str, trace: Path, profile: Path, instances: int, js
         "--json",
         str(json_path),
     ]
-    return command + (["--dispatch", dispatch] if dispatch else [])
+    command += ["--dispatch", dispatch] if dispatch else []
+    return command + ([] if cores is None else ["--cores", str(cores)])
 
 
 def predict(
-    trace: Path, profile: Path, policies: Sequence[str], instances: int, work_dir: Path, timeout_s: float
+    trace: Path,
+    profile: Path,
+    policies: Sequence[str],
+    instances: int,
+    work_dir: Path,
+    timeout_s: float,
+    cores: int | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """Per policy, ``shoal simulate`` of the whole trace: TTFT p50 and p99 (ms), the hit rate, the
-    command. A run that fails gives its error instead."""
+    """Per policy, ``shoal simulate`` of the whole trace (``cores``: the instances sharing that many
+    CPU cores): TTFT p50 and p99 (ms), the hit rate, the command. A run that fails gives its error
+    instead."""
     predicted: dict[str, dict[str, Any]] = {}
     for policy in policies:
         out = work_dir / f"sim-{policy}.json"
-        command = simulate_command(policy, trace, profile, instances, out)
+        command = simulate_command(policy, trace, profile, instances, out, cores)
         finished = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
         shown = ["shoal", *command[len(_SHOAL) :]]
         if finished.returncode != 0:

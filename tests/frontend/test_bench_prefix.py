@@ -192,7 +192,11 @@ def test_the_simulator_runs_each_live_policy_as_its_own_setup(tmp_path: Path) ->
     cost = argv("predicted_ttft")
     assert cost[cost.index("--policy") + 1] == "shoal-cost"
     assert argv("infaas++")[argv("infaas++").index("--policy") + 1] == "infaas"
-    assert kv[kv.index("--instances") + 1] == "4" and "--prefix-cache" in kv
+    assert kv[kv.index("--instances") + 1] == "4" and "--prefix-cache" in kv and "--cores" not in kv
+    shared = simulate_command(
+        "kv", tmp_path / "t.jsonl", tmp_path / "p.json", 4, tmp_path / "o.json", cores=2
+    )
+    assert shared[-2:] == ["--cores", "2"]
     assert set(SIM_POLICIES) >= {"prefill_ahead", "infaas++", "round_robin", "kv", "prefix"}
 
 
@@ -255,6 +259,7 @@ def test_bench_prefix_policies_runs_each_policy_and_predicts_it(tmp_path: Path) 
     for policy in ("prefill_ahead", "round_robin"):
         assert document["results"][policy]["errors"] == 0, finished.stdout[-2000:]
         assert document["results"][policy]["hit_rate"] > 0.0
-        for profile in ("alone", "shared"):  # one agent's steps measured alone, and beside busy neighbours
+        # one agent's steps measured alone, beside busy neighbours, and alone on the machine's cores shared
+        for profile in ("alone", "shared", f"alone-on-{document['prediction']['cores']}-cores"):
             assert document["prediction"]["predicted"][profile][policy]["requests"] == 4
     assert trace.is_file() and document["results"]["prompts_alike"] == 1.0
