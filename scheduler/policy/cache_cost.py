@@ -94,14 +94,23 @@ def kv_base_cost(load: InstanceLoad, weight: float) -> float:
     return weight * prefill + active
 
 
-def kv_cost(load: InstanceLoad, num_prompt_tokens: int, cached_tokens: int, config: CacheCostConfig) -> float:
+def kv_cost(
+    load: InstanceLoad,
+    num_prompt_tokens: int,
+    cached_tokens: int,
+    config: CacheCostConfig,
+    base: float | None = None,
+) -> float:
     """Dynamo's KV router cost of the request on ``load``: ``w * prefill blocks + decode blocks``,
     the prefill blocks those already assigned plus the request's uncached prompt tokens over the
-    block size, the decode blocks the active ones plus the request's."""
+    block size, the decode blocks the active ones plus the request's. ``base``: the load's
+    :func:`kv_base_cost` if known."""
     own_prefill = max(num_prompt_tokens - cached_tokens, 0) / load.block_size
     own_active = load.demand_blocks(num_prompt_tokens)
     weight = config.kv_overlap_weight
-    return kv_base_cost(load, weight) + weight * own_prefill + own_active
+    if base is None:
+        base = kv_base_cost(load, weight)
+    return base + weight * own_prefill + own_active
 
 
 def prefix_scores(

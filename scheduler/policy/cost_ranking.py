@@ -350,18 +350,20 @@ class KvRanking:
         by_id = self._views.by_id
         cache = self._config.cache
         best: Candidate | None = None
+        costs = self._cost  # no entry for a terminating instance
         for instance_id, tokens in cached_tokens.items():
-            load = by_id.get(instance_id)
-            if load is None or load.terminating or not eligible(load):
+            base = costs.get(instance_id)
+            if base is None:
                 continue
-            key = (-kv_cost(load, num_prompt_tokens, tokens, cache), 0.0)
-            if _better(key, instance_id, best):
+            load = by_id[instance_id]
+            key = (-kv_cost(load, num_prompt_tokens, tokens, cache, base), 0.0)
+            if _better(key, instance_id, best) and eligible(load):
                 best = (instance_id, key)
-        for _, instance_id in self._order:  # the first eligible one not caching the prompt
+        for base, instance_id in self._order:  # the first eligible one not caching the prompt
             if instance_id in cached_tokens or not eligible(by_id[instance_id]):
                 continue
             load = by_id[instance_id]
-            key = (-kv_cost(load, num_prompt_tokens, 0, cache), 0.0)
+            key = (-kv_cost(load, num_prompt_tokens, 0, cache, base), 0.0)
             if _better(key, instance_id, best):
                 best = (instance_id, key)
             break
