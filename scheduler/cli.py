@@ -75,7 +75,11 @@ def policy_options(function: F) -> F:
                 "for), with shoal's migration rules (room-checked pairs, no retry of an aborted request for "
                 "2 s, at most 3 moves per request) and the move of queued requests; freeness: the Llumnix "
                 "paper's (highest freeness, the paper's migration); infaas++: least memory load counting the "
-                "queue, no migration; round_robin: no migration.",
+                "queue, no migration; round_robin: no migration; predicted_ttft: shoal's cost model, the "
+                "least predicted time to first token counting the prompt blocks each instance caches (the "
+                "prefix index) plus the decode cost of the prefill it adds, with shoal's migration rules; "
+                "kv: NVIDIA Dynamo's KV router (prefill blocks + decode blocks), no migration; prefix: "
+                "llm-d's scorers (prefix share, queue, KV utilisation), no migration.",
             ),
             click.option(
                 "--low-freeness",
