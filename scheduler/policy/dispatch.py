@@ -578,8 +578,10 @@ def requeue_choice(
     out in its ``exclude``): dispatching it gives the same decision.
 
     Under ``predicted_ttft`` the request's blocks an instance caches (``request.cached_tokens``) need
-    no room there, and it moves only if its cost there (minus the dispatcher's score) is below its
-    cost on ``source``, where it is the newest of the queue (:func:`source_cost_blocks`).
+    no room there, and a request some instance caches moves only if its cost there (minus the
+    dispatcher's score) is below its cost on ``source``, where it is the newest of the queue
+    (:func:`source_cost_blocks`): staying near its cache may pay. One cached nowhere moves as under
+    ``prefill_ahead``: the stalled queue says more about its wait than the blocks ahead of it.
 
     Reports without ``expected_growth_blocks`` (logs whose agents did not report it, or an instance
     that finished nothing yet) rule nothing out beyond the score, so such logs recompute as they did.
@@ -590,7 +592,7 @@ def requeue_choice(
     decision = dispatcher.choose(moved, loads, num_dispatched=num_dispatched)
     if decision is None or (decision.score < 0 and not dispatcher.policy.counts_prefill):
         return None
-    if dispatcher.policy is DispatchPolicy.PREDICTED_TTFT:
+    if dispatcher.policy is DispatchPolicy.PREDICTED_TTFT and request.cached_tokens:
         origin = next((load for load in loads if load.instance_id == source), None)
         if origin is not None and -decision.score >= source_cost_blocks(origin, request, config):
             return None
