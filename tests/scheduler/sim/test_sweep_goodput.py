@@ -3,11 +3,15 @@ highest rate a policy keeps 99% of them there; and the system-prompt groups work
 
 from __future__ import annotations
 
+import json
 from collections import Counter
+from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from agents.engines.profile import load_profile
+from frontend.cli import cli
 from scheduler.sim.config import SimConfig, policy_setup
 from scheduler.sim.sessions import system_prompt_workload
 from scheduler.sim.sweep import SloSpec, SweepSpec, goodput, median_points, run_sweep, unloaded_slo
@@ -72,3 +76,43 @@ def test_goodput_stops_at_the_first_rate_that_misses_and_is_zero_when_the_lighte
     points = [point(1, 1.0), point(2, 0.995), point(3, 0.98), point(4, 0.999), point(1, 0.9, "b")]
     assert goodput(points, "w", "a") == 2.0  # not 4: a lighter rate missed
     assert goodput(points, "w", "b") == 0.0
+
+
+def test_the_sweep_command_states_the_slo_and_writes_goodput_per_policy(tmp_path: Path) -> None:
+    out = tmp_path / "cache"
+    args = [
+        "simulate",
+        "sweep",
+        "--workload",
+        "groups",
+        "--workload",
+        "sessions",
+        "--rates",
+        "1,2",
+        "--policies",
+        "rr,prefix",
+        "--requests",
+        "24",
+        "--groups",
+        "4",
+        "--group-system-tokens",
+        "256",
+        "--think-s",
+        "0.5",
+        "--unloaded-requests",
+        "10",
+        "--no-plot",
+        "--quiet",
+        "--out",
+        str(out),
+    ]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert "SLO (groups): TTFT <=" in result.output and "goodput (sessions;" in result.output
+    summary = json.loads((tmp_path / "cache-goodput.json").read_text())
+    for workload in ("groups", "sessions"):
+        assert set(summary[workload]["goodput"]) == {"rr", "prefix"}
+        assert summary[workload]["slo"]["ttft_factor"] == 5 and summary[workload]["unloaded"]["rate"] == 0.1
+    points = json.loads((tmp_path / "cache.json").read_text())
+    assert {p["workload"] for p in points} == {"groups", "sessions"} and len(points) == 8
+    assert all(0 <= p["slo_attainment"] <= 1 and p["slo_tpot_s"] > 0 for p in points)
