@@ -897,5 +897,13 @@ class LocalScheduler:
             prefix_cache_hits=self.prefix_cache_hits,
             prefix_cache_evictions=blocks.num_evictions,
             num_cached_blocks=blocks.num_cached_blocks,
+            waiting_cached_blocks=self.waiting_cached_blocks(waiting),
             requests=tuple(self.request_stats(r) for r in [*self._running, *waiting]),
         )
+
+    def waiting_cached_blocks(self, waiting: list[Request]) -> int:
+        """How many blocks of the ``waiting`` requests' prompts the prefix cache holds now (the longest
+        cached prefix of each that holds no blocks; a request's chain is hashed once and kept)."""
+        if not self._prefix_cache:
+            return 0
+        return sum(len(self._cached_prefix(request)) for request in waiting if not request.block_ids)

@@ -247,6 +247,7 @@ class EngineStats:
     prefix_cache_hits: int = 0  # cumulative tokens of those found cached
     prefix_cache_evictions: int = 0  # cumulative cached blocks evicted to make room
     num_cached_blocks: int = 0  # blocks in the prefix cache now (in use or evictable)
+    waiting_cached_blocks: int = 0  # blocks of the queued requests' prompts the prefix cache holds now
 
 
 @dataclass(frozen=True, slots=True)

@@ -146,3 +146,14 @@ def test_with_the_cache_off_nothing_is_cached_or_reused() -> None:
     assert [(p.start, p.end) for p in plan.prefills] == [(0, 18)] and again.num_cached_tokens == 0
     assert (sched.prefix_cache_hits, sched.blocks.num_cached_blocks, sched.blocks.num_evictions) == (0, 0, 0)
     assert not sched.take_cache_delta() and sched.cached_block_hashes() == []
+
+
+def test_the_load_snapshot_counts_the_cached_blocks_of_queued_prompts() -> None:
+    sched = make(16)
+    prompt = tokens(18, 3)
+    serve(sched, "first", prompt)
+    assert sched.stats().waiting_cached_blocks == 0
+    sched.add_request("again", prompt, SamplingParams(max_tokens=1))  # queued until the next step
+    sched.add_request("other", tokens(18, 4), SamplingParams(max_tokens=1))
+    assert sched.stats().waiting_cached_blocks == 4  # 16 of "again"'s 18 tokens; none of "other"'s
+    assert make(16, prefix_cache=False).stats().waiting_cached_blocks == 0
