@@ -72,9 +72,11 @@ def build_load_report(
     ``expected_output_tokens`` from the requests it finished
     (:class:`~scheduler.policy.growth.OutputLengthEstimate`; 0: none yet), which gives the
     report's ``expected_growth_blocks``. ``waiting_cached_blocks``: the blocks of the waiting
-    requests' prompts the engine's prefix cache holds now (None: not known), which gives
-    ``waiting_uncached_blocks``."""
+    requests' prompts the engine's prefix cache holds now (None: the engine's own count,
+    ``EngineStats.waiting_cached_blocks``), which gives ``waiting_uncached_blocks``."""
     running = running_requests(stats)
+    if waiting_cached_blocks is None:
+        waiting_cached_blocks = stats.waiting_cached_blocks
     growth = expected_growth_blocks(
         (
             (r.num_tokens, r.num_prompt_tokens, r.num_blocks)
@@ -132,9 +134,7 @@ def build_load_report(
         requeue_candidate=requeue_candidate,
         expected_growth_blocks=growth,
         prefill_blocks=prefill_blocks,
-        waiting_uncached_blocks=(
-            -1 if waiting_cached_blocks is None else max(waiting_demand - waiting_cached_blocks, 0)
-        ),
+        waiting_uncached_blocks=max(waiting_demand - waiting_cached_blocks, 0),
     )
 
 

@@ -171,3 +171,24 @@ def test_the_report_counts_the_prompts_admitted_but_not_yet_prefilled() -> None:
     assert after.prefill_blocks == 0
     # the step's end changes no count of requests, yet the scheduler must hear of it at once
     assert urgent_signature(after) != urgent_signature(during)
+
+
+def test_the_report_says_how_much_of_the_queue_the_prefix_cache_holds() -> None:
+    engine = SimEngine("tiny-test", num_blocks=64, prefix_cache=True)
+    prompt = list(range(1, 42))  # 10 full blocks of 4 and one token
+    engine.add_request("first", prompt, SamplingParams(max_tokens=1))
+    while engine.has_unfinished():
+        engine.step()
+    engine.add_request("again", prompt, SamplingParams(max_tokens=1))  # queued until the next step
+    config = PolicyConfig()
+    report = build_load_report(
+        engine.stats(), instance_id="a", seq=1, block_size=4, num_accepted=2, config=config
+    )
+    # 11 blocks of demand, 10 of them cached: one block's prefill is what the queue brings
+    assert (report.waiting_demand, report.waiting_uncached_blocks) == (11, 1)
+    assert InstanceLoad.from_report(report).queued_uncached_blocks == 1
+    told = build_load_report(
+        engine.stats(), instance_id="a", seq=2, block_size=4, num_accepted=2, config=config,
+        waiting_cached_blocks=0,
+    )
+    assert told.waiting_uncached_blocks == 11
