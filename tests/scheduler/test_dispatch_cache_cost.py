@@ -366,3 +366,17 @@ def test_predicted_ttft_a_cached_prompt_needs_no_room_where_it_is_cached() -> No
         config=TTFT_CONFIG,
     )
     assert decision is not None and decision.instance_id == "tight"
+
+
+def test_instances_of_different_block_sizes_are_each_rated_in_their_own_blocks() -> None:
+    # 6,064 tokens: 379 blocks of 16 on "small", 190 of 32 on "large"; "small" caches 6,000 of them
+    small = load("small", used=400, running=4, total=4000)
+    large = msgspec_replace(load("large", total=4000), block_size=32)
+    dispatcher = make_dispatcher(DispatchPolicy.PREDICTED_TTFT, CONFIG)
+    request = PendingRequest(
+        request_id="r", num_prompt_tokens=PROMPT, cached_tokens=(("small", SYSTEM_PROMPT),)
+    )
+    decision = dispatcher.choose(request, (small, large))  # any sequence of views
+    assert decision is not None and (decision.instance_id, decision.score) == ("small", -8.0)
+    cold = dispatcher.choose(msgspec_replace(request, cached_tokens=()), (small, large))
+    assert cold is not None and (cold.instance_id, cold.score) == ("large", -380.0)
