@@ -250,7 +250,10 @@ class CacheCostConfig:
       profile (prefix-cache-scorer 3, queue-scorer 2, kv-cache-utilization-scorer 2);
     * ``added_prefill_weight``: shoal's ``predicted_ttft``, the decode cost of what a request adds:
       its uncached prompt blocks count once in its own TTFT and this many times more for the steps
-      of the requests decoding beside it that its prefill stretches (1; 0: its TTFT alone).
+      of the requests decoding beside it that its prefill stretches (1; 0: its TTFT alone);
+    * ``herd_factor``: ``predicted_ttft``'s guard against herding: an instance whose batch the
+      request would take above this many times the mean batch is rated as if it cached nothing of
+      the request, so a hot prefix spreads to instances that then cache it (2; 0: off).
     """
 
     kv_overlap_weight: float = 1.0
@@ -259,10 +262,11 @@ class CacheCostConfig:
     queue_weight: float = 2.0
     kv_utilization_weight: float = 2.0
     added_prefill_weight: float = 1.0
+    herd_factor: float = 2.0
 
     def __post_init__(self) -> None:
         if min(self.kv_overlap_weight, self.kv_temperature, self.prefix_weight, self.queue_weight,
-               self.kv_utilization_weight, self.added_prefill_weight) < 0:
+               self.kv_utilization_weight, self.added_prefill_weight, self.herd_factor) < 0:
             raise ValueError("cache cost weights and the temperature must be >= 0")
 
 

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from scheduler.config import PolicyConfig
 from scheduler.policy.cache_cost import TtftTerms, kv_base_cost, kv_cost, predicted_ttft_key, ttft_terms
-from scheduler.policy.load import InstanceLoad
+from scheduler.policy.load import InstanceLoad, load_batch_size
 
 __all__ = [
     "Candidate",
@@ -30,6 +31,7 @@ __all__ = [
     "TtftRanking",
     "best_kv_by_scan",
     "best_ttft_by_scan",
+    "herd_limit",
 ]
 
 #: ``(instance id, key)``: the best instance and what it maximised
@@ -48,6 +50,15 @@ def _better(key: tuple[float, float], instance_id: str, best: Candidate | None) 
     return best is None or key > best[1] or (key == best[1] and instance_id < best[0])
 
 
+def herd_limit(total_batch: int, num_instances: int, factor: float) -> float:
+    """The largest batch (running and pending requests) at which an instance's cached blocks of a
+    request still count for ``predicted_ttft``: above it the request would make the batch more than
+    ``factor`` times the mean batch, ``(total_batch + 1) / num_instances`` (``inf`` with ``factor`` 0)."""
+    if factor <= 0 or num_instances <= 0:
+        return math.inf
+    return factor * (total_batch + 1) / num_instances - 1
+
+
 def best_ttft_by_scan(
     loads: Sequence[InstanceLoad],
     demand: Callable[[InstanceLoad], int],
@@ -58,10 +69,13 @@ def best_ttft_by_scan(
 ) -> Candidate | None:
     """The instance with the best :func:`~scheduler.policy.cache_cost.predicted_ttft_key`, every one rated."""
     best: Candidate | None = None
+    live = [load for load in loads if not load.terminating]
+    limit = herd_limit(sum(load_batch_size(load) for load in live), len(live), config.cache.herd_factor)
     for load in loads:
         if not eligible(load):
             continue
-        own = max(demand(load) - cached_blocks.get(load.instance_id, 0), 0)
+        cached = cached_blocks.get(load.instance_id, 0) if load_batch_size(load) <= limit else 0
+        own = max(demand(load) - cached, 0)
         key = predicted_ttft_key(ttft_terms(load, config, priority), own, config.cache.added_prefill_weight)
         if _better(key, load.instance_id, best):
             best = (load.instance_id, key)
@@ -97,14 +111,18 @@ class _Views:
         self.by_id: dict[str, InstanceLoad] = {}
         #: block size -> instances of it
         self.block_sizes: dict[int, int] = {}
+        #: running and pending requests over the instances not terminating, and those instances
+        self.total_batch = self.num_live = 0
 
     def _rebuild(self, fresh: list[InstanceLoad]) -> None:
         self.loads = fresh
         self.chunks = [fresh[start : start + _CHUNK] for start in range(0, len(fresh), _CHUNK)]
         self.by_id = {load.instance_id: load for load in fresh}
         self.block_sizes = {}
+        self.total_batch = self.num_live = 0
         for load in fresh:
             self.block_sizes[load.block_size] = self.block_sizes.get(load.block_size, 0) + 1
+            self._count(load, 1)
 
     def update(self, loads: Sequence[InstanceLoad]) -> list[int] | None:
         """Positions of the views that changed, or None when everything must be rebuilt (instances
@@ -134,6 +152,8 @@ class _Views:
                 return None
         for i in changed:
             view, before = loads[i], old[i]
+            self._count(before, -1)
+            self._count(view, 1)
             old[i] = view
             self.by_id[view.instance_id] = view
             if view.block_size != before.block_size:
@@ -142,6 +162,11 @@ class _Views:
                     del self.block_sizes[before.block_size]
                 self.block_sizes[view.block_size] = self.block_sizes.get(view.block_size, 0) + 1
         return changed
+
+    def _count(self, load: InstanceLoad, sign: int) -> None:
+        if not load.terminating:
+            self.total_batch += sign * load_batch_size(load)
+            self.num_live += sign
 
     @property
     def block_size(self) -> int | None:
@@ -287,11 +312,14 @@ class TtftRanking:
             del self._lists[next(iter(self._lists))]
         by_id = self._views.by_id
         terms_of = lists.terms
+        limit = herd_limit(self._views.total_batch, self._views.num_live, self._config.cache.herd_factor)
         best: Candidate | None = None
         for instance_id, num_cached in cached_blocks.items():
             terms = terms_of.get(instance_id)  # None: gone or terminating
             if terms is None:
                 continue
+            if load_batch_size(by_id[instance_id]) > limit:  # herding: its cache does not count
+                num_cached = 0
             key = predicted_ttft_key(terms, max(demand - num_cached, 0), lists.added_weight)
             if _better(key, instance_id, best) and eligible(by_id[instance_id]):
                 best = (instance_id, key)

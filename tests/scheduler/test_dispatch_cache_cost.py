@@ -160,7 +160,7 @@ def test_predicted_ttft_spreads_a_hot_prefix_once_the_wait_exceeds_a_prefill_els
         head_of_line_demand=379,
         waiting_uncached_blocks=queued_uncached,
     )
-    idle = load("idle", total=8000)
+    idle = load("idle", used=1000, running=10, total=8000)  # as busy: no herding
     assert choose(DispatchPolicy.PREDICTED_TTFT, [hot, idle], {"hot": SYSTEM_PROMPT}) == chosen
 
 
@@ -168,7 +168,7 @@ def test_predicted_ttft_counts_the_whole_queue_where_the_report_does_not_say_wha
     hot = load(
         "hot", used=1000, running=10, total=8000, num_waiting=10, waiting_demand=3790, head_of_line_demand=379
     )
-    idle = load("idle", total=8000)
+    idle = load("idle", used=1000, running=10, total=8000)  # as busy: no herding
     assert choose(DispatchPolicy.PREDICTED_TTFT, [hot, idle], {"hot": SYSTEM_PROMPT}) == "idle"
     told = msgspec_replace(hot, waiting_uncached_blocks=40)
     assert choose(DispatchPolicy.PREDICTED_TTFT, [told, idle], {"hot": SYSTEM_PROMPT}) == "hot"
@@ -186,7 +186,7 @@ def test_predicted_ttft_without_the_decode_cost_spreads_at_the_ttft_alone() -> N
         head_of_line_demand=379,
         waiting_uncached_blocks=400,
     )
-    idle = load("idle", total=8000)
+    idle = load("idle", used=1000, running=10, total=8000)  # as busy: no herding
     assert choose(DispatchPolicy.PREDICTED_TTFT, [hot, idle], {"hot": SYSTEM_PROMPT}) == "hot"  # 408 < 758
     assert choose(DispatchPolicy.PREDICTED_TTFT, [hot, idle], {"hot": SYSTEM_PROMPT}, config=config) == "idle"
 
@@ -371,7 +371,7 @@ def test_predicted_ttft_a_cached_prompt_needs_no_room_where_it_is_cached() -> No
 def test_instances_of_different_block_sizes_are_each_rated_in_their_own_blocks() -> None:
     # 6,064 tokens: 379 blocks of 16 on "small", 190 of 32 on "large"; "small" caches 6,000 of them
     small = load("small", used=400, running=4, total=4000)
-    large = msgspec_replace(load("large", total=4000), block_size=32)
+    large = msgspec_replace(load("large", used=200, running=4, total=4000), block_size=32)
     dispatcher = make_dispatcher(DispatchPolicy.PREDICTED_TTFT, CONFIG)
     request = PendingRequest(
         request_id="r", num_prompt_tokens=PROMPT, cached_tokens=(("small", SYSTEM_PROMPT),)
@@ -380,3 +380,24 @@ def test_instances_of_different_block_sizes_are_each_rated_in_their_own_blocks()
     assert decision is not None and (decision.instance_id, decision.score) == ("small", -8.0)
     cold = dispatcher.choose(msgspec_replace(request, cached_tokens=()), (small, large))
     assert cold is not None and (cold.instance_id, cold.score) == ("large", -380.0)
+
+
+@pytest.mark.parametrize(
+    ("hot_running", "chosen"),
+    [
+        # the mean batch after this request: (hot + 3 x 2 + 1) / 4; the hot instance keeps its cache's
+        # advantage while its batch is below twice that (minus the request itself)
+        (4, "hot"),  # limit 2 x 11 / 4 - 1 = 4.5
+        (5, "hot"),  # limit 5
+        (6, "other0"),  # limit 5.5: rated as caching nothing, and the others have more room per request
+        (12, "other0"),
+    ],
+)
+def test_predicted_ttft_spreads_a_hot_prefix_whose_instance_runs_twice_the_mean(
+    hot_running: int, chosen: str
+) -> None:
+    hot = load("hot", used=40 * hot_running, running=hot_running, total=8000)
+    others = [load(f"other{k}", used=80, running=2, total=8000) for k in range(3)]
+    assert choose(DispatchPolicy.PREDICTED_TTFT, [hot, *others], {"hot": SYSTEM_PROMPT}) == chosen
+    off = PolicyConfig(cache=CacheCostConfig(herd_factor=0.0))
+    assert choose(DispatchPolicy.PREDICTED_TTFT, [hot, *others], {"hot": SYSTEM_PROMPT}, config=off) == "hot"
