@@ -20,7 +20,7 @@ from __future__ import annotations
 import enum
 import itertools
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import msgspec
 
@@ -253,7 +253,11 @@ class CacheCostConfig:
       of the requests decoding beside it that its prefill stretches (1; 0: its TTFT alone);
     * ``herd_factor``: ``predicted_ttft``'s guard against herding: an instance whose batch the
       request would take above this many times the mean batch is rated as if it cached nothing of
-      the request, so a hot prefix spreads to instances that then cache it (2; 0: off).
+      the request, so a hot prefix spreads to instances that then cache it (2; 0: off);
+    * ``herd_min_batch``: the guard acts only on an instance running (or about to run) at least
+      this many requests: at light load the mean batch is below one and twice it is passed by a
+      single request, which would send the request to prefill its prompt again beside an
+      instance that could start it at once from its cache (2; 0 or 1: the factor alone).
     """
 
     kv_overlap_weight: float = 1.0
@@ -263,10 +267,12 @@ class CacheCostConfig:
     kv_utilization_weight: float = 2.0
     added_prefill_weight: float = 1.0
     herd_factor: float = 2.0
+    herd_min_batch: int = 2
 
     def __post_init__(self) -> None:
         if min(self.kv_overlap_weight, self.kv_temperature, self.prefix_weight, self.queue_weight,
-               self.kv_utilization_weight, self.added_prefill_weight, self.herd_factor) < 0:
+               self.kv_utilization_weight, self.added_prefill_weight, self.herd_factor,
+               self.herd_min_batch) < 0:
             raise ValueError("cache cost weights and the temperature must be >= 0")
 
 
@@ -342,8 +348,14 @@ def encode_policy(policy: PolicyConfig) -> str:
 
 
 def decode_policy(text: str) -> PolicyConfig:
-    """The inverse of :func:`encode_policy`; raises ``ValueError`` for anything else."""
+    """The inverse of :func:`encode_policy`; raises ``ValueError`` for anything else.
+
+    A policy recorded before ``CacheCostConfig.herd_min_batch`` existed decodes with 0, the rule
+    it ran (the herding factor alone), so that its decisions replay as made."""
     try:
-        return msgspec.json.decode(text, type=PolicyConfig)
+        policy = msgspec.json.decode(text, type=PolicyConfig)
     except (msgspec.DecodeError, msgspec.ValidationError, TypeError) as exc:
         raise ValueError(f"not a recorded policy: {exc}") from exc
+    if '"herd_min_batch"' not in text:
+        policy = replace(policy, cache=replace(policy.cache, herd_min_batch=0))
+    return policy

@@ -50,13 +50,14 @@ def _better(key: tuple[float, float], instance_id: str, best: Candidate | None) 
     return best is None or key > best[1] or (key == best[1] and instance_id < best[0])
 
 
-def herd_limit(total_batch: int, num_instances: int, factor: float) -> float:
+def herd_limit(total_batch: int, num_instances: int, factor: float, min_batch: int = 0) -> float:
     """The largest batch (running and pending requests) at which an instance's cached blocks of a
     request still count for ``predicted_ttft``: above it the request would make the batch more than
-    ``factor`` times the mean batch, ``(total_batch + 1) / num_instances`` (``inf`` with ``factor`` 0)."""
+    ``factor`` times the mean batch, ``(total_batch + 1) / num_instances``, and the batch is at least
+    ``min_batch`` (``inf`` with ``factor`` 0)."""
     if factor <= 0 or num_instances <= 0:
         return math.inf
-    return factor * (total_batch + 1) / num_instances - 1
+    return max(factor * (total_batch + 1) / num_instances, min_batch) - 1
 
 
 def best_ttft_by_scan(
@@ -70,7 +71,10 @@ def best_ttft_by_scan(
     """The instance with the best :func:`~scheduler.policy.cache_cost.predicted_ttft_key`, every one rated."""
     best: Candidate | None = None
     live = [load for load in loads if not load.terminating]
-    limit = herd_limit(sum(load_batch_size(load) for load in live), len(live), config.cache.herd_factor)
+    cache = config.cache
+    limit = herd_limit(
+        sum(load_batch_size(load) for load in live), len(live), cache.herd_factor, cache.herd_min_batch
+    )
     for load in loads:
         if not eligible(load):
             continue
@@ -312,7 +316,9 @@ class TtftRanking:
             del self._lists[next(iter(self._lists))]
         by_id = self._views.by_id
         terms_of = lists.terms
-        limit = herd_limit(self._views.total_batch, self._views.num_live, self._config.cache.herd_factor)
+        cache = self._config.cache
+        views = self._views
+        limit = herd_limit(views.total_batch, views.num_live, cache.herd_factor, cache.herd_min_batch)
         best: Candidate | None = None
         for instance_id, num_cached in cached_blocks.items():
             terms = terms_of.get(instance_id)  # None: gone or terminating

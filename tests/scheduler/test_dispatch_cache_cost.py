@@ -17,7 +17,7 @@ from typing import TypeVar
 import msgspec
 import pytest
 
-from scheduler.config import CacheCostConfig, DispatchPolicy, PolicyConfig
+from scheduler.config import CacheCostConfig, DispatchPolicy, PolicyConfig, decode_policy, encode_policy
 from scheduler.policy import InstanceLoad, PendingRequest, dispatch_pending, make_dispatcher
 from scheduler.policy.cache_cost import predicted_ttft_key, ttft_terms
 from scheduler.policy.cost_ranking import best_kv_by_scan, best_ttft_by_scan
@@ -401,3 +401,57 @@ def test_predicted_ttft_spreads_a_hot_prefix_whose_instance_runs_twice_the_mean(
     assert choose(DispatchPolicy.PREDICTED_TTFT, [hot, *others], {"hot": SYSTEM_PROMPT}) == chosen
     off = PolicyConfig(cache=CacheCostConfig(herd_factor=0.0))
     assert choose(DispatchPolicy.PREDICTED_TTFT, [hot, *others], {"hot": SYSTEM_PROMPT}, config=off) == "hot"
+
+
+@pytest.mark.parametrize(
+    ("hot_running", "others_running", "min_batch", "chosen"),
+    [
+        # light load, the others idle: the mean batch after this request is (hot + 1) / 4, below one,
+        # and twice it is passed by a single request; the guard waits for a batch of 2
+        (1, 0, 2, "hot"),  # starts at once from its cache beside one request
+        (1, 0, 1, "other0"),  # the factor alone: a batch of 1 > 2 x 2 / 4 - 1 = 0, prefilled again
+        (2, 0, 2, "other0"),  # a batch of 2 over twice the mean: the hot prefix spreads
+        (3, 0, 2, "other0"),
+        # at load the floor is below twice the mean and the factor decides, as before
+        (5, 2, 2, "hot"),  # limit 2 x 12 / 4 - 1 = 5
+        (6, 2, 2, "other0"),  # limit 5.5
+        (12, 2, 2, "other0"),
+    ],
+)
+def test_predicted_ttft_herding_guard_leaves_a_light_load_on_the_cached_instance(
+    hot_running: int, others_running: int, min_batch: int, chosen: str
+) -> None:
+    config = PolicyConfig(cache=CacheCostConfig(herd_min_batch=min_batch))
+    hot = load("hot", used=40 * hot_running, running=hot_running, total=8000)
+    others = [
+        load(f"other{k}", used=40 * others_running, running=others_running, total=8000) for k in range(3)
+    ]
+    cached = {"hot": SYSTEM_PROMPT}
+    assert choose(DispatchPolicy.PREDICTED_TTFT, [hot, *others], cached, config=config) == chosen
+    # the scan of every instance (instances of several block sizes) rates them the same way
+    scanned = best_ttft_by_scan(
+        [hot, *others],
+        functools.partial(InstanceLoad.demand_blocks, num_prompt_tokens=PROMPT),
+        {"hot": SYSTEM_PROMPT // 16},
+        lambda view: True,
+        config,
+        0,
+    )
+    assert scanned is not None and scanned[0] == chosen
+
+
+def test_a_policy_recorded_without_the_guards_batch_floor_replays_with_the_factor_alone() -> None:
+    recorded = encode_policy(PolicyConfig(dispatch_policy=DispatchPolicy.PREDICTED_TTFT))
+    assert decode_policy(recorded).cache.herd_min_batch == 2
+    older = recorded.replace(',"herd_min_batch":2', "")
+    assert "herd_min_batch" not in older
+    assert decode_policy(older).cache == CacheCostConfig(herd_min_batch=0)
+    hot = load("hot", used=40, running=1, total=8000)
+    others = [load(f"other{k}", total=8000) for k in range(3)]
+    assert choose(DispatchPolicy.PREDICTED_TTFT, [hot, *others], {"hot": SYSTEM_PROMPT}) == "hot"
+    assert (
+        choose(
+            DispatchPolicy.PREDICTED_TTFT, [hot, *others], {"hot": SYSTEM_PROMPT}, config=decode_policy(older)
+        )
+        == "other0"
+    )
