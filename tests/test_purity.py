@@ -43,7 +43,7 @@ class Core:
         return names
 
 
-ENGINE_CORE = ("protocol", "block_manager", "local_scheduler")
+ENGINE_CORE = ("protocol", "cache_delta", "block_manager", "local_scheduler")
 CORES = (
     Core(
         "scheduler policy core",
@@ -74,9 +74,9 @@ FORBIDDEN_PACKAGES = {
 FORBIDDEN_DIRECT = FORBIDDEN_PACKAGES | {
     "time", "datetime", "os", "random", "secrets", "threading", "subprocess", "pathlib", "io",
 }
-ALLOWED_STDLIB = {
-    "__future__", "bisect", "collections", "dataclasses", "enum", "heapq", "itertools", "math", "sys",
-    "typing",
+ALLOWED_STDLIB = {  # hashlib: a digest is a pure function of its input (a seeded, replayable draw)
+    "__future__", "bisect", "collections", "dataclasses", "enum", "hashlib", "heapq", "itertools", "math",
+    "sys", "typing",
 }
 
 

@@ -40,6 +40,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from agents.engines.cache_delta import CacheDelta, DeltaRecorder
+
 __all__ = [
     "BlockManager",
     "BlockManagerError",
@@ -87,20 +89,6 @@ class Reservation:
         return len(self.block_ids)
 
 
-@dataclass(frozen=True, slots=True)
-class CacheDelta:
-    """What a prefix cache gained (``stored``) and lost (``removed``) since the last delta, as
-    block hashes; a hash is in at most one of them. ``cleared``: everything cached before was
-    dropped at once (the lists then say what is cached after)."""
-
-    stored: tuple[int, ...] = ()
-    removed: tuple[int, ...] = ()
-    cleared: bool = False
-
-    def __bool__(self) -> bool:
-        return bool(self.stored or self.removed or self.cleared)
-
-
 class BlockManager:
     """A pool of ``num_blocks`` KV blocks of ``block_size`` tokens each.
 
@@ -111,7 +99,6 @@ class BlockManager:
     __slots__ = (
         "_block_size",
         "_by_hash",
-        "_cleared",
         "_delta",
         "_evictable",
         "_free",
@@ -143,8 +130,7 @@ class BlockManager:
         self._hash_of: list[int | None] = [None] * num_blocks
         self._by_hash: dict[int, int] = {}
         self._evictable: dict[int, None] = {}  # cached blocks with no reference, least recently freed first
-        self._delta: dict[int, bool] = {}  # hash -> stored (True) / removed (False) since the last take
-        self._cleared = False
+        self._delta = DeltaRecorder()
         self.num_evictions = 0
 
     # ---------------------------------------------------------------- sizes
@@ -298,11 +284,7 @@ class BlockManager:
             raise BlockStateError(f"block {block_id} is not allocated; only allocated blocks are cached")
         self._hash_of[block_id] = block_hash
         self._by_hash[block_hash] = block_id
-        delta = self._delta
-        if delta.get(block_hash) is False:
-            del delta[block_hash]  # removed and stored again since the last take: no change
-        else:
-            delta[block_hash] = True
+        self._delta.stored(block_hash)
         return True
 
     def block_hash(self, block_id: int) -> int | None:
@@ -314,11 +296,7 @@ class BlockManager:
             return
         self._hash_of[block_id] = None
         del self._by_hash[block_hash]
-        delta = self._delta
-        if delta.get(block_hash) is True:
-            del delta[block_hash]  # stored and removed since the last take: no change
-        else:
-            delta[block_hash] = False
+        self._delta.removed(block_hash)
 
     def clear_cache(self) -> int:
         """Forget every cached hash (blocks in use keep their KV, evictable ones become plain free
@@ -330,8 +308,7 @@ class BlockManager:
         for block_id in self._by_hash.values():
             self._hash_of[block_id] = None
         self._by_hash.clear()
-        self._delta.clear()
-        self._cleared = True
+        self._delta.cleared()
         return num
 
     def cached_hashes(self) -> list[int]:
@@ -340,14 +317,7 @@ class BlockManager:
 
     def take_cache_delta(self) -> CacheDelta:
         """What the cache gained and lost since the last call (net, each hash once)."""
-        if not self._delta and not self._cleared:
-            return CacheDelta()
-        stored = tuple(h for h, present in self._delta.items() if present)
-        removed = tuple(h for h, present in self._delta.items() if not present)
-        delta = CacheDelta(stored, removed, self._cleared)
-        self._delta.clear()
-        self._cleared = False
-        return delta
+        return self._delta.take()
 
     # ---------------------------------------------------------- reservations
 

@@ -35,7 +35,7 @@ import logging
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Any
 
-from agents.engines.block_manager import CacheDelta
+from agents.engines.cache_delta import CacheDelta, DeltaRecorder
 from schemas.block_hash import extend_block_hashes, root_hash
 
 __all__ = ["VllmCacheIndex", "VllmHasher"]
@@ -58,8 +58,7 @@ class VllmCacheIndex:
         self._vllm: dict[int, Hashable] = {}  # shoal hash -> vLLM hash
         self._key: dict[Hashable, Any] = {}  # vLLM hash -> vLLM's key of the block (with a hasher)
         self._count: dict[Hashable, int] = {}  # vLLM hash -> blocks vLLM caches under it
-        self._delta: dict[int, bool] = {}  # shoal hash -> stored (True) / removed (False) since the take
-        self._cleared = False
+        self._delta = DeltaRecorder()
         self.num_evictions = 0
         self.num_unmapped = 0
 
@@ -96,8 +95,7 @@ class VllmCacheIndex:
                 self._vllm.clear()
                 self._key.clear()
                 self._count.clear()
-                self._delta.clear()
-                self._cleared = True
+                self._delta.cleared()
 
     def _stored(self, event: Any) -> None:
         size = self.block_size
@@ -126,10 +124,7 @@ class VllmCacheIndex:
             self._vllm[shoal_hash] = vllm_hash
             if key is not None:
                 self._key[vllm_hash] = key
-            if self._delta.get(shoal_hash) is False:
-                del self._delta[shoal_hash]  # removed and stored again since the last take: no change
-            else:
-                self._delta[shoal_hash] = True
+            self._delta.stored(shoal_hash)
 
     def _keys(self, parent: Hashable | None, vllm_hashes: list[Hashable], tokens: list[int]) -> list[Any]:
         """vLLM's key of each stored block, None from the first one the hasher does not reproduce."""
@@ -166,21 +161,11 @@ class VllmCacheIndex:
         self._key.pop(vllm_hash, None)
         if self._vllm.get(shoal_hash) == vllm_hash:
             del self._vllm[shoal_hash]
-        if self._delta.get(shoal_hash) is True:
-            del self._delta[shoal_hash]  # stored and removed since the last take: no change
-        else:
-            self._delta[shoal_hash] = False
+        self._delta.removed(shoal_hash)
 
     def take_delta(self) -> CacheDelta:
         """What the cache gained and lost since the last call (net, each hash once)."""
-        if not self._delta and not self._cleared:
-            return CacheDelta()
-        stored = tuple(h for h, present in self._delta.items() if present)
-        removed = tuple(h for h, present in self._delta.items() if not present)
-        delta = CacheDelta(stored, removed, self._cleared)
-        self._delta.clear()
-        self._cleared = False
-        return delta
+        return self._delta.take()
 
     # ------------------------------------------------------------- re-sync
 
