@@ -130,15 +130,8 @@ def measure_torch_profile(
         source="shoal bench prefix --policies: prefill of one prompt; decode rows are lines through two "
         "measured points per batch size",
         estimated=False,
-        model=ProfileModel(
-            model_id=info.model.model_id, revision=info.model.revision, dtype=info.model.dtype
-        ),
-        kv=ProfileKV(
-            num_layers=info.kv_layout.num_layers,
-            num_kv_heads=info.kv_layout.num_kv_heads,
-            head_dim=info.kv_layout.head_dim,
-            dtype=info.kv_layout.dtype,
-        ),
+        model=ProfileModel.of(info.model),
+        kv=ProfileKV.of(info.kv_layout),
         num_blocks=info.num_blocks,
         block_size=info.block_size,
         max_batch_size=info.max_batch_size,

@@ -169,15 +169,8 @@ def _write_profile(
             "are lines through two measured points per batch size (pre-filled KV); prefill of one prompt"
         ),
         estimated=False,
-        model=ProfileModel(
-            model_id=info.model.model_id, revision=info.model.revision, dtype=info.model.dtype
-        ),
-        kv=ProfileKV(
-            num_layers=info.kv_layout.num_layers,
-            num_kv_heads=info.kv_layout.num_kv_heads,
-            head_dim=info.kv_layout.head_dim,
-            dtype=info.kv_layout.dtype,
-        ),
+        model=ProfileModel.of(info.model),
+        kv=ProfileKV.of(info.kv_layout),
         num_blocks=max(1, 2**30 // info.bytes_per_block),
         block_size=info.block_size,
         max_batch_size=256,

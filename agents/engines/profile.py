@@ -87,12 +87,25 @@ class ProfileModel(_Struct, frozen=True):
     dtype: str = "float16"
     tensor_parallel: int = 1
 
+    @classmethod
+    def of(cls, identity: ModelIdentity) -> ProfileModel:
+        """The profile's model fields of a measured engine's identity."""
+        return cls(model_id=identity.model_id, revision=identity.revision, dtype=identity.dtype)
+
 
 class ProfileKV(_Struct, frozen=True):
     num_layers: int
     num_kv_heads: int
     head_dim: int
     dtype: str = "float16"
+
+    @classmethod
+    def of(cls, layout: KVLayout) -> ProfileKV:
+        """The profile's KV fields of a measured engine's layout."""
+        return cls(
+            num_layers=layout.num_layers, num_kv_heads=layout.num_kv_heads, head_dim=layout.head_dim,
+            dtype=layout.dtype,
+        )
 
 
 class DecodeTable(_Struct, frozen=True):
