@@ -5,10 +5,8 @@ against ``vllm serve --enable-prefix-caching``, one server at a time, with the m
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import subprocess
 import sys
 import urllib.request
 from dataclasses import asdict, dataclass
@@ -18,7 +16,7 @@ from typing import Any
 import click
 
 from bus.bench_progress import BenchProgress
-from bus.server import die_with_parent, free_port
+from bus.server import free_port
 from frontend.bench_prefix_report import (
     CacheCounters,
     median_known,
@@ -26,7 +24,7 @@ from frontend.bench_prefix_report import (
     scrape_cache_counters,
 )
 from frontend.bench_prefix_runner import agent_metrics_urls, spawn_server, wait_instances
-from frontend.bench_vllm_serve import EngineOptions, Server, parse_result
+from frontend.bench_vllm_serve import EngineOptions, Server, parse_result, run_client
 
 __all__ = [
     "Repetition",
@@ -172,28 +170,6 @@ def _server_counters(server: Server) -> CacheCounters | None:
     return scrape_cache_counters(agent_metrics_urls(server.log_path.read_text(errors="replace")))
 
 
-def _run_client(command: list[str], log_path: Path, timeout_s: float) -> None:
-    with open(log_path, "ab") as log:
-        process = subprocess.Popen(
-            command,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            preexec_fn=die_with_parent,
-        )
-        try:
-            status = process.wait(timeout_s)
-        except BaseException:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, 9)
-            process.wait()
-            raise
-    if status != 0:
-        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-20:])
-        raise click.ClickException(f"vllm bench serve failed ({log_path}):\n{tail}")
-
-
 def repetition_mode(
     log_dir: Path,
     model: Path | None,
@@ -235,7 +211,7 @@ def repetition_mode(
                     wait_instances(server, 1, ready_timeout)
                 before = _server_counters(server)
                 name = f"{kind}-r{round_index}.json"
-                _run_client(
+                run_client(
                     repetition_client_command(server.url, options, workload, log_dir, name),
                     log_dir / f"client-{kind}.log",
                     client_timeout,

@@ -256,7 +256,7 @@ def _serving(kind: str, options: EngineOptions, log_dir: Path, ready_timeout_s: 
         server.stop()
 
 
-def _run_client(command: list[str], log_path: Path, timeout_s: float) -> None:
+def run_client(command: list[str], log_path: Path, timeout_s: float) -> None:
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
             command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -398,7 +398,7 @@ def _measure(
                     )
                     name = f"{kind}-c{concurrency}-r{round_index}.json"
                     load_before = os.getloadavg()[0]
-                    _run_client(
+                    run_client(
                         client_command(server.url, options, concurrency=concurrency, num_prompts=num_prompts,
                                        input_len=input_len, output_len=output_len, result_dir=log_dir,
                                        result_name=name, seed=seed + round_index),
