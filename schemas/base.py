@@ -13,7 +13,7 @@ __all__ = ["SCHEMA_CHANGES", "SCHEMA_VERSION", "Message"]
 
 #: Bumped when a message changes incompatibly. Decoders reject newer versions; a message of an
 #: older version is accepted if it still decodes, else rejected as ``UnsupportedVersion``.
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 #: What changed in each schema version (date, change). Add a line with every bump.
 SCHEMA_CHANGES: dict[int, str] = {
@@ -37,6 +37,12 @@ SCHEMA_CHANGES: dict[int, str] = {
         "2026-12-05: CloseReason.NO_INSTANCE (a request whose instance failed and that no other instance "
         "took within the frontend's rescue timeout), on AbortRequest.reason and "
         "RequestAborted.reason; a version-3 reader rejects it. Version 3 messages still decode."
+    ),
+    5: (
+        "2026-12-05: SamplingParams.structured (StructuredOutput: a JSON schema, JSON object, regex, "
+        "choice or grammar the output follows), .min_p, .logit_bias and .prompt_logprobs; "
+        "TokenDelta.prompt_logprobs and .prompt_top_logprobs. A version-4 agent would ignore the new "
+        "fields and answer unconstrained, so it refuses them. Version 4 messages still decode."
     ),
 }
 

@@ -5,6 +5,8 @@ RPCs ride core NATS on ``<prefix>.rpc.…``; only their outcomes are logged.
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 from schemas.base import Message
 from schemas.reasons import (
     CloseReason,
@@ -31,8 +33,38 @@ __all__ = [
     "RpcMessage",
     "SamplingParams",
     "StopMigration",
+    "StructuredKind",
+    "StructuredOutput",
     "TokenProbe",
 ]
+
+
+class StructuredKind(StrEnum):
+    """What :attr:`StructuredOutput.spec` holds."""
+
+    #: a JSON schema, as JSON text: the output is one JSON value that validates against it
+    JSON_SCHEMA = "json_schema"
+    #: any JSON object (``response_format: json_object``); ``spec`` is empty
+    JSON_OBJECT = "json_object"
+    #: a regular expression the whole output matches
+    REGEX = "regex"
+    #: a JSON list of strings: the output is exactly one of them
+    CHOICE = "choice"
+    #: a context-free grammar: Lark syntax, or GBNF (``root ::= ...``) as vLLM accepts it
+    GRAMMAR = "grammar"
+
+
+class StructuredOutput(Message, frozen=True, kw_only=True, tag="structured"):
+    """A constraint on the generated text, enforced by a token mask at every sampling step.
+
+    The constraint's state is a function of the tokens generated so far, so an
+    engine that takes over a request (migration, rescue) rebuilds it from them.
+    """
+
+    kind: StructuredKind
+    spec: str = ""
+    #: JSON kinds: allow whitespace between tokens as JSON does (False: the compact form only)
+    any_whitespace: bool = True
 
 
 class SamplingParams(Message, frozen=True, kw_only=True, tag="sampling"):
@@ -52,6 +84,17 @@ class SamplingParams(Message, frozen=True, kw_only=True, tag="sampling"):
     logprobs: bool = False
     #: with ``logprobs``: also this many most likely tokens at each position, with their logprobs
     top_logprobs: int = 0
+    #: vLLM's: a token whose probability is below ``min_p`` times the most likely token's is dropped
+    #: (after temperature); 0 is off
+    min_p: float = 0.0
+    #: OpenAI's: (token id, bias) pairs added to the logits before sampling, bias in [-100, 100]
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    #: a grammar the output must follow (JSON schema, regex, choice, grammar); None: free text
+    structured: StructuredOutput | None = None
+    #: the logprob of every prompt token (the first has none) and this many alternatives at each
+    #: position; None: no prompt logprobs. A request that asks skips the prefix cache (every
+    #: prompt position must be computed), as in vLLM.
+    prompt_logprobs: int | None = None
 
 
 class GenerateRequest(Message, frozen=True, kw_only=True, tag="generate"):

@@ -38,6 +38,12 @@ class TokenDelta(Message, frozen=True, kw_only=True, tag="token_delta"):
     num_prompt_tokens: int = 0
     #: prompt tokens the engine found in its prefix cache (OpenAI's ``cached_tokens``)
     num_cached_tokens: int = 0
+    #: ``SamplingParams.prompt_logprobs``: on the delta with ``first_index`` 0 (the first one a
+    #: request publishes, sent again on a resend from 0), the logprob of each prompt token given
+    #: the tokens before it (None for the first prompt token) ...
+    prompt_logprobs: tuple[float | None, ...] | None = None
+    #: ... and at each prompt position the most likely (token id, logprob) pairs (empty for the first)
+    prompt_top_logprobs: tuple[Alternatives, ...] | None = None
 
 
 class TokenDeltaBatch(Message, frozen=True, kw_only=True, tag="token_delta_batch"):
