@@ -50,6 +50,7 @@ from bus.protocol import (
     BusConfig,
     BusMessage,
     Handler,
+    KvBucket,
     KvChange,
     KvEntry,
     Position,
@@ -579,6 +580,69 @@ class JetStreamBus:
         return self._reader(
             f"KV_{bucket}", _kv_change(prefix), filters=[prefix + pattern], last_per_subject=True
         )
+
+    async def kv_bucket(self, name: str, *, max_age: float) -> KvBucket:
+        if max_age <= 0:
+            raise ValueError("a bucket's max_age must be positive")
+        nc, jsm = self._parts()
+        cfg = self._config
+        js = nc.jetstream(timeout=cfg.api_timeout)
+        what = f"open KV bucket {name!r}"
+        try:
+            try:
+                kv = await js.key_value(name)
+            except nats.js.errors.BucketNotFoundError:
+                try:
+                    kv = await _placed(lambda: js.create_key_value(
+                        bucket=name, history=1, ttl=max_age, storage=api.StorageType.FILE,
+                        replicas=cfg.streams.replicas,
+                    ))
+                except nats.js.errors.BadRequestError as exc:
+                    if exc.err_code != _STREAM_NAME_IN_USE:
+                        raise
+                    kv = await js.key_value(name)  # another process created it first
+            info = await jsm.stream_info(f"KV_{name}")
+            if abs((info.config.max_age or 0.0) - max_age) >= 1e-3:
+                info.config.max_age = max_age
+                await jsm.update_stream(info.config)
+        except (TimeoutError, nats.errors.Error, OSError) as exc:
+            raise translate(exc, what) from exc
+        return _JetStreamBucket(name, max_age, kv)
+
+
+class _JetStreamBucket:
+    """A :class:`bus.protocol.KvBucket` on nats-py's ``KeyValue``."""
+
+    def __init__(self, name: str, max_age: float, kv: KeyValue) -> None:
+        self._name = name
+        self._max_age = max_age
+        self._kv = kv
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def max_age(self) -> float:
+        return self._max_age
+
+    async def get(self, key: str) -> KvEntry | None:
+        validate_key(key)
+        try:
+            entry = await self._kv.get(key)
+        except nats.js.errors.KeyNotFoundError:  # never written, deleted, or expired
+            return None
+        except (TimeoutError, nats.errors.Error, OSError) as exc:
+            raise translate(exc, f"kv get {key!r} in {self._name!r}") from exc
+        return KvEntry(entry.value or b"", int(entry.revision or 0))
+
+    async def put(self, key: str, value: bytes) -> int:
+        validate_key(key)
+        return int(await translated(self._kv.put(key, value), f"kv put {key!r} in {self._name!r}"))
+
+    async def delete(self, key: str) -> None:
+        validate_key(key)
+        await translated(self._kv.delete(key), f"kv delete {key!r} in {self._name!r}")
 
 
 def _same_stream(existing: api.StreamConfig, wanted: api.StreamConfig) -> bool:

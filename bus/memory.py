@@ -41,6 +41,7 @@ from bus.protocol import (
     BusConfig,
     BusMessage,
     Handler,
+    KvBucket,
     KvChange,
     KvEntry,
     Position,
@@ -137,6 +138,9 @@ class _CoreSubscriber:
 class _Bucket:
     revision: int = 0
     entries: dict[str, tuple[bytes | None, int]] = field(default_factory=dict)
+    #: when each key was last written (the broker's clock): ages of the buckets with a max age
+    written: dict[str, float] = field(default_factory=dict)
+    max_age: float | None = None
     watchers: list[tuple[str, Feed[KvChange]]] = field(default_factory=list)
 
     def write(self, key: str, value: bytes | None) -> int:
@@ -515,6 +519,14 @@ class MemoryBus:
         validate_key(key)
         self._bucket().write(key, None)
 
+    async def kv_bucket(self, name: str, *, max_age: float) -> KvBucket:
+        if max_age <= 0:
+            raise ValueError("a bucket's max_age must be positive")
+        self._check()
+        self.broker.ensure_bucket(name)
+        self.broker.bucket(name).max_age = max_age
+        return _MemoryKvBucket(self, name, max_age)
+
     def kv_watch(self, pattern: str = ">") -> Feed[KvChange]:
         validate_key_pattern(pattern)
         self._check()
@@ -549,3 +561,43 @@ def _filters(subjects: Sequence[str] | None) -> tuple[str, ...] | None:
     if not subjects:
         return None
     return tuple(validate_subject(subject, wildcards=True) for subject in subjects)
+
+
+class _MemoryKvBucket:
+    """A :class:`bus.protocol.KvBucket` in a :class:`MemoryBroker`: ages by the broker's clock."""
+
+    def __init__(self, bus: MemoryBus, name: str, max_age: float) -> None:
+        self._bus = bus
+        self._name = name
+        self._max_age = max_age
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def max_age(self) -> float:
+        return self._max_age
+
+    def _bucket(self) -> _Bucket:
+        self._bus._check()
+        return self._bus.broker.bucket(self._name)
+
+    async def get(self, key: str) -> KvEntry | None:
+        validate_key(key)
+        bucket = self._bucket()
+        value, revision = bucket.entries.get(key, (None, 0))
+        age = self._bus.broker.clock() - bucket.written.get(key, 0.0)
+        if value is None or (bucket.max_age is not None and age > bucket.max_age):
+            return None
+        return KvEntry(value, revision)
+
+    async def put(self, key: str, value: bytes) -> int:
+        validate_key(key)
+        bucket = self._bucket()
+        bucket.written[key] = self._bus.broker.clock()
+        return bucket.write(key, bytes(value))
+
+    async def delete(self, key: str) -> None:
+        validate_key(key)
+        self._bucket().write(key, None)

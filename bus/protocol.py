@@ -32,6 +32,7 @@ __all__ = [
     "BusConfig",
     "BusMessage",
     "Handler",
+    "KvBucket",
     "KvChange",
     "KvEntry",
     "MessageFeed",
@@ -83,6 +84,23 @@ class KvEntry(NamedTuple):
 
     value: bytes
     revision: int
+
+
+class KvBucket(Protocol):
+    """A key-value bucket of its own beside the bus's (:meth:`Bus.kv_bucket`): an entry expires
+    ``max_age`` seconds after its last write; a deleted, expired or never written key reads None."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def max_age(self) -> float: ...
+
+    async def get(self, key: str) -> KvEntry | None: ...
+
+    async def put(self, key: str, value: bytes) -> int: ...
+
+    async def delete(self, key: str) -> None: ...
 
 
 class KvChange(msgspec.Struct, frozen=True):
@@ -374,3 +392,9 @@ class Bus(Protocol):
     async def kv_delete(self, key: str) -> None: ...
 
     def kv_watch(self, pattern: str = ">") -> MessageFeed[KvChange]: ...
+
+    async def kv_bucket(self, name: str, *, max_age: float) -> KvBucket:
+        """The bucket ``name``, created if missing (one bucket per name, whoever asks first), its
+        entries kept ``max_age`` seconds after their last write (a bucket found with another age is
+        set to this one)."""
+        ...

@@ -54,6 +54,11 @@ class Subjects:
     def kv_bucket(self) -> str:
         return self.prefix.replace(".", "_") + "_state"
 
+    @property
+    def responses_bucket(self) -> str:
+        """The frontends' stored Responses API responses (a KV bucket of its own, with a TTL)."""
+        return self.prefix.replace(".", "_") + "_responses"
+
     # -- persisted (JetStream) ---------------------------------------------
     def instance(self, instance_id: str) -> str:
         return f"{self.prefix}.ev.instance.{_token(instance_id)}"

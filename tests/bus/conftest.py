@@ -48,7 +48,7 @@ async def make_bus(request: pytest.FixtureRequest, subjects: Subjects) -> AsyncI
         await cleaner.connect()
         jsm = cleaner.client.jsm()
         streams = (subjects.events_stream, subjects.loads_stream, subjects.history_stream, subjects.kv_stream)
-        for stream in (*streams, f"KV_{subjects.kv_bucket}"):
+        for stream in (*streams, f"KV_{subjects.kv_bucket}", f"KV_{subjects.responses_bucket}"):
             try:
                 await jsm.delete_stream(stream)
             except Exception:  # already gone

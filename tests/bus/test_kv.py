@@ -4,7 +4,19 @@ from __future__ import annotations
 
 import pytest
 
-from bus import Bus, InvalidName, KeyConflict, KeyNotFound, KvChange
+from bus import (
+    Bus,
+    BusConfig,
+    InvalidName,
+    JetStreamBus,
+    KeyConflict,
+    KeyNotFound,
+    KvChange,
+    MemoryBroker,
+    MemoryBus,
+)
+from schemas import Subjects
+from tests.bus.conftest import MakeBus
 from tests.bus.helpers import take
 
 
@@ -78,3 +90,48 @@ async def test_watch_of_an_empty_pattern_sees_only_later_writes(bus: Bus) -> Non
     async with bus.kv_watch("instances.>") as watch:
         revision = await bus.kv_put("instances.i1.state", b"running")
         assert await take(watch, 1) == [KvChange("instances.i1.state", b"running", revision)]
+
+
+async def test_a_named_bucket_is_shared_and_forgets_deleted_keys(
+    make_bus: MakeBus, subjects: Subjects
+) -> None:
+    first, second = await make_bus(), await make_bus()
+    name = subjects.responses_bucket
+    bucket = await first.kv_bucket(name, max_age=3600.0)
+    assert (bucket.name, bucket.max_age) == (name, 3600.0)
+    revision = await bucket.put("resp_1", b"stored")
+    assert await first.kv_get("resp_1") is None  # not the bus's own bucket
+    again = await second.kv_bucket(name, max_age=3600.0)  # another process: the same bucket, found
+    assert await again.get("resp_1") == (b"stored", revision)
+    assert await again.get("resp_never") is None
+    await again.delete("resp_1")
+    assert await bucket.get("resp_1") is None
+    with pytest.raises(InvalidName):
+        await bucket.get("has space")
+
+
+async def test_a_named_bucket_takes_the_max_age_it_is_opened_with(
+    make_bus: MakeBus, subjects: Subjects
+) -> None:
+    bus = await make_bus()
+    name = subjects.responses_bucket
+    await bus.kv_bucket(name, max_age=3600.0)
+    bucket = await bus.kv_bucket(name, max_age=120.0)
+    assert bucket.max_age == 120.0
+    if isinstance(bus, JetStreamBus):
+        info = await bus.client.jsm().stream_info(f"KV_{name}")
+        assert info.config.max_age == pytest.approx(120.0)
+    with pytest.raises(ValueError):
+        await bus.kv_bucket(name, max_age=0.0)
+
+
+async def test_an_entry_of_a_named_bucket_expires_after_max_age(subjects: Subjects) -> None:
+    now = [1000.0]
+    bus = MemoryBus(BusConfig(subjects=subjects), broker=MemoryBroker(clock=lambda: now[0]))
+    await bus.connect()
+    bucket = await bus.kv_bucket(subjects.responses_bucket, max_age=60.0)
+    await bucket.put("resp_1", b"v")
+    now[0] += 59.0
+    assert await bucket.get("resp_1") is not None
+    now[0] += 2.0
+    assert await bucket.get("resp_1") is None
