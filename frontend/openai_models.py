@@ -4,15 +4,18 @@
 field with its range, so FastAPI's OpenAPI schema documents them and a
 schema-driven fuzzer (schemathesis) can exercise them. Unknown fields are
 accepted and ignored, as OpenAI clients and benchmark tools send many, unless
-the value would change the answer (:data:`REFUSED_OPTIONS`: ``logit_bias``,
-``response_format`` other than text, tool calling, ``min_p`` ...): such a
-request gets a 400 naming the field, never an answer that ignored it. The
-vLLM extensions real benchmark clients send are accepted: ``ignore_eos``,
-``top_k``, ``min_tokens``, ``repetition_penalty``, ``stop_token_ids``; ``priority`` is shoal's
-extension (lower runs sooner, as in vLLM). Checks that depend on more than one
-field (an unsupported option) raise :class:`~frontend.errors.APIError`
-in :func:`sampling_of`. Responses are built as plain dicts in
-:mod:`frontend.responses`.
+the value would change the answer (:data:`REFUSED_OPTIONS`: tool calling,
+audio, beam search ...): such a request gets a 400 naming the field, never an
+answer that ignored it. The vLLM extensions real benchmark clients send are
+accepted: ``ignore_eos``, ``top_k``, ``min_p``, ``min_tokens``,
+``repetition_penalty``, ``stop_token_ids``; ``priority`` is shoal's extension
+(lower runs sooner, as in vLLM). Structured outputs (``response_format``,
+``structured_outputs``, ``guided_*``) are checked and translated in
+:mod:`frontend.structured`; ``logit_bias`` maps token ids (as strings, OpenAI's
+form) to a bias in [-100, 100]. Checks that depend on more than one field (an
+unsupported option, a token id past the vocabulary) raise
+:class:`~frontend.errors.APIError` in :func:`sampling_of`. Responses are built
+as plain dicts in :mod:`frontend.responses`.
 """
 
 from __future__ import annotations
@@ -23,7 +26,13 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from frontend.errors import APIError, invalid_parameter
-from schemas import SamplingParams
+from frontend.structured import (
+    ResponseFormat,
+    StructuredOutputsOptions,
+    constraint_fields,
+    structured_of,
+)
+from schemas import SamplingParams, StructuredOutput
 
 __all__ = [
     "REFUSED_OPTIONS",
@@ -32,6 +41,7 @@ __all__ = [
     "CompletionRequest",
     "ContentPart",
     "StreamOptions",
+    "logit_bias_of",
     "refuse_ignored_options",
     "sampling_of",
     "stop_strings_of",
@@ -40,6 +50,8 @@ __all__ = [
 
 _MAX_INT = 2**31 - 1
 _TokenId = Annotated[int, Field(ge=0, le=_MAX_INT)]
+#: OpenAI's range of a logit bias
+_Bias = Annotated[float, Field(ge=-100.0, le=100.0)]
 
 
 class StreamOptions(BaseModel):
@@ -59,6 +71,10 @@ class _Common(BaseModel):
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
     top_k: Annotated[int, Field(ge=-1, le=_MAX_INT)] | None = None
+    #: vLLM's: drop tokens whose probability is below min_p times the most likely one's
+    min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    #: OpenAI's: token id (as a string) -> bias added to its logit
+    logit_bias: dict[str, _Bias] | None = None
     min_tokens: Annotated[int, Field(ge=0, le=_MAX_INT)] | None = None
     repetition_penalty: Annotated[float, Field(gt=0.0, le=10.0)] | None = None
     presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
@@ -72,6 +88,13 @@ class _Common(BaseModel):
     ignore_eos: bool | None = False
     priority: Annotated[int, Field(ge=-1000, le=1000)] | None = None
     user: str | None = None
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsOptions | None = None
+    guided_json: dict[str, Any] | bool | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_whitespace_pattern: str | None = None
 
 
 class CompletionRequest(_Common):
@@ -139,11 +162,6 @@ def _tools_used(request: Mapping[str, Any], tools: str, choice: str) -> bool:
 #: real clients send them). Options that change nothing a client reads (``user``, ``metadata``,
 #: ``store``, ``service_tier``, ``parallel_tool_calls``, ``prediction`` ...) stay accepted and ignored.
 REFUSED_OPTIONS: dict[str, tuple[Callable[[Mapping[str, Any]], bool], str]] = {
-    "logit_bias": (_nonempty("logit_bias"), "logit_bias is not supported"),
-    "response_format": (
-        lambda r: isinstance(r.get("response_format"), dict) and r["response_format"].get("type") != "text",
-        "response_format other than text (JSON mode, JSON schema) is not supported",
-    ),
     "tools": (lambda r: _tools_used(r, "tools", "tool_choice"),
               "tool calling is not supported (tools are accepted with tool_choice 'none')"),
     "tool_choice": (lambda r: not _set(r.get("tools")) and r.get("tool_choice") not in (None, "none", "auto"),
@@ -153,17 +171,12 @@ REFUSED_OPTIONS: dict[str, tuple[Callable[[Mapping[str, Any]], bool], str]] = {
     "audio": (_nonempty("audio"), "audio output is not supported"),
     "modalities": (lambda r: isinstance(r.get("modalities"), list) and "audio" in r["modalities"],
                    "audio output is not supported"),
-    "min_p": (_nonempty("min_p"), "min_p is not supported"),
     "bad_words": (_nonempty("bad_words"), "bad_words is not supported"),
     "allowed_token_ids": (_nonempty("allowed_token_ids"), "allowed_token_ids is not supported"),
     "use_beam_search": (_nonempty("use_beam_search"), "beam search is not supported"),
     "prompt_logprobs": (_given("prompt_logprobs"), "prompt_logprobs is not supported"),
     "include_stop_str_in_output": (_nonempty("include_stop_str_in_output"),
                                    "include_stop_str_in_output is not supported"),
-    **{
-        name: (_given(name), f"structured output ({name}) is not supported")
-        for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs")
-    },
 }
 
 
@@ -186,16 +199,40 @@ def wants_logprobs(request: CompletionRequest | ChatCompletionRequest) -> bool:
     return request.logprobs is not None
 
 
+def logit_bias_of(request: _Common, vocab_size: int | None) -> tuple[tuple[int, float], ...]:
+    """``logit_bias`` as (token id, bias) pairs; a 400 for a key that is not a token id (of the
+    vocabulary, when ``vocab_size`` is known)."""
+    pairs = []
+    for key, bias in (request.logit_bias or {}).items():
+        token = int(key) if key.strip().isdigit() else -1
+        if token < 0 or (vocab_size is not None and token >= vocab_size):
+            where = "" if vocab_size is None else f" in [0, {vocab_size})"
+            raise invalid_parameter(f"logit_bias key {key!r} is not a token id{where}", "logit_bias")
+        pairs.append((token, float(bias)))
+    return tuple(pairs)
+
+
 def sampling_of(
-    request: CompletionRequest | ChatCompletionRequest, *, max_tokens: int
+    request: CompletionRequest | ChatCompletionRequest, *, max_tokens: int, vocab_size: int | None = None,
+    structured: StructuredOutput | None = None,
 ) -> SamplingParams:
     """The engine's sampling parameters for a request whose output may be ``max_tokens`` long.
 
     Raises a 400 :class:`APIError` for options shoal does not support yet
-    (``best_of > 1``, ``echo``, ``suffix``, and :data:`REFUSED_OPTIONS`). ``n`` is the
-    route's: each choice is a request.
+    (``best_of > 1``, ``echo``, ``suffix``, and :data:`REFUSED_OPTIONS`), for a bad output
+    constraint (:func:`~frontend.structured.structured_of`) and for a ``logit_bias`` token id
+    outside the vocabulary (``vocab_size``, when known). ``structured``: a constraint the route
+    derived from another field (``tool_choice`` required or a named function); a request that also
+    constrains its output with ``response_format`` / ``structured_outputs`` / ``guided_*`` is a 400
+    naming that field. ``n`` is the route's: each choice is a request.
     """
     refuse_ignored_options(request)
+    if structured is not None:
+        if fields := constraint_fields(request):
+            raise invalid_parameter(
+                f"{fields[0]} cannot be combined with tool_choice 'required' or a named function", fields[0])
+    else:
+        structured = structured_of(request)
     if isinstance(request, CompletionRequest):
         _unsupported((request.best_of or 1) != 1, "best_of > 1 is not supported", "best_of")
         _unsupported(bool(request.echo), "echo is not supported", "echo")
@@ -224,6 +261,9 @@ def sampling_of(
             stop_token_ids=tuple(request.stop_token_ids or ()),
             logprobs=wants_logprobs(request),
             top_logprobs=top_logprobs,
+            min_p=request.min_p or 0.0,
+            logit_bias=logit_bias_of(request, vocab_size),
+            structured=structured,
         )
     except (TypeError, ValueError) as exc:  # pragma: no cover - the model's ranges already hold
         raise APIError(400, f"invalid sampling parameters: {exc}") from exc

@@ -36,7 +36,10 @@ async def test_completion_streams_and_counts_usage(nats_url: str) -> None:
 
 
 _CHAT = {"messages": [{"role": "user", "content": "x"}]}
-_REFUSED = ("response_format", "tools", "logit_bias", "min_p", "guided_json")
+_REFUSED = ("tools", "use_beam_search")
+#: bad values of supported options: a 400 naming the field
+_NAMED = {"bad schema": "response_format", "bad regex": "structured_outputs.regex",
+          "two constraints": "guided_choice", "logit_bias past the vocabulary": "logit_bias", "min_p > 1": "min_p"}
 BAD_INPUTS = [
     ("malformed json", "/v1/completions", b"{not json", 400, "invalid_json"),
     ("json array", "/v1/completions", b"[1, 2]", 400, "invalid_parameter"),
@@ -82,11 +85,15 @@ BAD_INPUTS = [
     ("unknown route", "/v1/nothing", {"model": "sim:tiny-test"}, 404, "not_found"),
     # options that would change the answer are refused by name, never silently ignored
     *[(name, path, {"model": "sim:tiny-test", **body}, 400, "invalid_parameter") for name, path, body in [
-        ("response_format", "/v1/chat/completions", {**_CHAT, "response_format": {"type": "json_object"}}),
         ("tools", "/v1/chat/completions", {**_CHAT, "tools": [{"type": "function", "function": {}}]}),
-        ("logit_bias", "/v1/completions", {"prompt": "x", "logit_bias": {"5": 100}}),
-        ("min_p", "/v1/completions", {"prompt": "x", "min_p": 0.1}),
-        ("guided_json", "/v1/completions", {"prompt": "x", "guided_json": {}}),
+        ("use_beam_search", "/v1/completions", {"prompt": "x", "use_beam_search": True}),
+        ("bad schema", "/v1/chat/completions", {**_CHAT, "response_format": {
+            "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objekt"}}}}),
+        ("bad regex", "/v1/completions", {"prompt": "x", "structured_outputs": {"regex": "a(b"}}),
+        ("two constraints", "/v1/completions", {"prompt": "x", "response_format": {"type": "json_object"},
+                                                "guided_choice": ["a", "b"]}),
+        ("logit_bias past the vocabulary", "/v1/completions", {"prompt": "x", "logit_bias": {"99999": 1}}),
+        ("min_p > 1", "/v1/completions", {"prompt": "x", "min_p": 1.5}),
     ]],
 ]
 
@@ -105,6 +112,8 @@ async def test_bad_inputs_get_openai_errors_with_the_right_status(nats_url: str)
             assert error["code"] == code, (name, error)
             if name in _REFUSED:
                 assert error["param"] == name and "not supported" in error["message"], error
+            if name in _NAMED:
+                assert error["param"] == _NAMED[name], error
         big = await client.post("/v1/completions", content=b"x" * 200_000,
                                 headers={"content-type": "application/json"})
         assert big.status_code == 413
