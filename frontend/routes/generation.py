@@ -144,7 +144,7 @@ async def _start_turns(
     priority = priority_of(request, body.priority)
     jobs: list[tuple[list[int], SamplingParams, Chain]] = []
     for prompt_ids, max_tokens in zip(prompts, budgets, strict=True):
-        sampling = sampling_of(body, max_tokens=max_tokens)
+        sampling = sampling_of(body, max_tokens=max_tokens, vocab_size=state.tokenizer.vocab_size)
         chain = gateway.prompt_chain(prompt_ids)  # once per prompt, for all its choices
         for index in range(n):
             seed = None if sampling.seed is None else (sampling.seed + index) % (2**63)
