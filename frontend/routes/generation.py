@@ -52,7 +52,10 @@ from frontend.tokenization import token_text
 from frontend.turns import Turn, padded_logprobs, padded_top, pieces
 from schemas import CloseReason, FinishReason, SamplingParams
 
-__all__ = ["chat_completions", "completions", "end_turn", "generate", "output_budget", "router"]
+__all__ = [
+    "chat_completions", "collect", "completions", "end_turn", "generate", "output_budget", "router",
+    "start_turn",
+]
 
 router = APIRouter()
 
@@ -82,7 +85,7 @@ async def generate(request: Request, body: BodyT, flavor: Flavor[BodyT], state: 
         return TurnResponse(_stream(turns, flavor, reply, state, body.n or 1), on_exit=on_exit)
     outcome = "client"
     try:
-        texts = await asyncio.gather(*(_collect(request, turn) for turn in turns))
+        texts = await asyncio.gather(*(collect(request, turn) for turn in turns))
         outcome = "ok"
     except APIError:  # e.g. 503: its instance failed and none took it within the rescue timeout
         outcome = "error"
@@ -192,21 +195,33 @@ async def _start_turn(
     sampling: SamplingParams, stops: tuple[str, ...], priority: int, chain: Chain,
 ) -> Turn:
     """Admit and place one choice (``chain``: its prompt's block-hash chain); its stream is open on return."""
+    return await start_turn(
+        state, prompt_ids, sampling, request_id=f"{flavor.id_prefix}-{uuid.uuid4().hex}",
+        endpoint=flavor.endpoint, stops=stops, priority=priority, want_logprobs=wants_logprobs(body),
+        chain=chain,
+    )
+
+
+async def start_turn(
+    state: FrontendState, prompt_ids: list[int], sampling: SamplingParams, *, request_id: str, endpoint: str,
+    stops: tuple[str, ...] = (), priority: int = 0, want_logprobs: bool = False, chain: Chain | None = None,
+) -> Turn:
+    """Admit and place one request of ``endpoint`` (its metrics label); its stream is open on return.
+    ``chain``: its prompt's block-hash chain (None: computed here). End it with :func:`end_turn`."""
     config, gateway = state.config, state.gateway
     state.admission.admit()
     try:
-        request_id = f"{flavor.id_prefix}-{uuid.uuid4().hex}"
         deadline = None if config.request_deadline is None else time.monotonic() + config.request_deadline
-        job = Job(request_id=request_id, prompt_ids=tuple(prompt_ids), sampling=sampling,
-                  priority=priority, deadline=deadline, chain=chain)
+        job = Job(request_id=request_id, prompt_ids=tuple(prompt_ids), sampling=sampling, priority=priority,
+                  deadline=deadline, chain=gateway.prompt_chain(prompt_ids) if chain is None else chain)
         stream = await gateway.open(job)
     except BaseException:
         state.admission.release()
         raise
     return Turn(
-        stream=stream, endpoint=flavor.endpoint,
+        stream=stream, endpoint=endpoint,
         detokenizer=IncrementalDetokenizer(state.tokenizer, prompt_ids), stops=StopStringMatcher(stops),
-        want_logprobs=wants_logprobs(body), num_prompt_tokens=len(prompt_ids),
+        want_logprobs=want_logprobs, num_prompt_tokens=len(prompt_ids),
     )
 
 
@@ -314,7 +329,7 @@ async def _merged(sources: list[AsyncIterator[bytes]]) -> AsyncIterator[bytes]:
         await cancel_and_wait(tasks)
 
 
-async def _collect(request: Request, turn: Turn) -> str:
+async def collect(request: Request, turn: Turn) -> str:
     """Run a non-streaming turn to its end and return its text; a client that goes away aborts it."""
     parts: list[str] = []
     task = asyncio.ensure_future(_drain(turn, parts))
