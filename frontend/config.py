@@ -61,10 +61,13 @@ class FrontendConfig:
     #: block size of the prompt's block-hash chain each dispatch carries (the scheduler's prefix
     #: index); None: the block size the instances announce; 0: no chain
     prefix_block_size: int | None = None
+    #: how long a stored Responses API response (``store: true``) can be retrieved or continued
+    #: (``previous_response_id``): the TTL of the JetStream key-value bucket that holds them
+    responses_ttl_s: float = 7 * 24 * 3600.0
 
     def __post_init__(self) -> None:
         for name in ("dispatch_timeout", "scheduler_backoff", "generate_timeout", "gap_grace",
-                     "stall_timeout", "rescue_timeout", "instance_stale_after"):
+                     "stall_timeout", "rescue_timeout", "instance_stale_after", "responses_ttl_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
         if self.max_concurrent_requests < 1 or self.max_model_len < 1:
