@@ -55,14 +55,18 @@ is computed in chunks over the next steps, alongside the decodes, so a long
 prompt never holds the running batch up for more than one step's budget. A
 request's blocks are allocated for its whole prompt when it is admitted.
 
+A request with ``max_tokens`` 0 (a prompt scored for its logprobs, or echoed) finishes after its
+prefill with no token (``length``); the token its last position sampled is dropped.
+
 Prefix caching (``prefix_cache``, vLLM's automatic prefix caching): every full block whose
 KV is computed, prompt or generated, enters the block manager's cache under its chained hash
 (:mod:`schemas.block_hash`). A request admitted with no blocks here (new, rescued or
 preempted) first takes the cached blocks of the longest cached prefix of its tokens, at most
 all but its last token (so the step computes at least one position and samples from it), and
 its prefill starts after them: ``num_cached_tokens`` on its outputs says how many tokens it
-did not compute. Cached blocks nobody uses count as free and are evicted, least recently
-freed first, when a request needs the room.
+did not compute. A request that asks for prompt logprobs and has generated nothing takes no hit:
+every position of its prompt is computed, as in vLLM. Cached blocks nobody uses count as free
+and are evicted, least recently freed first, when a request needs the room.
 
 For migration the scheduler also reserves blocks, admits a migrated request
 with a block table made of reservations, suspends/resumes and releases.
@@ -348,11 +352,11 @@ class LocalScheduler:
         problem: tuple[RejectReason, str] | None = None
         if not prompt_token_ids:
             problem = (RejectReason.EMPTY_PROMPT, "the prompt has no tokens")
-        elif sampling.max_tokens <= 0:
-            problem = (RejectReason.INVALID_SAMPLING, f"max_tokens must be > 0, got {sampling.max_tokens}")
+        elif sampling.max_tokens < 0:
+            problem = (RejectReason.INVALID_SAMPLING, f"max_tokens must be >= 0, got {sampling.max_tokens}")
         elif sampling.min_tokens < 0:
             problem = (RejectReason.INVALID_SAMPLING, f"min_tokens must be >= 0, got {sampling.min_tokens}")
-        elif len(output_token_ids) >= sampling.max_tokens:
+        elif len(output_token_ids) >= max(sampling.max_tokens, 1):
             problem = (
                 RejectReason.INVALID_SAMPLING,
                 f"{len(output_token_ids)} tokens already generated, max_tokens is {sampling.max_tokens}",
@@ -549,6 +553,8 @@ class LocalScheduler:
                 elif head.priority != step_priority:
                     break
             hit = self._cached_prefix(head) if self._prefix_cache and not head.block_ids else []
+            if hit and head.sampling.prompt_logprobs is not None and not head.num_output_tokens:
+                hit = []  # prompt logprobs: every position is computed (as in vLLM)
             num_new = head.num_tokens - head.num_computed_tokens - len(hit) * blocks.block_size
             if limit is not None and prefills and budget_used + admitted_tokens + num_new > limit:
                 break
@@ -684,6 +690,16 @@ class LocalScheduler:
             except KeyError:
                 raise ValueError(f"no sampled token for scheduled request {request_id!r}") from None
             request.num_computed_tokens = num_computed
+            if not request.sampling.max_tokens:  # the prompt only (its logprobs, echo): no token
+                if cache:
+                    self._register(request)
+                self._finish(request, RequestStatus.FINISHED_LENGTH)
+                any_finished = True
+                results.append(RequestOutput(
+                    request_id, 0, (), FINISH_REASONS[RequestStatus.FINISHED_LENGTH],
+                    request.num_prompt_tokens, num_cached_tokens=request.num_cached_tokens,
+                ))
+                continue
             tokens = request.all_token_ids
             tokens.append(token_id)
             if cache and num_computed // block_size > request.num_registered_blocks:
