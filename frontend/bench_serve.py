@@ -32,6 +32,14 @@ after the other, the direct engine first every other round):
 its ratio, and where shoal's wall went (:mod:`frontend.bench_steps`): more
 steps, a longer step (the same work computing slower), or the engine idle
 between steps; the agents' step totals come from their ``/metrics``.
+
+With ``--grammar`` (or ``--json-schema FILE``) every round also sends the same
+burst through shoal with a ``json_schema`` ``response_format`` on every
+request, right beside the plain one (which goes first alternates by round):
+the throughput cost of the grammar's token mask, as paired ratios. The
+built-in schema (:data:`BENCH_SCHEMA`, records of integers, bounded strings,
+numbers, an enum and a short array) needs more tokens than any ``--max-tokens``
+to complete, so both sides generate exactly ``--max-tokens`` per request.
 """
 
 from __future__ import annotations
@@ -55,10 +63,37 @@ from frontend.bench_steps import StepTotals, breakdown_table, scrape_step_totals
 from frontend.up import ClusterProcesses, _health
 
 __all__ = [
-    "bench_serve", "child_pids", "cpu_seconds", "drive_streams", "engine_options", "median_run", "percentile",
-    "process_ids", "run_direct", "run_through_shoal", "spawn_shoal", "start_shoal", "torch_agent_args",
-    "wait_ready",
+    "BENCH_SCHEMA", "bench_serve", "child_pids", "cpu_seconds", "drive_streams", "engine_options",
+    "median_run", "percentile", "process_ids", "response_format_of", "run_direct", "run_through_shoal",
+    "spawn_shoal", "start_shoal", "torch_agent_args", "wait_ready",
 ]
+
+
+#: ``--grammar``'s schema: an array of at least 4096 records of 40 characters or more, so the
+#: output never completes within a run's ``--max-tokens`` and the grammar constrains every token
+BENCH_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"records": {"type": "array", "minItems": 4096, "items": {
+        "type": "object",
+        "properties": {
+            "id": {"type": "integer", "minimum": 0, "maximum": 99999},
+            "name": {"type": "string", "maxLength": 16},
+            "score": {"type": "number", "minimum": 0, "maximum": 1},
+            "kind": {"enum": ["user", "admin", "guest"]},
+            "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 3},
+        },
+        "required": ["id", "name", "score", "kind", "tags"],
+        "additionalProperties": False,
+    }}},
+    "required": ["records"],
+    "additionalProperties": False,
+}
+
+
+def response_format_of(schema: dict[str, Any]) -> dict[str, Any]:
+    """The request fields that put ``schema`` on a request (OpenAI's ``response_format``)."""
+    return {"response_format": {"type": "json_schema",
+                                "json_schema": {"name": "bench", "schema": schema, "strict": True}}}
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -141,10 +176,11 @@ def run_direct(preset: str, concurrency: int, prompt_tokens: int, max_tokens: in
 
 
 async def _one_stream(session: Any, url: str, model: str, prompt: list[int], max_tokens: int,
-                      started: float) -> tuple[float | None, int, float]:
-    """One streaming completion: (TTFT, output tokens, when its request was sent, all from ``started``)."""
+                      started: float, extra: dict[str, Any] | None = None) -> tuple[float | None, int, float]:
+    """One streaming completion: (TTFT, output tokens, when its request was sent, all from ``started``);
+    ``extra``: more request fields (a ``response_format``)."""
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
-            "stream": True, "stream_options": {"include_usage": True}}
+            "stream": True, "stream_options": {"include_usage": True}, **(extra or {})}
     ttft: float | None = None
     tokens = 0
     sent = time.perf_counter() - started
@@ -163,10 +199,12 @@ async def _one_stream(session: Any, url: str, model: str, prompt: list[int], max
 
 
 async def drive_streams(url: str, model: str, concurrency: int, prompt_tokens: int, max_tokens: int,
-                        offset: int, before_burst: Callable[[], None] | None = None) -> dict[str, float]:
+                        offset: int, before_burst: Callable[[], None] | None = None,
+                        extra: dict[str, Any] | None = None) -> dict[str, float]:
     """``concurrency`` warm-up requests at once (the client's connections open and stay open, as a
     serving client's would), then ``concurrency`` streams at once: tokens/s and TTFT over them.
-    ``before_burst`` runs between the two, before the clock starts.
+    ``before_burst`` runs between the two, before the clock starts. ``extra``: more fields on every
+    request, warm-up ones included (a ``response_format``: the engine compiles its grammar then).
 
     The client is aiohttp, as in ``vllm bench serve``: with httpx's pool the 32 requests of
     one burst left the client over 250-800 ms on a loaded 2-core machine (aiohttp: under 60 ms),
@@ -178,14 +216,14 @@ async def drive_streams(url: str, model: str, concurrency: int, prompt_tokens: i
     timeout = aiohttp.ClientTimeout(total=600)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         await asyncio.gather(*(
-            _one_stream(session, url, model, _prompt(998 - i, prompt_tokens), 1, time.perf_counter())
+            _one_stream(session, url, model, _prompt(998 - i, prompt_tokens), 1, time.perf_counter(), extra)
             for i in range(concurrency)
         ))
         if before_burst is not None:
             before_burst()
         started = time.perf_counter()
         results = await asyncio.gather(*(
-            _one_stream(session, url, model, _prompt(offset + i, prompt_tokens), max_tokens, started)
+            _one_stream(session, url, model, _prompt(offset + i, prompt_tokens), max_tokens, started, extra)
             for i in range(concurrency)
         ))
         wall = time.perf_counter() - started
@@ -228,12 +266,12 @@ def run_direct_instances(
 
 
 def _streams_and_steps(url: str, metrics_urls: list[str], model: str, concurrency: int, prompt_tokens: int,
-                       max_tokens: int, offset: int) -> dict[str, float]:
+                       max_tokens: int, offset: int, extra: dict[str, Any] | None = None) -> dict[str, float]:
     """:func:`drive_streams`, with the agents' steps and step seconds during the burst."""
     marks: list[StepTotals] = []
     result = event_loop.run(drive_streams(
         url, model, concurrency, prompt_tokens, max_tokens, offset,
-        before_burst=lambda: marks.append(scrape_step_totals(metrics_urls)),
+        before_burst=lambda: marks.append(scrape_step_totals(metrics_urls)), extra=extra,
     ))
     steps = scrape_step_totals(metrics_urls) - marks[0]
     result["steps"], result["step_s"] = float(steps.steps), steps.seconds
@@ -337,22 +375,27 @@ def process_ids(processes: ClusterProcesses) -> dict[str, int]:
 
 def run_through_shoal(
     preset: str, concurrencies: list[int], prompt_tokens: int, max_tokens: int, threads: int, log_dir: Path,
-    *, rounds: int = 1, instances: int = 1, engine_core: str = "thread",
-) -> tuple[dict[int, dict[str, float]], dict[int, dict[str, float]], dict[int, list[dict[str, float]]]]:
+    *, rounds: int = 1, instances: int = 1, engine_core: str = "thread", schema: dict[str, Any] | None = None,
+) -> tuple[dict[int, dict[str, float]], dict[int, dict[str, float]], dict[int, list[dict[str, float]]],
+           dict[int, dict[str, Any]]]:
     """``instances`` agents and the frontend as child processes on an embedded NATS; clients here.
 
     Each concurrency runs ``rounds`` times through shoal, each next to a run of
     the direct engine on the same workload (after it, or before it every other
     round), so both see the same load on a shared machine; the run of median
     throughput of each side is reported.
-    Returns ``(shoal, direct, pairs)`` by concurrency: the median runs, and per round its
-    paired ratio and :func:`~frontend.bench_steps.step_breakdown`.
+    With ``schema``, each round also runs the burst through shoal with that JSON schema as every
+    request's ``response_format``, beside the plain one (the plain one first every other round).
+    Returns ``(shoal, direct, pairs, grammar)`` by concurrency: the median runs, per round its
+    paired ratio and :func:`~frontend.bench_steps.step_breakdown`, and (with ``schema``) the
+    constrained runs: their median run and each round's tokens/s over the plain run's.
     """
     from bus.server import free_port
 
     options = engine_options(preset, max(concurrencies), prompt_tokens, max_tokens)
     processes = ClusterProcesses(log_dir)
     progress = BenchProgress("serve", 1 + len(concurrencies) * rounds)
+    extra = None if schema is None else response_format_of(schema)
     try:
         progress.phase(f"starting shoal: NATS, {instances} agent(s) ({preset}), the frontend")
         agent_args = torch_agent_args(preset, options, threads, engine_core)
@@ -364,6 +407,7 @@ def run_through_shoal(
         shoal: dict[int, dict[str, float]] = {}
         direct: dict[int, dict[str, float]] = {}
         pairs: dict[int, list[dict[str, float]]] = {}
+        grammar: dict[int, dict[str, Any]] = {}
         pids = process_ids(processes)
         pids["clients"] = os.getpid()
 
@@ -375,8 +419,12 @@ def run_through_shoal(
         def cpu(name: str, pid: int) -> float:  # an agent's engine core process counts as the agent's
             return cpu_seconds(pid, children=name.startswith("agent"))
 
+        def constrained(concurrency: int, offset: int) -> dict[str, float]:
+            return _streams_and_steps(http_url, metrics_urls, preset, concurrency, prompt_tokens, max_tokens,
+                                      offset, extra)
+
         for n, concurrency in enumerate(concurrencies):
-            shoal_runs, direct_runs = [], []
+            shoal_runs, direct_runs, grammar_runs = [], [], []
             for round_index in range(rounds):
                 # every other round the direct engine goes first, so a drift in the machine's speed
                 # during a round does not always fall on the same side
@@ -384,8 +432,10 @@ def run_through_shoal(
                 progress.phase(f"{concurrency} streams, round {round_index + 1}/{rounds}: shoal and direct")
                 if direct_first:
                     direct_runs.append(run_direct_now(concurrency))
-                before = {name: cpu(name, pid) for name, pid in pids.items()}
                 offset = 1000 * (n + 1) + 100 * round_index
+                if extra is not None and direct_first:  # the constrained run beside the plain one
+                    grammar_runs.append(constrained(concurrency, offset))
+                before = {name: cpu(name, pid) for name, pid in pids.items()}
                 result = _streams_and_steps(http_url, metrics_urls, preset, concurrency, prompt_tokens,
                                             max_tokens, offset)
                 for name, pid in pids.items():  # CPU ms per 1000 output tokens, warm-up requests included
@@ -397,6 +447,8 @@ def run_through_shoal(
                 )
                 result["direct_first"] = float(direct_first)
                 shoal_runs.append(result)
+                if extra is not None and not direct_first:
+                    grammar_runs.append(constrained(concurrency, offset))
                 if not direct_first:
                     direct_runs.append(run_direct_now(concurrency))
             shoal[concurrency] = median_run(shoal_runs)
@@ -404,7 +456,12 @@ def run_through_shoal(
             pairs[concurrency] = [
                 _pair(s, d, instances) for s, d in zip(shoal_runs, direct_runs, strict=True)
             ]
-        return shoal, direct, pairs
+            if grammar_runs:
+                grammar[concurrency] = {
+                    "median_run": median_run(grammar_runs),
+                    "ratios": [g["tps"] / s["tps"] for g, s in zip(grammar_runs, shoal_runs, strict=True)],
+                }
+        return shoal, direct, pairs, grammar
     finally:
         processes.stop_all()
 
@@ -422,23 +479,38 @@ def run_through_shoal(
               help="Agents behind the frontend (and direct engines, one process each, to compare with).")
 @click.option("--engine-core", type=click.Choice(["thread", "process"]), default="thread", show_default=True,
               help="The agents' --engine-core (the direct engine computes in its own process either way).")
+@click.option("--grammar", is_flag=True,
+              help="Also run every round with a json_schema response_format on every request (the built-in "
+                   "schema, or --json-schema's): the grammar's throughput cost, paired with the plain run.")
+@click.option("--json-schema", "schema_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              default=None, help="The JSON schema for --grammar (implies it).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None)
 def bench_serve(preset: str, concurrencies: tuple[int, ...], prompt_tokens: int, max_tokens: int,
-                threads: int, rounds: int, instances: int, engine_core: str, json_path: Path | None) -> None:
+                threads: int, rounds: int, instances: int, engine_core: str, grammar: bool,
+                schema_path: Path | None, json_path: Path | None) -> None:
     """Streaming tokens/s and TTFT through shoal (frontend + NATS + agent) vs the engine alone.
 
     The defaults take a few minutes on two cores; tighter medians: --rounds 5.
     """
     import torch
 
+    schema: dict[str, Any] | None = None
+    if schema_path is not None:
+        loaded = json.loads(schema_path.read_text())
+        if not isinstance(loaded, dict):
+            raise click.BadParameter("a JSON schema is an object", param_hint="--json-schema")
+        schema = loaded
+    elif grammar:
+        schema = BENCH_SCHEMA
+
     torch.set_num_threads(threads)
     levels = sorted(set(concurrencies), key=int)
     if instances < 1:
         raise click.BadParameter("must be >= 1", param_hint="--instances")
     with scratch_dir("shoal-bench-serve-") as log_dir:
-        shoal, direct, pairs = run_through_shoal(
+        shoal, direct, pairs, constrained = run_through_shoal(
             preset, levels, prompt_tokens, max_tokens, threads, log_dir, rounds=rounds, instances=instances,
-            engine_core=engine_core,
+            engine_core=engine_core, schema=schema,
         )
     results: dict[str, Any] = {}
     machine = platform.processor() or platform.machine()
@@ -483,8 +555,24 @@ def bench_serve(preset: str, concurrencies: tuple[int, ...], prompt_tokens: int,
                    + f" | {results[str(c)]['cpu_ceiling_ratio']:.2f}")
     for line in breakdown_table({c: results[str(c)] for c in levels}):
         click.echo(line)
+    if constrained:
+        click.echo("json_schema response_format on every request (through shoal), beside the plain runs:")
+        click.echo(f"{'streams':>8} {'plain tok/s':>12} {'schema tok/s':>13} {'ratio':>6} {'paired':>7} "
+                   f"{'TTFT p50 ms':>12} {'TTFT p99 ms':>12} {'tokens':>7}")
+        for c in levels:
+            g, s = constrained[c]["median_run"], shoal[c]
+            paired = statistics.median(constrained[c]["ratios"])
+            results[str(c)]["json_schema"] = {
+                "tps": g["tps"], "ratio": g["tps"] / s["tps"] if s["tps"] else float("nan"),
+                "median_of_paired_ratios": paired, "paired_ratios": constrained[c]["ratios"],
+                "ttft_p50_ms": g["ttft_p50_ms"], "ttft_p99_ms": g["ttft_p99_ms"], "tokens": g["tokens"],
+                "steps": g["steps"], "step_s": g["step_s"],
+            }
+            ratio = results[str(c)]["json_schema"]["ratio"]
+            click.echo(f"{c:>8} {s['tps']:>12.1f} {g['tps']:>13.1f} {ratio:>6.2f} {paired:>7.2f} "
+                       f"{g['ttft_p50_ms']:>12.1f} {g['ttft_p99_ms']:>12.1f} {g['tokens']:>7.0f}")
     meta = {"preset": preset, "prompt_tokens": prompt_tokens, "max_tokens": max_tokens, "threads": threads,
-            "instances": instances, "engine_core": engine_core,
+            "instances": instances, "engine_core": engine_core, "json_schema": schema,
             "rounds": rounds, "load_average": os.getloadavg(), "event_loop": event_loop.loop_name(),
             "cpus": os.cpu_count(), "median_ratio": statistics.median(r["ratio"] for r in results.values())}
     if json_path is not None:
