@@ -40,7 +40,9 @@ __all__ = [
     "ChatMessage",
     "CompletionRequest",
     "ContentPart",
+    "FunctionCall",
     "StreamOptions",
+    "ToolCall",
     "logit_bias_of",
     "refuse_ignored_options",
     "sampling_of",
@@ -114,12 +116,33 @@ class ContentPart(BaseModel):
     text: str | None = None
 
 
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    #: the arguments as JSON text
+    arguments: str
+
+
+class ToolCall(BaseModel):
+    """A tool call of an earlier assistant message, as the client sends it back."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    #: an assistant message's tool calls; a ``tool`` message answers one of them by ``tool_call_id``
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
 
 
 class ChatCompletionRequest(_Common):
@@ -130,6 +153,11 @@ class ChatCompletionRequest(_Common):
     logprobs: bool | None = False
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     add_generation_prompt: bool | None = True
+    #: function tools (:func:`frontend.tools.parse_tools` checks them: a 400 naming ``tools``)
+    tools: list[dict[str, Any]] | None = None
+    #: "none", "auto", "required" or ``{"type": "function", "function": {"name": ...}}``
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
 
 
 def stop_strings_of(request: _Common, max_stop_strings: int) -> tuple[str, ...]:
@@ -160,12 +188,8 @@ def _tools_used(request: Mapping[str, Any], tools: str, choice: str) -> bool:
 #: Options shoal does not implement whose value changes the answer, with what makes the value count
 #: and why it is refused: a request that sets one gets a 400 naming it (vLLM's fields among them, as
 #: real clients send them). Options that change nothing a client reads (``user``, ``metadata``,
-#: ``store``, ``service_tier``, ``parallel_tool_calls``, ``prediction`` ...) stay accepted and ignored.
+#: ``store``, ``service_tier``, ``prediction`` ...) stay accepted and ignored.
 REFUSED_OPTIONS: dict[str, tuple[Callable[[Mapping[str, Any]], bool], str]] = {
-    "tools": (lambda r: _tools_used(r, "tools", "tool_choice"),
-              "tool calling is not supported (tools are accepted with tool_choice 'none')"),
-    "tool_choice": (lambda r: not _set(r.get("tools")) and r.get("tool_choice") not in (None, "none", "auto"),
-                    "tool_choice needs tools, and tool calling is not supported"),
     "functions": (lambda r: _tools_used(r, "functions", "function_call"),
                   "function calling is not supported (functions are accepted with function_call 'none')"),
     "audio": (_nonempty("audio"), "audio output is not supported"),
