@@ -153,6 +153,11 @@ class RequestOutput(msgspec.Struct, frozen=True):
     top_logprobs: tuple[Alternatives, ...] | None = None
     #: prompt tokens served from the prefix cache when the request was first admitted here
     num_cached_tokens: int = 0
+    #: ``SamplingParams.prompt_logprobs``, on the request's output with ``first_index`` 0: the logprob
+    #: of each prompt token given the ones before it (None for the first) ...
+    prompt_logprobs: tuple[float | None, ...] | None = None
+    #: ... and at each prompt position the most likely (token id, logprob) pairs (empty for the first)
+    prompt_top_logprobs: tuple[Alternatives, ...] | None = None
 
     @property
     def finished(self) -> bool:

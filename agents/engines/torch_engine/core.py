@@ -1,8 +1,9 @@
 """The torch engine's model step, in the agent's process or in a process of its own.
 
 What a step computes is plain data in and out: the scheduled sequences
-(``SequenceWork``), which of them sample, their ``SamplingRow`` in, one token id
-per sampling row out. ``ModelCore`` computes it where it is built.
+(``SequenceWork``), which of them sample, their ``SamplingRow`` and the prompt
+positions to score in; one token id per sampling row and the prompt scores
+out. ``ModelCore`` computes it where it is built.
 ``CoreProcess`` computes it in a child process, the vLLM-v1 shape: the model
 and its forward pass live there, the agent keeps scheduling, block tables and
 the bus, and the two meet through a pipe (one pickled message each way per
@@ -43,8 +44,8 @@ import time
 import traceback
 import uuid
 import weakref
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
@@ -53,7 +54,7 @@ import torch
 from agents.engines.protocol import EngineError
 from agents.engines.torch_engine.kv_cache import KVPoolShape, PagedKVPool, dtype_name, torch_dtype
 from agents.engines.torch_engine.loader import load_model
-from agents.engines.torch_engine.runner import ModelRunner, SequenceWork
+from agents.engines.torch_engine.runner import ModelRunner, PromptScores, PromptScoring, SequenceWork
 from agents.engines.torch_engine.sampling import SamplingRow, sample
 from bus.heap import freeze_startup_heap
 from schemas import Alternatives, SamplingParams
@@ -71,17 +72,20 @@ START_TIMEOUT_S = 600.0
 
 
 #: What a step computed: a token id per sampling row, their logprobs and alternatives (see
-#: ``SampleResult``), and the seconds it took.
-Computed = tuple[list[int], list[float | None], list[Alternatives | None], float]
+#: ``SampleResult``), the seconds it took, and the prompt scores of the scored sequences (by index
+#: in the step's work).
+Computed = tuple[list[int], list[float | None], list[Alternatives | None], float, dict[int, PromptScores]]
 
 
 @dataclass(frozen=True, slots=True)
 class StepWork:
-    """One step's computation: ``work`` in work order; ``sampled`` indexes the rows that pick a token."""
+    """One step's computation: ``work`` in work order; ``sampled`` indexes the rows that pick a token;
+    ``scoring``: the sequences (by index in ``work``) whose prompt positions are scored."""
 
     work: Sequence[SequenceWork]
     sampled: Sequence[int]
     rows: Sequence[SamplingRow]
+    scoring: Mapping[int, PromptScoring] = field(default_factory=dict)
 
     def to_wire(self) -> tuple[Any, ...]:
         """Plain tuples (pickling the dataclasses costs ten times more: ~0.6 ms a 32-request step)."""
@@ -93,17 +97,20 @@ class StepWork:
             if index is None:
                 index = params[id(row.params)] = len(unique)
                 unique.append(row.params)
-            rows.append((index, row.seed, row.output_index, tuple(row.history), tuple(row.banned_token_ids)))
+            rows.append((index, row.seed, row.output_index, tuple(row.history), tuple(row.banned_token_ids),
+                         row.allowed))
         work = [(tuple(item.token_ids), item.start, tuple(item.block_ids)) for item in self.work]
-        return work, tuple(self.sampled), rows, unique
+        scoring = {i: (tuple(spec.targets), spec.k) for i, spec in self.scoring.items()}
+        return work, tuple(self.sampled), rows, unique, scoring
 
     @classmethod
     def from_wire(cls, wire: tuple[Any, ...]) -> StepWork:
-        work, sampled, rows, params = wire
+        work, sampled, rows, params, scoring = wire
         return cls(
             [SequenceWork(*item) for item in work],
             sampled,
             [SamplingRow(params[index], *rest) for index, *rest in rows],
+            {i: PromptScoring(targets, k) for i, (targets, k) in scoring.items()},
         )
 
 
@@ -126,13 +133,13 @@ class ModelCore:
     def compute(self, step: StepWork) -> Computed:
         """The sampled token ids (one per ``step.sampled`` row), their logprobs where asked, the seconds."""
         started = time.perf_counter()
-        logits = self.runner.logits(step.work)
+        logits, scores = self.runner.run(step.work, step.scoring)
         if len(step.sampled) < len(step.work):  # prompt chunks: their logits are not used
             logits = logits[list(step.sampled)]
         if not step.rows:
-            return [], [], [], time.perf_counter() - started
+            return [], [], [], time.perf_counter() - started, scores
         result = sample(logits, step.rows)
-        return result.token_ids, result.logprobs, result.top, time.perf_counter() - started
+        return result.token_ids, result.logprobs, result.top, time.perf_counter() - started, scores
 
 
 @dataclass(frozen=True, slots=True)

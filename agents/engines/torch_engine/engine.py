@@ -14,6 +14,14 @@ into blocks of its own, and attends to the shared blocks through its block table
 chunk of a chunked prefill does. A cached block is full and complete, and no request writes
 it again; ``shoal agent --no-prefix-cache`` turns the cache off.
 
+Prompt logprobs (``SamplingParams.prompt_logprobs``, vLLM's): every prefill chunk of a request
+that asks, until it has generated a token, also scores its positions (the runner's
+:class:`~.runner.PromptScoring`: the log-softmax over the vocabulary of the raw logits, the next
+prompt token's logprob and the ``k`` most likely tokens); the engine files them by position and
+puts them on the request's first output. The scheduler admits such a request without prefix-cache
+hits, so every position is computed. A rescued request that has already delivered tokens computes
+none (they went out with its first token).
+
 ``step_async`` computes in a worker thread so the agent's event loop keeps
 serving (migration, new requests) meanwhile. Aborts and releases that arrive
 while a step computes are applied when it completes (their blocks could
@@ -40,6 +48,7 @@ from dataclasses import dataclass
 import msgspec
 
 from agents.engines.block_manager import Reservation
+from agents.engines.grammar import GrammarCompiler
 from agents.engines.local_scheduler import LocalScheduler, LocalSchedulerConfig, Request, SchedulerOutput
 from agents.engines.protocol import (
     EngineInfo,
@@ -48,6 +57,7 @@ from agents.engines.protocol import (
     MigrationError,
     RejectionEvent,
     RejectReason,
+    RequestOutput,
     RequestRejected,
     SchedulerEvent,
     StepResult,
@@ -65,21 +75,28 @@ from agents.engines.torch_engine.kv_cache import (
 )
 from agents.engines.torch_engine.loader import load_model
 from agents.engines.torch_engine.model import LlamaForCausalLM
-from agents.engines.torch_engine.runner import ModelRunner, SequenceWork
+from agents.engines.torch_engine.runner import ModelRunner, PromptScores, PromptScoring, SequenceWork
 from agents.engines.torch_engine.sampling import (
     SamplingRow,
     check_sampling_params,
     request_seed,
     wants_history,
+    with_grammar_masks,
 )
 from schemas import Alternatives, KVLayout, ModelIdentity, SamplingParams
 
 __all__ = ["DEFAULT_KV_CACHE_BYTES", "TorchEngine", "TorchEngineConfig"]
 
 #: A step's sampled token per request, and the logprobs and alternatives of those whose sampling asks
-#: (None: none asks).
-_Sampled = tuple[dict[str, int], dict[str, float] | None, dict[str, Alternatives] | None]
-_NOTHING: _Sampled = ({}, None, None)
+#: (None: none asks); then the prompt scores per request id with the prompt position of its first
+#: scored token.
+_Sampled = tuple[
+    dict[str, int],
+    dict[str, float] | None,
+    dict[str, Alternatives] | None,
+    dict[str, tuple[int, PromptScores]],
+]
+_NOTHING: _Sampled = ({}, None, None, {})
 
 DEFAULT_KV_CACHE_BYTES = 256 * 1024**2
 
@@ -192,6 +209,7 @@ class TorchEngine(ScheduledEngine):
             self._core = ModelCore(runner)
         eos_ids = loaded.config.eos_token_ids
         self._eos_token_ids = eos_ids
+        self.grammars = GrammarCompiler.for_model(config.model, loaded.config.vocab_size, eos_ids)
         self.scheduler = LocalScheduler(
             LocalSchedulerConfig(
                 num_blocks=num_blocks,
@@ -203,7 +221,8 @@ class TorchEngine(ScheduledEngine):
                 max_prefill_tokens=config.max_prefill_tokens,
                 max_step_tokens=config.max_step_tokens,
                 prefix_cache=config.prefix_cache,
-            )
+            ),
+            constraints=self.grammars,
         )
         self._info = EngineInfo(
             engine="torch",
@@ -228,6 +247,9 @@ class TorchEngine(ScheduledEngine):
         self._in_step = False
         self._deferred: list[tuple[str, str]] = []  # (action, request_id) that arrived mid-step
         self._last_step: tuple[float, int] | None = None  # (seconds, tokens) of the last computed step
+        #: the prompt logprobs computed so far of requests that ask (``SamplingParams.prompt_logprobs``),
+        #: per prompt position, until their first output carries them
+        self._prompt_scores: dict[str, tuple[list[float | None], list[Alternatives]]] = {}
 
     # ------------------------------------------------------------ serving
 
@@ -318,8 +340,27 @@ class TorchEngine(ScheduledEngine):
             last = request.all_token_ids[-1:]
             work.append(SequenceWork(last, request.num_computed_tokens, tuple(request.block_ids)))
         scheduled = self._scheduled(plan)
-        rows = [self._sampling_row(scheduled[i]) for i in self._sampled_rows(plan)]
-        return work, rows
+        sampled = [scheduled[i] for i in self._sampled_rows(plan)]
+        rows = [self._sampling_row(request) for request in sampled]
+        return work, with_grammar_masks(rows, [request.constraint for request in sampled], self.grammars)
+
+    @staticmethod
+    def _scoring(plan: SchedulerOutput) -> dict[int, PromptScoring]:
+        """The prefills (by index in work order) whose prompt positions are scored: those of requests
+        that ask for prompt logprobs and have generated nothing yet (a rescued or preempted request
+        that has already delivered tokens delivered its prompt logprobs with the first of them)."""
+        scoring: dict[int, PromptScoring] = {}
+        for index, prefill in enumerate(plan.prefills):
+            request = prefill.request
+            k = request.sampling.prompt_logprobs
+            if k is None or request.num_output_tokens:
+                continue
+            # position p predicts prompt token p + 1; the last prompt position predicts the output
+            end = min(prefill.end + 1, request.num_prompt_tokens)
+            targets = request.all_token_ids[prefill.start + 1 : end]
+            if targets:
+                scoring[index] = PromptScoring(targets, k)
+        return scoring
 
     def _sampling_row(self, request: Request) -> SamplingRow:
         params = request.sampling
@@ -345,23 +386,59 @@ class TorchEngine(ScheduledEngine):
     def _step_work(
         self, plan: SchedulerOutput, work: list[SequenceWork], rows: list[SamplingRow]
     ) -> StepWork:
-        return StepWork(work, self._sampled_rows(plan), rows)
+        return StepWork(work, self._sampled_rows(plan), rows, self._scoring(plan))
 
     def _sampled(self, plan: SchedulerOutput, step: StepWork, computed: Computed) -> _Sampled:
         """Request id -> sampled token and -> its logprob where asked, from a computed step (and the
         step's time, for ``exclusive``)."""
-        token_ids, logprobs, top, seconds = computed
+        token_ids, logprobs, top, seconds, scores = computed
         self._last_step = (seconds, plan.num_prefill_tokens + len(plan.decodes))
         scheduled = self._scheduled(plan)
         ids = [scheduled[i].request_id for i in step.sampled]
         tokens = dict(zip(ids, token_ids, strict=True))
+        prefills = plan.prefills
+        prompt = {prefills[i].request.request_id: (prefills[i].start + 1, got) for i, got in scores.items()}
         if not logprobs:
-            return tokens, None, None
+            return tokens, None, None, prompt
         values = {i: v for i, v in zip(ids, logprobs, strict=True) if v is not None}
-        return tokens, values, {i: t for i, t in zip(ids, top, strict=True) if t is not None} if top else None
+        alternatives = {i: t for i, t in zip(ids, top, strict=True) if t is not None} if top else None
+        return tokens, values, alternatives, prompt
+
+    def _keep_prompt_scores(self, plan: SchedulerOutput, scores: dict[str, tuple[int, PromptScores]]) -> None:
+        """File a step's prompt scores under their positions (a chunked prompt's come over several steps)."""
+        for prefill in plan.prefills:
+            found = scores.get(prefill.request.request_id)
+            if found is None:
+                continue
+            request = prefill.request
+            first, computed = found
+            kept = self._prompt_scores.get(request.request_id)
+            if kept is None:
+                size = request.num_prompt_tokens
+                kept = self._prompt_scores[request.request_id] = ([None] * size, [()] * size)
+            values, top = kept
+            values[first : first + len(computed.logprobs)] = computed.logprobs
+            top[first : first + len(computed.top)] = computed.top
+
+    def _with_prompt_scores(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
+        """Put each waiting request's prompt logprobs on its first output (``first_index`` 0)."""
+        for index, output in enumerate(outputs):
+            if output.first_index != 0:
+                continue
+            kept = self._prompt_scores.pop(output.request_id, None)
+            if kept is not None:
+                outputs[index] = msgspec.structs.replace(
+                    output, prompt_logprobs=tuple(kept[0]), prompt_top_logprobs=tuple(kept[1])
+                )
+        return outputs
 
     def _complete(self, plan: SchedulerOutput, sampled: _Sampled, started: float) -> StepResult:
-        outputs = self.scheduler.update_from_output(plan, *sampled)
+        tokens, logprobs, top, prompt = sampled
+        if prompt:
+            self._keep_prompt_scores(plan, prompt)
+        outputs = self.scheduler.update_from_output(plan, tokens, logprobs, top)
+        if self._prompt_scores:
+            outputs = self._with_prompt_scores(outputs)
         if self._deferred:
             dropped = self._apply_deferred()
             outputs = [o for o in outputs if o.request_id not in dropped]
@@ -379,6 +456,7 @@ class TorchEngine(ScheduledEngine):
         deferred, self._deferred = self._deferred, []
         for action, request_id in deferred:
             dropped.add(request_id)
+            self._prompt_scores.pop(request_id, None)
             if request_id not in self.scheduler:
                 continue  # it finished in this step anyway
             if action == "abort":
@@ -393,6 +471,7 @@ class TorchEngine(ScheduledEngine):
                 return False
             self._deferred.append(("abort", request_id))
             return True
+        self._prompt_scores.pop(request_id, None)
         return self.scheduler.abort(request_id)
 
     def stats(self) -> EngineStats:
@@ -462,4 +541,5 @@ class TorchEngine(ScheduledEngine):
             if ("release", request_id) not in self._deferred:
                 self._deferred.append(("release", request_id))
             return len(request.block_ids)
+        self._prompt_scores.pop(request_id, None)
         return self.scheduler.release_request(request_id)

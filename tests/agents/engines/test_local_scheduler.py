@@ -153,7 +153,7 @@ def test_adding_the_same_id_twice_is_a_no_op() -> None:
         ([1, 100], sp(), RejectReason.TOKEN_OUT_OF_RANGE),
         ([-1], sp(), RejectReason.TOKEN_OUT_OF_RANGE),
         ([1] * 65, sp(), RejectReason.EXCEEDS_CAPACITY),  # 16 blocks of 4 = 64 tokens
-        ([1] * 10, sp(max_tokens=0), RejectReason.INVALID_SAMPLING),
+        ([1] * 10, sp(max_tokens=-1), RejectReason.INVALID_SAMPLING),
         ([1] * 10, sp(min_tokens=-1), RejectReason.INVALID_SAMPLING),
     ],
 )

@@ -256,7 +256,7 @@ def test_bad_requests_are_rejected_clearly_and_others_are_unaffected() -> None:
         "empty": ([], GREEDY, RejectReason.EMPTY_PROMPT),
         "token-too-big": ([1, 2, 320], GREEDY, RejectReason.TOKEN_OUT_OF_RANGE),
         "token-negative": ([1, -1], GREEDY, RejectReason.TOKEN_OUT_OF_RANGE),
-        "no-tokens-wanted": ([1, 2], SamplingParams(max_tokens=0), RejectReason.INVALID_SAMPLING),
+        "negative-max-tokens": ([1, 2], SamplingParams(max_tokens=-1), RejectReason.INVALID_SAMPLING),
         "bad-top-p": ([1, 2], SamplingParams(top_p=1.5), RejectReason.INVALID_SAMPLING),
     }
     for request_id, (prompt, sampling, reason) in bad.items():
