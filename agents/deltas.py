@@ -2,7 +2,8 @@
 
 :class:`DeltaBuffer` keeps, per request, the last few :class:`~schemas.TokenDelta`
 messages published and every output token so far (for non-streaming requests,
-which get one delta with all tokens at the end). Finished requests keep their
+which get one delta with all tokens at the end), and its prompt logprobs if it asked for them
+(they ride on the delta with ``first_index`` 0, of a resend from 0 too). Finished requests keep their
 buffer for a while (a bounded number of them), so a client that lost the last
 delta can still ask for it. Pure bookkeeping: no I/O.
 """
@@ -12,7 +13,9 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
-from schemas import SamplingParams, TokenDelta
+import msgspec
+
+from schemas import Alternatives, SamplingParams, TokenDelta
 
 __all__ = ["DeltaBuffer", "RequestTokens"]
 
@@ -32,6 +35,10 @@ class RequestTokens:
     finished: bool = False
     #: where its deltas go in per-step batches (``GenerateRequest.delta_subject``); None: its own subject
     delta_subject: str | None = None
+    #: its prompt logprobs once the engine gave them (``SamplingParams.prompt_logprobs``): a resend
+    #: from index 0 carries them again, however long ago the first delta went out
+    prompt_logprobs: tuple[float | None, ...] | None = None
+    prompt_top_logprobs: tuple[Alternatives, ...] | None = None
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -129,6 +136,13 @@ class DeltaBuffer:
                     num_cached_tokens=delta.num_cached_tokens,
                 )
             out.append(delta)
+        if (
+            from_index == 0 and out and out[0].first_index == 0 and out[0].prompt_logprobs is None
+            and tokens.prompt_logprobs is not None
+        ):
+            out[0] = msgspec.structs.replace(
+                out[0], prompt_logprobs=tokens.prompt_logprobs, prompt_top_logprobs=tokens.prompt_top_logprobs
+            )
         return out
 
     @property

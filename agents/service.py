@@ -428,6 +428,9 @@ class Agent:
             if tokens is None:
                 continue  # moved away or aborted while the step ran
             tokens.output_token_ids.extend(output.token_ids)
+            if output.prompt_logprobs is not None:
+                tokens.prompt_logprobs = output.prompt_logprobs
+                tokens.prompt_top_logprobs = output.prompt_top_logprobs
             if tokens.stream:
                 delta = TokenDelta(
                     request_id=output.request_id,
@@ -440,6 +443,8 @@ class Agent:
                     finish_reason=output.finish_reason,
                     num_prompt_tokens=tokens.num_prompt_tokens,
                     num_cached_tokens=output.num_cached_tokens,
+                    prompt_logprobs=output.prompt_logprobs,
+                    prompt_top_logprobs=output.prompt_top_logprobs,
                 )
                 self._queue_delta(delta, tokens.delta_subject)
             elif output.finish_reason is not None:
@@ -453,6 +458,8 @@ class Agent:
                         finish_reason=output.finish_reason,
                         num_prompt_tokens=tokens.num_prompt_tokens,
                         num_cached_tokens=output.num_cached_tokens,
+                        prompt_logprobs=tokens.prompt_logprobs,
+                        prompt_top_logprobs=tokens.prompt_top_logprobs,
                     ),
                     tokens.delta_subject,
                 )
