@@ -5,13 +5,15 @@ the engine's model uses: :func:`load_frontend_tokenizer` takes the model spec
 of ``shoal up`` / ``shoal serve`` — a torch preset (byte tokenizer), a
 checkpoint folder (its ``tokenizer.json`` and chat template) or
 ``sim:<profile>`` (a byte tokenizer over the profile's vocabulary). Chat
-messages are rendered with the tokenizer's chat template (a simple
-role-tagged default for the byte tokenizer).
+messages (with their tool calls and tool results) and function tools are
+rendered with the tokenizer's chat template (a simple role-tagged default
+for the byte tokenizer, which shows no tools).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agents.engines.tokenizer import ByteTokenizer, TextTokenizer, load_tokenizer, render_chat
@@ -84,12 +86,37 @@ def _content_text(message: ChatMessage) -> str:
     return "".join(parts)
 
 
+def _message(message: ChatMessage) -> dict[str, Any]:
+    """A message as chat templates read it: tool calls' arguments as objects (as vLLM passes them)."""
+    rendered: dict[str, Any] = {"role": message.role, "content": _content_text(message)}
+    if message.name is not None:
+        rendered["name"] = message.name
+    if message.tool_call_id is not None:
+        rendered["tool_call_id"] = message.tool_call_id
+    if message.tool_calls:
+        calls = []
+        for call in message.tool_calls:
+            try:
+                arguments = json.loads(call.function.arguments) if call.function.arguments.strip() else {}
+            except ValueError as exc:
+                raise invalid_parameter(
+                    f"the arguments of tool call {call.id!r} are not JSON: {exc}", "messages"
+                ) from exc
+            function = {"name": call.function.name, "arguments": arguments}
+            calls.append({"id": call.id, "type": call.type, "function": function})
+        rendered["tool_calls"] = calls
+    return rendered
+
+
 def chat_prompt_ids(
-    tokenizer: TextTokenizer, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True
+    tokenizer: TextTokenizer, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True,
+    tools: Sequence[Mapping[str, Any]] | None = None,
 ) -> list[int]:
-    rendered = [{"role": m.role, "content": _content_text(m)} for m in messages]
+    """The prompt of chat ``messages`` through the chat template; ``tools``: function tools in chat's
+    form, which the template renders (None: no tools)."""
+    rendered = [_message(m) for m in messages]
     try:
-        text = render_chat(tokenizer, rendered, add_generation_prompt=add_generation_prompt)
+        text = render_chat(tokenizer, rendered, add_generation_prompt=add_generation_prompt, tools=tools)
     except Exception as exc:  # a template error is the messages' fault (e.g. roles out of order)
         raise APIError(400, f"the chat template rejected the messages: {exc}", param="messages") from exc
     ids = encode_text(tokenizer, text, "messages", add_special_tokens=False)

@@ -45,12 +45,25 @@ class TextTokenizer(Protocol):
 
 
 def render_chat(
-    tokenizer: TextTokenizer, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True
+    tokenizer: TextTokenizer,
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    add_generation_prompt: bool = True,
+    tools: Sequence[Mapping[str, Any]] | None = None,
 ) -> str:
-    """The prompt text for chat ``messages``, rendered with the tokenizer's Jinja chat template."""
+    """The prompt text for chat ``messages``, rendered with the tokenizer's Jinja chat template.
+
+    As transformers' ``apply_chat_template``: ``tools`` (OpenAI function tools, ``{"type": "function",
+    "function": {...}}``; None: the template sees none) and messages' ``tool_calls`` and
+    ``tool_call_id`` go to the template as they are, ``tojson`` keeps non-ASCII text and takes
+    ``indent``, and a template may ``raise_exception(message)``.
+    """
     import jinja2.sandbox
 
     environment = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    environment.filters["tojson"] = _tojson
+    environment.globals["raise_exception"] = _raise_exception
+    environment.globals["strftime_now"] = _strftime_now
     template = environment.from_string(tokenizer.chat_template)
 
     def text_of(token_id: int | None) -> str:
@@ -58,10 +71,31 @@ def render_chat(
 
     return template.render(
         messages=list(messages),
+        tools=None if tools is None else list(tools),
         add_generation_prompt=add_generation_prompt,
         bos_token=text_of(tokenizer.bos_token_id),
         eos_token=text_of(tokenizer.eos_token_ids[0] if tokenizer.eos_token_ids else None),
     )
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
+            sort_keys: bool = False) -> str:
+    """transformers' ``tojson`` for chat templates (Jinja's own escapes ``<``, ``>``, ``&`` and ``'``)."""
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+def _raise_exception(message: str) -> None:
+    import jinja2.exceptions
+
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _strftime_now(format_: str) -> str:
+    import datetime
+
+    return datetime.datetime.now().strftime(format_)
 
 
 class ByteTokenizer:
