@@ -20,7 +20,10 @@ Requests enter vLLM through its ``InputProcessor`` (validation, the
 checkpoint's generation config and EOS) with shoal's request id kept as
 vLLM's id, and leave detokenization to the frontend. A request that
 continues after generated tokens (rescue, migration) reaches vLLM with them
-appended to its prompt (see :mod:`.sampling`). Stats come from vLLM's
+appended to its prompt (see :mod:`.sampling`) and its grammar, if it has one
+(vLLM's structured outputs), advanced over them before its first step. Prompt
+logprobs arrive with a request's first token (vLLM computes them with its
+prefill, in chunks or not); ``max_tokens`` 0 runs one token and drops it. Stats come from vLLM's
 scheduler and its KV block pool: block 0 is vLLM's null block, so capacity is
 ``num_gpu_blocks - 1``.
 
@@ -111,6 +114,8 @@ class _Tracked:
     #: prompt tokens vLLM found in its prefix cache when it first admitted the request here
     num_cached_tokens: int = 0
     deferred: set[str] = field(default_factory=set)
+    #: a fresh request that asked for prompt logprobs and has not had them yet
+    wants_prompt_logprobs: bool = False
 
 
 def _bind_model_thread(cpus: tuple[int, ...]) -> None:
@@ -222,6 +227,61 @@ def _top_logprobs(lists: Any, num_tokens: int) -> tuple[Alternatives, ...] | Non
         tuple((int(t), float(v)) for t, v in zip(ids[1:], values[1:], strict=True))
         for ids, values in zip(lists.logprob_token_ids, lists.logprobs, strict=True)
     )
+
+
+def _prompt_logprobs(
+    tensors: Any, num_prompt_tokens: int
+) -> tuple[tuple[float | None, ...], tuple[Alternatives, ...]]:
+    """Each prompt token's logprob given the ones before it (the first has none) and the most
+    likely tokens at each position, from vLLM's prompt ``LogprobsTensors`` (one row per prompt
+    token after the first: column 0 the prompt token, then the alternatives)."""
+    if tensors is None:
+        rows_ids: list[list[int]] = []
+        rows: list[list[float]] = []
+    else:
+        rows_ids, rows = tensors.logprob_token_ids.tolist(), tensors.logprobs.tolist()
+    if len(rows) != num_prompt_tokens - 1:
+        raise RuntimeError(f"vLLM returned prompt logprobs for {len(rows)} of {num_prompt_tokens - 1} tokens")
+    values: tuple[float | None, ...] = (None, *(float(row[0]) for row in rows))
+    top: tuple[Alternatives, ...] = (
+        (),
+        *(
+            tuple((int(t), float(v)) for t, v in zip(ids[1:], row[1:], strict=True))
+            for ids, row in zip(rows_ids, rows, strict=True)
+        ),
+    )
+    return values, top
+
+
+def _advance_grammar(structured: Any, request_id: str, tokens: list[int]) -> None:
+    """Make a continued request's grammar (vLLM's ``StructuredOutputRequest``) the one that has
+    accepted ``tokens``: vLLM compiles it in the background (a future), and its scheduler admits the
+    request only when the future is done, so the advanced grammar replaces it. Tokens after the
+    grammar terminated are ignored, as vLLM's own step does; tokens the grammar rejects fail the
+    request as a grammar that failed to compile (vLLM's ``FINISHED_ERROR``)."""
+    pending = structured._grammar  # a future, or (compiled in line) the grammar or its error
+    advanced: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+    def advance(done: Any) -> None:
+        try:
+            grammar = done.result() if isinstance(done, concurrent.futures.Future) else done
+            if isinstance(grammar, Exception):
+                raise grammar
+            if grammar is None:
+                raise ValueError(f"request {request_id!r}: vLLM built no grammar")
+            if not grammar.accept_tokens(request_id, tokens):
+                raise ValueError(
+                    f"request {request_id!r}: the grammar rejects the {len(tokens)} tokens generated before"
+                )
+            advanced.set_result(grammar)
+        except Exception as exc:  # vLLM's scheduler fails the request with it
+            advanced.set_exception(exc)
+
+    if isinstance(pending, concurrent.futures.Future):
+        pending.add_done_callback(advance)
+    else:
+        advance(pending)
+    structured.grammar = advanced
 
 
 class VllmEngine:
@@ -351,7 +411,8 @@ class VllmEngine:
             )
         if -(-len(tokens) // info.block_size) > info.num_blocks:
             raise self._reject(request_id, RejectReason.EXCEEDS_CAPACITY, f"{len(tokens)} tokens do not fit")
-        if sampling.max_tokens - done <= 0 or sampling.min_tokens < 0:
+        # a fresh request may ask for no tokens (its prompt logprobs only); a continued one has some left
+        if sampling.max_tokens - done < (0 if done == 0 else 1) or sampling.min_tokens < 0:
             raise self._reject(
                 request_id, RejectReason.INVALID_SAMPLING, "max_tokens must exceed the tokens done"
             )
@@ -359,7 +420,14 @@ class VllmEngine:
     def _submit(
         self, request_id: str, tokens: Sequence[int], sampling: SamplingParams, done: int, priority: int
     ) -> Any:
-        """Build vLLM's request (keeping shoal's id) and hand it to the scheduler; returns it."""
+        """Build vLLM's request (keeping shoal's id) and hand it to the scheduler; returns it.
+
+        A constraint vLLM refuses (its validation parses the grammar or schema) is a rejection
+        with vLLM's reason. A continued request's grammar is advanced over the ``done`` tokens it
+        generated before (the last ones of ``tokens``) once vLLM has compiled it.
+        """
+        from vllm.exceptions import VLLMClientError
+
         try:
             request = self.input_processor.process_inputs(
                 request_id,
@@ -368,9 +436,11 @@ class VllmEngine:
                 supported_tasks=self._supported_tasks,
                 priority=priority,
             )
-        except ValueError as exc:
+        except (ValueError, VLLMClientError) as exc:
             raise self._reject(request_id, RejectReason.INVALID_SAMPLING, str(exc)) from exc
         core_request, wave = self.core.preprocess_add_request(request)
+        if done and core_request.structured_output_request is not None:
+            _advance_grammar(core_request.structured_output_request, request_id, list(tokens[-done:]))
         self.core.add_request(core_request, wave)
         return core_request
 
@@ -395,6 +465,7 @@ class VllmEngine:
             priority,
             next(self._arrivals),
             migration_blocker=migration_blocker(sampling),
+            wants_prompt_logprobs=sampling.prompt_logprobs is not None and not output_token_ids,
         )
         return True
 
@@ -452,14 +523,22 @@ class VllmEngine:
                 if tracked is None or out.request_id in dropped:
                     continue
                 first = len(tracked.output_token_ids)
-                tracked.output_token_ids.extend(out.new_token_ids)
                 if out.prefill_stats is not None:  # vLLM hands it over with a request's first output
                     tracked.num_cached_tokens = out.prefill_stats.num_cached_tokens
                 finish = None if out.finish_reason is None else _FINISH[int(out.finish_reason)]
                 new = tuple(out.new_token_ids)
                 lists = out.new_logprobs
+                if tracked.sampling.max_tokens == 0:  # the one token run for the prompt logprobs
+                    new, lists = (), None
+                tracked.output_token_ids.extend(new)
                 logprobs, top = _sampled_logprobs(lists, len(new)), _top_logprobs(lists, len(new))
                 num_prompt = len(tracked.prompt_token_ids)
+                prompt: dict[str, Any] = {}
+                if tracked.wants_prompt_logprobs:  # vLLM delivers them all with the first token
+                    tracked.wants_prompt_logprobs = False
+                    prompt["prompt_logprobs"], prompt["prompt_top_logprobs"] = _prompt_logprobs(
+                        out.new_prompt_logprobs_tensors, num_prompt
+                    )
                 outputs.append(
                     RequestOutput(
                         out.request_id,
@@ -470,6 +549,7 @@ class VllmEngine:
                         logprobs,
                         top,
                         num_cached_tokens=tracked.num_cached_tokens,
+                        **prompt,
                     )
                 )
                 if finish is not None:
@@ -578,6 +658,8 @@ class VllmEngine:
             raise UnknownRequest(request_id)
         if self.migration is None:
             return "this vllm engine was built without migration"
+        if tracked.wants_prompt_logprobs:
+            return "its prompt logprobs are computed with its prefill and not delivered yet"
         return tracked.migration_blocker
 
     def stats(self) -> EngineStats:
