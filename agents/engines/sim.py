@@ -17,7 +17,11 @@ Two ways to drive it:
 Token ids are deterministic: output token ``k`` of request ``r`` is a hash of
 ``(r, sampling.seed, k)`` modulo the vocabulary, never the EOS id. So a request
 produces the same tokens whether or not it migrates, and its length is set by
-``max_tokens`` (or a stop token id, or the context/capacity limits).
+``max_tokens`` (or a stop token id, or the context/capacity limits). There is no
+model, hence no logprobs: a request's outputs carry none, and a request for prompt
+logprobs (``SamplingParams.prompt_logprobs``) is refused (``INVALID_SAMPLING``, which
+the frontend answers with a 400 naming the reason) rather than answered with made-up
+numbers; echo and ``max_tokens`` 0 work (the prompt's text needs no model).
 
 KV buffers carry no tensors: ``export_blocks`` returns a :class:`KVBuffer` whose
 ``nbytes`` is the real KV size and whose payload is 8 bytes per block, a
@@ -41,7 +45,9 @@ from agents.engines.protocol import (
     EngineInfo,
     KVBuffer,
     MigrationError,
+    RejectReason,
     RequestOutput,
+    RequestRejected,
     StepResult,
 )
 from agents.engines.scheduled import ScheduledEngine
@@ -148,6 +154,23 @@ class SimEngine(ScheduledEngine):
         self._chunk_ends: dict[str, int] = {}  # request id -> end of its last chunk, mid-prefill
 
     # ------------------------------------------------------------ serving
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        sampling: SamplingParams,
+        priority: int = 0,
+        *,
+        output_token_ids: Sequence[int] = (),
+    ) -> bool:
+        if sampling.prompt_logprobs is not None and request_id not in self.scheduler:
+            self.scheduler.num_rejections += 1
+            detail = "prompt logprobs need a model; the sim engine has none"
+            raise RequestRejected(request_id, RejectReason.INVALID_SAMPLING, detail)
+        return super().add_request(
+            request_id, prompt_token_ids, sampling, priority, output_token_ids=output_token_ids
+        )
 
     def step(self) -> StepResult:
         plan = self.scheduler.schedule()
