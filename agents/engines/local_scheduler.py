@@ -68,6 +68,16 @@ did not compute. A request that asks for prompt logprobs and has generated nothi
 every position of its prompt is computed, as in vLLM. Cached blocks nobody uses count as free
 and are evicted, least recently freed first, when a request needs the room.
 
+Structured outputs: a request whose sampling has a ``structured`` constraint holds a
+:class:`TokenConstraint` (built by the :class:`Constraints` the engine passes in, e.g.
+:class:`agents.engines.grammar.GrammarCompiler`) from its admission on; the engine's sampler reads
+it for the next token's mask. Each sampled token advances it once (a preemption by recompute
+samples no token again, so nothing is fed twice); a request admitted with generated tokens
+(migrated in, or rescued) gets one built from those tokens, so its state never travels. When the
+grammar is complete the request finishes (``stop``), even under ``ignore_eos`` or before
+``min_tokens``: nothing else may follow. A constraint that does not compile, or generated tokens
+it refuses, is a rejection (``INVALID_SAMPLING``) naming the problem.
+
 For migration the scheduler also reserves blocks, admits a migrated request
 with a block table made of reservations, suspends/resumes and releases.
 """
@@ -79,6 +89,7 @@ import heapq
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from agents.engines.block_manager import BlockManager, CacheDelta, Reservation
 from agents.engines.protocol import (
@@ -96,17 +107,40 @@ from agents.engines.protocol import (
     SchedulerEvent,
     UnknownRequest,
 )
-from schemas import Alternatives, SamplingParams
+from schemas import Alternatives, SamplingParams, StructuredOutput
 from schemas.block_hash import extend_block_hashes, root_hash
 
 __all__ = [
+    "Constraints",
     "LocalScheduler",
     "LocalSchedulerConfig",
     "Request",
     "RequestStatus",
     "ScheduledPrefill",
     "SchedulerOutput",
+    "TokenConstraint",
 ]
+
+
+class TokenConstraint(Protocol):
+    """One request's position in its structured-output grammar."""
+
+    def accept(self, token_id: int) -> bool:
+        """Take the next generated token; False if the grammar refuses it."""
+        ...
+
+    def is_complete(self) -> bool:
+        """Nothing but the end may follow (also after a refused token)."""
+        ...
+
+
+class Constraints(Protocol):
+    """Builds requests' constraints over the engine's vocabulary."""
+
+    def build(self, structured: StructuredOutput, generated: Sequence[int] = ()) -> TokenConstraint:
+        """A constraint at the position after ``generated``; ValueError naming the problem if
+        ``structured`` does not compile or refuses one of ``generated``."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +214,8 @@ class Request:
     num_registered_blocks: int = 0
     #: whether it was ever admitted here (its cached tokens are reported from the first time)
     admitted: bool = False
+    #: its structured-output state (``sampling.structured``), at the position after its tokens
+    constraint: TokenConstraint | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -245,8 +281,11 @@ def _order_key(request: Request) -> tuple[int, int]:
 class LocalScheduler:
     """Admission, continuous batching, preemption and stop logic of one instance."""
 
-    def __init__(self, config: LocalSchedulerConfig) -> None:
+    def __init__(self, config: LocalSchedulerConfig, *, constraints: Constraints | None = None) -> None:
+        """``constraints``: what builds the structured-output state of a request that asks for one;
+        None: such requests are refused."""
         self.config = config
+        self._constraints = constraints
         self.blocks = BlockManager(config.num_blocks, config.block_size, prefix_cache=config.prefix_cache)
         self._prefix_cache = config.prefix_cache
         self._root_hash = root_hash(config.block_size)
@@ -265,6 +304,8 @@ class LocalScheduler:
         self.num_preemptions = 0
         self.num_rejections = 0
         self.num_finished = 0
+        #: sampled tokens a request's grammar refused (a sampler that ignored the mask): it finished
+        self.num_constraint_refusals = 0
 
     # ------------------------------------------------------------ queries
 
@@ -313,8 +354,9 @@ class LocalScheduler:
         """Queue a request; False if the id is already here. Raises :class:`RequestRejected`."""
         if request_id in self._requests:
             return False
-        self._validate(request_id, prompt_token_ids, output_token_ids, sampling)
+        constraint = self._validate(request_id, prompt_token_ids, output_token_ids, sampling)
         request = self._new_request(request_id, prompt_token_ids, output_token_ids, sampling, priority)
+        request.constraint = constraint
         self._enqueue(request)
         return True
 
@@ -346,7 +388,9 @@ class LocalScheduler:
         prompt_token_ids: Sequence[int],
         output_token_ids: Sequence[int],
         sampling: SamplingParams,
-    ) -> None:
+    ) -> TokenConstraint | None:
+        """RequestRejected if the request cannot run here; its constraint (built from
+        ``output_token_ids``) if its sampling has one."""
         config = self.config
         num_tokens = len(prompt_token_ids) + len(output_token_ids)
         problem: tuple[RejectReason, str] | None = None
@@ -379,11 +423,28 @@ class LocalScheduler:
                     bad = next(t for t in token_ids if not 0 <= t < vocab)
                     problem = (RejectReason.TOKEN_OUT_OF_RANGE, f"token id {bad} is outside 0..{vocab - 1}")
                     break
+            else:
+                bad_bias = next((t for t, _ in sampling.logit_bias if not 0 <= t < vocab), None)
+                if bad_bias is not None:
+                    problem = (
+                        RejectReason.INVALID_SAMPLING,
+                        f"logit_bias token id {bad_bias} is outside 0..{vocab - 1}",
+                    )
+        constraint: TokenConstraint | None = None
+        if problem is None and sampling.structured is not None:
+            if self._constraints is None:
+                problem = (RejectReason.INVALID_SAMPLING, "this engine does not enforce structured outputs")
+            else:
+                try:
+                    constraint = self._constraints.build(sampling.structured, output_token_ids)
+                except ValueError as exc:
+                    problem = (RejectReason.INVALID_SAMPLING, str(exc))
         if problem is not None:
             reason, detail = problem
             self.num_rejections += 1
             self._events.append(RejectionEvent(request_id, reason, detail))
             raise RequestRejected(request_id, reason, detail)
+        return constraint
 
     def _enqueue(self, request: Request) -> None:
         if request.priority < self._best_priority:
@@ -713,6 +774,8 @@ class LocalScheduler:
                 (token_id == eos and not sampling.ignore_eos) or token_id in sampling.stop_token_ids
             ):
                 finish = RequestStatus.FINISHED_STOPPED
+            elif request.constraint is not None and self._constrained_end(request.constraint, token_id):
+                finish = RequestStatus.FINISHED_STOPPED
             reason = None
             if finish is not None:
                 self._finish(request, finish)
@@ -728,6 +791,14 @@ class LocalScheduler:
         if any_finished:
             self._running = [r for r in self._running if not r.status.is_finished]
         return results
+
+    def _constrained_end(self, constraint: TokenConstraint, token_id: int) -> bool:
+        """Advance ``constraint`` by the sampled token; True if the request must finish there (its
+        grammar is complete, or it refused the token)."""
+        if not constraint.accept(token_id):
+            self.num_constraint_refusals += 1
+            return True
+        return constraint.is_complete()
 
     def _is_live(self, request: Request) -> bool:
         """Still holds its blocks here and its id still names it (not aborted or released meanwhile)."""
@@ -844,8 +915,9 @@ class LocalScheduler:
                 f"{num_blocks} blocks cannot hold the KV of {computed} tokens "
                 f"(block size {self.blocks.block_size})"
             )
-        self._validate(request_id, prompt_token_ids, output_token_ids, sampling)
+        constraint = self._validate(request_id, prompt_token_ids, output_token_ids, sampling)
         request = self._new_request(request_id, prompt_token_ids, output_token_ids, sampling, priority)
+        request.constraint = constraint
         request.block_ids.extend(cached)
         for reservation in reservations:
             request.block_ids.extend(self.blocks.commit(reservation.reservation_id))

@@ -1,4 +1,11 @@
-"""Next-token sampling: repetition penalty, min_tokens, greedy, temperature, top-k, top-p.
+"""Next-token sampling: grammar mask, logit bias, penalties, greedy, temperature, min-p, top-k, top-p.
+
+vLLM's order: the structured-output grammar's mask (-inf outside the allowed ids), then the
+processors that can change the greedy choice (min_tokens' banned ids, ``logit_bias`` added to
+the logits), then the penalties; greedy rows take the argmax there; random rows then divide by
+the temperature, drop what ``min_p`` drops (probability below ``min_p`` times the most likely
+token's) and apply top-k and top-p. Logprobs are those of the raw model distribution (vLLM's
+default ``raw_logprobs``), whatever the mask and processors did.
 
 Randomness is counter-based: the noise for a request's ``i``-th generated
 token comes from a generator seeded with ``mix(seed, i)``, so no generator
@@ -14,23 +21,29 @@ here ``min_tokens`` only masks the tokens that would stop the request early.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
+from numpy.typing import NDArray
 from torch import Tensor
 
+from agents.engines.grammar import GrammarCompiler, GrammarMatcher
 from schemas import Alternatives, SamplingParams
 
 __all__ = [
     "SampleResult",
     "SamplingRow",
+    "allowed_mask",
     "check_sampling_params",
     "noise_seed",
     "request_seed",
     "sample",
     "wants_history",
+    "with_grammar_masks",
 ]
 
 #: Temperatures below this are greedy (as in vLLM).
@@ -65,6 +78,11 @@ def check_sampling_params(sampling: SamplingParams) -> str | None:
         return f"repetition_penalty must be > 0, got {sampling.repetition_penalty}"
     if not 0 <= sampling.top_logprobs <= 20:
         return f"top_logprobs must be in [0, 20], got {sampling.top_logprobs}"
+    if not 0.0 <= sampling.min_p <= 1.0:
+        return f"min_p must be in [0, 1], got {sampling.min_p}"
+    for token_id, bias in sampling.logit_bias:
+        if not -100.0 <= bias <= 100.0:
+            return f"logit_bias of token {token_id} must be in [-100, 100], got {bias}"
     for name in ("presence_penalty", "frequency_penalty"):
         value = getattr(sampling, name)
         if not -2.0 <= value <= 2.0:
@@ -86,6 +104,25 @@ class SamplingRow:
     output_index: int  # index of the token being sampled among the request's generated tokens
     history: Sequence[int] = ()  # prompt + generated tokens, for the penalties (see wants_history)
     banned_token_ids: Sequence[int] = ()  # EOS and stop ids while fewer than min_tokens are out
+    #: the grammar's allowed ids (``agents.engines.grammar`` bitmask: bit i % 32 of int32 word
+    #: i // 32); None: no constraint
+    allowed: NDArray[np.int32] | None = None
+
+
+def with_grammar_masks(
+    rows: list[SamplingRow], constraints: Sequence[object | None], grammars: GrammarCompiler
+) -> list[SamplingRow]:
+    """``rows`` with the next position's mask of each one whose request has a grammar
+    (``constraints[i]``: row ``i``'s request's constraint, a :class:`GrammarMatcher`, or None);
+    the masks of a step are computed together."""
+    picked = [i for i, constraint in enumerate(constraints) if isinstance(constraint, GrammarMatcher)]
+    if not picked:
+        return rows
+    masks = grammars.fill_bitmasks([c for c in constraints if isinstance(c, GrammarMatcher)])
+    rows = list(rows)
+    for mask, i in zip(masks, picked, strict=True):
+        rows[i] = dataclasses.replace(rows[i], allowed=mask)
+    return rows
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +133,40 @@ class SampleResult:
     logprobs: list[float | None]
     #: the most likely (token id, logprob) pairs of the rows that ask (``top_logprobs``), as ``logprobs``
     top: list[Alternatives | None] = field(default_factory=list)
+
+
+def allowed_mask(bitmasks: Sequence[NDArray[np.int32]], vocab_size: int, device: torch.device) -> Tensor:
+    """Bool [len(bitmasks), vocab_size]: the ids each bitmask allows (ids past a mask: not allowed)."""
+    words = torch.from_numpy(np.stack(bitmasks)).to(device)
+    shifts = torch.arange(32, dtype=torch.int32, device=device)
+    bits = ((words[:, :, None] >> shifts) & 1).bool().flatten(1)
+    if bits.shape[1] >= vocab_size:
+        return bits[:, :vocab_size]
+    return torch.nn.functional.pad(bits, (0, vocab_size - bits.shape[1]))
+
+
+def _apply_grammar_and_processors(logits: Tensor, rows: Sequence[SamplingRow]) -> None:
+    """The grammar's mask, then min_tokens' banned ids and the logit bias (vLLM's processors that
+    can change the greedy choice). A grammar that allows only banned ids wins over min_tokens (the
+    local scheduler stops a complete grammar anyway)."""
+    constrained = [i for i, row in enumerate(rows) if row.allowed is not None]
+    if constrained:
+        masks = [rows[i].allowed for i in constrained]
+        allowed = allowed_mask([m for m in masks if m is not None], logits.shape[-1], logits.device)
+        rows_index = torch.tensor(constrained, device=logits.device)
+        logits[rows_index] = logits[rows_index].masked_fill(~allowed, float("-inf"))
+    for index, row in enumerate(rows):
+        if row.banned_token_ids:
+            banned = torch.tensor(list(row.banned_token_ids), dtype=torch.int64, device=logits.device)
+            kept = logits[index, banned].clone() if row.allowed is not None else None
+            logits[index, banned] = float("-inf")
+            if kept is not None and bool(torch.isneginf(logits[index]).all()):
+                logits[index, banned] = kept
+        if row.params.logit_bias:
+            ids, biases = zip(*row.params.logit_bias, strict=True)
+            logits[index, torch.tensor(ids, dtype=torch.int64, device=logits.device)] += torch.tensor(
+                biases, dtype=logits.dtype, device=logits.device
+            )
 
 
 def _apply_penalties(logits: Tensor, rows: Sequence[SamplingRow]) -> None:
@@ -111,9 +182,14 @@ def _apply_penalties(logits: Tensor, rows: Sequence[SamplingRow]) -> None:
             output = torch.tensor(row.history[-row.output_index:], dtype=torch.int64, device=logits.device)
             counts = torch.bincount(output, minlength=logits.shape[-1]).to(logits.dtype)
             logits[index] -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0)
-        if row.banned_token_ids:
-            banned = torch.tensor(list(row.banned_token_ids), dtype=torch.int64, device=logits.device)
-            logits[index, banned] = float("-inf")
+
+
+def _apply_min_p(logits: Tensor, min_p: Tensor) -> Tensor:
+    """vLLM's min-p: drop (to -inf) each row's ids whose probability is below ``min_p`` times the
+    row's highest; returns new logits."""
+    probs = logits.softmax(-1)
+    threshold = min_p[:, None] * probs.amax(-1, keepdim=True)
+    return logits.masked_fill(probs < threshold, float("-inf"))
 
 
 def _truncate(logits: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
@@ -135,6 +211,7 @@ def sample(logits: Tensor, rows: Sequence[SamplingRow]) -> SampleResult:
     if not rows:
         return SampleResult([], [])
     processed = logits.clone()
+    _apply_grammar_and_processors(processed, rows)
     _apply_penalties(processed, rows)
     chosen = processed.argmax(-1)
     random_rows = [i for i, row in enumerate(rows) if row.params.temperature >= GREEDY_EPSILON
@@ -148,6 +225,8 @@ def sample(logits: Tensor, rows: Sequence[SamplingRow]) -> SampleResult:
         top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in picked], device=device)
         top_p = torch.tensor([p.top_p for p in picked], device=device)
         scaled = processed[index] / temperature[:, None]
+        if any(p.min_p > 0.0 for p in picked):
+            scaled = _apply_min_p(scaled, torch.tensor([p.min_p for p in picked], device=device))
         needs_truncation = any(p.top_k > 0 or p.top_p < 1.0 for p in picked)
         if needs_truncation:
             scaled = _truncate(scaled, top_k, top_p)
