@@ -55,8 +55,9 @@ def make_engine(kind: str, **options: Any) -> Any:
                          time_scale=options.get("time_scale", 1.0))
     from agents.engines.torch_engine import TorchEngine
 
-    return TorchEngine("tiny", num_blocks=options.get("num_blocks", 128), max_batch_size=32,
-                       max_model_len=options.get("max_model_len", 512))
+    # options["model"]: a preset or a checkpoint folder (the frontend loads the same tokenizer)
+    return TorchEngine(options.get("model", "tiny"), num_blocks=options.get("num_blocks", 128),
+                       max_batch_size=32, max_model_len=options.get("max_model_len", 512))
 
 
 def agent_config(instance_id: str, pace: StepPace | None = None) -> AgentConfig:
@@ -143,7 +144,7 @@ async def frontend_cluster(
     """``secure``: a ``SecureNats`` to run on (its prefix and users; streams purged, not deleted, after)."""
     subjects = Subjects(f"t{uuid.uuid4().hex[:12]}") if secure is None else secure.subjects
     url = url if secure is None else secure.url
-    model = {"sim": "sim:tiny-test", "vllm": (engine_options or {}).get("model", "")}.get(engine, "tiny")
+    model = {"sim": "sim:tiny-test"}.get(engine, (engine_options or {}).get("model", "tiny"))
     config = FrontendConfig(nats_url=url, prefix=subjects.prefix, model=model, max_model_len=256,
                             instance_stale_after=1.0, gap_grace=0.1)
     config = dataclasses.replace(config, **config_changes)
