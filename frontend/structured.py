@@ -12,10 +12,10 @@ A request constrains its output with one of:
   which vLLM still accepts.
 
 More than one of them at once is a 400. Every constraint is checked here with the grammar library
-the engines enforce it with (llguidance), by the same translation the engines use
-(:func:`grammar_of`), so a constraint the frontend lets through is one the engines can build: a
-bad schema, regex or grammar is a 400 naming the field and llguidance's reason, never a failure
-after dispatch. The check's outcome is cached per constraint.
+shoal's engines enforce it with (llguidance), by the engines' own translation
+(:func:`agents.engines.grammar.grammar_problem`), so a constraint the frontend lets through is one
+they can build: a bad schema, regex or grammar is a 400 naming the field and llguidance's reason,
+never a failure after dispatch. The check's outcome is cached per constraint.
 
 ``strict`` (OpenAI's) is accepted and changes nothing, as in vLLM: the schema is always enforced
 in full, and a schema with a keyword the grammar cannot enforce is a 400 whatever ``strict`` says.
@@ -32,9 +32,9 @@ import json
 from collections.abc import Mapping
 from typing import Any, Literal, Protocol
 
-import llguidance
 from pydantic import BaseModel, ConfigDict, Field
 
+from agents.engines.grammar import grammar_problem
 from frontend.errors import invalid_parameter
 from schemas import StructuredKind, StructuredOutput
 
@@ -44,14 +44,11 @@ __all__ = [
     "StructuredFields",
     "StructuredOutputsOptions",
     "constraint_fields",
-    "grammar_of",
     "json_schema_output",
     "structured_of",
     "validate_structured",
 ]
 
-#: the grammar of ``json_object``: any JSON object
-_ANY_OBJECT = '{"type":"object"}'
 #: a constraint longer than this (its spec's characters) is refused before it is compiled
 MAX_SPEC_CHARS = 200_000
 
@@ -110,35 +107,10 @@ class StructuredFields(Protocol):
     guided_whitespace_pattern: str | None
 
 
-def grammar_of(output: StructuredOutput) -> str:
-    """The llguidance grammar that enforces ``output`` (raises ``ValueError`` on a malformed spec).
-
-    The same translation vLLM's llguidance backend makes: JSON kinds with flexible whitespace
-    unless ``any_whitespace`` is off, a choice as the alternatives of one rule, a grammar in Lark
-    or GBNF."""
-    if output.kind in (StructuredKind.JSON_SCHEMA, StructuredKind.JSON_OBJECT):
-        schema = output.spec if output.kind is StructuredKind.JSON_SCHEMA else _ANY_OBJECT
-        return str(
-            llguidance.LLMatcher.grammar_from_json_schema(
-                schema, defaults={"whitespace_flexible": output.any_whitespace}
-            )
-        )
-    if output.kind is StructuredKind.REGEX:
-        return llguidance.grammar_from("regex", output.spec)
-    if output.kind is StructuredKind.CHOICE:
-        return llguidance.grammar_from("choice", output.spec)
-    return llguidance.grammar_from("grammar", output.spec)
-
-
 @functools.lru_cache(maxsize=1024)
-def _problem(output: StructuredOutput) -> str:
-    """Why llguidance cannot build ``output`` ("" if it can); cached per constraint."""
-    try:
-        grammar = grammar_of(output)
-    except (ValueError, TypeError) as exc:
-        return str(exc)
-    failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
-    return messages[0] if failed else ""
+def _problem(output: StructuredOutput) -> str | None:
+    """Why the engines cannot build ``output`` (None if they can); cached per constraint."""
+    return grammar_problem(output)
 
 
 def validate_structured(
@@ -150,13 +122,7 @@ def validate_structured(
         raise invalid_parameter(f"{param} is longer than {MAX_SPEC_CHARS} characters", param)
     problem = _problem(output)
     if problem:
-        what = {
-            StructuredKind.JSON_SCHEMA: "schema",
-            StructuredKind.REGEX: "regex",
-            StructuredKind.GRAMMAR: "grammar",
-            StructuredKind.CHOICE: "choice",
-        }.get(output.kind, "format")
-        raise invalid_parameter(f"Invalid {what} for {label or param}: {problem.strip()}", param)
+        raise invalid_parameter(f"{label or param}: {problem}", param)
     return output
 
 
