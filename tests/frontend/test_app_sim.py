@@ -36,10 +36,11 @@ async def test_completion_streams_and_counts_usage(nats_url: str) -> None:
 
 
 _CHAT = {"messages": [{"role": "user", "content": "x"}]}
-_REFUSED = ("tools", "use_beam_search")
+_REFUSED = ("use_beam_search",)
 #: bad values of supported options: a 400 naming the field
-_NAMED = {"bad schema": "response_format", "bad regex": "structured_outputs.regex",
-          "two constraints": "guided_choice", "logit_bias past the vocabulary": "logit_bias", "min_p > 1": "min_p"}
+_NAMED = {"tools": "tools", "bad schema": "response_format", "bad regex": "structured_outputs.regex",
+          "two constraints": "guided_choice", "logit_bias past the vocabulary": "logit_bias",
+          "min_p > 1": "min_p"}
 BAD_INPUTS = [
     ("malformed json", "/v1/completions", b"{not json", 400, "invalid_json"),
     ("json array", "/v1/completions", b"[1, 2]", 400, "invalid_parameter"),
