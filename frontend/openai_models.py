@@ -44,6 +44,7 @@ __all__ = [
     "StreamOptions",
     "ToolCall",
     "logit_bias_of",
+    "prompt_logprobs_of",
     "refuse_ignored_options",
     "sampling_of",
     "stop_strings_of",
@@ -88,6 +89,8 @@ class _Common(BaseModel):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool | None = False
+    #: vLLM's: the logprob of each prompt token and this many alternatives (``prompt_logprobs`` in the answer)
+    prompt_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     priority: Annotated[int, Field(ge=-1000, le=1000)] | None = None
     user: str | None = None
     response_format: ResponseFormat | None = None
@@ -103,6 +106,8 @@ class CompletionRequest(_Common):
     """``POST /v1/completions``: ``prompt`` is a string or token ids, or a list of them."""
 
     prompt: str | list[int] | list[str] | list[list[int]]
+    #: 0 only with ``echo``: the prompt is scored and echoed, nothing generated (as in vLLM)
+    max_tokens: Annotated[int, Field(ge=0, le=_MAX_INT)] | None = None
     logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     echo: bool | None = False
     best_of: Annotated[int, Field(ge=1, le=128)] | None = None
@@ -173,10 +178,6 @@ def _set(value: Any) -> bool:
     return value not in (None, False, 0, "", [], {})
 
 
-def _given(name: str) -> Callable[[Mapping[str, Any]], bool]:
-    return lambda request: request.get(name) is not None
-
-
 def _nonempty(name: str) -> Callable[[Mapping[str, Any]], bool]:
     return lambda request: _set(request.get(name))
 
@@ -198,7 +199,6 @@ REFUSED_OPTIONS: dict[str, tuple[Callable[[Mapping[str, Any]], bool], str]] = {
     "bad_words": (_nonempty("bad_words"), "bad_words is not supported"),
     "allowed_token_ids": (_nonempty("allowed_token_ids"), "allowed_token_ids is not supported"),
     "use_beam_search": (_nonempty("use_beam_search"), "beam search is not supported"),
-    "prompt_logprobs": (_given("prompt_logprobs"), "prompt_logprobs is not supported"),
     "include_stop_str_in_output": (_nonempty("include_stop_str_in_output"),
                                    "include_stop_str_in_output is not supported"),
 }
@@ -236,6 +236,18 @@ def logit_bias_of(request: _Common, vocab_size: int | None) -> tuple[tuple[int, 
     return tuple(pairs)
 
 
+def prompt_logprobs_of(request: CompletionRequest | ChatCompletionRequest) -> int | None:
+    """How many alternatives at each prompt position the engine computes (None: no prompt logprobs):
+    vLLM's ``prompt_logprobs``, else for an echoed completion its ``logprobs``. vLLM's 400 for
+    ``prompt_logprobs`` above 0 on a stream (the answer's field is not streamed)."""
+    k = request.prompt_logprobs
+    if k is not None and k > 0 and request.stream:
+        raise invalid_parameter("prompt_logprobs are not available when stream is true", "prompt_logprobs")
+    if k is None and isinstance(request, CompletionRequest) and request.echo:
+        k = request.logprobs
+    return k
+
+
 def sampling_of(
     request: CompletionRequest | ChatCompletionRequest, *, max_tokens: int, vocab_size: int | None = None,
     structured: StructuredOutput | None = None,
@@ -243,12 +255,13 @@ def sampling_of(
     """The engine's sampling parameters for a request whose output may be ``max_tokens`` long.
 
     Raises a 400 :class:`APIError` for options shoal does not support yet
-    (``best_of > 1``, ``echo``, ``suffix``, and :data:`REFUSED_OPTIONS`), for a bad output
-    constraint (:func:`~frontend.structured.structured_of`) and for a ``logit_bias`` token id
-    outside the vocabulary (``vocab_size``, when known). ``structured``: a constraint the route
-    derived from another field (``tool_choice`` required or a named function); a request that also
-    constrains its output with ``response_format`` / ``structured_outputs`` / ``guided_*`` is a 400
-    naming that field. ``n`` is the route's: each choice is a request.
+    (``best_of > 1``, ``suffix``, and :data:`REFUSED_OPTIONS`; ``max_tokens`` 0 without
+    ``echo``), for a bad output constraint (:func:`~frontend.structured.structured_of`) and for
+    a ``logit_bias`` token id outside the vocabulary (``vocab_size``, when known).
+    ``structured``: a constraint the route derived from another field (``tool_choice`` required
+    or a named function); a request that also constrains its output with ``response_format`` /
+    ``structured_outputs`` / ``guided_*`` is a 400 naming that field. ``n`` is the route's: each
+    choice is a request.
     """
     refuse_ignored_options(request)
     if structured is not None:
@@ -259,13 +272,15 @@ def sampling_of(
         structured = structured_of(request)
     if isinstance(request, CompletionRequest):
         _unsupported((request.best_of or 1) != 1, "best_of > 1 is not supported", "best_of")
-        _unsupported(bool(request.echo), "echo is not supported", "echo")
         _unsupported(request.suffix is not None, "suffix is not supported", "suffix")
+        _unsupported(request.max_tokens == 0 and not request.echo,
+                     "max_tokens must be at least 1 (0 only with echo)", "max_tokens")
         top_logprobs = request.logprobs or 0
     else:
         top_logprobs = request.top_logprobs or 0
         if top_logprobs and not request.logprobs:
             raise invalid_parameter("top_logprobs needs logprobs: true", "top_logprobs")
+    prompt_logprobs = prompt_logprobs_of(request)
     min_tokens = request.min_tokens or 0
     if min_tokens > max_tokens:
         raise invalid_parameter(f"min_tokens ({min_tokens}) exceeds max_tokens ({max_tokens})", "min_tokens")
@@ -288,6 +303,7 @@ def sampling_of(
             min_p=request.min_p or 0.0,
             logit_bias=logit_bias_of(request, vocab_size),
             structured=structured,
+            prompt_logprobs=prompt_logprobs,
         )
     except (TypeError, ValueError) as exc:  # pragma: no cover - the model's ranges already hold
         raise APIError(400, f"invalid sampling parameters: {exc}") from exc
