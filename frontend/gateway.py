@@ -578,7 +578,7 @@ class RequestStream:
             # an agent restarted under its id remembers an abort of a request it never had, and refuses it)
             gateway.fire_and_forget(gateway.send_abort(failed, self.request_id, CloseReason.RESCUED), "abort")
         generated = tuple(self.generated)
-        if len(generated) >= self.job.sampling.max_tokens:
+        if len(generated) >= max(self.job.sampling.max_tokens, 1):  # 0: the prompt only, still to score
             self.assembler.finish_reason = self.finish_reason = FinishReason.LENGTH
             return
         epoch = self.assembler.owner_epoch + 1

@@ -13,7 +13,9 @@ instance publishes:
 * a delta that starts beyond ``num_delivered`` is held until the gap before it
   is filled; :attr:`gap_from` says from which index the owner must resend;
 * the delta carrying ``finish_reason`` ends the stream once everything before
-  it arrived.
+  it arrived;
+* the prompt logprobs (``SamplingParams.prompt_logprobs``) ride on a delta with
+  ``first_index`` 0 and are kept from the first one taken that has them.
 """
 
 from __future__ import annotations
@@ -48,6 +50,9 @@ class DeltaAssembler:
         self.num_stale = 0
         self.num_duplicates = 0
         self._held: dict[int, TokenDelta] = {}
+        #: the request's prompt logprobs and alternatives, once a delta brought them
+        self.prompt_logprobs: tuple[float | None, ...] | None = None
+        self.prompt_top_logprobs: tuple[Alternatives, ...] | None = None
 
     @property
     def finished(self) -> bool:
@@ -77,6 +82,9 @@ class DeltaAssembler:
             self.owner_epoch = delta.owner_epoch
             self._held = {k: d for k, d in self._held.items() if d.owner_epoch >= delta.owner_epoch}
         self.owner_id = delta.instance_id
+        if delta.prompt_logprobs is not None and delta.first_index == 0 and self.prompt_logprobs is None:
+            self.prompt_logprobs = delta.prompt_logprobs
+            self.prompt_top_logprobs = delta.prompt_top_logprobs
         end = delta.first_index + len(delta.token_ids)
         if delta.first_index > self.num_delivered:
             self._held[delta.first_index] = delta
