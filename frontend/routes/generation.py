@@ -23,6 +23,7 @@ goes away aborts its requests.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import time
 import uuid
@@ -34,6 +35,7 @@ from fastapi.responses import Response
 
 from bus.event_loop import cancel_and_wait
 from frontend import responses as R
+from frontend.chat_tools import ChatTools
 from frontend.config import FrontendConfig
 from frontend.dependencies import FrontendState, StateDep, check_api_key, priority_of
 from frontend.detokenize import IncrementalDetokenizer, StopStringMatcher
@@ -48,9 +50,10 @@ from frontend.openai_models import (
     stop_strings_of,
     wants_logprobs,
 )
+from frontend.prompt_logprobs import PromptEcho
 from frontend.tokenization import token_text
 from frontend.turns import Turn, padded_logprobs, padded_top, pieces
-from schemas import CloseReason, FinishReason, SamplingParams
+from schemas import CloseReason, FinishReason, SamplingParams, StructuredOutput
 
 __all__ = [
     "chat_completions", "collect", "completions", "end_turn", "generate", "output_budget", "router",
@@ -76,13 +79,15 @@ async def generate(request: Request, body: BodyT, flavor: Flavor[BodyT], state: 
     check_api_key(request, config)  # not a Depends: that would run before the body validates (401, not 400)
     if body.model not in config.model_names:
         raise model_not_found(body.model)
+    tools = ChatTools.of(body, config.tool_call_parser) if isinstance(body, ChatCompletionRequest) else None
     prompts = flavor.prompts(state.tokenizer, body)
-    turns = await _start_turns(request, body, flavor, prompts, state)
+    echo = PromptEcho.of(body, prompts, state.tokenizer)
+    turns = await _start_turns(request, body, flavor, prompts, state, tools.structured if tools else None)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     reply = Reply(turns[0].request_id, int(time.time()), config.model_name, include_usage)
     if body.stream:
         on_exit = functools.partial(_end_turns, state, turns, "client")
-        return TurnResponse(_stream(turns, flavor, reply, state, body.n or 1), on_exit=on_exit)
+        return TurnResponse(_stream(turns, flavor, reply, state, body.n or 1, tools, echo), on_exit=on_exit)
     outcome = "client"
     try:
         texts = await asyncio.gather(*(collect(request, turn) for turn in turns))
@@ -95,12 +100,25 @@ async def generate(request: Request, body: BodyT, flavor: Flavor[BodyT], state: 
     choices = []
     for index, (turn, text) in enumerate(zip(turns, texts, strict=True)):
         logprobs = None
+        offset = 0 if echo is None else len(echo.text(index))
         if turn.want_logprobs and turn.logprobs:
             aligned = padded_logprobs(turn.token_ids, turn.logprobs)
             top = padded_top(turn.token_ids, turn.top_logprobs)
-            logprobs = flavor.logprobs(turn.token_ids, aligned, top, _decoder(state), 0)
-        choices.append(flavor.choice(index, text, turn.finish_reason or FinishReason.STOP, logprobs))
-    return json_response(200, flavor.response(reply, choices, *_usage(turns, body.n or 1)))
+            logprobs = flavor.logprobs(turn.token_ids, aligned, top, _decoder(state), offset)
+        if echo is not None:  # the prompt's text and logprobs first
+            text = echo.completion_text(index, text)
+            logprobs = echo.completion_logprobs(index, turn, _decoder(state), logprobs)
+        finish_reason = turn.finish_reason or FinishReason.STOP
+        if tools is not None:  # content and tool calls
+            choices.append(tools.message(index, text, finish_reason, logprobs))
+        else:
+            choices.append(flavor.choice(index, text, finish_reason, logprobs))
+        if echo is not None and flavor is COMPLETIONS and echo.field is not None:
+            choices[-1]["prompt_logprobs"] = echo.field_value(turn, _decoder(state))
+    body_json = flavor.response(reply, choices, *_usage(turns, body.n or 1))
+    if echo is not None and flavor is not COMPLETIONS and echo.field is not None:
+        body_json["prompt_logprobs"] = echo.field_value(turns[0], _decoder(state))  # vLLM's chat shape
+    return json_response(200, body_json)
 
 
 def output_budget(config: FrontendConfig, max_model_len: int, num_prompt: int, requested: int | None,
@@ -122,11 +140,12 @@ def output_budget(config: FrontendConfig, max_model_len: int, num_prompt: int, r
         budget = requested
     if config.max_tokens_cap is not None:
         budget = min(budget, config.max_tokens_cap)
-    return max(budget, 1)
+    return budget if requested == 0 else max(budget, 1)  # 0: the prompt only (echo)
 
 
 async def _start_turns(
-    request: Request, body: BodyT, flavor: Flavor[BodyT], prompts: list[list[int]], state: FrontendState
+    request: Request, body: BodyT, flavor: Flavor[BodyT], prompts: list[list[int]], state: FrontendState,
+    structured: StructuredOutput | None = None,
 ) -> list[Turn]:
     """Validate what is left, admit and place every choice: ``n`` per prompt, prompt by prompt (choice
     ``p * n + i`` is prompt ``p``'s ``i``-th). Each is a request of its own; the ``i``-th of a seeded
@@ -147,7 +166,8 @@ async def _start_turns(
     priority = priority_of(request, body.priority)
     jobs: list[tuple[list[int], SamplingParams, Chain]] = []
     for prompt_ids, max_tokens in zip(prompts, budgets, strict=True):
-        sampling = sampling_of(body, max_tokens=max_tokens, vocab_size=state.tokenizer.vocab_size)
+        sampling = sampling_of(body, max_tokens=max_tokens, vocab_size=state.tokenizer.vocab_size,
+                               structured=structured)
         chain = gateway.prompt_chain(prompt_ids)  # once per prompt, for all its choices
         for index in range(n):
             seed = None if sampling.seed is None else (sampling.seed + index) % (2**63)
@@ -257,7 +277,8 @@ def _decoder(state: FrontendState) -> Callable[[int], str]:
 
 
 async def _stream(
-    turns: list[Turn], flavor: Flavor[BodyT], reply: Reply, state: FrontendState, n: int
+    turns: list[Turn], flavor: Flavor[BodyT], reply: Reply, state: FrontendState, n: int,
+    tools: ChatTools | None = None, echo: PromptEcho | None = None,
 ) -> AsyncIterator[bytes]:
     """The SSE body of a streaming request, its choices' chunks as they come (each with its index);
     an error after the stream started is sent as a chunk."""
@@ -268,10 +289,11 @@ async def _stream(
             if first is not None:
                 yield R.sse(first)
         if len(turns) == 1:
-            async for chunk in _chunks(turns[0], 0, flavor, reply, state):
+            async for chunk in _chunks(turns[0], 0, flavor, reply, state, tools, echo):
                 yield chunk
         else:
-            async for chunk in _merged([_chunks(t, i, flavor, reply, state) for i, t in enumerate(turns)]):
+            choices = [_chunks(turn, i, flavor, reply, state, tools, echo) for i, turn in enumerate(turns)]
+            async for chunk in _merged(choices):
                 yield chunk
         outcome = "ok"
     except APIError as exc:
@@ -286,19 +308,34 @@ async def _stream(
 
 
 async def _chunks(
-    turn: Turn, index: int, flavor: Flavor[BodyT], reply: Reply, state: FrontendState
+    turn: Turn, index: int, flavor: Flavor[BodyT], reply: Reply, state: FrontendState,
+    tools: ChatTools | None = None, echo: PromptEcho | None = None,
 ) -> AsyncIterator[bytes]:
-    """One choice's SSE chunks."""
+    """One choice's SSE chunks (with ``tools``: content and tool call deltas as its parser releases them;
+    with ``echo``: the first carries the prompt's text and logprobs before its own)."""
     decode_one = _decoder(state)
     text_offset = 0
+    tool_chunks = tools.chunks() if tools is not None else None
+    echoing = echo is not None and echo.texts is not None
     async for piece in pieces(turn):
+        if echoing and echo is not None:
+            text_offset = len(echo.text(index))
         logprobs = None
         if turn.want_logprobs and piece.token_ids and piece.logprobs:
             aligned = padded_logprobs(piece.token_ids, piece.logprobs)
             top = padded_top(piece.token_ids, piece.top_logprobs)
             logprobs = flavor.logprobs(piece.token_ids, aligned, top, decode_one, text_offset)
+        if echoing and echo is not None:  # the first chunk: the prompt, then this piece
+            echoing = False
+            logprobs = echo.completion_logprobs(index, turn, decode_one, logprobs)
+            piece = dataclasses.replace(piece, text=echo.completion_text(index, piece.text))
+            text_offset = 0
         text_offset += len(piece.text)
-        yield R.sse(flavor.chunk(reply, piece, logprobs, index))
+        if tool_chunks is None:
+            yield R.sse(flavor.chunk(reply, piece, logprobs, index))
+        elif (chunk := tool_chunks.chunk(reply.request_id, reply.created, reply.model, piece, logprobs,
+                                         index=index, with_usage_field=reply.include_usage)) is not None:
+            yield R.sse(chunk)
 
 
 async def _merged(sources: list[AsyncIterator[bytes]]) -> AsyncIterator[bytes]:
