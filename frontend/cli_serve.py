@@ -93,6 +93,10 @@ class ServeCliConfig(CliConfig):
         "--prefix-block-size", default=None, min=0, metavar="TOKENS",
         help="Block size of the prompt hash chain each dispatch carries for prefix-aware placement "
              "(default: the block size the instances announce; 0: send none).")
+    responses_ttl: float = option(
+        "--responses-ttl", default=7 * 24 * 3600.0, min=0, min_open=True, metavar="SECONDS",
+        help="How long a stored Responses API response can be retrieved or continued (the TTL of "
+             "the <prefix>_responses key-value bucket).")
     log_level: str = option("--log-level", default="warning")
 
     def frontend_config(self) -> FrontendConfig:
@@ -120,6 +124,7 @@ class ServeCliConfig(CliConfig):
             request_deadline=self.request_deadline,
             supervisor_status=self.supervisor_status,
             prefix_block_size=self.prefix_block_size,
+            responses_ttl_s=self.responses_ttl,
         )
 
 
