@@ -7,7 +7,9 @@ and the JetStream API subjects nats-py uses:
 * **frontend** — request dispatch from the scheduler, send ``generate`` /
   ``abort`` / ``resend`` to any agent, read every token subject (a
   request's, and the frontends' per-step batch subjects), append request
-  lifecycle events, read the events and loads streams;
+  lifecycle events, read the events and loads streams, keep the stored
+  Responses API responses in their own bucket (``<prefix>_responses``: it
+  creates it and sets its TTL);
 * **agent** (one user per instance) — append its own instance events and
   load reports, prefix-cache events, migration steps and request events
   (admission, preemption), publish token deltas, probes and migration handshakes, serve only its own
@@ -20,8 +22,9 @@ and the JetStream API subjects nats-py uses:
 * **admin** — everything: provisions the streams and the bucket (``shoal up``).
 
 Only the admin may create, update or delete streams, consumers of other
-names, or the bucket. Replies to requests go through ``allow_responses``
-(a user may answer what it was asked, once), not a blanket ``_INBOX.>``.
+names, or the scheduler's bucket (the frontend, its responses bucket only).
+Replies to requests go through ``allow_responses`` (a user may answer what
+it was asked, once), not a blanket ``_INBOX.>``.
 
 :func:`create_deployment` writes a folder with an nkey seed per user, a dev
 CA, a server certificate and a client certificate per user (mutual TLS), and
@@ -82,6 +85,19 @@ def _stream_reader(stream: str) -> list[str]:
     ]
 
 
+def _own_bucket(bucket: str) -> list[str]:
+    """What a role that keeps a KV bucket of its own publishes: create it (or set its TTL), read, write."""
+    stream = f"KV_{bucket}"
+    return [
+        f"$JS.API.STREAM.INFO.{stream}",
+        f"$JS.API.STREAM.CREATE.{stream}",
+        f"$JS.API.STREAM.UPDATE.{stream}",
+        f"$KV.{bucket}.>",
+        f"$JS.API.DIRECT.GET.{stream}.>",
+        f"$JS.API.STREAM.MSG.GET.{stream}",
+    ]
+
+
 def role_permissions(role: Role, subjects: Subjects, instance_id: str | None = None) -> Permissions:
     """The permissions of ``role`` in the cluster named by ``subjects``; agents need their ``instance_id``."""
     p = subjects.prefix
@@ -122,6 +138,7 @@ def role_permissions(role: Role, subjects: Subjects, instance_id: str | None = N
                 f"{p}.rpc.agent.*.abort",
                 f"{p}.rpc.agent.*.resend",
                 f"{p}.ev.req.>",
+                *_own_bucket(subjects.responses_bucket),
             ),
             subscribe=(*inbox, f"{p}.tok.>", f"{p}.tokb.>"),
         )

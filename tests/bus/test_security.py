@@ -87,6 +87,10 @@ async def test_each_role_can_do_its_job(secure_nats: SecureNats) -> None:
         await agent.append(subjects.instance("a1"), b"joined")
         decision = await scheduler.append(subjects.sched("dispatch"), b"decision")
         await frontend.append(subjects.req("r1"), b"arrived")
+        responses = await frontend.kv_bucket(subjects.responses_bucket, max_age=3600.0)  # its own bucket
+        stored = await responses.put("resp_1", b"stored")
+        assert await responses.get("resp_1") == (b"stored", stored)
+        await responses.delete("resp_1")
         revision = await scheduler.kv_put("scheduler.test", b"lease")
         assert (await scheduler.kv_get("scheduler.test")) == (b"lease", revision)
         service = await scheduler.serve(subjects.rpc_dispatch, _echo)
