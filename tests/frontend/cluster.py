@@ -178,7 +178,7 @@ async def frontend_cluster(
         await cleaner.connect()
         jsm = cleaner.client.jsm()
         for stream in (subjects.events_stream, subjects.loads_stream, subjects.history_stream,
-                       subjects.kv_stream, f"KV_{subjects.kv_bucket}"):
+                       subjects.kv_stream, f"KV_{subjects.kv_bucket}", f"KV_{subjects.responses_bucket}"):
             with contextlib.suppress(Exception):
                 await (jsm.delete_stream(stream) if secure is None else jsm.purge_stream(stream))
         await cleaner.close()
