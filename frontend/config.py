@@ -5,7 +5,8 @@ so which tokenizer the frontend loads), the limits that protect the cluster
 (concurrent requests, request size, ``max_tokens`` cap) and the timeouts of
 dispatch, generate, gap repair and stall detection that drive bypass and
 rescue, how long a rescue may look for an instance before the request
-fails, and the block size of the prompt hash chains sent for prefix-aware dispatch.
+fails, the block size of the prompt hash chains sent for prefix-aware dispatch, and
+the parser that finds tool calls in the model's text.
 Nothing here reads the environment.
 """
 
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bus.auth import NatsAuth
+from frontend.tools import PARSERS
 
 __all__ = ["FrontendConfig"]
 
@@ -64,6 +66,10 @@ class FrontendConfig:
     #: how long a stored Responses API response (``store: true``) can be retrieved or continued
     #: (``previous_response_id``): the TTL of the JetStream key-value bucket that holds them
     responses_ttl_s: float = 7 * 24 * 3600.0
+    #: how ``tool_choice: auto`` finds tool calls in the model's text (``--tool-call-parser``: hermes,
+    #: llama3_json, mistral); None: auto is refused (400 naming tool_choice), as vLLM refuses it
+    #: without ``--enable-auto-tool-choice``; required, named and none work either way
+    tool_call_parser: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("dispatch_timeout", "scheduler_backoff", "generate_timeout", "gap_grace",
@@ -78,6 +84,8 @@ class FrontendConfig:
             raise ValueError("generate_retries must be >= 0")
         if self.prefix_block_size is not None and self.prefix_block_size < 0:
             raise ValueError("prefix_block_size must be >= 0 (0: no chain)")
+        if self.tool_call_parser is not None and self.tool_call_parser not in PARSERS:
+            raise ValueError(f"tool_call_parser must be one of {', '.join(sorted(PARSERS))}")
 
     @property
     def model_name(self) -> str:

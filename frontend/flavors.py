@@ -20,6 +20,7 @@ from frontend import responses as R
 from frontend.openai_models import ChatCompletionRequest, CompletionRequest
 from frontend.responses import Json
 from frontend.tokenization import chat_prompt_ids, completion_prompt_ids
+from frontend.tools import parse_tools
 from frontend.turns import Piece
 from schemas import Alternatives
 
@@ -125,7 +126,8 @@ class ChatFlavor(Flavor[ChatCompletionRequest]):
     chunk_object = "chat.completion.chunk"
 
     def prompts(self, tokenizer: TextTokenizer, body: ChatCompletionRequest) -> list[list[int]]:
-        return [chat_prompt_ids(tokenizer, body.messages,
+        tools = [tool.chat_dict() for tool in parse_tools(body.tools)] or None  # the template renders them
+        return [chat_prompt_ids(tokenizer, body.messages, tools=tools,
                                 add_generation_prompt=body.add_generation_prompt is not False)]
 
     def requested_max_tokens(self, body: ChatCompletionRequest) -> tuple[int | None, str]:

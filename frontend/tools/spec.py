@@ -157,11 +157,12 @@ def tool_choice_output(
     A named function: its parameters' schema, the output is the arguments. ``required``: an array
     of calls, each ``{"name": <one of the tools>, "parameters": <its schema>}``, at least one and,
     with ``parallel_tool_calls`` false, at most one. Shared ``$defs`` of the tools' schemas are
-    lifted to the array's root, where their ``#/$defs/...`` references point.
+    lifted to the array's root, where their ``#/$defs/...`` references point. The calls are
+    written in JSON's usual spacing (``any_whitespace`` false).
     """
     if choice.mode == "function":
         tool = next(tool for tool in tools if tool.name == choice.name)
-        return StructuredOutput(kind=StructuredKind.JSON_SCHEMA, spec=json.dumps(dict(tool.parameters)))
+        return _json_schema(dict(tool.parameters))
     if choice.mode != "required":
         return None
     definitions: dict[str, Any] = {}
@@ -189,4 +190,10 @@ def tool_choice_output(
         schema["maxItems"] = 1
     if definitions:
         schema["$defs"] = definitions
-    return StructuredOutput(kind=StructuredKind.JSON_SCHEMA, spec=json.dumps(schema))
+    return _json_schema(schema)
+
+
+def _json_schema(schema: Mapping[str, Any]) -> StructuredOutput:
+    """Calls are written in JSON's usual form (``{"a": 1, "b": [2, 3]}``), not with any whitespace: the
+    form models learn tool calls in, and an answer that ends once the call is complete."""
+    return StructuredOutput(kind=StructuredKind.JSON_SCHEMA, spec=json.dumps(schema), any_whitespace=False)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from agents.engines.vllm_engine.checkpoint import build_checkpoint
+from agents.engines.vllm_engine.checkpoint import CheckpointSpec, build_checkpoint
 
 __all__ = ["HERMES_TOOL_TEMPLATE", "build_tool_checkpoint"]
 
@@ -78,8 +78,9 @@ HERMES_TOOL_TEMPLATE = """\
 
 
 def build_tool_checkpoint(folder: str | Path) -> Path:
-    """The random Llama checkpoint in ``folder`` with :data:`HERMES_TOOL_TEMPLATE` as its chat template."""
-    path = build_checkpoint(folder)
+    """The random Llama checkpoint in ``folder`` with :data:`HERMES_TOOL_TEMPLATE` as its chat template
+    and a 4096-token context (its small tokenizer makes a prompt with tools about 1,000 tokens)."""
+    path = build_checkpoint(folder, CheckpointSpec(max_position_embeddings=4096))
     settings_path = path / "tokenizer_config.json"
     settings = json.loads(settings_path.read_text())
     settings["chat_template"] = HERMES_TOOL_TEMPLATE
