@@ -23,6 +23,20 @@ logprobs (``SamplingParams.prompt_logprobs``) is refused (``INVALID_SAMPLING``, 
 the frontend answers with a 400 naming the reason) rather than answered with made-up
 numbers; echo and ``max_tokens`` 0 work (the prompt's text needs no model).
 
+Structured outputs are enforced as in the torch engine (:mod:`agents.engines.grammar`,
+over the byte tokenizer the frontend uses for ``sim:<profile>``: ids 0..255 are bytes,
+257 the end): token ``k`` of a constrained request is the id at the hash's index among
+the ids its grammar allows there, so the text is valid JSON / matches the regex / is one
+of the choices, and is the same with or without a migration (the destination rebuilds
+the grammar's state from the tokens). A request stops when its grammar is complete, or
+when the pick is the end where the grammar allows one. The pick is uniform among the
+allowed ids, not a language model: a string without ``maxLength`` may not close within
+``max_tokens``.
+
+The other sampling parameters (temperature, top-k, top-p, min-p, penalties, logit bias)
+are accepted and change nothing: the sim's next-token distribution is a point mass on the
+hashed token, which no finite bias and no truncation moves.
+
 KV buffers carry no tensors: ``export_blocks`` returns a :class:`KVBuffer` whose
 ``nbytes`` is the real KV size and whose payload is 8 bytes per block, a
 fingerprint of (request, block index). ``admit_migrated`` checks that every
@@ -39,6 +53,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from agents.engines.block_manager import Reservation
+from agents.engines.grammar import GrammarCompiler, GrammarMatcher, allowed_ids
 from agents.engines.local_scheduler import LocalScheduler, LocalSchedulerConfig, SchedulerOutput
 from agents.engines.profile import EngineProfile, TimingModel, load_profile
 from agents.engines.protocol import (
@@ -57,6 +72,8 @@ __all__ = ["SimEngine", "sim_token_id"]
 
 _MASK64 = (1 << 64) - 1
 _FINGERPRINT_BYTES = 8
+#: the byte tokenizer's ids (bytes, BOS, EOS, PAD): a smaller vocabulary takes no grammar
+_MIN_GRAMMAR_VOCAB = 259
 
 
 def _mix64(x: int) -> int:
@@ -80,9 +97,13 @@ def sim_token_id(
     return _token_from_key(_request_key(request_id, seed), index, vocab_size, eos_token_id)
 
 
-def _token_from_key(key: int, index: int, vocab_size: int, eos_token_id: int | None) -> int:
+def _token_hash(key: int, index: int) -> int:
     h = ((key + index) * 0x9E3779B97F4A7C15) & _MASK64
-    h ^= h >> 29
+    return h ^ (h >> 29)
+
+
+def _token_from_key(key: int, index: int, vocab_size: int, eos_token_id: int | None) -> int:
+    h = _token_hash(key, index)
     if eos_token_id is None:
         return h % vocab_size
     token = h % (vocab_size - 1)
@@ -136,6 +157,9 @@ class SimEngine(ScheduledEngine):
             vocab_size=profile.vocab_size,
             eos_token_id=profile.eos_token_id,
         )
+        #: structured outputs over the byte tokenizer (None: a vocabulary too small for it)
+        vocab = profile.vocab_size
+        self.grammars = GrammarCompiler.for_bytes(vocab) if vocab >= _MIN_GRAMMAR_VOCAB else None
         self.scheduler = LocalScheduler(
             LocalSchedulerConfig(
                 num_blocks=num_blocks,
@@ -147,7 +171,8 @@ class SimEngine(ScheduledEngine):
                 max_prefill_tokens=max_prefill_tokens,
                 max_step_tokens=max_step_tokens,
                 prefix_cache=prefix_cache,
-            )
+            ),
+            constraints=self.grammars,
         )
         self._imported: dict[int, int] = {}  # reserved block id -> fingerprint written into it
         self._token_keys: dict[str, int] = {}  # request id -> token hash key, while it runs here
@@ -249,12 +274,22 @@ class SimEngine(ScheduledEngine):
         eos = self._info.eos_token_id
         keys = self._token_keys
         sampled: dict[str, int] = {}
+        constrained: list[tuple[str, int, GrammarMatcher]] = []
         for r in [p.request for p in plan.prefills] + plan.decodes:
             rid = r.request_id
             key = keys.get(rid)
             if key is None:
                 key = keys[rid] = _request_key(rid, r.sampling.seed)
-            sampled[rid] = _token_from_key(key, len(r.all_token_ids) - r.num_prompt_tokens, vocab, eos)
+            index = len(r.all_token_ids) - r.num_prompt_tokens
+            if isinstance(r.constraint, GrammarMatcher):
+                constrained.append((rid, _token_hash(key, index), r.constraint))
+            else:
+                sampled[rid] = _token_from_key(key, index, vocab, eos)
+        if constrained and self.grammars is not None:
+            masks = self.grammars.fill_bitmasks([matcher for _, _, matcher in constrained])
+            for (rid, h, matcher), mask in zip(constrained, masks, strict=True):
+                allowed = allowed_ids(mask, matcher.vocab_size)
+                sampled[rid] = int(allowed[h % len(allowed)]) if len(allowed) else self.grammars.eos_token_id
         return sampled
 
     def _result(
