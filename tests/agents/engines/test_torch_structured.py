@@ -229,3 +229,17 @@ def test_a_checkpoint_tokenizer_constrains_its_multi_byte_tokens(tmp_path: Path)
     assert finish["r"] is FinishReason.STOP
     assert any(len(tokenizer.decode([t])) > 1 for t in tokens["r"])  # not a byte at a time
     jsonschema.validate(json.loads(tokenizer.decode(tokens["r"])), SCHEMA)
+
+
+@pytest.mark.parametrize("core", ["process"])
+def test_the_process_core_samples_under_the_grammar_mask(core: str) -> None:
+    """The masks cross to the engine core process with the sampling rows: the same text as in process."""
+    sampling = SamplingParams(max_tokens=200, structured=JSON)
+    target = engine(core=core)
+    try:
+        target.add_request("r", PROMPT, sampling)
+        tokens: dict[str, list[int]] = {}
+        drain(target, tokens)
+    finally:
+        target.close()
+    assert tokens["r"] == generate(sampling)
