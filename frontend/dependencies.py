@@ -2,7 +2,8 @@
 
 :class:`FrontendState` is the one object every route reads: the frozen
 config, the tokenizer, the running :class:`~frontend.gateway.Gateway` (with
-its metrics) and the :class:`~frontend.admission.Admission` counter. The app
+its metrics), the :class:`~frontend.admission.Admission` counter and the
+stored Responses API responses (:class:`~frontend.responses_api.store.ResponseStore`). The app
 factory (:mod:`frontend.app`) installs it on ``app.state`` — at once when it
 is given a gateway, in the lifespan when it starts its own — and routes take
 it, or the part they need, through ``Depends``:
@@ -31,6 +32,7 @@ from frontend.config import FrontendConfig
 from frontend.errors import invalid_api_key, invalid_parameter
 from frontend.gateway import Gateway
 from frontend.metrics import FrontendMetrics
+from frontend.responses_api.store import ResponseStore
 
 __all__ = [
     "PRIORITY_HEADER",
@@ -59,13 +61,19 @@ class FrontendState:
     tokenizer: TextTokenizer
     gateway: Gateway
     admission: Admission
+    #: stored Responses API responses, in the bus's ``<prefix>_responses`` bucket
+    responses: ResponseStore
 
     @classmethod
     def build(cls, config: FrontendConfig, tokenizer: TextTokenizer, gateway: Gateway) -> FrontendState:
         admission = Admission(
             config.max_concurrent_requests, retry_after_s=config.retry_after_s, metrics=gateway.metrics
         )
-        return cls(config=config, tokenizer=tokenizer, gateway=gateway, admission=admission)
+        responses = ResponseStore(gateway.bus, gateway.subjects.responses_bucket, config.responses_ttl_s,
+                                  retry_after_s=config.retry_after_s)
+        return cls(
+            config=config, tokenizer=tokenizer, gateway=gateway, admission=admission, responses=responses
+        )
 
 
 def install_state(app: Starlette, state: FrontendState) -> None:
