@@ -23,6 +23,7 @@ from bus.options import NatsOptions
 from bus.telemetry import TelemetryConfig, tracer_provider
 from frontend.api_keys import read_key_file
 from frontend.config import FrontendConfig
+from frontend.tools import PARSERS
 
 __all__ = ["ServeCliConfig", "config_from_options", "serve"]
 
@@ -97,6 +98,10 @@ class ServeCliConfig(CliConfig):
         "--responses-ttl", default=7 * 24 * 3600.0, min=0, min_open=True, metavar="SECONDS",
         help="How long a stored Responses API response can be retrieved or continued (the TTL of "
              "the <prefix>_responses key-value bucket).")
+    tool_call_parser: str | None = option(
+        "--tool-call-parser", default=None, type=click.Choice(sorted(PARSERS)),
+        help="How tool_choice auto finds tool calls in the model's text (the model family's format, as "
+             "vLLM's flag); without it, auto is refused (required, a named function and none work).")
     log_level: str = option("--log-level", default="warning")
 
     def frontend_config(self) -> FrontendConfig:
@@ -125,6 +130,7 @@ class ServeCliConfig(CliConfig):
             supervisor_status=self.supervisor_status,
             prefix_block_size=self.prefix_block_size,
             responses_ttl_s=self.responses_ttl,
+            tool_call_parser=self.tool_call_parser,
         )
 
 
