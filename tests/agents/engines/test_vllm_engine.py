@@ -13,17 +13,27 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import os
 import threading
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
+from tokenizers import Tokenizer
 
-from agents.engines.protocol import Engine, MigrationError, RequestStatus
+from agents.engines.protocol import (
+    Engine,
+    FinishReason,
+    MigrationError,
+    RejectReason,
+    RequestRejected,
+    RequestStatus,
+)
 from agents.engines.vllm_engine import vllm_unavailable_reason
 from agents.engines.vllm_engine.checkpoint import build_checkpoint
-from schemas import SamplingParams
+from schemas import SamplingParams, StructuredKind, StructuredOutput
 from schemas.block_hash import block_hashes
 from tests.agents.engines.loop_ticks import loop_ticks
 
@@ -62,10 +72,14 @@ def _vllm(checkpoint: Path, **overrides: Any) -> Any:
     )
 
 
+#: prompt logprobs asked of vLLM's own run: the prompt token's and this many alternatives per position
+PROMPT_LOGPROBS = 3
+
+
 @pytest.fixture(scope="module")
-def vllm_reference(checkpoint: Path) -> list[int]:
-    """vLLM's own ``LLM.generate`` greedy tokens for PROMPT without prefix caching (built, and shut
-    down, before the engines)."""
+def vllm_own(checkpoint: Path) -> tuple[list[int], list[dict[int, float] | None]]:
+    """vLLM's own ``LLM.generate`` for PROMPT without prefix caching (built, and shut down, before
+    the engines): its greedy tokens, and its prompt logprobs (token id -> logprob per position)."""
     if _REASON is not None:
         pytest.skip(_REASON)
     from vllm import LLM
@@ -81,10 +95,22 @@ def vllm_reference(checkpoint: Path) -> list[int]:
         num_gpu_blocks_override=NUM_BLOCKS + 1,
         enable_prefix_caching=False,  # the engines cache prefixes: their tokens must be these
     )
-    params = VllmSamplingParams(max_tokens=GREEDY.max_tokens, temperature=0.0, ignore_eos=True)
+    params = VllmSamplingParams(
+        max_tokens=GREEDY.max_tokens, temperature=0.0, ignore_eos=True, prompt_logprobs=PROMPT_LOGPROBS
+    )
     outputs = llm.generate({"prompt_token_ids": list(PROMPT)}, params, use_tqdm=False)
     llm.llm_engine.engine_core.shutdown()
-    return list(outputs[0].outputs[0].token_ids)
+    prompt_logprobs = [
+        None if position is None else {token: lp.logprob for token, lp in position.items()}
+        for position in outputs[0].prompt_logprobs or ()
+    ]
+    return list(outputs[0].outputs[0].token_ids), prompt_logprobs
+
+
+@pytest.fixture(scope="module")
+def vllm_reference(vllm_own: tuple[list[int], Any]) -> list[int]:
+    """vLLM's own greedy tokens for PROMPT."""
+    return vllm_own[0]
 
 
 @pytest.fixture(scope="module")
@@ -577,3 +603,139 @@ def test_exclusive_steps_block_the_loop_only_when_short(
     assert asyncio.run(steps()) == [True, False, True]
     _step_collect(engine, tokens, steps=2)
     assert not engine.has_unfinished() and len(tokens["inline"]) == 5
+
+
+# ----------------------------------------------- structured outputs, logit bias, prompt logprobs
+
+#: a record the greedy random model writes for dozens of tokens (whitespace between JSON tokens is free)
+RECORD = {
+    "type": "object",
+    "properties": {
+        "year": {"type": "integer", "minimum": 1900, "maximum": 2100},
+        "kind": {"enum": ["book", "film", "song"]},
+        "tags": {"type": "array", "items": {"type": "boolean"}, "minItems": 1, "maxItems": 3},
+    },
+    "required": ["year", "kind", "tags"],
+    "additionalProperties": False,
+}
+CONSTRAINED = SamplingParams(
+    max_tokens=90, structured=StructuredOutput(kind=StructuredKind.JSON_SCHEMA, spec=json.dumps(RECORD))
+)
+
+
+def _continued(engine: Any, request_id: str, sampling: SamplingParams, generated: list[int]) -> list[int]:
+    """A request taken over after ``generated`` (a rescue): all its tokens once it finishes here."""
+    engine.add_request(request_id, PROMPT, sampling, output_token_ids=generated)
+    tokens = list(generated)
+    while engine.has_unfinished():
+        for output in engine.step().outputs:
+            assert output.request_id == request_id and output.first_index == len(tokens)
+            tokens.extend(output.token_ids)
+    return tokens
+
+
+@needs_vllm
+def test_a_constrained_request_continues_under_its_grammar_when_rescued_or_migrated(engines: Any) -> None:
+    """vLLM's structured outputs on the engine: a continued request's grammar starts where the
+    generated tokens left it (a fresh grammar would take the JSON generated so far as prompt and
+    open a second object), so a rescue at any point and a migration in two stages mid-generation
+    give the unmigrated greedy tokens."""
+    source, destination = engines
+    expected = _run(source, "ref", PROMPT, CONSTRAINED)
+    assert expected != _run(source, "free", PROMPT, msgspec.structs.replace(CONSTRAINED, structured=None))
+    assert len(expected) > 40
+    for cut in (1, 7, 33):
+        assert _continued(destination, f"rescued{cut}", CONSTRAINED, expected[:cut]) == expected
+    tokens: dict[str, list[int]] = {}
+    source.add_request("moving", PROMPT, CONSTRAINED)
+    _step_collect(source, tokens, 10)
+    full = source.request_stats("moving").num_computed_tokens // 32
+    stage0 = destination.reserve(full)
+    destination.import_blocks(stage0.block_ids, source.export_blocks("moving", range(full)))
+    _step_collect(source, tokens, 12)
+    source.suspend("moving")
+    held = source.request_stats("moving").num_blocks
+    stage1 = destination.reserve(held - full)
+    destination.import_blocks(stage1.block_ids, source.export_blocks("moving", range(full, held)))
+    generated = source.output_token_ids("moving")
+    destination.admit_migrated("moving", PROMPT, generated, CONSTRAINED, 0, [stage0, stage1])
+    source.release_request("moving")
+    while destination.has_unfinished():
+        _step_collect(destination, tokens)
+    assert tokens["moving"] == expected
+    assert source.stats().num_free_blocks == NUM_BLOCKS == destination.stats().num_free_blocks
+
+
+@needs_vllm
+@pytest.mark.parametrize(
+    ("kind", "spec", "reason"),
+    [
+        (StructuredKind.JSON_SCHEMA, "{not json", "Invalid JSON"),
+        (StructuredKind.JSON_SCHEMA, json.dumps({"type": "strng"}), "strng"),
+        (StructuredKind.REGEX, "[a-", "regex"),
+        (StructuredKind.GRAMMAR, "root ::= (", "grammar"),
+        (StructuredKind.CHOICE, "[]", "empty"),
+        (StructuredKind.CHOICE, '"yes"', "list of strings"),
+    ],
+)
+def test_a_constraint_vllm_refuses_is_a_rejection_and_the_engine_serves_on(
+    engines: Any, kind: StructuredKind, spec: str, reason: str
+) -> None:
+    engine, _ = engines
+    before = engine.stats().num_rejections
+    bad = SamplingParams(max_tokens=8, structured=StructuredOutput(kind=kind, spec=spec))
+    with pytest.raises(RequestRejected) as refused:
+        engine.add_request("bad", PROMPT, bad)
+    assert refused.value.reason is RejectReason.INVALID_SAMPLING and reason in refused.value.detail
+    assert engine.stats().num_rejections == before + 1 and not engine.has_unfinished()
+    choice = StructuredOutput(kind=StructuredKind.CHOICE, spec='["yes", "no"]')
+    tokens = _run(engine, "good", PROMPT, SamplingParams(max_tokens=8, structured=choice))
+    assert Tokenizer.from_file(str(engine.config.model) + "/tokenizer.json").decode(tokens) in ("yes", "no")
+
+
+@needs_vllm
+def test_logit_bias_and_min_p_steer_vllms_sampler_and_survive_a_rescue(engines: Any) -> None:
+    engine, other = engines
+    plain = _run(engine, "plain", PROMPT, SamplingParams(max_tokens=12, ignore_eos=True))
+    forced = SamplingParams(max_tokens=12, ignore_eos=True, logit_bias=((77, 100.0),))
+    assert _run(engine, "forced", PROMPT, forced) == [77] * 12
+    banned = SamplingParams(max_tokens=12, ignore_eos=True, logit_bias=tuple((t, -100.0) for t in set(plain)))
+    avoided = _run(engine, "banned", PROMPT, banned)
+    assert not set(avoided) & set(plain)
+    assert _continued(other, "banned-rescued", banned, avoided[:5]) == avoided
+    # min_p 1: only the most likely token is left, so sampling at temperature 1 is greedy
+    only_the_top = SamplingParams(max_tokens=12, ignore_eos=True, temperature=1.0, min_p=1.0)
+    assert _run(engine, "min-p", PROMPT, only_the_top) == plain
+
+
+@needs_vllm
+def test_prompt_logprobs_equal_vllms_own_and_max_tokens_0_generates_nothing(
+    engines: Any, vllm_own: tuple[list[int], list[dict[int, float] | None]]
+) -> None:
+    """Prompt logprobs (as ``echo`` with ``max_tokens`` 0 asks them) on a prompt vLLM's prefix cache
+    holds: every position is computed, and equals vLLM's ``LLM.generate`` prompt logprobs."""
+    engine, _ = engines
+    _run(engine, "warm", PROMPT, SamplingParams(max_tokens=2))  # the prompt's blocks are cached now
+    engine.add_request("echo", PROMPT, SamplingParams(max_tokens=0, prompt_logprobs=PROMPT_LOGPROBS))
+    outputs = []
+    while engine.has_unfinished():
+        outputs.extend(engine.step().outputs)
+    (output,) = outputs
+    assert (output.first_index, output.token_ids, output.finish_reason) == (0, (), FinishReason.LENGTH)
+    assert output.num_cached_tokens == 0
+    _, expected = vllm_own
+    assert output.prompt_logprobs is not None and output.prompt_top_logprobs is not None
+    assert len(output.prompt_logprobs) == len(PROMPT) == len(expected)
+    assert output.prompt_logprobs[0] is None and expected[0] is None and output.prompt_top_logprobs[0] == ()
+    for position in range(1, len(PROMPT)):
+        wanted = expected[position]
+        assert wanted is not None
+        assert output.prompt_logprobs[position] == pytest.approx(wanted[PROMPT[position]], abs=1e-5)
+        top = output.prompt_top_logprobs[position]
+        assert len(top) == PROMPT_LOGPROBS
+        assert [v for _, v in top] == sorted((v for _, v in top), reverse=True)
+        for token, value in top:
+            assert value == pytest.approx(wanted[token], abs=1e-5)
+    # a continued request does not ask again: they reached the client with its first output
+    assert _continued(engine, "echo-rescued", SamplingParams(max_tokens=3, prompt_logprobs=2), [5])[0] == 5
+    assert engine.stats().num_free_blocks == NUM_BLOCKS
