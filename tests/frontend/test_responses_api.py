@@ -161,6 +161,35 @@ async def test_a_required_function_tool_returns_a_call_whose_arguments_validate(
     assert follow.usage.input_tokens > response.usage.input_tokens
 
 
+async def test_a_named_function_streams_its_call_as_typed_events(client: Any) -> None:
+    stream = await client.responses.create(
+        model="tiny",
+        input="weather in Oslo?",
+        tools=[TOOL],
+        tool_choice={"type": "function", "name": "get_weather"},
+        max_output_tokens=200,
+        temperature=0,
+        stream=True,
+    )
+    events = [event async for event in stream]
+    kinds = [event.type for event in events]
+    assert kinds[:3] == ["response.created", "response.in_progress", "response.output_item.added"]
+    assert kinds[-3:] == [
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    assert set(kinds[3:-3]) == {"response.function_call_arguments.delta"}
+    (call,) = events[-1].response.output
+    assert call.type == "function_call" and call.name == "get_weather" and call.status == "completed"
+    assert events[2].item.id == call.id and events[2].item.call_id == call.call_id
+    jsonschema.validate(json.loads(call.arguments), WEATHER)
+    assert (
+        "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+        == call.arguments
+    )
+
+
 async def test_text_format_json_schema_gives_json_that_validates(client: Any) -> None:
     response = await client.responses.create(
         model="tiny",
