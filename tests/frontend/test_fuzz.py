@@ -27,6 +27,7 @@ _VALID: dict[str, dict[str, Any]] = {
     },
     "/tokenize": {"model": "sim:tiny-test", "prompt": "hi"},
     "/detokenize": {"model": "sim:tiny-test", "tokens": [104, 105]},
+    "/v1/responses": {"model": "sim:tiny-test", "input": "hi", "max_output_tokens": 2},
 }
 
 
@@ -60,7 +61,7 @@ async def test_fuzzed_requests_never_get_a_5xx(nats_url: str) -> None:
         url = await cluster.serve()
         schema = cluster.app.openapi()
         for path, examples in (("/v1/completions", 60), ("/v1/chat/completions", 60), ("/tokenize", 30),
-                               ("/detokenize", 30)):
+                               ("/detokenize", 30), ("/v1/responses", 60)):
             failures, statuses = await asyncio.to_thread(_fuzz, schema, url, path, examples)
             assert not failures, failures[:5]
             # Most generated bodies are invalid (4xx); whether one is also valid is up to
