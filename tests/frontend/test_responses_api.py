@@ -296,4 +296,6 @@ async def test_a_conversation_continues_on_a_frontend_started_after_the_first_we
         )
         assert turn_two.output_text == chat.choices[0].message.content
         assert turn_two.previous_response_id == turn_one.id
+        # the earlier turn's prompt is a prefix of this one's: the agent's prefix cache held it
+        assert turn_two.usage.input_tokens_details.cached_tokens > 0
         await second.close()
