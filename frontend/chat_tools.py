@@ -74,6 +74,11 @@ class ChatTools:
         structured = tool_choice_output(tools, choice, parallel_tool_calls=parallel)
         return cls(tools, choice, parallel, parser, structured)
 
+    @property
+    def keeps_special_tokens(self) -> bool:
+        """Whether the answer's text must show special tokens (but end-of-sequence) for the parser."""
+        return self.parser is not None and self.parser.keeps_special_tokens
+
     def rendered(self) -> list[dict[str, Any]]:
         """The tools as the chat template receives them."""
         return [tool.chat_dict() for tool in self.tools]
@@ -87,8 +92,12 @@ class ChatTools:
         message: Json = {"role": "assistant", "content": content}
         if calls:
             message["tool_calls"] = calls
-        return {"index": index, "message": message, "logprobs": logprobs,
-                "finish_reason": _finish_reason(finish_reason, bool(calls))}
+        return {
+            "index": index,
+            "message": message,
+            "logprobs": logprobs,
+            "finish_reason": _finish_reason(finish_reason, bool(calls)),
+        }
 
     def chunks(self) -> ChatToolChunks | None:
         """The streaming side of one choice (None: plain text chunks)."""
@@ -108,8 +117,17 @@ class ChatToolChunks:
         self._stream = stream
         self._parallel = parallel_tool_calls
 
-    def chunk(self, request_id: str, created: int, model: str, piece: Piece, logprobs: Json | None,
-              *, index: int, with_usage_field: bool) -> Json | None:
+    def chunk(
+        self,
+        request_id: str,
+        created: int,
+        model: str,
+        piece: Piece,
+        logprobs: Json | None,
+        *,
+        index: int,
+        with_usage_field: bool,
+    ) -> Json | None:
         """The chunk for ``piece`` (None: nothing to send yet)."""
         content, deltas = self._stream.feed(piece.text)
         if piece.is_last:
@@ -127,5 +145,13 @@ class ChatToolChunks:
             finish = _finish_reason(piece.finish_reason, self._stream.num_calls > 0)
         if not delta and finish is None and logprobs is None:
             return None
-        return R.chat_chunk(request_id, created, model, delta, finish, logprobs,
-                            with_usage_field=with_usage_field, index=index)
+        return R.chat_chunk(
+            request_id,
+            created,
+            model,
+            delta,
+            finish,
+            logprobs,
+            with_usage_field=with_usage_field,
+            index=index,
+        )

@@ -17,7 +17,7 @@ before the first match and reports that generation should stop.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Protocol
 
 __all__ = ["MAX_HELD_TOKENS", "Decoder", "IncrementalDetokenizer", "StopStringMatcher"]
@@ -37,13 +37,17 @@ class IncrementalDetokenizer:
 
     ``prompt_ids``' last few tokens give the first output tokens their context
     (a sentencepiece word start depends on what precedes it); they are never emitted.
+    ``hidden_ids`` are never shown, even with special tokens shown (the end-of-sequence
+    tokens, when a tool call parser needs to see special tokens such as ``[TOOL_CALLS]``).
     """
 
     def __init__(
-        self, tokenizer: Decoder, prompt_ids: Sequence[int] = (), *, skip_special_tokens: bool = True
+        self, tokenizer: Decoder, prompt_ids: Sequence[int] = (), *, skip_special_tokens: bool = True,
+        hidden_ids: Collection[int] = (),
     ) -> None:
         self._tokenizer = tokenizer
         self._skip = skip_special_tokens
+        self._hidden = frozenset(hidden_ids)
         self._ids: list[int] = list(prompt_ids[-_CONTEXT_TOKENS:])
         self._prefix_offset = 0
         self._read_offset = len(self._ids)
@@ -55,6 +59,8 @@ class IncrementalDetokenizer:
         return "".join(self._text_parts)
 
     def _decode(self, ids: Sequence[int]) -> str:
+        if self._hidden:
+            ids = [token_id for token_id in ids if token_id not in self._hidden]
         return self._tokenizer.decode(ids, skip_special_tokens=self._skip)
 
     def _num_text_tokens(self, ids: Sequence[int]) -> int:

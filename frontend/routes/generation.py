@@ -82,7 +82,8 @@ async def generate(request: Request, body: BodyT, flavor: Flavor[BodyT], state: 
     tools = ChatTools.of(body, config.tool_call_parser) if isinstance(body, ChatCompletionRequest) else None
     prompts = flavor.prompts(state.tokenizer, body)
     echo = PromptEcho.of(body, prompts, state.tokenizer)
-    turns = await _start_turns(request, body, flavor, prompts, state, tools.structured if tools else None)
+    turns = await _start_turns(request, body, flavor, prompts, state, tools.structured if tools else None,
+                               keep_special_tokens=tools is not None and tools.keeps_special_tokens)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     reply = Reply(turns[0].request_id, int(time.time()), config.model_name, include_usage)
     if body.stream:
@@ -145,7 +146,7 @@ def output_budget(config: FrontendConfig, max_model_len: int, num_prompt: int, r
 
 async def _start_turns(
     request: Request, body: BodyT, flavor: Flavor[BodyT], prompts: list[list[int]], state: FrontendState,
-    structured: StructuredOutput | None = None,
+    structured: StructuredOutput | None = None, *, keep_special_tokens: bool = False,
 ) -> list[Turn]:
     """Validate what is left, admit and place every choice: ``n`` per prompt, prompt by prompt (choice
     ``p * n + i`` is prompt ``p``'s ``i``-th). Each is a request of its own; the ``i``-th of a seeded
@@ -173,13 +174,12 @@ async def _start_turns(
             seed = None if sampling.seed is None else (sampling.seed + index) % (2**63)
             choice_sampling = msgspec.structs.replace(sampling, seed=seed) if index else sampling
             jobs.append((prompt_ids, choice_sampling, chain))
+    start = functools.partial(_start_turn, keep_special_tokens=keep_special_tokens)
     if len(jobs) == 1:
         ids, sampling, chain = jobs[0]
-        return [await _start_turn(request, body, flavor, ids, state, sampling, stops, priority, chain)]
+        return [await start(request, body, flavor, ids, state, sampling, stops, priority, chain)]
     tasks = [
-        asyncio.ensure_future(
-            _start_turn(request, body, flavor, ids, state, sampling, stops, priority, chain)
-        )
+        asyncio.ensure_future(start(request, body, flavor, ids, state, sampling, stops, priority, chain))
         for ids, sampling, chain in jobs
     ]
     try:
@@ -212,22 +212,26 @@ def _usage(turns: list[Turn], n: int) -> tuple[int, int, int]:
 
 async def _start_turn(
     request: Request, body: BodyT, flavor: Flavor[BodyT], prompt_ids: list[int], state: FrontendState,
-    sampling: SamplingParams, stops: tuple[str, ...], priority: int, chain: Chain,
+    sampling: SamplingParams, stops: tuple[str, ...], priority: int, chain: Chain, *,
+    keep_special_tokens: bool = False,
 ) -> Turn:
     """Admit and place one choice (``chain``: its prompt's block-hash chain); its stream is open on return."""
     return await start_turn(
         state, prompt_ids, sampling, request_id=f"{flavor.id_prefix}-{uuid.uuid4().hex}",
         endpoint=flavor.endpoint, stops=stops, priority=priority, want_logprobs=wants_logprobs(body),
-        chain=chain,
+        chain=chain, keep_special_tokens=keep_special_tokens,
     )
 
 
 async def start_turn(
     state: FrontendState, prompt_ids: list[int], sampling: SamplingParams, *, request_id: str, endpoint: str,
     stops: tuple[str, ...] = (), priority: int = 0, want_logprobs: bool = False, chain: Chain | None = None,
+    keep_special_tokens: bool = False,
 ) -> Turn:
     """Admit and place one request of ``endpoint`` (its metrics label); its stream is open on return.
-    ``chain``: its prompt's block-hash chain (None: computed here). End it with :func:`end_turn`."""
+    ``chain``: its prompt's block-hash chain (None: computed here). ``keep_special_tokens``: the text
+    shows special tokens but the end-of-sequence ones (for a tool call parser that needs them, as vLLM's
+    ``skip_special_tokens: false``). End it with :func:`end_turn`."""
     config, gateway = state.config, state.gateway
     state.admission.admit()
     try:
@@ -240,7 +244,11 @@ async def start_turn(
         raise
     return Turn(
         stream=stream, endpoint=endpoint,
-        detokenizer=IncrementalDetokenizer(state.tokenizer, prompt_ids), stops=StopStringMatcher(stops),
+        detokenizer=IncrementalDetokenizer(
+            state.tokenizer, prompt_ids, skip_special_tokens=not keep_special_tokens,
+            hidden_ids=state.tokenizer.eos_token_ids if keep_special_tokens else (),
+        ),
+        stops=StopStringMatcher(stops),
         want_logprobs=want_logprobs, num_prompt_tokens=len(prompt_ids),
     )
 

@@ -404,10 +404,18 @@ class _NamedStream(ToolStream):
 
 
 class ToolParser:
-    """A model family's tool call format: ``extract`` a whole answer, or ``streaming()`` one."""
+    """A model family's tool call format: ``extract`` a whole answer, or ``streaming()`` one.
 
-    def __init__(self, name: str, make_stream: Callable[[], ToolStream]) -> None:
+    ``keeps_special_tokens``: the format's markers may be special tokens (Mistral's ``[TOOL_CALLS]``,
+    Llama's ``<|python_tag|>``, some models' ``<tool_call>``), so the answer's text must show special
+    tokens (as vLLM sets ``skip_special_tokens: false`` for these parsers).
+    """
+
+    def __init__(
+        self, name: str, make_stream: Callable[[], ToolStream], *, keeps_special_tokens: bool
+    ) -> None:
         self.name = name
+        self.keeps_special_tokens = keeps_special_tokens
         self._make_stream = make_stream
 
     def streaming(self) -> ToolStream:
@@ -440,9 +448,11 @@ def assemble(pieces: Sequence[tuple[str, Sequence[Call]]]) -> tuple[str | None, 
 
 #: ``--tool-call-parser`` names and the parsers they choose
 PARSERS: dict[str, Callable[[], ToolParser]] = {
-    "hermes": lambda: ToolParser("hermes", _HermesStream),
-    "llama3_json": lambda: ToolParser("llama3_json", _Llama3Stream),
-    "mistral": lambda: ToolParser("mistral", lambda: _ArrayStream(mistral_tool_call_id, tag="[TOOL_CALLS]")),
+    "hermes": lambda: ToolParser("hermes", _HermesStream, keeps_special_tokens=True),
+    "llama3_json": lambda: ToolParser("llama3_json", _Llama3Stream, keeps_special_tokens=True),
+    "mistral": lambda: ToolParser(
+        "mistral", lambda: _ArrayStream(mistral_tool_call_id, tag="[TOOL_CALLS]"), keeps_special_tokens=True
+    ),
 }
 
 
@@ -458,7 +468,7 @@ def constrained_parser(tools: Sequence[ToolSpec], choice: ToolChoice) -> ToolPar
     if choice.mode == "function":
         assert choice.name is not None
         name = choice.name
-        return ToolParser("named", lambda: _NamedStream(name))
+        return ToolParser("named", lambda: _NamedStream(name), keeps_special_tokens=False)
     if choice.mode == "required":
-        return ToolParser("required", _ArrayStream)
+        return ToolParser("required", _ArrayStream, keeps_special_tokens=False)
     raise ValueError(f"tool_choice {choice.mode!r} does not constrain the output")

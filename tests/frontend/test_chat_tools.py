@@ -3,13 +3,17 @@ and how ``parallel_tool_calls: false`` keeps one call of an ``auto`` answer, who
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from agents.engines.tokenizer import HFTokenizer
 from bus.cli_config import from_argv
 from frontend.chat_tools import ChatTools
 from frontend.cli_serve import ServeCliConfig
+from frontend.detokenize import IncrementalDetokenizer
 from frontend.errors import APIError
 from frontend.openai_models import ChatCompletionRequest
 from frontend.turns import Piece
@@ -73,3 +77,47 @@ def test_the_flag_reaches_the_frontend_from_shoal_serve_and_shoal_up() -> None:
     assert from_argv(ServeCliConfig, []).frontend_config().tool_call_parser is None
     up = from_argv(UpConfig, ["--tool-call-parser", "llama3_json"])
     assert up.tool_call_parser == "llama3_json"
+
+
+def _mistral_like_tokenizer(folder: Path) -> HFTokenizer:
+    """A byte-level BPE whose ``[TOOL_CALLS]`` is a special token, as in Mistral's tokenizers."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<s>", "</s>", "[TOOL_CALLS]"],
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tokenizer.train_from_iterator(['get_weather {"city": "Paris"} hello'] * 4, trainer=trainer)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>"}))
+    return HFTokenizer(folder)
+
+
+def test_a_special_token_marker_reaches_the_parser_and_the_end_of_sequence_does_not(tmp_path: Path) -> None:
+    tokenizer = _mistral_like_tokenizer(tmp_path)
+    answer = 'Sure.[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]'
+    ids = [*tokenizer.encode(answer, add_special_tokens=False), *tokenizer.eos_token_ids]
+    assert (
+        tokenizer.decode(ids) == 'Sure.[{"name": "get_weather", "arguments": {"city": "Paris"}}]'
+    )  # skipped
+    tools = ChatTools.of(
+        _request(tools=[{"type": "function", "function": {"name": "get_weather"}}]), "mistral"
+    )
+    assert tools is not None and tools.keeps_special_tokens
+    detokenizer = IncrementalDetokenizer(
+        tokenizer, skip_special_tokens=False, hidden_ids=tokenizer.eos_token_ids
+    )
+    text = "".join(detokenizer.push([token_id]) for token_id in ids) + detokenizer.flush()
+    assert text == answer  # the marker shown, the end-of-sequence token not
+    message = tools.message(0, text, FinishReason.STOP, None)["message"]
+    assert message["content"] == "Sure."
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in message["tool_calls"]] == [
+        ("get_weather", '{"city": "Paris"}')
+    ]
+    forced = ChatTools.of(_request(tool_choice="required"), None)
+    assert forced is not None and not forced.keeps_special_tokens  # constrained JSON: plain text

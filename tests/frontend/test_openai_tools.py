@@ -165,6 +165,7 @@ async def test_a_conversation_goes_on_with_the_call_and_its_result(cluster: Clus
     choice = answer.choices[0]  # tool_choice auto: the hermes parser reads the free text
     assert choice.finish_reason in ("stop", "length", "tool_calls")
     assert isinstance(choice.message.content, str) or choice.message.tool_calls
+    assert "</s>" not in (choice.message.content or "")  # special tokens shown to the parser, but not EOS
     # the call and its result are in the prompt: the template rendered them
     assert answer.usage.prompt_tokens > first.usage.prompt_tokens + 20
     again = await client.chat.completions.create(
