@@ -4,7 +4,7 @@ The conversation is the previous response's (``previous_response_id``: its items
 from the store; 404 if it is not there) followed by this request's ``input``; ``instructions``
 become the system message (those of the previous response are not carried over, as in OpenAI's
 API). The chat messages are rendered with the model's chat template and the function tools
-(:func:`agents.engines.tokenizer.render_chat`), as chat completions renders them. The token budget
+(:func:`frontend.tokenization.chat_prompt_ids`), as chat completions renders them. The token budget
 is the chat route's (:func:`~frontend.routes.generation.output_budget`, ``max_output_tokens``),
 the output constraint comes from ``text.format`` (``json_object`` / ``json_schema``) or from a
 forced ``tool_choice`` (``required`` or a named function: a JSON schema, as vLLM's); both at once
@@ -23,7 +23,6 @@ from typing import Any
 from fastapi import Request
 from pydantic import ValidationError
 
-from agents.engines.tokenizer import render_chat
 from frontend.dependencies import FrontendState, check_api_key, priority_of
 from frontend.errors import APIError, invalid_parameter, model_not_found
 from frontend.openai_models import ChatCompletionRequest, ChatMessage, sampling_of
@@ -33,7 +32,7 @@ from frontend.responses_api.objects import EventStream, Json, response_object, s
 from frontend.responses_api.output import OutputBuilder
 from frontend.routes.generation import output_budget
 from frontend.structured import json_schema_output
-from frontend.tokenization import encode_text
+from frontend.tokenization import chat_prompt_ids
 from frontend.tools import (
     PARSERS,
     ToolChoice,
@@ -172,19 +171,15 @@ async def plan_of(request: Request, body: ResponsesRequest, state: FrontendState
 
 
 def _prompt_ids(state: FrontendState, messages: list[dict[str, Any]], tools: list[ToolSpec]) -> list[int]:
+    """The chat route's prompt of ``messages`` (:func:`~frontend.tokenization.chat_prompt_ids`); its
+    400s name ``input``, where the messages came from."""
     try:
-        text = render_chat(
-            state.tokenizer,
-            messages,
-            add_generation_prompt=True,
-            tools=[tool.chat_dict() for tool in tools] or None,
-        )
-    except Exception as exc:  # a template error is the input's fault (e.g. roles out of order)
-        raise APIError(400, f"the chat template rejected the input: {exc}", param="input") from exc
-    ids = encode_text(state.tokenizer, text, "input", add_special_tokens=False)
-    if not ids:
-        raise invalid_parameter("the rendered prompt is empty", "input")
-    return ids
+        chat = [ChatMessage.model_validate(message) for message in messages]
+        return chat_prompt_ids(state.tokenizer, chat, tools=[tool.chat_dict() for tool in tools] or None)
+    except ValidationError as exc:  # pragma: no cover - the items were checked when normalized
+        raise invalid_parameter(f"input: {exc.errors()[0].get('msg')}", "input") from exc
+    except APIError as exc:
+        raise APIError(exc.status, exc.message, param="input", code=exc.code) from exc
 
 
 def _sampling(
