@@ -36,7 +36,9 @@ between steps; the agents' step totals come from their ``/metrics``.
 With ``--grammar`` (or ``--json-schema FILE``) every round also sends the same
 burst through shoal with a ``json_schema`` ``response_format`` on every
 request, right beside the plain one (which goes first alternates by round):
-the throughput cost of the grammar's token mask, as paired ratios. The
+the throughput cost of the grammar's token mask, as paired ratios of tokens/s
+and of the agents' CPU per output token (which depends less on what else runs
+on the machine). The
 built-in schema (:data:`BENCH_SCHEMA`, records of integers, bounded strings,
 numbers, an enum and a short array) needs more tokens than any ``--max-tokens``
 to complete, so both sides generate exactly ``--max-tokens`` per request.
@@ -388,7 +390,8 @@ def run_through_shoal(
     request's ``response_format``, beside the plain one (the plain one first every other round).
     Returns ``(shoal, direct, pairs, grammar)`` by concurrency: the median runs, per round its
     paired ratio and :func:`~frontend.bench_steps.step_breakdown`, and (with ``schema``) the
-    constrained runs: their median run and each round's tokens/s over the plain run's.
+    constrained runs: their median run, and each round's tokens/s and agent CPU per token over the
+    plain run's.
     """
     from bus.server import free_port
 
@@ -419,9 +422,18 @@ def run_through_shoal(
         def cpu(name: str, pid: int) -> float:  # an agent's engine core process counts as the agent's
             return cpu_seconds(pid, children=name.startswith("agent"))
 
-        def constrained(concurrency: int, offset: int) -> dict[str, float]:
-            return _streams_and_steps(http_url, metrics_urls, preset, concurrency, prompt_tokens, max_tokens,
-                                      offset, extra)
+        def through_shoal(concurrency: int, offset: int, fields: dict[str, Any] | None) -> dict[str, float]:
+            before = {name: cpu(name, pid) for name, pid in pids.items()}
+            result = _streams_and_steps(http_url, metrics_urls, preset, concurrency, prompt_tokens,
+                                        max_tokens, offset, fields)
+            for name, pid in pids.items():  # CPU ms per 1000 output tokens, warm-up requests included
+                result[f"{name}_cpu_ms_per_ktok"] = (
+                    1e6 * (cpu(name, pid) - before[name]) / max(result["tokens"], 1.0)
+                )
+            result["agent_cpu_ms_per_ktok"] = sum(  # all agents together
+                result.pop(f"{name}_cpu_ms_per_ktok") for name in list(pids) if name.startswith("agent")
+            )
+            return result
 
         for n, concurrency in enumerate(concurrencies):
             shoal_runs, direct_runs, grammar_runs = [], [], []
@@ -434,21 +446,12 @@ def run_through_shoal(
                     direct_runs.append(run_direct_now(concurrency))
                 offset = 1000 * (n + 1) + 100 * round_index
                 if extra is not None and direct_first:  # the constrained run beside the plain one
-                    grammar_runs.append(constrained(concurrency, offset))
-                before = {name: cpu(name, pid) for name, pid in pids.items()}
-                result = _streams_and_steps(http_url, metrics_urls, preset, concurrency, prompt_tokens,
-                                            max_tokens, offset)
-                for name, pid in pids.items():  # CPU ms per 1000 output tokens, warm-up requests included
-                    result[f"{name}_cpu_ms_per_ktok"] = (
-                        1e6 * (cpu(name, pid) - before[name]) / max(result["tokens"], 1.0)
-                    )
-                result["agent_cpu_ms_per_ktok"] = sum(  # all agents together
-                    result.pop(f"{name}_cpu_ms_per_ktok") for name in list(pids) if name.startswith("agent")
-                )
+                    grammar_runs.append(through_shoal(concurrency, offset, extra))
+                result = through_shoal(concurrency, offset, None)
                 result["direct_first"] = float(direct_first)
                 shoal_runs.append(result)
                 if extra is not None and not direct_first:
-                    grammar_runs.append(constrained(concurrency, offset))
+                    grammar_runs.append(through_shoal(concurrency, offset, extra))
                 if not direct_first:
                     direct_runs.append(run_direct_now(concurrency))
             shoal[concurrency] = median_run(shoal_runs)
@@ -460,6 +463,8 @@ def run_through_shoal(
                 grammar[concurrency] = {
                     "median_run": median_run(grammar_runs),
                     "ratios": [g["tps"] / s["tps"] for g, s in zip(grammar_runs, shoal_runs, strict=True)],
+                    "agent_cpu_ratios": [g["agent_cpu_ms_per_ktok"] / s["agent_cpu_ms_per_ktok"]
+                                         for g, s in zip(grammar_runs, shoal_runs, strict=True)],
                 }
         return shoal, direct, pairs, grammar
     finally:
@@ -558,19 +563,24 @@ def bench_serve(preset: str, concurrencies: tuple[int, ...], prompt_tokens: int,
     if constrained:
         click.echo("json_schema response_format on every request (through shoal), beside the plain runs:")
         click.echo(f"{'streams':>8} {'plain tok/s':>12} {'schema tok/s':>13} {'ratio':>6} {'paired':>7} "
-                   f"{'TTFT p50 ms':>12} {'TTFT p99 ms':>12} {'tokens':>7}")
+                   f"{'TTFT p50 ms':>12} {'TTFT p99 ms':>12} {'tokens':>7} {'agent CPU/tok':>14}")
         for c in levels:
             g, s = constrained[c]["median_run"], shoal[c]
             paired = statistics.median(constrained[c]["ratios"])
             results[str(c)]["json_schema"] = {
                 "tps": g["tps"], "ratio": g["tps"] / s["tps"] if s["tps"] else float("nan"),
                 "median_of_paired_ratios": paired, "paired_ratios": constrained[c]["ratios"],
+                "agent_cpu_ms_per_1k_tokens": g["agent_cpu_ms_per_ktok"],
+                "frontend_cpu_ms_per_1k_tokens": g["frontend_cpu_ms_per_ktok"],
+                "agent_cpu_paired_ratios": constrained[c]["agent_cpu_ratios"],
+                "median_of_agent_cpu_paired_ratios": statistics.median(constrained[c]["agent_cpu_ratios"]),
                 "ttft_p50_ms": g["ttft_p50_ms"], "ttft_p99_ms": g["ttft_p99_ms"], "tokens": g["tokens"],
                 "steps": g["steps"], "step_s": g["step_s"],
             }
             ratio = results[str(c)]["json_schema"]["ratio"]
             click.echo(f"{c:>8} {s['tps']:>12.1f} {g['tps']:>13.1f} {ratio:>6.2f} {paired:>7.2f} "
-                       f"{g['ttft_p50_ms']:>12.1f} {g['ttft_p99_ms']:>12.1f} {g['tokens']:>7.0f}")
+                       f"{g['ttft_p50_ms']:>12.1f} {g['ttft_p99_ms']:>12.1f} {g['tokens']:>7.0f} "
+                       f"{statistics.median(constrained[c]['agent_cpu_ratios']):>13.2f}x")
     meta = {"preset": preset, "prompt_tokens": prompt_tokens, "max_tokens": max_tokens, "threads": threads,
             "instances": instances, "engine_core": engine_core, "json_schema": schema,
             "rounds": rounds, "load_average": os.getloadavg(), "event_loop": event_loop.loop_name(),

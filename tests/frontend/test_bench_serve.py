@@ -93,7 +93,7 @@ def test_bench_serve_reports_each_round_and_where_its_wall_went(tmp_path: Path) 
     scratch.mkdir()
     completed = subprocess.run(
         [*SHOAL, "bench", "serve", "--preset", "tiny", "--concurrency", "2", "--prompt-tokens", "8",
-         "--max-tokens", "8", "--rounds", "2", "--json", str(out)],
+         "--max-tokens", "8", "--rounds", "2", "--grammar", "--json", str(out)],
         capture_output=True, text=True, timeout=240, check=False, env={**os.environ, "TMPDIR": str(scratch)},
     )
     assert completed.returncode == 0, completed.stdout + completed.stderr
@@ -112,6 +112,12 @@ def test_bench_serve_reports_each_round_and_where_its_wall_went(tmp_path: Path) 
                             pair["wall_factor"], rel_tol=1e-9)
         assert math.isclose(pair["ratio"], 1 / pair["wall_factor"], rel_tol=1e-9)  # same tokens both sides
     assert "where shoal's wall goes" in completed.stdout
+    # --grammar: the same bursts with a json_schema response_format, paired with the plain ones; the
+    # built-in schema never completes within max_tokens, so both generate the same tokens
+    constrained = result["json_schema"]
+    assert constrained["tokens"] == 2 * 8
+    assert len(constrained["paired_ratios"]) == 2 and all(r > 0 for r in constrained["paired_ratios"])
+    assert "json_schema response_format on every request" in completed.stdout
 
 
 def _descendants(pid: int) -> set[int]:
