@@ -296,3 +296,31 @@ async def test_a_constrained_request_migrated_mid_generation_returns_the_unmigra
     assert outcome.migrated, outcome
     assert text == reference and finish == ["length"]
     assert text.startswith("{") and '"words"' in text
+
+
+async def test_a_constrained_request_rescued_after_its_agent_dies_returns_the_same_text(
+    nats_url: str,
+) -> None:
+    schema = {"type": "array", "minItems": 60, "items": {"type": "integer", "minimum": 0, "maximum": 999}}
+    options = {
+        "extra_body": {"structured_outputs": {"json": schema, "disable_any_whitespace": True}},
+        "max_tokens": 120,
+        "temperature": 0,
+    }
+    async with frontend_cluster(nats_url, instances=2, engine="torch") as cluster:
+        client = cluster.openai(await cluster.serve())
+        try:
+            reference, _ = await _chat_stream(client, **options)
+            before = set(cluster.gateway.streams)  # type: ignore[union-attr]
+            cluster.pace.min_step_s = 0.02  # still running when its agent dies: 120 tokens >= 2.4 s
+            task = asyncio.ensure_future(_chat_stream(client, **options))
+            try:
+                _, owner = await _owner_after_first_token(cluster, before)
+                await cluster.agents[owner].kill()
+            finally:
+                cluster.pace.release()
+            text, finish = await asyncio.wait_for(task, 60)
+        finally:
+            await client.close()
+    assert text == reference and finish == ["length"]
+    assert text.startswith("[") and text.count(",") >= 20
