@@ -228,7 +228,7 @@ def logit_bias_of(request: _Common, vocab_size: int | None) -> tuple[tuple[int, 
     vocabulary, when ``vocab_size`` is known)."""
     pairs = []
     for key, bias in (request.logit_bias or {}).items():
-        token = int(key) if key.strip().isdigit() else -1
+        token = int(key) if key.strip().isascii() and key.strip().isdigit() else -1
         if token < 0 or (vocab_size is not None and token >= vocab_size):
             where = "" if vocab_size is None else f" in [0, {vocab_size})"
             raise invalid_parameter(f"logit_bias key {key!r} is not a token id{where}", "logit_bias")

@@ -231,7 +231,7 @@ def test_logit_bias_and_min_p_reach_the_sampling_parameters() -> None:
     assert _completion().logit_bias == () and _completion().min_p == 0.0
 
 
-@pytest.mark.parametrize("key", ["259", "-1", "abc", "1.5", ""])
+@pytest.mark.parametrize("key", ["259", "-1", "abc", "1.5", "", "\u0663"])
 def test_a_logit_bias_key_that_is_no_token_id_of_the_vocabulary_is_a_400(key: str) -> None:
     with pytest.raises(APIError) as caught:
         _completion(logit_bias={key: 1})
