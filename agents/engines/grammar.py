@@ -59,6 +59,9 @@ __all__ = [
 
 #: Compiled grammars a compiler keeps (least recently used dropped first).
 DEFAULT_CACHE_SIZE = 256
+#: Masks of a step computed in llguidance's thread pool from this many requests on, one after the
+#: other below (vLLM's threshold): a mask takes microseconds, waking threads takes more.
+PARALLEL_MASKS_FROM = 128
 #: The longest compile error passed on to a client.
 _MAX_ERROR_CHARS = 800
 
@@ -318,13 +321,14 @@ class GrammarCompiler:
         return GrammarMatcher(matcher, structured.kind, self.tokenizer.vocab_size)
 
     def fill_bitmasks(self, matchers: Sequence[GrammarMatcher]) -> NDArray[np.int32]:
-        """The next position's masks of ``matchers``, one row each (computed in parallel threads
-        when there are several)."""
+        """The next position's masks of ``matchers``, one row each (in parallel threads from
+        :data:`PARALLEL_MASKS_FROM` of them)."""
         width = bitmask_width(self.tokenizer.vocab_size)
         out = np.zeros((len(matchers), width), dtype=np.int32)
-        if len(matchers) == 1:
-            matchers[0].fill_bitmask(out[0])
-        elif matchers:
+        if len(matchers) < PARALLEL_MASKS_FROM:
+            for row, matcher in zip(out, matchers, strict=True):
+                matcher.fill_bitmask(row)
+        else:
             if self._executor is None:
                 self._executor = LLExecutor()
             self._executor.unsafe_compute_mask_ptr(

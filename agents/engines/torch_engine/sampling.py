@@ -37,11 +37,12 @@ from schemas import Alternatives, SamplingParams
 __all__ = [
     "SampleResult",
     "SamplingRow",
-    "allowed_mask",
     "check_sampling_params",
     "noise_seed",
+    "refused_mask",
     "request_seed",
     "sample",
+    "unpack_refused",
     "wants_history",
     "with_grammar_masks",
 ]
@@ -135,26 +136,40 @@ class SampleResult:
     top: list[Alternatives | None] = field(default_factory=list)
 
 
-def allowed_mask(bitmasks: Sequence[NDArray[np.int32]], vocab_size: int, device: torch.device) -> Tensor:
-    """Bool [len(bitmasks), vocab_size]: the ids each bitmask allows (ids past a mask: not allowed)."""
-    words = torch.from_numpy(np.stack(bitmasks)).to(device)
-    shifts = torch.arange(32, dtype=torch.int32, device=device)
-    bits = ((words[:, :, None] >> shifts) & 1).bool().flatten(1)
-    if bits.shape[1] >= vocab_size:
-        return bits[:, :vocab_size]
-    return torch.nn.functional.pad(bits, (0, vocab_size - bits.shape[1]))
+def refused_mask(bitmasks: Sequence[NDArray[np.int32]], vocab_size: int, device: torch.device) -> Tensor:
+    """Bool [len(bitmasks), vocab_size] on ``device``: the ids each bitmask does not allow (ids past
+    a mask: none). On CPU numpy unpacks the bits; elsewhere the int32 words cross (32 ids per word)
+    and are unpacked there."""
+    words = np.stack(bitmasks)
+    if device.type == "cpu":
+        bits = np.unpackbits(np.invert(words).view(np.uint8), axis=-1, bitorder="little")
+        refused = torch.from_numpy(bits.view(np.bool_))
+    else:
+        refused = unpack_refused(torch.from_numpy(words).to(device))
+    if refused.shape[1] < vocab_size:
+        return torch.nn.functional.pad(refused, (0, vocab_size - refused.shape[1]), value=True)
+    return refused[:, :vocab_size]
+
+
+def unpack_refused(words: Tensor) -> Tensor:
+    """Bool [rows, 32 x words]: the clear bits of int32 bitmask ``words`` [rows, words]."""
+    shifts = torch.arange(32, dtype=torch.int32, device=words.device)
+    return ((words[:, :, None] >> shifts) & 1).eq(0).flatten(1)
 
 
 def _apply_grammar_and_processors(logits: Tensor, rows: Sequence[SamplingRow]) -> None:
     """The grammar's mask, then min_tokens' banned ids and the logit bias (vLLM's processors that
     can change the greedy choice). A grammar that allows only banned ids wins over min_tokens (the
     local scheduler stops a complete grammar anyway)."""
-    constrained = [i for i, row in enumerate(rows) if row.allowed is not None]
-    if constrained:
-        masks = [rows[i].allowed for i in constrained]
-        allowed = allowed_mask([m for m in masks if m is not None], logits.shape[-1], logits.device)
-        rows_index = torch.tensor(constrained, device=logits.device)
-        logits[rows_index] = logits[rows_index].masked_fill(~allowed, float("-inf"))
+    masks = [row.allowed for row in rows if row.allowed is not None]
+    if masks:
+        refused = refused_mask(masks, logits.shape[-1], logits.device)
+        if len(masks) == len(rows):
+            logits.masked_fill_(refused, float("-inf"))
+        else:
+            constrained = [i for i, row in enumerate(rows) if row.allowed is not None]
+            rows_index = torch.tensor(constrained, device=logits.device)
+            logits[rows_index] = logits[rows_index].masked_fill(refused, float("-inf"))
     for index, row in enumerate(rows):
         if row.banned_token_ids:
             banned = torch.tensor(list(row.banned_token_ids), dtype=torch.int64, device=logits.device)

@@ -1,10 +1,11 @@
-"""The torch engine's sampler: greedy, temperature, top-k, top-p, repetition penalty, min_tokens bans,
-and counter-based randomness that depends only on (seed, token index)."""
+"""The torch engine's sampler: greedy, temperature, top-k, top-p, min-p, repetition penalty, min_tokens
+bans, logit bias, the grammar mask, and counter-based randomness that depends only on (seed, token index)."""
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -12,8 +13,10 @@ from agents.engines.torch_engine.sampling import (
     SamplingRow,
     check_sampling_params,
     noise_seed,
+    refused_mask,
     request_seed,
     sample,
+    unpack_refused,
 )
 from schemas import SamplingParams
 
@@ -111,8 +114,9 @@ def test_presence_and_frequency_penalties_count_the_generated_tokens_only() -> N
     # logits log(0.5), log(0.3): token 0 leads token 1 by 0.51. Prompt [0, 0, 2], generated [0, 3].
     history = (0, 0, 2, 0, 3)
 
-    def greedy(**penalties: float) -> int:
-        row = SamplingRow(SamplingParams(**penalties), seed=0, output_index=2, history=history)
+    def greedy(*, frequency_penalty: float = 0.0, presence_penalty: float = 0.0) -> int:
+        params = SamplingParams(frequency_penalty=frequency_penalty, presence_penalty=presence_penalty)
+        row = SamplingRow(params, seed=0, output_index=2, history=history)
         return sample(LOGITS[None], [row]).token_ids[0]
 
     assert greedy() == 0
@@ -123,3 +127,55 @@ def test_presence_and_frequency_penalties_count_the_generated_tokens_only() -> N
     first = SamplingRow(SamplingParams(frequency_penalty=2.0), seed=0, output_index=0, history=(0, 0, 2))
     assert sample(LOGITS[None], [first]).token_ids == [0]  # nothing generated yet: nothing to penalise
     assert "presence_penalty" in (check_sampling_params(SamplingParams(presence_penalty=2.5)) or "")
+
+
+def _bitmask(allowed: list[int], words: int) -> np.ndarray:
+    mask = np.zeros(words, dtype=np.uint32)
+    for token in allowed:
+        mask[token // 32] |= np.uint32(1 << (token % 32))
+    return mask.view(np.int32)
+
+
+def test_the_grammar_mask_leaves_only_its_ids_and_ids_past_it_are_refused() -> None:
+    logits = torch.arange(70, dtype=torch.float32)[None].repeat(3, 1)  # the highest id is the greedy pick
+    rows = [
+        SamplingRow(SamplingParams(), 0, 0, allowed=_bitmask([3, 40], 2)),
+        SamplingRow(SamplingParams(temperature=1.0), 5, 0, allowed=_bitmask([7], 2)),
+        SamplingRow(SamplingParams(), 0, 0),  # no grammar: unchanged
+    ]
+    assert sample(logits, rows).token_ids == [40, 7, 69]
+    # a mask of two words covers ids 0..63: the vocabulary's ids 64..69 are refused
+    short = SamplingRow(SamplingParams(), 0, 0, allowed=_bitmask([63], 2))
+    assert sample(logits[:1], [short]).token_ids == [63]
+    # a grammar that allows only what min_tokens bans wins (the scheduler stops a complete grammar)
+    banned = SamplingRow(SamplingParams(), 0, 0, banned_token_ids=(3,), allowed=_bitmask([3], 3))
+    assert sample(logits[:1], [banned]).token_ids == [3]
+    # the unpacking off the CPU (the words cross to the device) reads the same bits
+    words = np.stack([_bitmask([0, 31, 32, 63], 2), _bitmask([5], 2)])
+    expected = refused_mask(list(words), 64, torch.device("cpu"))
+    assert torch.equal(unpack_refused(torch.from_numpy(words)), expected)
+    assert expected[0].logical_not().nonzero().flatten().tolist() == [0, 31, 32, 63]
+    # logprobs stay those of the raw model distribution
+    wanted = SamplingRow(SamplingParams(logprobs=True), 0, 0, allowed=_bitmask([3], 3))
+    assert sample(logits[:1], [wanted]).logprobs[0] == pytest.approx(float(logits[0].log_softmax(-1)[3]))
+
+
+def test_logit_bias_is_added_before_the_penalties_as_in_vllm() -> None:
+    logits = torch.tensor([[4.0, 0.5]])
+    params = SamplingParams(repetition_penalty=2.0, logit_bias=((0, -2.0),))
+    # (4 - 2) / 2 = 1 > 0.5; penalty first would give 4 / 2 - 2 = 0 < 0.5
+    assert sample(logits, [SamplingRow(params, 0, 0, history=(0,))]).token_ids == [0]
+    assert sample(logits, [SamplingRow(SamplingParams(logit_bias=((1, 3.6),)), 0, 0)]).token_ids == [1]
+    assert check_sampling_params(SamplingParams(logit_bias=((1, -100.0), (2, 100.0)))) is None
+    assert "logit_bias" in (check_sampling_params(SamplingParams(logit_bias=((1, -100.5),))) or "")
+
+
+def test_min_p_drops_what_is_below_its_share_of_the_top_probability_after_temperature() -> None:
+    # probabilities 0.5, 0.3, 0.15, 0.05: min_p 0.5 keeps 0 and 1 (0.3 >= 0.25), renormalised
+    freq = _frequencies(SamplingParams(temperature=1.0, min_p=0.5))
+    assert freq[2:].sum() == 0 and torch.allclose(freq[:2], torch.tensor([0.625, 0.375]), atol=0.04)
+    # at temperature 2 the probabilities flatten (0.37, 0.29, 0.20, 0.12): min_p 0.5 keeps three
+    freq = _frequencies(SamplingParams(temperature=2.0, min_p=0.5))
+    assert freq[3] == 0 and freq[2] > 0.1
+    assert check_sampling_params(SamplingParams(min_p=1.0)) is None
+    assert "min_p" in (check_sampling_params(SamplingParams(min_p=-0.1)) or "")
