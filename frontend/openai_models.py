@@ -199,6 +199,8 @@ REFUSED_OPTIONS: dict[str, tuple[Callable[[Mapping[str, Any]], bool], str]] = {
     "bad_words": (_nonempty("bad_words"), "bad_words is not supported"),
     "allowed_token_ids": (_nonempty("allowed_token_ids"), "allowed_token_ids is not supported"),
     "use_beam_search": (_nonempty("use_beam_search"), "beam search is not supported"),
+    # vLLM's chat echo (the last message's content before the answer); completions declare their own
+    "echo": (_nonempty("echo"), "echo is not supported on chat completions (it is on completions)"),
     "include_stop_str_in_output": (_nonempty("include_stop_str_in_output"),
                                    "include_stop_str_in_output is not supported"),
 }
