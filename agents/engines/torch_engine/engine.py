@@ -357,9 +357,8 @@ class TorchEngine(ScheduledEngine):
                 continue
             # position p predicts prompt token p + 1; the last prompt position predicts the output
             end = min(prefill.end + 1, request.num_prompt_tokens)
-            targets = request.all_token_ids[prefill.start + 1 : end]
-            if targets:
-                scoring[index] = PromptScoring(targets, k)
+            # no target (a one-token prompt): scored all the same, so its first output says so
+            scoring[index] = PromptScoring(request.all_token_ids[prefill.start + 1 : end], k)
         return scoring
 
     def _sampling_row(self, request: Request) -> SamplingRow:

@@ -83,6 +83,13 @@ def test_a_cached_prompt_is_computed_again_for_its_logprobs(dense: torch.Tensor)
     _check(output, dense, 1)
 
 
+def test_a_one_token_prompt_has_one_null_prompt_logprob() -> None:
+    engine = TorchEngine("tiny", num_blocks=8)
+    engine.add_request("one", [65], SamplingParams(max_tokens=0, prompt_logprobs=2))
+    (output,) = _run(engine)
+    assert output.prompt_logprobs == (None,) and output.prompt_top_logprobs == ((),)
+
+
 def test_a_rescued_request_with_tokens_computes_no_prompt_logprobs() -> None:
     engine = TorchEngine("tiny", num_blocks=64)
     sampling = SamplingParams(max_tokens=4, temperature=0.0, prompt_logprobs=3)
