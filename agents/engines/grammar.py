@@ -248,6 +248,7 @@ class GrammarCompiler:
             raise ValueError(f"cache_size must be positive, got {cache_size}")
         self._make_tokenizer = tokenizer
         self._tokenizer: LLTokenizer | None = None
+        self._tokenizer_error: str | None = None
         self.vocab_size = vocab_size  # the model's; a mask covers the tokenizer's ids (usually the same)
         self.cache_size = cache_size
         self._compiled: OrderedDict[tuple[StructuredKind, str, bool], LLMatcher | str] = OrderedDict()
@@ -271,8 +272,18 @@ class GrammarCompiler:
 
     @property
     def tokenizer(self) -> LLTokenizer:
+        """llguidance's view of the vocabulary, made on first use; :class:`GrammarError` (every
+        time) if it cannot be made."""
         if self._tokenizer is None:
-            self._tokenizer = self._make_tokenizer()
+            if self._tokenizer_error is not None:
+                raise GrammarError(self._tokenizer_error)
+            try:
+                self._tokenizer = self._make_tokenizer()
+            except (OSError, ValueError, RuntimeError, TypeError) as exc:
+                self._tokenizer_error = (
+                    f"structured outputs are unavailable: the vocabulary does not load ({exc})"
+                )
+                raise GrammarError(self._tokenizer_error) from None
         return self._tokenizer
 
     @property

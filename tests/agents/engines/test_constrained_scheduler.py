@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from llguidance import LLTokenizer
 
 from agents.engines.grammar import GrammarCompiler, GrammarMatcher
 from agents.engines.local_scheduler import LocalScheduler, LocalSchedulerConfig
@@ -168,3 +169,18 @@ def test_compiled_grammars_are_cached_per_constraint_in_a_bounded_lru() -> None:
     assert grammars.num_compiled == 3
     grammars.check(REGEX)
     assert grammars.num_compiled == 4
+
+
+def test_a_vocabulary_that_does_not_load_refuses_constrained_requests_only() -> None:
+    calls: list[int] = []
+
+    def missing() -> LLTokenizer:
+        calls.append(1)
+        raise FileNotFoundError("no tokenizer.json in /nowhere")
+
+    sched = make(constraints=GrammarCompiler(missing, VOCAB))
+    for _ in range(2):
+        with pytest.raises(RequestRejected, match=r"vocabulary does not load \(no tokenizer.json in"):
+            sched.add_request("r", [1], SamplingParams(structured=REGEX))
+    assert len(calls) == 1  # the same answer the second time, without loading again
+    assert sched.add_request("free", [1], SamplingParams(max_tokens=2))
