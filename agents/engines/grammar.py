@@ -200,6 +200,36 @@ def allowed_ids(bitmask: NDArray[np.int32], vocab_size: int) -> NDArray[np.int64
     return np.flatnonzero(bits)
 
 
+def nth_allowed(bitmask: NDArray[np.int32], vocab_size: int, draw: int) -> int | None:
+    """The allowed id at index ``draw`` modulo their number, in ascending order (the ids of
+    ``allowed_ids``), found from the words' bit counts; None if the mask allows nothing."""
+    words = bitmask.view(np.uint32)
+    tail = vocab_size % 32
+    if tail and len(words) * 32 > vocab_size:  # ids past the vocabulary do not count
+        words = words.copy()
+        words[-1] &= np.uint32((1 << tail) - 1)
+    counts = np.cumsum(_bit_counts(words))
+    if not len(counts) or counts[-1] == 0:
+        return None
+    index = draw % int(counts[-1])
+    word = int(np.searchsorted(counts, index, side="right"))
+    rank = index - (int(counts[word - 1]) if word else 0)
+    bits = int(words[word])
+    for _ in range(rank):
+        bits &= bits - 1  # drop the lowest set bit
+    return word * 32 + (bits & -bits).bit_length() - 1
+
+
+def _bit_counts(words: NDArray[np.uint32]) -> NDArray[np.uint8]:
+    """Set bits of each word."""
+    if hasattr(np, "bitwise_count"):  # numpy 2
+        counts: NDArray[np.uint8] = np.bitwise_count(words)
+        return counts
+    unpacked: NDArray[np.uint8] = np.unpackbits(words.view(np.uint8)).reshape(-1, 32)
+    summed: NDArray[np.uint8] = unpacked.sum(axis=1, dtype=np.uint8)
+    return summed
+
+
 class _ByteVocabulary:
     """What llguidance's ``TokenizerWrapper`` reads of the byte tokenizer
     (:class:`agents.engines.tokenizer.ByteTokenizer`): ids 0..255 are bytes, the rest special."""

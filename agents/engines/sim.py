@@ -53,7 +53,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from agents.engines.block_manager import Reservation
-from agents.engines.grammar import GrammarCompiler, GrammarMatcher, allowed_ids
+from agents.engines.grammar import GrammarCompiler, GrammarMatcher, nth_allowed
 from agents.engines.local_scheduler import LocalScheduler, LocalSchedulerConfig, SchedulerOutput
 from agents.engines.profile import EngineProfile, TimingModel, load_profile
 from agents.engines.protocol import (
@@ -288,8 +288,8 @@ class SimEngine(ScheduledEngine):
         if constrained and self.grammars is not None:
             masks = self.grammars.fill_bitmasks([matcher for _, _, matcher in constrained])
             for (rid, h, matcher), mask in zip(constrained, masks, strict=True):
-                allowed = allowed_ids(mask, matcher.vocab_size)
-                sampled[rid] = int(allowed[h % len(allowed)]) if len(allowed) else self.grammars.eos_token_id
+                token = nth_allowed(mask, matcher.vocab_size, h)
+                sampled[rid] = self.grammars.eos_token_id if token is None else token
         return sampled
 
     def _result(
