@@ -18,7 +18,7 @@ import msgspec
 
 from frontend.responses_api.models import ResponsesRequest
 
-__all__ = ["EventStream", "Json", "response_object", "settings_of", "usage"]
+__all__ = ["EventStream", "Json", "item_page", "response_object", "settings_of", "usage"]
 
 Json = dict[str, Any]
 _encode = msgspec.json.Encoder().encode
@@ -95,3 +95,20 @@ class EventStream:
         payload = {"type": type_, "sequence_number": self.sequence_number, **fields}
         self.sequence_number += 1
         return b"event: " + type_.encode() + b"\ndata: " + _encode(payload) + b"\n\n"
+
+
+def item_page(items: list[Json], *, after: str | None, limit: int, order: str) -> Json:
+    """One page of a response's input items as OpenAI lists them (``order`` desc: the last first),
+    starting after the item whose id is ``after`` (none such: an empty page)."""
+    ordered = items if order == "asc" else items[::-1]
+    if after is not None:
+        ids = [item.get("id") for item in ordered]
+        ordered = ordered[ids.index(after) + 1 :] if after in ids else []
+    page = ordered[:limit]
+    return {
+        "object": "list",
+        "data": page,
+        "first_id": page[0]["id"] if page else None,
+        "last_id": page[-1]["id"] if page else None,
+        "has_more": len(ordered) > limit,
+    }

@@ -73,6 +73,8 @@ class Plan:
     settings: Json
     #: the conversation before this response's output (stored with it)
     items: list[Item]
+    #: where this request's own input starts in ``items``
+    input_start: int
     prompt_ids: list[int]
     sampling: SamplingParams
     tools: list[ToolSpec]
@@ -142,6 +144,7 @@ async def plan_of(request: Request, body: ResponsesRequest, state: FrontendState
                 code="previous_response_not_found",
             )
         items = previous.conversation()
+    input_start = len(items)
     items += normalize_input(body.input)
     messages = chat_messages(items, body.instructions)
     if not messages:
@@ -159,6 +162,7 @@ async def plan_of(request: Request, body: ResponsesRequest, state: FrontendState
         model=config.model_name,
         settings=settings_of(body, flat_tools),
         items=items,
+        input_start=input_start,
         prompt_ids=prompt_ids,
         sampling=sampling,
         tools=tools,

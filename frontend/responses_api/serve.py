@@ -83,7 +83,9 @@ def _finished(plan: Plan, turn: Turn, output: list[Json]) -> Json:
 
 async def _store(state: FrontendState, plan: Plan, response: Json) -> None:
     if plan.store:
-        await state.responses.put(StoredResponse(response=response, items=plan.items))
+        await state.responses.put(
+            StoredResponse(response=response, items=plan.items, input_start=plan.input_start)
+        )
 
 
 async def _events(plan: Plan, turn: Turn, state: FrontendState) -> AsyncIterator[bytes]:

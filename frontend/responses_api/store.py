@@ -42,7 +42,13 @@ class StoredResponse(msgspec.Struct, frozen=True, kw_only=True):
     response: dict[str, Any]
     #: earlier turns' input and output items, then this request's input (normalized)
     items: list[dict[str, Any]]
+    #: where this request's own input starts in ``items``
+    input_start: int = 0
     version: int = 1
+
+    def input_items(self) -> list[dict[str, Any]]:
+        """This request's own input items (``GET /v1/responses/{id}/input_items``)."""
+        return self.items[self.input_start :]
 
     @property
     def response_id(self) -> str:

@@ -2,13 +2,16 @@
 
 Thin routes over :mod:`frontend.responses_api`: creating a response runs it through the chat
 path (:func:`frontend.responses_api.serve.create`); retrieving and deleting read the stored
-responses (:class:`~frontend.responses_api.store.ResponseStore`, any frontend's). An unknown,
+responses (:class:`~frontend.responses_api.store.ResponseStore`, any frontend's), as does listing a
+response's input items (``GET /v1/responses/{id}/input_items``, paged as OpenAI pages them). An unknown,
 deleted or expired id is a 404 as OpenAI answers; an unreachable store a 503.
 """
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
 from frontend.dependencies import StateDep, check_api_key
@@ -16,8 +19,9 @@ from frontend.errors import APIError
 from frontend.http_responses import json_response
 from frontend.responses_api import serve
 from frontend.responses_api.models import ResponsesRequest
+from frontend.responses_api.objects import item_page
 
-__all__ = ["create_response", "delete_response", "retrieve_response", "router"]
+__all__ = ["create_response", "delete_response", "list_input_items", "retrieve_response", "router"]
 
 router = APIRouter()
 
@@ -40,6 +44,22 @@ async def retrieve_response(request: Request, response_id: str, state: StateDep)
     if stored is None:
         raise _not_found(response_id)
     return json_response(200, stored.response)
+
+
+@router.get("/v1/responses/{response_id}/input_items")
+async def list_input_items(
+    request: Request,
+    response_id: str,
+    state: StateDep,
+    after: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    order: Literal["asc", "desc"] = "desc",
+) -> Response:
+    check_api_key(request, state.config)
+    stored = await state.responses.get(response_id)
+    if stored is None:
+        raise _not_found(response_id)
+    return json_response(200, item_page(stored.input_items(), after=after, limit=limit, order=order))
 
 
 @router.delete("/v1/responses/{response_id}")

@@ -213,6 +213,19 @@ async def test_stored_responses_are_retrieved_and_deleted_and_unknown_ids_are_40
         response.output_text,
         {"case": "store"},
     )
+    follow = await client.responses.create(
+        model="tiny",
+        previous_response_id=response.id,
+        max_output_tokens=2,
+        input=[
+            {"role": "user", "content": "one"},
+            {"role": "user", "content": [{"type": "input_text", "text": "two"}]},
+        ],
+    )
+    listed = await client.responses.input_items.list(follow.id)  # its own input, the last first
+    assert [item.content[0].text for item in listed.data] == ["two", "one"] and not listed.has_more
+    first = await client.responses.input_items.list(follow.id, order="asc", limit=1)
+    assert [item.content[0].text for item in first.data] == ["one"] and first.has_more
     await client.responses.delete(response.id)
     with pytest.raises(openai.NotFoundError):
         await client.responses.retrieve(response.id)
