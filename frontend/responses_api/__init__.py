@@ -1,4 +1,5 @@
-"""OpenAI's Responses API on the frontend: ``POST /v1/responses``, ``GET`` and ``DELETE /v1/responses/{id}``.
+"""OpenAI's Responses API on the frontend: ``POST /v1/responses``, ``GET`` and ``DELETE /v1/responses/{id}``,
+``GET /v1/responses/{id}/input_items``.
 
 * :mod:`.models` — the request body and the options refused with a 400;
 * :mod:`.items` — input items checked and normalized, items as chat messages;

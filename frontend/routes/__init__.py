@@ -1,7 +1,8 @@
 """The frontend's HTTP routes, one router per module; :mod:`frontend.app` includes them.
 
 * :mod:`frontend.routes.generation` — ``POST /v1/completions``, ``POST /v1/chat/completions``;
-* :mod:`frontend.routes.responses` — ``POST /v1/responses``, ``GET`` / ``DELETE /v1/responses/{id}``;
+* :mod:`frontend.routes.responses` — ``POST /v1/responses``, ``GET`` / ``DELETE /v1/responses/{id}``,
+  ``GET /v1/responses/{id}/input_items``;
 * :mod:`frontend.routes.models` — ``GET /v1/models``;
 * :mod:`frontend.routes.tokenize` — ``POST /tokenize``, ``POST /detokenize`` (vLLM's);
 * :mod:`frontend.routes.health` — ``GET /health``, ``GET /metrics``.
