@@ -54,6 +54,7 @@ PARAM_TIERS: dict[tuple[str, object], str] = {
     ("kind", "tcp"): "integration",  # KV transport over TCP on loopback
     ("kind", "ucx"): "integration",  # KV transport, UCX over TCP on loopback
     ("core", "process"): "e2e",  # the torch engine's model steps in a child process
+    ("engine", "vllm"): "e2e",  # vLLM's engine starts processes (and probes the host with lscpu)
 }
 
 #: folders (ending in "/"), files and single tests that start processes, relative to the root
