@@ -1,6 +1,6 @@
 """Tool calling with the official ``openai`` client: real agents running the torch engine on a random
 Llama checkpoint whose chat template renders tools (Qwen 2.5's Hermes style), real NATS,
-``--tool-call-parser hermes``.
+``--tool-call-parser hermes``; the same on vLLM engine agents where vLLM is installed.
 
 ``tool_choice`` required and named are enforced by the engine's grammar mask, so even a random model
 returns a call whose arguments validate against the tool's schema; streamed deltas reassemble into the
@@ -18,11 +18,18 @@ from typing import Any
 import jsonschema
 import openai
 import pytest
+from tokenizers import Tokenizer
 
+from agents.engines.vllm_engine import vllm_unavailable_reason
 from tests.frontend.cluster import Cluster, frontend_cluster
 from tests.frontend.tool_checkpoint import build_tool_checkpoint
 
-pytestmark = pytest.mark.slow
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.filterwarnings(  # vLLM's imports warn (as in test_openai_vllm)
+        "ignore::DeprecationWarning", "ignore::FutureWarning", "ignore::UserWarning", "ignore::RuntimeWarning"
+    ),
+]
 
 WEATHER = {
     "type": "function",
@@ -59,19 +66,39 @@ MESSAGES = [{"role": "user", "content": "What is the weather in Oslo this week?"
 
 
 @pytest.fixture(scope="module")
-async def cluster(nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Cluster]:
-    model = str(build_tool_checkpoint(tmp_path_factory.mktemp("tools")))
-    options = {"model": model, "max_model_len": 4096, "num_blocks": 256}
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(build_tool_checkpoint(tmp_path_factory.mktemp("tools")))
+
+
+@pytest.fixture(scope="module", params=["torch", "vllm"])
+def engine(request: pytest.FixtureRequest) -> str:
+    """The torch engine, or the vLLM engine where vLLM is installed (e2e: vLLM starts processes)."""
+    if request.param == "vllm" and (reason := vllm_unavailable_reason()) is not None:
+        pytest.skip(reason)
+    return str(request.param)
+
+
+@pytest.fixture(scope="module")
+async def cluster(engine: str, nats_url: str, checkpoint: str) -> AsyncIterator[Cluster]:
+    options = {"model": checkpoint, "max_model_len": 4096, "num_blocks": 256}
     async with frontend_cluster(
         nats_url,
         instances=2,
-        engine="torch",
+        engine=engine,
         engine_options=options,
         max_model_len=4096,
         tool_call_parser="hermes",
     ) as running:
         running.base_url = await running.serve()  # type: ignore[attr-defined]
+        # vLLM's structured-output backends (0.32) take disable_any_whitespace from the engine's
+        # config only, so on vLLM a constrained request may write whitespace between any two JSON
+        # tokens, which a random model repeats until max_tokens: there, the requests bias
+        # whitespace-only tokens away, as a client would (the torch engine writes JSON's usual spacing)
+        running.logit_bias = _whitespace_bias(checkpoint) if engine == "vllm" else None  # type: ignore[attr-defined]
         yield running
+        if engine == "vllm":
+            for agent in running.agents.values():
+                agent.engine.shutdown()
 
 
 @pytest.fixture
@@ -113,6 +140,12 @@ async def _streamed(client: Any, **asked: Any) -> tuple[str, list[tuple[str, str
     return "".join(content), [(c[0], c[1], c[2]) for _, c in sorted(calls.items())], finish
 
 
+def _whitespace_bias(checkpoint: str) -> dict[str, int]:
+    tokenizer = Tokenizer.from_file(f"{checkpoint}/tokenizer.json")
+    ids = range(tokenizer.get_vocab_size())
+    return {str(i): -100 for i in ids if (text := tokenizer.decode([i])) and not text.strip()}
+
+
 def _asked(cluster: Cluster, **changes: Any) -> dict[str, Any]:
     asked: dict[str, Any] = {
         "model": cluster.config.model_name,
@@ -121,6 +154,8 @@ def _asked(cluster: Cluster, **changes: Any) -> dict[str, Any]:
         "temperature": 0,
         "max_tokens": 200,
     }
+    if cluster.logit_bias is not None:  # type: ignore[attr-defined]
+        asked["logit_bias"] = cluster.logit_bias  # type: ignore[attr-defined]
     asked.update(changes)
     return asked
 
