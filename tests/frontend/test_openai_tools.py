@@ -5,7 +5,7 @@ Llama checkpoint whose chat template renders tools (Qwen 2.5's Hermes style), re
 ``tool_choice`` required and named are enforced by the engine's grammar mask, so even a random model
 returns a call whose arguments validate against the tool's schema; streamed deltas reassemble into the
 same call; a conversation goes on with the call and its result; a greedy tool-calling request forced to
-migrate mid-generation returns the same call as one that is not.
+migrate mid-generation, or rescued after its agent dies, returns the same call as one that is not.
 """
 
 from __future__ import annotations
@@ -90,6 +90,7 @@ async def cluster(engine: str, nats_url: str, checkpoint: str) -> AsyncIterator[
         tool_call_parser="hermes",
     ) as running:
         running.base_url = await running.serve()  # type: ignore[attr-defined]
+        running.engine_options = options  # type: ignore[attr-defined]
         # vLLM's structured-output backends (0.32) take disable_any_whitespace from the engine's
         # config only, so on vLLM a constrained request may write whitespace between any two JSON
         # tokens, which a random model repeats until max_tokens: there, the requests bias
@@ -255,3 +256,23 @@ async def test_migration_mid_call_returns_the_same_call(cluster: Cluster, client
     assert outcome.migrated, outcome
     assert finish == ["tool_calls"]
     assert [(n, a) for _, n, a in migrated] == [(n, a) for _, n, a in reference]
+
+
+async def test_rescue_after_the_agent_dies_mid_call_returns_the_same_call(
+    cluster: Cluster, client: Any
+) -> None:
+    asked = _asked(cluster, tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    _, reference, _ = await _streamed(client, **asked)
+    before = set(cluster.gateway.streams)  # type: ignore[union-attr]
+    cluster.pace.min_step_s = 0.02  # still generating when its agent dies
+    task = asyncio.ensure_future(_streamed(client, **asked))
+    try:
+        _, owner = await _owner_after_tokens(cluster, before, 6)  # inside the arguments
+        await cluster.agents[owner].kill()
+    finally:
+        cluster.pace.release()
+    _, rescued, finish = await asyncio.wait_for(task, 60)
+    assert finish == ["tool_calls"]
+    assert [(n, a) for _, n, a in rescued] == [(n, a) for _, n, a in reference]
+    await cluster.add_agent(f"{owner}-again", **cluster.engine_options)  # type: ignore[attr-defined]
+    await cluster.wait_instances(2)
