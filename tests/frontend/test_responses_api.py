@@ -201,6 +201,24 @@ async def test_text_format_json_schema_gives_json_that_validates(client: Any) ->
     )
     jsonschema.validate(json.loads(response.output_text), WEATHER)
     assert response.text.format.type == "json_schema"
+    json_mode = await client.responses.create(
+        model="tiny",
+        input="any JSON object",
+        max_output_tokens=200,
+        temperature=0,
+        text={"format": {"type": "json_object"}},
+        extra_body={"logit_bias": {**NO_WHITESPACE, **CLOSE_STRINGS}},
+    )
+    assert isinstance(json.loads(json_mode.output_text), dict)
+    with pytest.raises(openai.BadRequestError) as both:  # a forced tool choice constrains the output already
+        await client.responses.create(
+            model="tiny",
+            input="x",
+            tools=[TOOL],
+            tool_choice="required",
+            text={"format": {"type": "json_object"}},
+        )
+    assert both.value.body["param"] == "text.format"
 
 
 async def test_stored_responses_are_retrieved_and_deleted_and_unknown_ids_are_404(client: Any) -> None:
