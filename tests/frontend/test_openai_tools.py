@@ -263,6 +263,13 @@ async def test_rescue_after_the_agent_dies_mid_call_returns_the_same_call(
 ) -> None:
     asked = _asked(cluster, tool_choice={"type": "function", "function": {"name": "get_weather"}})
     _, reference, _ = await _streamed(client, **asked)
+    rescues = cluster.gateway.metrics.rescues  # type: ignore[union-attr]
+    rescued_before = sum(
+        sample.value
+        for metric in rescues.collect()
+        for sample in metric.samples
+        if sample.name.endswith("_total")
+    )
     before = set(cluster.gateway.streams)  # type: ignore[union-attr]
     cluster.pace.min_step_s = 0.02  # still generating when its agent dies
     task = asyncio.ensure_future(_streamed(client, **asked))
@@ -272,6 +279,13 @@ async def test_rescue_after_the_agent_dies_mid_call_returns_the_same_call(
     finally:
         cluster.pace.release()
     _, rescued, finish = await asyncio.wait_for(task, 60)
+    rescued_after = sum(
+        sample.value
+        for metric in rescues.collect()
+        for sample in metric.samples
+        if sample.name.endswith("_total")
+    )
+    assert rescued_after == rescued_before + 1
     assert finish == ["tool_calls"]
     assert [(n, a) for _, n, a in rescued] == [(n, a) for _, n, a in reference]
     await cluster.add_agent(f"{owner}-again", **cluster.engine_options)  # type: ignore[attr-defined]
