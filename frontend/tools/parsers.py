@@ -313,7 +313,6 @@ class _ArrayStream(ToolStream):
                 self._out.text(self._buffer[:at])
                 self._buffer = self._buffer[at + len(self._tag) :]
                 self._mode = "open"
-                self._out.call_started()
                 continue
             head = self._buffer.lstrip()
             if self._mode == "open":
@@ -324,8 +323,11 @@ class _ArrayStream(ToolStream):
                     self._mode, self._buffer = "items", head[1:]
                 elif self._tag and (head[0].isalnum() or head[0] in "_-.:"):
                     self._mode, self._buffer, self._name = "bare_name", head, ""
+                elif self._tag:  # the tag starts no call: it was text
+                    self._out.text(self._tag)
+                    self._mode = "text"
                 else:
-                    self._mode = "text" if self._tag else "rest"
+                    self._mode = "rest"
                 continue
             if self._mode == "items":
                 if self._call is None:

@@ -193,6 +193,7 @@ def test_text_that_is_not_a_call_is_content() -> None:
     )
     assert get_parser("llama3_json").extract('{"city": "Paris"}') == ('{"city": "Paris"}', [])
     assert get_parser("mistral").extract("plain [TOOL_ text") == ("plain [TOOL_ text", [])
+    assert get_parser("mistral").extract("a [TOOL_CALLS] (not a call)") == ("a [TOOL_CALLS] (not a call)", [])
 
 
 def test_an_unclosed_call_ends_with_the_answer() -> None:
