@@ -1,8 +1,11 @@
 """The official ``openai`` client against shoal with two vllm-engine agents (real NATS, one process).
 
 A migration forced mid-stream is invisible to the client (greedy text equals
-an undisturbed run, usage and finish reason unchanged); a client that
-disconnects frees its blocks on every vLLM engine. The serving checks of
+an undisturbed run, usage and finish reason unchanged), a constrained one too;
+a client that disconnects frees its blocks on every vLLM engine. 50 random JSON
+schemas answered streamed and not validate; logit_bias forces and forbids
+tokens; ``echo`` with ``max_tokens`` 0 scores the prompt as vLLM's own
+``LLM.generate`` does (what ``vllm serve`` answers). The serving checks of
 ``test_openai_e2e`` run against ``shoal up --engine vllm`` in
 ``test_up_vllm``. Skipped (with the reason) where vLLM is not installed.
 """
@@ -10,14 +13,21 @@ disconnects frees its blocks on every vLLM engine. The serving checks of
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import random
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
+from tokenizers import Tokenizer
 
 from agents.engines.vllm_engine import vllm_unavailable_reason
 from agents.engines.vllm_engine.checkpoint import build_checkpoint
 from tests.frontend.cluster import Cluster, disconnect_after_first_text, frontend_cluster
+from tests.frontend.test_openai_structured import random_schema
 
 _REASON = vllm_unavailable_reason()
 pytestmark = [
@@ -29,11 +39,41 @@ pytestmark = [
 ]
 
 PROMPT = "Once upon a time"
+MESSAGES = [{"role": "user", "content": "Give me the record as JSON."}]
 
 
 @pytest.fixture(scope="module")
-async def cluster(nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Cluster]:
-    model = str(build_checkpoint(tmp_path_factory.mktemp("llama")))
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(build_checkpoint(tmp_path_factory.mktemp("llama")))
+
+
+PROMPT_IDS = [1, 15, 27, 300, 42, 7, 99, 250, 3, 18]
+
+
+@pytest.fixture(scope="module")
+def vllm_prompt_logprobs(checkpoint: str) -> list[dict[int, Any] | None]:
+    """vLLM's own ``LLM.generate`` prompt logprobs (5 alternatives) for PROMPT_IDS, on the cluster's
+    checkpoint: what ``vllm serve`` answers ``echo`` with, without the HTTP (see STATUS.md). Built and
+    shut down before the agents' engines: its shutdown tears down vLLM's process-wide groups."""
+    from vllm import LLM
+    from vllm import SamplingParams as VllmSamplingParams
+
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # its engine in this process, as the agents' are
+    llm = LLM(model=checkpoint, block_size=32, max_model_len=512, dtype="float32",
+              enforce_eager=True, kv_cache_memory_bytes=16 * 2**20, enable_prefix_caching=False)
+    try:
+        params = VllmSamplingParams(max_tokens=1, prompt_logprobs=5)
+        output = llm.generate({"prompt_token_ids": PROMPT_IDS}, params, use_tqdm=False)[0]
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+    return list(output.prompt_logprobs or ())
+
+
+@pytest.fixture(scope="module")
+async def cluster(
+    nats_url: str, checkpoint: str, vllm_prompt_logprobs: list[dict[int, Any] | None]
+) -> AsyncIterator[Cluster]:
+    model = checkpoint
     async with frontend_cluster(nats_url, instances=2, engine="vllm", engine_options={"model": model},
                                 max_model_len=512) as running:
         running.base_url = await running.serve()  # type: ignore[attr-defined]
@@ -173,3 +213,121 @@ async def test_client_disconnect_aborts_and_frees_blocks(cluster: Cluster) -> No
     free = [agent.engine.stats().num_free_blocks for agent in cluster.agents.values()]
     total = [agent.engine.stats().num_total_blocks for agent in cluster.agents.values()]
     assert free == total
+
+
+# ----------------------------------------------- structured outputs, logit bias, prompt logprobs
+
+
+def _quiet_bias(model: str) -> dict[str, int]:
+    """logit_bias -100 on the checkpoint's tokens that are only whitespace or hold a control
+    character: JSON between its tokens becomes compact (vLLM's xgrammar backend takes whitespace
+    from the engine's config, not the request), and no raw control character lands in a string
+    with a length bound (xgrammar 0.2.8 writes those strings as ``[^"\\\\\\r\\n]{m,n}``, which lets
+    them through: strict JSON parsers refuse the text, ``vllm serve`` answers the same)."""
+    tokenizer = Tokenizer.from_file(str(Path(model) / "tokenizer.json"))
+    special = {tokenizer.token_to_id(token) for token in ("<s>", "</s>", "<pad>")}
+    texts = {i: tokenizer.decode([i]) for i in range(tokenizer.get_vocab_size()) if i not in special}
+    return {str(i): -100 for i, text in texts.items() if text.strip() == "" or any(ord(c) < 32 for c in text)}
+
+
+async def _chat_text(client: Any, model: str, **kwargs: Any) -> tuple[str, list[str]]:
+    stream = await client.chat.completions.create(model=model, messages=MESSAGES, stream=True, **kwargs)
+    parts, finish = [], []
+    async for chunk in stream:
+        for choice in chunk.choices:
+            parts.append(choice.delta.content or "")
+            if choice.finish_reason:
+                finish.append(choice.finish_reason)
+    return "".join(parts), finish
+
+
+async def test_fifty_random_json_schemas_streamed_and_not_validate(cluster: Cluster, client: Any) -> None:
+    model = cluster.config.model
+    rng = random.Random(39)
+    schemas = [random_schema(rng) for _ in range(50)]
+    bias = _quiet_bias(model)
+    options = [
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": s}},
+         "max_tokens": 400, "temperature": 1.0, "seed": i, "logit_bias": bias}
+        for i, s in enumerate(schemas)
+    ]
+    create = client.chat.completions.create
+    plain = asyncio.gather(*(create(model=model, messages=MESSAGES, **o) for o in options))
+    streamed = asyncio.gather(*(_chat_text(client, model, **o) for o in options))
+    replies, streams = await asyncio.gather(plain, streamed)
+    unfinished = [(s, r.choices[0].message.content) for s, r in zip(schemas, replies, strict=True)
+                  if r.choices[0].finish_reason != "stop"]
+    assert not unfinished, (len(unfinished), unfinished[:2])
+    for schema, reply, (text, finish) in zip(schemas, replies, streams, strict=True):
+        content = reply.choices[0].message.content
+        jsonschema.validate(json.loads(content), schema)
+        assert finish == ["stop"] and text == content  # the same seed: the same JSON streamed
+
+
+#: a greedy answer of at least 60 tokens that ends when the array does
+DIGITS = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9},
+          "minItems": 60, "maxItems": 60}
+
+
+async def test_a_constrained_request_migrated_mid_stream_returns_the_unmigrated_text(
+    cluster: Cluster, client: Any
+) -> None:
+    model = cluster.config.model
+    asked = {"max_tokens": 300, "temperature": 0, "logit_bias": _quiet_bias(model),
+             "response_format": {"type": "json_schema", "json_schema": {"name": "digits", "schema": DIGITS}}}
+    reference, finish = await _chat_text(client, model, **asked)
+    jsonschema.validate(json.loads(reference), DIGITS)
+    assert finish == ["stop"]
+    before = set(cluster.gateway.streams)  # type: ignore[union-attr]
+    cluster.pace.min_step_s = 0.01  # still running when the migration ends
+    task = asyncio.ensure_future(_chat_text(client, model, **asked))
+    request_id, owner = await _owner_after_first_token(cluster, before)
+    other = next(i for i in cluster.agents if i != owner)
+    outcome = await cluster.agents[owner].migrate(request_id, other)
+    cluster.pace.release()
+    text, finish = await task
+    assert outcome.migrated, outcome
+    assert (text, finish) == (reference, ["stop"])
+
+
+async def test_logit_bias_forces_and_forbids_tokens(cluster: Cluster, client: Any) -> None:
+    model = cluster.config.model
+    tokenizer = Tokenizer.from_file(str(Path(model) / "tokenizer.json"))
+    asked = {"model": model, "prompt": PROMPT, "max_tokens": 6, "temperature": 0,
+             "extra_body": {"ignore_eos": True}}
+    forced = await client.completions.create(**asked, logit_bias={"77": 100})
+    assert forced.choices[0].text == tokenizer.decode([77] * 6)
+    # two tokens pushed up, the first of them forbidden: only the second is left
+    forbidden = await client.completions.create(**asked, logit_bias={"77": -100, "78": 100})
+    assert forbidden.choices[0].text == tokenizer.decode([78] * 6)
+
+
+async def test_echo_with_max_tokens_0_scores_the_prompt_as_vllm_does(
+    cluster: Cluster, client: Any, vllm_prompt_logprobs: list[dict[int, Any] | None]
+) -> None:
+    """lm-evaluation-harness's loglikelihood request: the prompt's logprobs equal vLLM's own."""
+    tokenizer = Tokenizer.from_file(str(Path(cluster.config.model) / "tokenizer.json"))
+    reply = await client.completions.create(model=cluster.config.model, prompt=PROMPT_IDS, echo=True,
+                                            max_tokens=0, logprobs=5)
+    choice = reply.choices[0]
+    # the prompt's text as vLLM's server echoes it: special tokens included
+    assert choice.finish_reason == "length"
+    assert choice.text == tokenizer.decode(PROMPT_IDS, skip_special_tokens=False)
+    scored = choice.logprobs
+    assert scored.token_logprobs[0] is None and scored.top_logprobs[0] is None
+    assert len(scored.token_logprobs) == len(PROMPT_IDS) == len(vllm_prompt_logprobs)
+    for position in range(1, len(PROMPT_IDS)):
+        expected = vllm_prompt_logprobs[position]
+        assert expected is not None
+        own = expected[PROMPT_IDS[position]].logprob
+        assert scored.token_logprobs[position] == pytest.approx(own, abs=1e-5)
+        # keyed by text, as vLLM's server keys them: tokens of one text share a key (vLLM's server
+        # keeps the last of them, the prompt token first, then by rank) and a token that is part of a
+        # character is "" (shoal writes the replacement character)
+        by_text: dict[str, list[float]] = {}
+        for lp in expected.values():
+            by_text.setdefault(lp.decoded_token, []).append(lp.logprob)
+        top = {key.replace("\ufffd", ""): value for key, value in scored.top_logprobs[position].items()}
+        assert top.keys() == by_text.keys()
+        for key, value in top.items():
+            assert any(abs(value - candidate) < 1e-5 for candidate in by_text[key]), (position, key)
