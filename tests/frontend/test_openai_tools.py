@@ -210,6 +210,23 @@ async def test_a_conversation_goes_on_with_the_call_and_its_result(cluster: Clus
     _valid(again.choices[0].message.tool_calls)
 
 
+async def test_auto_finds_the_calls_the_model_writes(cluster: Cluster, client: Any) -> None:
+    # tool_choice auto leaves the output free and the hermes parser reads it; a regex (vLLM's
+    # structured_outputs, allowed beside auto as in vLLM) makes the random model write text and a call
+    call = r'<tool_call>\n\{"name": "get_time", "arguments": \{"zone": "(UTC|CET)"\}\}\n</tool_call>'
+    asked = _asked(
+        cluster, tool_choice="auto", extra_body={"structured_outputs": {"regex": "Checking\\.\\n" + call}}
+    )
+    reply = await client.chat.completions.create(**asked)
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content == "Checking."
+    [(name, arguments)] = _valid(choice.message.tool_calls)
+    assert name == "get_time" and arguments["zone"] in ("UTC", "CET")
+    content, streamed, finish = await _streamed(client, **asked)
+    assert (content, finish) == ("Checking.", ["tool_calls"])
+    assert [(n, a) for _, n, a in streamed] == [("get_time", choice.message.tool_calls[0].function.arguments)]
+
+
 async def test_tool_choice_none_answers_text(cluster: Cluster, client: Any) -> None:
     reply = await client.chat.completions.create(**_asked(cluster, tool_choice="none", max_tokens=12))
     choice = reply.choices[0]
