@@ -5,7 +5,7 @@ the engines will (a router that balances by prompt length, a client that trims a
 the context length). Shapes follow vLLM's:
 
 * ``/tokenize`` takes ``prompt`` (with ``add_special_tokens``, default true) or chat
-  ``messages`` (rendered with the chat template; ``add_generation_prompt`` default true,
+  ``messages`` (and ``tools``, rendered with the chat template; ``add_generation_prompt`` default true,
   ``add_special_tokens`` default false, as the generation route renders them), and answers
   ``{"count", "max_model_len", "tokens", "token_strs"}`` (``token_strs`` only with
   ``return_token_strs``);
@@ -17,7 +17,7 @@ other routes. Nothing reaches the bus: the frontend holds the tokenizer.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -28,6 +28,7 @@ from frontend.errors import invalid_parameter, model_not_found
 from frontend.http_responses import json_response
 from frontend.openai_models import ChatMessage
 from frontend.tokenization import chat_prompt_ids, encode_text, token_text
+from frontend.tools import parse_tools
 
 __all__ = ["DetokenizeRequest", "TokenizeChatRequest", "TokenizeCompletionRequest", "detokenize", "router",
            "tokenize"]
@@ -53,6 +54,8 @@ class TokenizeChatRequest(BaseModel):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     add_generation_prompt: bool = True
     return_token_strs: bool = False
+    #: function tools, rendered by the chat template as the chat route renders them
+    tools: list[dict[str, Any]] | None = None
 
 
 class DetokenizeRequest(BaseModel):
@@ -75,7 +78,9 @@ async def tokenize(
     _checked(request, state, body.model)
     tokenizer = state.tokenizer
     if isinstance(body, TokenizeChatRequest):
-        ids = chat_prompt_ids(tokenizer, body.messages, add_generation_prompt=body.add_generation_prompt)
+        tools = [tool.chat_dict() for tool in parse_tools(body.tools)] or None
+        ids = chat_prompt_ids(tokenizer, body.messages, add_generation_prompt=body.add_generation_prompt,
+                              tools=tools)
     else:
         ids = encode_text(tokenizer, body.prompt, "prompt", add_special_tokens=body.add_special_tokens)
     strs = [token_text(tokenizer, token_id) for token_id in ids] if body.return_token_strs else None

@@ -15,6 +15,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 import jsonschema
 import openai
 import pytest
@@ -225,6 +226,14 @@ async def test_auto_finds_the_calls_the_model_writes(cluster: Cluster, client: A
     content, streamed, finish = await _streamed(client, **asked)
     assert (content, finish) == ("Checking.", ["tool_calls"])
     assert [(n, a) for _, n, a in streamed] == [("get_time", choice.message.tool_calls[0].function.arguments)]
+
+
+async def test_tokenize_counts_the_prompt_with_its_tools(cluster: Cluster, client: Any) -> None:
+    reply = await client.chat.completions.create(**_asked(cluster, tool_choice="none", max_tokens=1))
+    async with httpx.AsyncClient(base_url=cluster.base_url) as http:  # type: ignore[attr-defined]
+        counted = (await http.post("/tokenize", json={"messages": MESSAGES, "tools": TOOLS})).json()
+        without = (await http.post("/tokenize", json={"messages": MESSAGES})).json()
+    assert counted["count"] == reply.usage.prompt_tokens > without["count"]
 
 
 async def test_tool_choice_none_answers_text(cluster: Cluster, client: Any) -> None:
