@@ -22,6 +22,7 @@ from frontend import responses as R
 from frontend.errors import invalid_parameter
 from frontend.openai_models import ChatCompletionRequest
 from frontend.responses import Json
+from frontend.structured import validate_structured
 from frontend.tools import (
     PARSERS,
     ToolChoice,
@@ -52,8 +53,9 @@ class ChatTools:
 
     @classmethod
     def of(cls, body: ChatCompletionRequest, tool_call_parser: str | None) -> ChatTools | None:
-        """The request's tool calling (None: it has no tools); 400 for bad tools or tool_choice, and
-        for ``auto`` when no ``tool_call_parser`` is configured."""
+        """The request's tool calling (None: it has no tools); 400 for bad tools or tool_choice (a
+        forced choice whose schemas the grammar cannot enforce names ``tools``), and for ``auto``
+        when no ``tool_call_parser`` is configured."""
         tools = parse_tools(body.tools)
         choice = parse_tool_choice(body.tool_choice, tools)
         if not tools:
@@ -72,6 +74,8 @@ class ChatTools:
                 )
             parser = get_parser(tool_call_parser)
         structured = tool_choice_output(tools, choice, parallel_tool_calls=parallel)
+        if structured is not None:  # a schema the engines' grammar cannot enforce is the tools' fault
+            structured = validate_structured(structured, "tools")
         return cls(tools, choice, parallel, parser, structured)
 
     @property

@@ -45,6 +45,14 @@ def test_auto_without_a_parser_is_a_400_that_names_the_flag() -> None:
     assert ChatTools.of(_request(tools=None), None) is None
 
 
+def test_a_forced_choice_over_a_schema_the_grammar_cannot_enforce_is_a_400_naming_tools() -> None:
+    bad = {"type": "object", "properties": {"a": {"type": "string", "pattern": "("}}}
+    tool = {"type": "function", "function": {"name": "f", "parameters": bad}}
+    with pytest.raises(APIError) as caught:
+        ChatTools.of(_request(tools=[tool], tool_choice="required"), None)
+    assert caught.value.status == 400 and caught.value.param == "tools" and "regex" in caught.value.message
+
+
 def test_parallel_tool_calls_false_keeps_the_first_call() -> None:
     tools = ChatTools.of(_request(parallel_tool_calls=False), "hermes")
     assert tools is not None
