@@ -78,11 +78,12 @@ class ToolChoice:
 
 
 def parse_tools(raw: Any, param: str = "tools") -> list[ToolSpec]:
-    """The function tools of a request's ``tools`` (None: none); 400 naming ``param`` for a bad one."""
+    """The function tools of a request's ``tools`` (None or an empty list: none); 400 naming ``param``
+    for a bad one."""
     if raw is None:
         return []
-    if not isinstance(raw, list) or not raw:
-        raise invalid_parameter(f"{param} must be a non-empty list of function tools", param)
+    if not isinstance(raw, list):
+        raise invalid_parameter(f"{param} must be a list of function tools", param)
     tools: list[ToolSpec] = []
     for index, item in enumerate(raw):
         where = f"{param}[{index}]"
@@ -128,12 +129,13 @@ def _tool(function: Mapping[str, Any], where: str, param: str) -> ToolSpec:
 
 
 def parse_tool_choice(raw: Any, tools: Sequence[ToolSpec], param: str = "tool_choice") -> ToolChoice:
-    """The request's ``tool_choice`` (None: ``auto`` with tools, ``none`` without, as OpenAI and vLLM)."""
-    if raw is None:
+    """The request's ``tool_choice`` (None: ``auto`` with tools, ``none`` without, as OpenAI and vLLM;
+    ``auto`` without tools is ``none``, as clients send it with no tools)."""
+    if raw is None or raw == "auto":
         return ToolChoice("auto" if tools else "none")
-    if raw in ("none", "auto", "required"):
-        if raw != "none" and not tools:
-            raise invalid_parameter(f"{param} {raw!r} needs tools", param)
+    if raw in ("none", "required"):
+        if raw == "required" and not tools:
+            raise invalid_parameter(f"{param} 'required' needs tools", param)
         return ToolChoice(raw)
     if isinstance(raw, Mapping) and raw.get("type") == "function":
         function = raw.get("function", raw)

@@ -240,6 +240,7 @@ def test_tools_in_chat_and_responses_shapes() -> None:
     assert [tool.name for tool in tools] == ["get_weather", "search"]
     assert tools[0].chat_dict() == WEATHER
     assert tools[1].chat_dict()["function"]["parameters"] == SEARCH["parameters"]
+    assert parse_tools(None) == parse_tools([]) == []  # clients send an empty list for none
     no_parameters = parse_tools([{"type": "function", "function": {"name": "now"}}])[0]
     assert no_parameters.parameters == {"type": "object", "properties": {}}
 
@@ -247,7 +248,6 @@ def test_tools_in_chat_and_responses_shapes() -> None:
 @pytest.mark.parametrize(
     "bad",
     [
-        [],
         "x",
         [{"type": "code_interpreter"}],
         [{"type": "function", "function": {"name": "a b"}}],
@@ -266,6 +266,7 @@ def test_tool_choice_forms() -> None:
     tools = parse_tools([WEATHER, SEARCH])
     assert parse_tool_choice(None, tools) == ToolChoice("auto")
     assert parse_tool_choice(None, []) == ToolChoice("none")
+    assert parse_tool_choice("auto", []) == ToolChoice("none")
     assert parse_tool_choice("required", tools) == ToolChoice("required")
     assert parse_tool_choice({"type": "function", "function": {"name": "search"}}, tools) == ToolChoice(
         "function", "search"
