@@ -9,6 +9,7 @@ the completion, and the logprobs cover both. vLLM's ``prompt_logprobs`` field ke
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -197,3 +198,38 @@ async def test_sim_engine_echoes_but_refuses_prompt_logprobs(nats_url: str) -> N
     assert echoed.status_code == 200 and echoed.json()["choices"][0]["text"] == "hello"
     assert refused.status_code == 400 and "prompt logprobs need a model" in refused.json()["error"]["message"]
     assert isinstance(refused, httpx.Response)
+
+
+async def test_a_request_rescued_after_its_first_token_keeps_its_prompt_logprobs(nats_url: str) -> None:
+    async with frontend_cluster(nats_url, instances=2, engine="torch", max_model_len=512) as cluster:
+        client = cluster.openai(await cluster.serve())
+        options: dict[str, Any] = {
+            "model": "tiny",
+            "prompt": PROMPT,
+            "echo": True,
+            "max_tokens": 60,
+            "logprobs": 2,
+            "temperature": 0,
+        }
+        try:
+            reference = (await client.completions.create(**options)).choices[0]
+            gateway = cluster.gateway
+            assert gateway is not None
+            cluster.pace.min_step_s = 0.02  # still generating when its agent dies: 60 tokens >= 1.2 s
+            task = asyncio.ensure_future(client.completions.create(**options))
+            for _ in range(400):
+                owners = {s.owner_id for s in gateway.streams.values() if s.generated}
+                if owners:
+                    break
+                await asyncio.sleep(0.005)
+            (victim,) = owners
+            (stream,) = gateway.streams.values()
+            await cluster.agents[victim].kill()
+            cluster.pace.release()
+            rescued = (await asyncio.wait_for(task, 60)).choices[0]
+        finally:
+            await client.close()
+    assert stream.num_rescues >= 1 and stream.owner_id != victim  # its tokens came from another agent
+    assert rescued.text == reference.text
+    assert rescued.logprobs.token_logprobs[: len(BYTES)] == reference.logprobs.token_logprobs[: len(BYTES)]
+    assert rescued.logprobs.top_logprobs[: len(BYTES)] == reference.logprobs.top_logprobs[: len(BYTES)]
