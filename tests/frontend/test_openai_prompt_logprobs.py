@@ -105,6 +105,12 @@ async def test_echo_without_generation_scores_the_prompt_as_the_dense_model(clie
     assert len(choice.logprobs.tokens) == len(BYTES)
     check_prompt_logprobs(choice.logprobs, BYTES, reference, 5)
     check_vllm_field(choice.model_extra["prompt_logprobs"], BYTES, reference, 5)
+    stream = await client.completions.create(
+        model="tiny", prompt=PROMPT, echo=True, max_tokens=0, logprobs=5, temperature=0, stream=True
+    )
+    (chunk,) = [chunk.choices[0] async for chunk in stream if chunk.choices]  # one chunk: the prompt
+    assert chunk.text == PROMPT and chunk.finish_reason == "length"
+    assert chunk.logprobs.token_logprobs == choice.logprobs.token_logprobs
 
 
 async def test_echo_with_generation_returns_prompt_then_completion(client: Any, model: Any) -> None:
