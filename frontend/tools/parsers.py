@@ -20,7 +20,8 @@ is known, then ``{"index", "function": {"arguments": <fragment>}}``); ``finish``
 ``extract`` runs the same machine over a whole text, so a streamed answer, however it is cut,
 reassembles into exactly the calls and content of the whole one. A call's ``arguments`` is the
 JSON text of the arguments as the model wrote it (``{}`` when it wrote none). Text that looks like
-a call but never names a function is content; whitespace-only content next to calls is dropped.
+a call but never names a function is content; whitespace just before a call, and at the end of
+an answer with calls, is not.
 """
 
 from __future__ import annotations
