@@ -28,14 +28,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from agents.engines.tokenizer import TextTokenizer
-from frontend import responses as R
 from frontend.errors import APIError
 from frontend.openai_models import ChatCompletionRequest, CompletionRequest
 from frontend.responses import Json
-from frontend.turns import Turn, padded_logprobs, padded_top
+from frontend.turns import Turn
 from schemas import Alternatives
 
-__all__ = ["PromptEcho", "join_logprobs", "output_logprobs"]
+__all__ = ["PromptEcho", "join_logprobs"]
 
 #: what vLLM (and OpenAI) send for a logprob of minus infinity, which JSON cannot carry
 _FLOOR = -9999.0
@@ -60,7 +59,9 @@ class PromptEcho:
 
     @classmethod
     def of(
-        cls, body: CompletionRequest | ChatCompletionRequest, prompts: Sequence[Sequence[int]],
+        cls,
+        body: CompletionRequest | ChatCompletionRequest,
+        prompts: Sequence[Sequence[int]],
         tokenizer: TextTokenizer,
     ) -> PromptEcho | None:
         """What ``body`` asks of its ``prompts`` (token ids); None when it asks nothing."""
@@ -77,11 +78,6 @@ class PromptEcho:
             n=body.n or 1,
         )
 
-    @property
-    def scored(self) -> bool:
-        """Whether the engine computes prompt logprobs for this request."""
-        return self.logprobs is not None or self.field is not None
-
     def text(self, choice: int) -> str:
         """The prompt text echoed before choice ``choice``'s completion ("" without echo)."""
         return "" if self.texts is None else self.texts[choice // self.n]
@@ -91,7 +87,7 @@ class PromptEcho:
         return self.text(choice) + text
 
     def completion_logprobs(
-        self, choice: int, turn: Turn, decode_one: Callable[[int], str], output: Json | None
+        self, turn: Turn, decode_one: Callable[[int], str], output: Json | None
     ) -> Json | None:
         """The echoed choice's ``logprobs`` (None without ``logprobs``): the prompt's positions (offsets
         from 0), then ``output`` (the completion's, built with offsets from the end of the prompt text)."""
@@ -106,8 +102,9 @@ class PromptEcho:
             return None
         values, top = _scores(turn)
         out: list[Json | None] = [None]
-        for token_id, value, alternatives in zip(turn.stream.job.prompt_ids[1:], values[1:], top[1:],
-                                                 strict=True):
+        for token_id, value, alternatives in zip(
+            turn.stream.job.prompt_ids[1:], values[1:], top[1:], strict=True
+        ):
             assert value is not None
             ranks = {t: rank for rank, (t, _) in enumerate(alternatives, start=1)}
             entry = {str(token_id): _logprob(_clamp(value), ranks.get(token_id), decode_one(token_id))}
@@ -123,15 +120,6 @@ def join_logprobs(first: Json, second: Json) -> Json:
     return {key: [*first[key], *second[key]] for key in keys}
 
 
-def output_logprobs(
-    decode_one: Callable[[int], str], text_offset: int, token_ids: Sequence[int],
-    logprobs: Sequence[float], top: Sequence[Alternatives],
-) -> Json:
-    """The completions ``logprobs`` of generated tokens whose text starts ``text_offset`` characters in."""
-    return R.completion_logprobs(token_ids, padded_logprobs(token_ids, logprobs), padded_top(token_ids, top),
-                                 decode_one, text_offset)
-
-
 def _logprob(value: float, rank: int | None, token: str) -> Json:
     return {"logprob": value, "rank": rank, "decoded_token": token}
 
@@ -142,7 +130,13 @@ def _scores(turn: Turn) -> tuple[tuple[float | None, ...], tuple[Alternatives, .
     assembler = turn.stream.assembler
     values, top = assembler.prompt_logprobs, assembler.prompt_top_logprobs
     num_prompt = len(turn.stream.job.prompt_ids)
-    if values is None or top is None or len(values) != num_prompt or len(top) != num_prompt:
+    if (
+        values is None
+        or top is None
+        or len(values) != num_prompt
+        or len(top) != num_prompt
+        or any(value is None for value in values[1:])
+    ):
         raise APIError(500, "the engine returned no prompt logprobs for this request")
     return values, top
 
@@ -166,8 +160,12 @@ def _echo_logprobs(turn: Turn, k: int, decode_one: Callable[[int], str]) -> Json
         for t, v in alternatives[:k]:
             alternative.setdefault(decode_one(t), _clamp(v))  # tokens that read the same: the likelier
         top_logprobs.append({**alternative, token: _clamp(value)})
-    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
-            "text_offset": offsets}
+    return {
+        "tokens": tokens,
+        "token_logprobs": token_logprobs,
+        "top_logprobs": top_logprobs,
+        "text_offset": offsets,
+    }
 
 
 def _prompt_texts(prompt: object, prompts: Sequence[Sequence[int]], tokenizer: TextTokenizer) -> list[str]:

@@ -108,7 +108,7 @@ async def generate(request: Request, body: BodyT, flavor: Flavor[BodyT], state: 
             logprobs = flavor.logprobs(turn.token_ids, aligned, top, _decoder(state), offset)
         if echo is not None:  # the prompt's text and logprobs first
             text = echo.completion_text(index, text)
-            logprobs = echo.completion_logprobs(index, turn, _decoder(state), logprobs)
+            logprobs = echo.completion_logprobs(turn, _decoder(state), logprobs)
         finish_reason = turn.finish_reason or FinishReason.STOP
         if tools is not None:  # content and tool calls
             choices.append(tools.message(index, text, finish_reason, logprobs))
@@ -335,7 +335,7 @@ async def _chunks(
             logprobs = flavor.logprobs(piece.token_ids, aligned, top, decode_one, text_offset)
         if echoing and echo is not None:  # the first chunk: the prompt, then this piece
             echoing = False
-            logprobs = echo.completion_logprobs(index, turn, decode_one, logprobs)
+            logprobs = echo.completion_logprobs(turn, decode_one, logprobs)
             piece = dataclasses.replace(piece, text=echo.completion_text(index, piece.text))
             text_offset = 0
         text_offset += len(piece.text)
