@@ -717,6 +717,7 @@ def test_prompt_logprobs_equal_vllms_own_and_max_tokens_0_generates_nothing(
     engine, _ = engines
     _run(engine, "warm", PROMPT, SamplingParams(max_tokens=2))  # the prompt's blocks are cached now
     engine.add_request("echo", PROMPT, SamplingParams(max_tokens=0, prompt_logprobs=PROMPT_LOGPROBS))
+    assert engine.migration_blocker("echo") is not None  # they come with its prefill, here
     outputs = []
     while engine.has_unfinished():
         outputs.extend(engine.step().outputs)
