@@ -318,7 +318,9 @@ class _ArrayStream(ToolStream):
             head = self._buffer.lstrip()
             if self._mode == "open":
                 if not head:
-                    self._buffer = head
+                    if final and self._tag:  # the tag ended the answer: it was text
+                        self._out.text(self._tag + self._buffer)
+                        self._buffer, self._mode = "", "text"
                     return
                 if head.startswith("["):
                     self._mode, self._buffer = "items", head[1:]

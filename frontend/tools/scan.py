@@ -46,16 +46,6 @@ class CallScanner:
         self._value_start = 0
         self._work = ""  # the text with the piece being read
 
-    @property
-    def started(self) -> bool:
-        """Whether anything but whitespace has been read."""
-        return bool(self.text.strip())
-
-    @property
-    def arguments(self) -> str | None:
-        """The arguments' text so far (None: not started)."""
-        return None if self.args_start is None else self.text[self.args_start : self.args_end]
-
     def feed(self, piece: str) -> int:
         """Read ``piece``; returns how many of its characters belong to the object (all of them
         unless the object ended or the text turned out not to be a call)."""
@@ -89,7 +79,10 @@ class CallScanner:
                 self._in_string = False
                 if level == (0 if self.bare else 1):
                     if self._expect == "key":
-                        self._key = json.loads(self._work[self._string_start : at + 1])
+                        try:
+                            self._key = json.loads(self._work[self._string_start : at + 1])
+                        except ValueError:  # a bad escape: not JSON
+                            self.failed = True
                         self._expect = "colon"
                         return
                     if self._expect == "value":

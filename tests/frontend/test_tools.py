@@ -181,6 +181,31 @@ def test_any_text_streams_as_it_extracts(text: str, data: st.DataObject) -> None
         assert (streamed_content, _without_ids(streamed_calls)) == (content, _without_ids(calls))
 
 
+_FRAGMENTS = [
+    *'{}[]":,;\\ \na1',
+    *('{"', '"name": "f"', '"arguments"', '"parameters"', ": {", "null", "\\a", '\\"', "\\u00e9"),
+    *("<tool_call>", "</tool_call>", "<tool_", "[TOOL_CALLS]", "[TOOL", "[ARGS]", "<|python_tag|>"),
+]
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(fragments=st.lists(st.sampled_from(_FRAGMENTS), max_size=40), data=st.data())
+def test_json_like_text_streams_as_it_extracts(fragments: list[str], data: st.DataObject) -> None:
+    # near-calls, broken calls, bad escapes, stray tags: never an error, and the same either way
+    text = "".join(fragments)
+    for name in ("hermes", "llama3_json", "mistral"):
+        parser = get_parser(name)
+        content, calls = parser.extract(text)
+        streamed_content, streamed_calls = _streamed(parser.streaming(), _cuts(data, text))
+        assert (streamed_content, _without_ids(streamed_calls)) == (content, _without_ids(calls))
+    tools = parse_tools([{"type": "function", "function": {"name": "f"}}])
+    for choice in (ToolChoice("required"), ToolChoice("function", "f")):
+        parser = constrained_parser(tools, choice)
+        whole = parser.extract(text)
+        streamed = _streamed(parser.streaming(), _cuts(data, text))
+        assert (streamed[0], _without_ids(streamed[1])) == (whole[0], _without_ids(whole[1]))
+
+
 def test_text_that_is_not_a_call_is_content() -> None:
     assert get_parser("hermes").extract("no calls here\n") == ("no calls here\n", [])
     assert get_parser("hermes").extract("<tool_call>not json</tool_call> then") == (
@@ -193,6 +218,9 @@ def test_text_that_is_not_a_call_is_content() -> None:
     )
     assert get_parser("llama3_json").extract('{"city": "Paris"}') == ('{"city": "Paris"}', [])
     assert get_parser("mistral").extract("plain [TOOL_ text") == ("plain [TOOL_ text", [])
+    for bad_escape in ('{"\\a": 1}', '{"name": "\\q"}'):  # not JSON: content, never an error
+        assert get_parser("llama3_json").extract(bad_escape) == (bad_escape, [])
+        assert get_parser("hermes").extract(f"<tool_call>{bad_escape}") == (f"<tool_call>{bad_escape}", [])
     assert get_parser("mistral").extract("a [TOOL_CALLS] (not a call)") == ("a [TOOL_CALLS] (not a call)", [])
 
 
