@@ -275,6 +275,7 @@ class UpConfig(CliConfig):
     rescue_timeout: float = option_like(ServeCliConfig, "rescue_timeout")
     max_tokens_cap: int | None = option_like(ServeCliConfig, "max_tokens_cap")
     tool_call_parser: str | None = option_like(ServeCliConfig, "tool_call_parser")
+    responses_ttl: float = option_like(ServeCliConfig, "responses_ttl")
     log_dir: Path | None = option("--log-dir", default=None, type=click.Path(file_okay=False, path_type=Path),
                                   help="Where each process logs (default: a temporary folder).")
     ready_timeout: float = option("--ready-timeout", default=180.0, min=0, min_open=True,
@@ -506,7 +507,7 @@ def _start(cluster: ClusterProcesses, config: UpConfig, log_dir: Path, superviso
     serve = ServeCliConfig(nats=nats("frontend"), model=config.tokenizer, host=config.host, port=config.port,
                            stall_timeout=config.stall_timeout, rescue_timeout=config.rescue_timeout,
                            max_tokens_cap=config.max_tokens_cap, supervisor_status=_status_path(log_dir),
-                           tool_call_parser=config.tool_call_parser)
+                           tool_call_parser=config.tool_call_parser, responses_ttl=config.responses_ttl)
     child = cluster.spawn("frontend", ["serve", *to_argv(serve)])
     supervisor.watch(child)
     click.echo(f"frontend        pid {child.pid}")

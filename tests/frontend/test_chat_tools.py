@@ -83,8 +83,8 @@ def test_the_flag_reaches_the_frontend_from_shoal_serve_and_shoal_up() -> None:
     serve = from_argv(ServeCliConfig, ["--tool-call-parser", "mistral"])
     assert serve.frontend_config().tool_call_parser == "mistral"
     assert from_argv(ServeCliConfig, []).frontend_config().tool_call_parser is None
-    up = from_argv(UpConfig, ["--tool-call-parser", "llama3_json"])
-    assert up.tool_call_parser == "llama3_json"
+    up = from_argv(UpConfig, ["--tool-call-parser", "llama3_json", "--responses-ttl", "60"])
+    assert (up.tool_call_parser, up.responses_ttl) == ("llama3_json", 60.0)
 
 
 def _mistral_like_tokenizer(folder: Path) -> HFTokenizer:
