@@ -21,7 +21,8 @@ checkpoint's generation config and EOS) with shoal's request id kept as
 vLLM's id, and leave detokenization to the frontend. A request that
 continues after generated tokens (rescue, migration) reaches vLLM with them
 appended to its prompt (see :mod:`.sampling`) and its grammar, if it has one
-(vLLM's structured outputs), advanced over them before its first step. Prompt
+(vLLM's structured outputs), advanced over them before its first step
+(:mod:`.structured`, which also honours a request's ``disable_any_whitespace``). Prompt
 logprobs arrive with a request's first token (vLLM computes them with its
 prefill, in chunks or not); ``max_tokens`` 0 runs one token and drops it. Stats come from vLLM's
 scheduler and its KV block pool: block 0 is vLLM's null block, so capacity is
@@ -79,6 +80,7 @@ from agents.engines.vllm_engine.compat import require_vllm
 from agents.engines.vllm_engine.config import VllmEngineConfig
 from agents.engines.vllm_engine.prefix_cache import VllmCacheIndex, VllmHasher
 from agents.engines.vllm_engine.sampling import migration_blocker, to_vllm_sampling
+from agents.engines.vllm_engine.structured import advance_grammar, honour_request_whitespace
 from schemas import Alternatives, FinishReason, KVLayout, ModelIdentity, SamplingParams
 
 __all__ = ["VllmEngine"]
@@ -253,37 +255,6 @@ def _prompt_logprobs(
     return values, top
 
 
-def _advance_grammar(structured: Any, request_id: str, tokens: list[int]) -> None:
-    """Make a continued request's grammar (vLLM's ``StructuredOutputRequest``) the one that has
-    accepted ``tokens``: vLLM compiles it in the background (a future), and its scheduler admits the
-    request only when the future is done, so the advanced grammar replaces it. Tokens after the
-    grammar terminated are ignored, as vLLM's own step does; tokens the grammar rejects fail the
-    request as a grammar that failed to compile (vLLM's ``FINISHED_ERROR``)."""
-    pending = structured._grammar  # a future, or (compiled in line) the grammar or its error
-    advanced: concurrent.futures.Future[Any] = concurrent.futures.Future()
-
-    def advance(done: Any) -> None:
-        try:
-            grammar = done.result() if isinstance(done, concurrent.futures.Future) else done
-            if isinstance(grammar, Exception):
-                raise grammar
-            if grammar is None:
-                raise ValueError(f"request {request_id!r}: vLLM built no grammar")
-            if not grammar.accept_tokens(request_id, tokens):
-                raise ValueError(
-                    f"request {request_id!r}: the grammar rejects the {len(tokens)} tokens generated before"
-                )
-            advanced.set_result(grammar)
-        except Exception as exc:  # vLLM's scheduler fails the request with it
-            advanced.set_exception(exc)
-
-    if isinstance(pending, concurrent.futures.Future):
-        pending.add_done_callback(advance)
-    else:
-        advance(pending)
-    structured.grammar = advanced
-
-
 class VllmEngine:
     """One vLLM V1 engine in this process; see the module docstring. ``VllmEngine("/path/to/ckpt")``."""
 
@@ -318,6 +289,7 @@ class VllmEngine:
         if version.endswith("+cpu"):  # before any model step: vLLM's bfloat16 attention uses AMX tiles
             request_amx_tiles(str(vllm_config.model_config.dtype).removeprefix("torch."))
         self.core: Any = EngineCore(vllm_config, Executor.get_class(vllm_config), log_stats=False)
+        honour_request_whitespace(self.core.structured_output_manager)
         self.input_processor = InputProcessor(vllm_config, renderer_from_config(vllm_config))
         self._supported_tasks = self.core.get_supported_tasks()
         scheduler: Any = self.core.scheduler
@@ -440,7 +412,7 @@ class VllmEngine:
             raise self._reject(request_id, RejectReason.INVALID_SAMPLING, str(exc)) from exc
         core_request, wave = self.core.preprocess_add_request(request)
         if done and core_request.structured_output_request is not None:
-            _advance_grammar(core_request.structured_output_request, request_id, list(tokens[-done:]))
+            advance_grammar(core_request.structured_output_request, request_id, list(tokens[-done:]))
         self.core.add_request(core_request, wave)
         return core_request
 

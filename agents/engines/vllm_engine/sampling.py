@@ -7,7 +7,7 @@ again (the first output delivered them). That is exact for greedy and for
 unseeded sampling, with ``min_p`` and ``logit_bias`` (functions of the logits
 alone). A grammar (``structured``) is vLLM's structured outputs; the engine
 advances a continued request's grammar over the generated tokens before its
-first step (:mod:`.engine`), so it continues in the state it left. It is not
+first step (:mod:`.structured`), so it continues in the state it left. It is not
 exact for state vLLM keeps per request and a new engine cannot rebuild from
 token ids: a seeded generator's position (vLLM draws from a per-request
 ``torch.Generator``), penalties over the generated tokens (the history becomes

@@ -19,6 +19,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import msgspec
 import pytest
 from tokenizers import Tokenizer
@@ -740,3 +741,23 @@ def test_prompt_logprobs_equal_vllms_own_and_max_tokens_0_generates_nothing(
     # a continued request does not ask again: they reached the client with its first output
     assert _continued(engine, "echo-rescued", SamplingParams(max_tokens=3, prompt_logprobs=2), [5])[0] == 5
     assert engine.stats().num_free_blocks == NUM_BLOCKS
+
+
+@needs_vllm
+def test_json_without_free_whitespace_when_the_request_asks(engines: Any) -> None:
+    """vLLM's backends take whitespace from the engine's configuration; a request that asks for none
+    (``any_whitespace`` false: tool calls, ``disable_any_whitespace``) gets JSON's compact form, and
+    keeps it when rescued."""
+    engine, other = engines
+    tokenizer = Tokenizer.from_file(str(engine.config.model) + "/tokenizer.json")
+    spaced = _run(engine, "spaced", PROMPT, CONSTRAINED)
+    assert any(c in tokenizer.decode(spaced) for c in " \t\r\n")  # the random model loves whitespace
+    compact = msgspec.structs.replace(
+        CONSTRAINED, structured=msgspec.structs.replace(CONSTRAINED.structured, any_whitespace=False)
+    )
+    tokens = _run(engine, "compact", PROMPT, compact)
+    text = tokenizer.decode(tokens)
+    value = json.loads(text)
+    jsonschema.validate(value, RECORD)
+    assert text == json.dumps(value, separators=(",", ":"))
+    assert _continued(other, "compact-rescued", compact, tokens[:6]) == tokens
