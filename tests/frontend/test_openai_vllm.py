@@ -220,8 +220,8 @@ async def test_client_disconnect_aborts_and_frees_blocks(cluster: Cluster) -> No
 
 def _quiet_bias(model: str) -> dict[str, int]:
     """logit_bias -100 on the checkpoint's tokens that are only whitespace or hold a control
-    character: JSON between its tokens becomes compact (vLLM's xgrammar backend takes whitespace
-    from the engine's config, not the request), and no raw control character lands in a string
+    character: JSON between its tokens becomes compact (a random model writes whitespace wherever
+    JSON allows it), and no raw control character lands in a string
     with a length bound (xgrammar 0.2.8 writes those strings as ``[^"\\\\\\r\\n]{m,n}``, which lets
     them through: strict JSON parsers refuse the text, ``vllm serve`` answers the same)."""
     tokenizer = Tokenizer.from_file(str(Path(model) / "tokenizer.json"))
