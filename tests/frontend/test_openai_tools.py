@@ -19,7 +19,6 @@ import httpx
 import jsonschema
 import openai
 import pytest
-from tokenizers import Tokenizer
 
 from agents.engines.vllm_engine import vllm_unavailable_reason
 from tests.frontend.cluster import Cluster, frontend_cluster
@@ -92,11 +91,6 @@ async def cluster(engine: str, nats_url: str, checkpoint: str) -> AsyncIterator[
     ) as running:
         running.base_url = await running.serve()  # type: ignore[attr-defined]
         running.engine_options = options  # type: ignore[attr-defined]
-        # vLLM's structured-output backends (0.32) take disable_any_whitespace from the engine's
-        # config only, so on vLLM a constrained request may write whitespace between any two JSON
-        # tokens, which a random model repeats until max_tokens: there, the requests bias
-        # whitespace-only tokens away, as a client would (the torch engine writes JSON's usual spacing)
-        running.logit_bias = _whitespace_bias(checkpoint) if engine == "vllm" else None  # type: ignore[attr-defined]
         yield running
         if engine == "vllm":
             for agent in running.agents.values():
@@ -142,12 +136,6 @@ async def _streamed(client: Any, **asked: Any) -> tuple[str, list[tuple[str, str
     return "".join(content), [(c[0], c[1], c[2]) for _, c in sorted(calls.items())], finish
 
 
-def _whitespace_bias(checkpoint: str) -> dict[str, int]:
-    tokenizer = Tokenizer.from_file(f"{checkpoint}/tokenizer.json")
-    ids = range(tokenizer.get_vocab_size())
-    return {str(i): -100 for i in ids if (text := tokenizer.decode([i])) and not text.strip()}
-
-
 def _asked(cluster: Cluster, **changes: Any) -> dict[str, Any]:
     asked: dict[str, Any] = {
         "model": cluster.config.model_name,
@@ -156,8 +144,6 @@ def _asked(cluster: Cluster, **changes: Any) -> dict[str, Any]:
         "temperature": 0,
         "max_tokens": 200,
     }
-    if cluster.logit_bias is not None:  # type: ignore[attr-defined]
-        asked["logit_bias"] = cluster.logit_bias  # type: ignore[attr-defined]
     asked.update(changes)
     return asked
 
