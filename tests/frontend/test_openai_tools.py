@@ -6,6 +6,7 @@ Llama checkpoint whose chat template renders tools (Qwen 2.5's Hermes style), re
 returns a call whose arguments validate against the tool's schema; streamed deltas reassemble into the
 same call; a conversation goes on with the call and its result; a greedy tool-calling request forced to
 migrate mid-generation, or rescued after its agent dies, returns the same call as one that is not.
+Each ``--tool-call-parser`` (hermes, llama3_json, mistral) serves ``tool_choice`` auto on sim agents.
 """
 
 from __future__ import annotations
@@ -104,11 +105,16 @@ async def client(cluster: Cluster) -> AsyncIterator[Any]:
     await openai_client.close()
 
 
-def _valid(calls: list[Any]) -> list[tuple[str, dict[str, Any]]]:
-    """(name, arguments) of each call, after checking its arguments against its tool's schema."""
+def _valid(calls: list[Any], *, id_length: int | None = None) -> list[tuple[str, dict[str, Any]]]:
+    """(name, arguments) of each call, after checking its arguments against its tool's schema
+    (``id_length``: ids of that many letters and digits, as Mistral's; else vLLM's ``chatcmpl-tool-``)."""
     out = []
     for call in calls:
-        assert call.type == "function" and call.id.startswith("chatcmpl-tool-")
+        assert call.type == "function"
+        if id_length is None:
+            assert call.id.startswith("chatcmpl-tool-")
+        else:
+            assert len(call.id) == id_length and call.id.isalnum()
         arguments = json.loads(call.function.arguments)
         jsonschema.validate(arguments, SCHEMAS[call.function.name])
         out.append((call.function.name, arguments))
@@ -302,3 +308,45 @@ async def test_rescue_after_the_agent_dies_mid_call_returns_the_same_call(
     assert [(n, a) for _, n, a in rescued] == [(n, a) for _, n, a in reference]
     await cluster.add_agent(f"{owner}-again", **cluster.engine_options)  # type: ignore[attr-defined]
     await cluster.wait_instances(2)
+
+
+#: what a model of each family writes for one call (after some text where the format allows it)
+FAMILY_ANSWERS = {
+    "hermes": r"Checking\.\n<tool_call>\n"
+    + r'\{"name": "get_time", "arguments": \{"zone": "(UTC|CET)"\}\}\n</tool_call>',
+    "llama3_json": r'<\|python_tag\|>\{"name": "get_time", "parameters": \{"zone": "(UTC|CET)"\}\}',
+    "mistral": r'Checking\.\[TOOL_CALLS\]\[\{"name": "get_time", "arguments": \{"zone": "(UTC|CET)"\}\}\]',
+}
+
+
+@pytest.mark.parametrize("parser", sorted(FAMILY_ANSWERS))
+async def test_each_tool_call_parser_serves_tool_choice_auto(nats_url: str, parser: str) -> None:
+    # sim agents (their answers held to the family's format by a regex); the frontend runs
+    # --tool-call-parser, and finds the call whole and streamed
+    async with frontend_cluster(nats_url, instances=1, engine="sim", tool_call_parser=parser) as running:
+        client = running.openai(await running.serve())
+        try:
+            asked = {
+                "model": running.config.model_name,
+                "messages": MESSAGES,
+                "tools": TOOLS,
+                "max_tokens": 150,
+                "temperature": 0,
+                "extra_body": {"structured_outputs": {"regex": FAMILY_ANSWERS[parser]}},
+            }
+            reply = await client.chat.completions.create(**asked)
+            choice = reply.choices[0]
+            assert choice.finish_reason == "tool_calls"
+            assert choice.message.content == (None if parser == "llama3_json" else "Checking.")
+            [(name, arguments)] = _valid(
+                choice.message.tool_calls, id_length=9 if parser == "mistral" else None
+            )
+            assert name == "get_time" and arguments["zone"] in ("UTC", "CET")
+            content, streamed, finish = await _streamed(client, **asked)
+            assert (content or None, finish) == (choice.message.content, ["tool_calls"])
+            # the sim's pick differs between requests: the streamed call is checked on its own
+            [(call_id, name, arguments_text)] = streamed
+            assert name == "get_time" and json.loads(arguments_text)["zone"] in ("UTC", "CET")
+            assert len(call_id) == 9 if parser == "mistral" else call_id.startswith("chatcmpl-tool-")
+        finally:
+            await client.close()
