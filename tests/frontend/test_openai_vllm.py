@@ -1,7 +1,8 @@
 """The official ``openai`` client against shoal with two vllm-engine agents (real NATS, one process).
 
 A migration forced mid-stream is invisible to the client (greedy text equals
-an undisturbed run, usage and finish reason unchanged), a constrained one too;
+an undisturbed run, usage and finish reason unchanged), a constrained one too,
+and one rescued after its agent is killed;
 a client that disconnects frees its blocks on every vLLM engine. 50 random JSON
 schemas answered streamed and not validate; logit_bias forces and forbids
 tokens; ``echo`` with ``max_tokens`` 0 scores the prompt as vLLM's own
@@ -331,3 +332,32 @@ async def test_echo_with_max_tokens_0_scores_the_prompt_as_vllm_does(
         assert top.keys() == by_text.keys()
         for key, value in top.items():
             assert any(abs(value - candidate) < 1e-5 for candidate in by_text[key]), (position, key)
+
+
+async def test_a_constrained_request_rescued_after_its_agent_dies_returns_the_same_text(
+    cluster: Cluster, client: Any
+) -> None:
+    """The agent running a greedy json_schema request is killed mid-stream: another vLLM agent takes
+    it over from the tokens so far, under the same grammar state, and the text is unchanged. A third
+    agent joins first, so two stay alive for the tests after this one."""
+    model = cluster.config.model
+    asked = {"max_tokens": 300, "temperature": 0, "logit_bias": _quiet_bias(model),
+             "response_format": {"type": "json_schema", "json_schema": {"name": "digits", "schema": DIGITS}}}
+    reference, _ = await _chat_text(client, model, **asked)
+    await cluster.add_agent("i2", model=model)
+    await cluster.wait_instances(3)
+    before = set(cluster.gateway.streams)  # type: ignore[union-attr]
+    cluster.pace.min_step_s = 0.01  # still running when its agent dies
+    task = asyncio.ensure_future(_chat_text(client, model, **asked))
+    request_id, owner = await _owner_after_first_token(cluster, before)
+    stream = cluster.gateway.streams[request_id]  # type: ignore[union-attr]
+    victim = cluster.agents.pop(owner)
+    await victim.kill()
+    cluster.pace.release()
+    try:
+        text, finish = await asyncio.wait_for(task, 60)
+    finally:
+        victim.engine.shutdown()
+    assert stream.num_rescues >= 1 and stream.owner_id != owner
+    assert (text, finish) == (reference, ["stop"])
+    jsonschema.validate(json.loads(text), DIGITS)
