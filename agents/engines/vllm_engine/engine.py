@@ -233,17 +233,18 @@ def _top_logprobs(lists: Any, num_tokens: int) -> tuple[Alternatives, ...] | Non
 
 def _prompt_logprobs(
     tensors: Any, num_prompt_tokens: int
-) -> tuple[tuple[float | None, ...], tuple[Alternatives, ...]]:
+) -> tuple[tuple[float | None, ...], tuple[Alternatives, ...]] | None:
     """Each prompt token's logprob given the ones before it (the first has none) and the most
     likely tokens at each position, from vLLM's prompt ``LogprobsTensors`` (one row per prompt
-    token after the first: column 0 the prompt token, then the alternatives)."""
+    token after the first: column 0 the prompt token, then the alternatives); None when vLLM's
+    rows do not cover the prompt."""
     if tensors is None:
         rows_ids: list[list[int]] = []
         rows: list[list[float]] = []
     else:
         rows_ids, rows = tensors.logprob_token_ids.tolist(), tensors.logprobs.tolist()
     if len(rows) != num_prompt_tokens - 1:
-        raise RuntimeError(f"vLLM returned prompt logprobs for {len(rows)} of {num_prompt_tokens - 1} tokens")
+        return None
     values: tuple[float | None, ...] = (None, *(float(row[0]) for row in rows))
     top: tuple[Alternatives, ...] = (
         (),
@@ -508,9 +509,15 @@ class VllmEngine:
                 prompt: dict[str, Any] = {}
                 if tracked.wants_prompt_logprobs:  # vLLM delivers them all with the first token
                     tracked.wants_prompt_logprobs = False
-                    prompt["prompt_logprobs"], prompt["prompt_top_logprobs"] = _prompt_logprobs(
-                        out.new_prompt_logprobs_tensors, num_prompt
-                    )
+                    scored = _prompt_logprobs(out.new_prompt_logprobs_tensors, num_prompt)
+                    if scored is None:
+                        log.error(
+                            "vllm engine: request %s got no prompt logprobs for its %d prompt tokens",
+                            out.request_id,
+                            num_prompt,
+                        )
+                    else:
+                        prompt["prompt_logprobs"], prompt["prompt_top_logprobs"] = scored
                 outputs.append(
                     RequestOutput(
                         out.request_id,
