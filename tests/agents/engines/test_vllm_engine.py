@@ -642,6 +642,7 @@ def test_a_constrained_request_continues_under_its_grammar_when_rescued_or_migra
     open a second object), so a rescue at any point and a migration in two stages mid-generation
     give the unmigrated greedy tokens."""
     source, destination = engines
+    assert source.vllm_config.structured_outputs_config.backend == "auto"  # as `vllm serve` has it
     expected = _run(source, "ref", PROMPT, CONSTRAINED)
     assert expected != _run(source, "free", PROMPT, msgspec.structs.replace(CONSTRAINED, structured=None))
     assert len(expected) > 40
