@@ -506,7 +506,7 @@ class VllmEngine:
                 tracked.output_token_ids.extend(new)
                 logprobs, top = _sampled_logprobs(lists, len(new)), _top_logprobs(lists, len(new))
                 num_prompt = len(tracked.prompt_token_ids)
-                prompt: dict[str, Any] = {}
+                scored = None
                 if tracked.wants_prompt_logprobs:  # vLLM delivers them all with the first token
                     tracked.wants_prompt_logprobs = False
                     scored = _prompt_logprobs(out.new_prompt_logprobs_tensors, num_prompt)
@@ -516,8 +516,6 @@ class VllmEngine:
                             out.request_id,
                             num_prompt,
                         )
-                    else:
-                        prompt["prompt_logprobs"], prompt["prompt_top_logprobs"] = scored
                 outputs.append(
                     RequestOutput(
                         out.request_id,
@@ -528,7 +526,8 @@ class VllmEngine:
                         logprobs,
                         top,
                         num_cached_tokens=tracked.num_cached_tokens,
-                        **prompt,
+                        prompt_logprobs=None if scored is None else scored[0],
+                        prompt_top_logprobs=None if scored is None else scored[1],
                     )
                 )
                 if finish is not None:
