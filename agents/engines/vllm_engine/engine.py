@@ -75,6 +75,7 @@ from agents.engines.protocol import (
     UnknownRequest,
     expected_step_s,
 )
+from agents.engines.thread_name import name_os_thread
 from agents.engines.vllm_engine.amx import request_amx_tiles
 from agents.engines.vllm_engine.compat import require_vllm
 from agents.engines.vllm_engine.config import VllmEngineConfig
@@ -283,7 +284,9 @@ class VllmEngine:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         # every model execution runs on this one thread, bound before vLLM's CPU worker starts (it
         # replaces torch.set_num_threads with a no-op once it has set up its device)
-        self._model_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="vllm-model")
+        self._model_thread = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="vllm-model", initializer=name_os_thread, initargs=("vllm-model",)
+        )  # named for the kernel too: per-thread CPU tells the model's step from the agent's loop
         _pin_model_thread(self._model_thread, config.cpus)
         vllm_config = _engine_args(config).create_engine_config(UsageContext.ENGINE_CONTEXT)
         self.vllm_config = vllm_config
