@@ -20,7 +20,7 @@ from bus.event_loop import run
 from bus.jetstream import JetStreamBus
 from bus.protocol import BusConfig, StreamConfig
 from bus.security import SecureDeployment, create_deployment
-from bus.server import EmbeddedNats
+from bus.server import EmbeddedNats, free_port
 from schemas.subjects import Subjects
 
 __all__ = ["SecureSetup", "start_embedded"]
@@ -54,6 +54,7 @@ def start_embedded(
             log_file=log_dir / "nats.log",
             die_with_parent=True,
             extra_config=extra,
+            monitor_port=0 if secure else free_port(),  # /varz: message counters (shoal bench vllm-serve)
         ).start()
     try:
         config = BusConfig(
