@@ -11,7 +11,7 @@ would share the cores):
   --engine torch --model DIR --instances 1``, shoal's built-in engine on the
   same checkpoint (one torch thread, as vLLM's CPU worker gets one core here);
   **shoal-torch-bf16** the same in bfloat16 (``--dtype bfloat16``; shoal-torch
-  keeps the engine's float32 on CPU);
+  runs in the comparison's ``--dtype``, with ``auto`` the engine's float32 on CPU);
 * **shoal-nobind** (``--with-nobind``, or in ``--servers``): ``shoal`` with
   ``VLLM_CPU_OMP_THREADS_BIND=nobind`` (the agent's model thread neither pinned
   nor limited to one OpenMP thread per CPU: what binding brings, side by side).
@@ -21,15 +21,19 @@ Against each, for every ``--concurrency``, ``vllm bench serve --backend openai
 --ignore-eos --max-concurrency C --num-prompts N --save-result`` runs (through
 :mod:`agents.engines.vllm_engine.vllm_cli`, vLLM's command line on the
 ``vllm-cpu`` distribution too), and its saved JSON is read back (16 prompts at
-concurrency 8 in one round by default). Both servers
+concurrency 8 in one round by default; ``--concurrency 8,32`` and ``--dtype
+float32,bfloat16`` sweep). Both servers
 get the engine options shoal's vllm engine uses: block size, context length,
 dtype, KV space (1 GiB by default), eager mode, and prefix caching on, as both ship
 (random prompts share no prefix, so it costs each side only its lookups). With
 ``--rounds`` > 1 the servers alternate and each figure is the median over
 rounds. Reported per concurrency and shoal server: output tokens/s of each and
 shoal's share of vLLM's (``ratio``), median TTFT and TPOT of each, the load average around each run
-(the machine may be shared). Every child runs in its own process group, dies
-with this process and is stopped (SIGINT, then SIGKILL) when a run ends or
+(the machine may be shared), and the CPU each server's components spend per request over the
+load (:mod:`frontend.bench_path_cpu`: shoal's frontend, scheduler, agent loop and nats-server
+beside ``vllm serve``'s API server, and the bus messages per request and per token); with
+``--non-streamed`` the same for the load sent without streaming. Every child runs in its own
+process group, dies with this process and is stopped (SIGINT, then SIGKILL) when a run ends or
 the benchmark is interrupted.
 """
 
@@ -126,10 +130,12 @@ def server_command(kind: str, options: EngineOptions, port: int, log_dir: Path) 
             "--dtype", options.dtype, "--log-dir", str(log_dir / f"{kind}-up"), "--ready-timeout", "600",
         ]  # fmt: skip
     if kind in ("shoal-torch", "shoal-torch-bf16"):  # the built-in engine: its KV default (256 MiB) suffices
+        # the comparison's dtype (auto: the engine's float32 on CPU); shoal-torch-bf16 always bfloat16
+        dtype = "bfloat16" if kind == "shoal-torch-bf16" else options.dtype
         return [
             *_SHOAL, "up", "--engine", "torch", "--model", str(options.model), "--instances", "1",
             "--threads", "1", "--port", str(port), "--log-dir", str(log_dir / f"{kind}-up"),
-            "--ready-timeout", "600", *(["--dtype", "bfloat16"] if kind == "shoal-torch-bf16" else []),
+            "--ready-timeout", "600", *(["--dtype", dtype] if dtype != "auto" else []),
         ]  # fmt: skip
     raise ValueError(f"unknown server {kind!r}")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,9 @@ import pytest
 
 from agents.engines.thread_name import name_os_thread
 from frontend.bench_path_cpu import (
+    PathMeter,
     ProcessInfo,
+    Sampler,
     classify,
     cpu_table,
     gains,
@@ -142,6 +145,19 @@ def test_the_load_is_cut_at_its_own_window_between_readings() -> None:
     assert gained == pytest.approx({"frontend": 1.6, "bus_in_msgs": 305.0})
     with pytest.raises(ValueError, match="restart"):
         gains({"agent_loop": 5.0}, {"agent_loop": 1.0})
+
+
+def test_the_sampler_keeps_what_a_process_spent_within_the_window() -> None:
+    meter = PathMeter("shoal", {"frontend": [os.getpid()]}, None)
+    with Sampler(meter, period_s=0.02) as sampler:
+        time.sleep(0.1)  # idle before the load: not counted
+        start, spent_before = time.monotonic(), time.process_time()
+        while time.process_time() - spent_before < 0.3:
+            pass
+        end = time.monotonic()
+        time.sleep(0.1)
+    assert len(sampler.cpu) > 5 and not sampler.bus
+    assert 0.24 <= sampler.between(start, end)["frontend"] <= 0.45
 
 
 def test_the_load_window_is_the_first_start_to_the_last_end_the_client_stamped() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import click
@@ -31,7 +32,9 @@ def test_each_shoal_server_runs_one_agent_of_its_engine_on_the_same_checkpoint(t
         assert command[command.index("--model") + 1] == "/ckpt"
         assert command[command.index("--instances") + 1] == "1"
     assert torch_engine[torch_engine.index("--threads") + 1] == "1"
-    assert "--dtype" not in torch_engine
+    assert "--dtype" not in torch_engine  # auto: the engine's own float32 on CPU
+    in_float32 = server_command("shoal-torch", dataclasses.replace(OPTIONS, dtype="float32"), 8005, tmp_path)
+    assert in_float32[in_float32.index("--dtype") + 1] == "float32"  # the comparison's dtype, as vllm's
     half = server_command("shoal-torch-bf16", OPTIONS, 8004, tmp_path)
     assert half[half.index("--dtype") + 1] == "bfloat16" and half[half.index("--engine") + 1] == "torch"
     assert "/ckpt" in server_command("vllm", OPTIONS, 8000, tmp_path)
