@@ -6,9 +6,10 @@ started. :func:`classify` names each process of the tree by its command line:
 * ``shoal up``: ``nats`` (the embedded ``nats-server``), ``frontend``
   (``shoal serve``), ``scheduler``, ``agent`` (an engine core process under an
   agent counts as ``model``) and ``up`` (the supervisor itself);
-* ``vllm serve``: ``api_server`` (the process started) and ``engine_core``
-  (its engine core child, model step included: vLLM computes the step on the
-  engine core's own thread).
+* ``vllm serve``: ``api_server`` (the process started), ``engine_core`` (its
+  engine core child: scheduling, inputs and outputs) and ``model`` (the engine
+  core's worker process, ``VLLM::Worker``: the model's step); ``serve_path`` is
+  API server + engine core.
 
 The agent's CPU is split by thread (``/proc/<pid>/task/<tid>/stat``): threads
 whose name starts with a model-thread prefix (:data:`MODEL_THREAD_PREFIXES`:
@@ -147,8 +148,11 @@ def classify(kind: str, root: int, table: Mapping[int, ProcessInfo]) -> dict[str
     for pid in descendants(root, table):
         argv = table[pid].argv
         parent = roles.get(table[pid].ppid, "other")
-        if kind == "vllm":
-            role = "other" if any("resource_tracker" in arg for arg in argv) else "engine_core"
+        if kind == "vllm":  # API server -> engine core (VLLM::EngineCore) -> its worker (VLLM::Worker)
+            if any("resource_tracker" in arg for arg in argv):
+                role = "other"
+            else:
+                role = "engine_core" if parent == "api_server" else "model"
         else:
             role = _shoal_role(argv) or ("model" if parent == "agent" else parent)
         roles[pid] = role
@@ -250,6 +254,10 @@ def per_request(
             figures[f"{prefix}cpu_{key}_ms"] = 1000.0 * value / requests
     if all(component in delta for component in PATH_COMPONENTS):
         figures[f"{prefix}cpu_path_ms"] = 1000.0 * sum(delta[c] for c in PATH_COMPONENTS) / requests
+    if "api_server" in delta and "engine_core" in delta:
+        figures[f"{prefix}cpu_serve_path_ms"] = (
+            1000.0 * (delta["api_server"] + delta["engine_core"]) / requests
+        )
     return figures
 
 
@@ -404,9 +412,10 @@ _CPU_COLUMNS = (
     ("agent loop", "cpu_agent_loop_ms"),
     ("nats", "cpu_nats_ms"),
     ("PATH", "cpu_path_ms"),
-    ("model thr", "cpu_model_ms"),
+    ("model", "cpu_model_ms"),
     ("API server", "cpu_api_server_ms"),
     ("engine core", "cpu_engine_core_ms"),
+    ("API+core", "cpu_serve_path_ms"),
 )
 _BUS_COLUMNS = (
     ("bus in/req", "bus_in_msgs_per_request"),

@@ -79,8 +79,10 @@ def test_vllm_serve_is_its_api_server_and_its_engine_core() -> None:
         (300, 1, ("/venv/bin/python", "-m", "agents.engines.vllm_engine.vllm_cli", "serve", "/m")),
         (301, 300, ("/venv/bin/python", "-c", "from multiprocessing.resource_tracker import main;main(7)")),
         (302, 300, ("VLLM::EngineCore",)),
+        (303, 302, ("VLLM::Worker",)),
     )
-    assert classify("vllm", 300, processes) == {"api_server": [300], "other": [301], "engine_core": [302]}
+    groups = classify("vllm", 300, processes)
+    assert groups == {"api_server": [300], "other": [301], "engine_core": [302], "model": [303]}
 
 
 def fake_proc(root: Path, pid: int, comm: str, threads: dict[int, tuple[str, int]]) -> None:
@@ -179,7 +181,9 @@ def test_per_request_figures_and_the_path() -> None:
     vllm = per_request(
         {"api_server": 0.5, "engine_core": 8.0}, requests=200, output_tokens=25600, prefix="whole_"
     )
-    assert vllm == pytest.approx({"whole_cpu_api_server_ms": 2.5, "whole_cpu_engine_core_ms": 40.0})
+    assert vllm == pytest.approx(
+        {"whole_cpu_api_server_ms": 2.5, "whole_cpu_engine_core_ms": 40.0, "whole_cpu_serve_path_ms": 42.5}
+    )
     with pytest.raises(ValueError):
         per_request(delta, requests=0, output_tokens=0)
 
