@@ -211,7 +211,9 @@ class NotRunnable(click.ClickException):
     refuses them): the comparison in that dtype cannot run on this machine."""
 
 
-_SIGILL = re.compile(r"SIGILL|illegal instruction", re.IGNORECASE)
+#: how the servers report a process ended by SIGILL: shoal up's supervisor by the signal's name,
+#: vLLM by the exit code of its worker or engine core (-4)
+_SIGILL = re.compile(r"SIGILL|illegal instruction|exit code:? -4\b|': -4\}", re.IGNORECASE)
 
 
 @dataclass

@@ -230,6 +230,12 @@ def test_a_server_that_died_of_an_illegal_instruction_is_not_runnable(tmp_path: 
     crashed = Server("vllm", _Ended(-4), "http://127.0.0.1:8001", tmp_path / "vllm-8001.log")  # type: ignore[arg-type]
     with pytest.raises(NotRunnable, match="SIGILL"):
         crashed.raise_if_not_runnable()
+    vllm_log = tmp_path / "vllm-8002.log"
+    vllm_log.write_text(
+        "(EngineCore pid=9) ERROR Worker proc VllmWorker-0 died unexpectedly (exit code: -4), x\n"
+    )
+    with pytest.raises(NotRunnable, match="exit code: -4"):
+        Server("vllm", _Ended(1), "http://127.0.0.1:8002", vllm_log).raise_if_not_runnable()  # type: ignore[arg-type]
     log.write_text("address already in use\n")
     (tmp_path / "shoal-up" / "agent-0.log").write_text("fine\n")
     server.raise_if_not_runnable()  # another failure: not this one
