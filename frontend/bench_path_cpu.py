@@ -166,22 +166,24 @@ def _process_seconds(pid: int, proc: Path) -> float:
     return parse_stat((proc / str(pid) / "stat").read_text()).ticks * _TICK_S
 
 
-def _thread_seconds(pid: int, prefixes: Iterable[str], proc: Path) -> float:
-    """CPU seconds of ``pid``'s live threads whose name starts with one of ``prefixes``."""
-    total = 0
+def _thread_seconds(pid: int, prefixes: Iterable[str], proc: Path) -> float | None:
+    """CPU seconds of ``pid``'s live threads whose name starts with one of ``prefixes``; None if
+    it has none (an engine that steps on the event loop's thread)."""
+    total, found = 0, False
     for task in (proc / str(pid) / "task").iterdir():
         try:
             stat = parse_stat((task / "stat").read_text())
         except (OSError, ValueError):
             continue  # the thread ended meanwhile
         if stat.comm.startswith(tuple(prefixes)):
-            total += stat.ticks
-    return total * _TICK_S
+            total, found = total + stat.ticks, True
+    return total * _TICK_S if found else None
 
 
 def read_cpu(groups: Mapping[str, list[int]], proc: Path = Path("/proc")) -> dict[str, float]:
     """Cumulative CPU seconds by component; ``agent`` split into ``model`` (its model threads, and
-    any process under it) and ``agent_loop`` (the rest of the agent process).
+    any process under it; left out where it has no model thread) and ``agent_loop`` (the rest of
+    the agent process).
 
     An ``OSError`` (a process gone) propagates: a reading without it would be wrong.
     """
@@ -191,8 +193,9 @@ def read_cpu(groups: Mapping[str, list[int]], proc: Path = Path("/proc")) -> dic
             for pid in pids:
                 whole = _process_seconds(pid, proc)
                 model = _thread_seconds(pid, MODEL_THREAD_PREFIXES, proc)
-                cpu["agent_loop"] = cpu.get("agent_loop", 0.0) + whole - model
-                cpu["model"] = cpu.get("model", 0.0) + model
+                cpu["agent_loop"] = cpu.get("agent_loop", 0.0) + whole - (model or 0.0)
+                if model is not None:
+                    cpu["model"] = cpu.get("model", 0.0) + model
         else:
             cpu[role] = cpu.get(role, 0.0) + sum(_process_seconds(pid, proc) for pid in pids)
     return cpu

@@ -106,6 +106,9 @@ def test_the_agent_is_split_into_its_model_thread_and_the_rest(tmp_path: Path) -
     fake_proc(tmp_path, 30, "nats-server", {30: ("nats-server", TICK), 31: ("nats-server", TICK)})
     cpu = read_cpu({"agent": [10], "frontend": [20], "nats": [30]}, proc=tmp_path)
     assert cpu == pytest.approx({"agent_loop": 4.0, "model": 8.0, "frontend": 2.0, "nats": 2.0})
+    # an engine that steps on the loop's thread has no model thread: its agent is all loop, no model figure
+    fake_proc(tmp_path, 40, "python", {40: ("python", 5 * TICK), 41: ("python", TICK)})
+    assert read_cpu({"agent": [40]}, proc=tmp_path) == pytest.approx({"agent_loop": 6.0})
 
 
 def test_a_named_thread_is_seen_by_its_name_in_proc() -> None:
