@@ -244,7 +244,8 @@ def per_request(
     delta: Mapping[str, float], requests: int, output_tokens: int, prefix: str = ""
 ) -> dict[str, float]:
     """The figures reported for one client run: ``cpu_<component>_ms`` per request, ``cpu_path_ms``
-    (shoal's path, when the run has its components), ``bus_*_per_request`` and ``bus_*_per_token``;
+    (shoal's path, when the run has its components and the model's step was set apart from the
+    agent's loop), ``bus_*_per_request`` and ``bus_*_per_token``;
     every key starts with ``prefix`` (``whole_`` for non-streamed runs)."""
     if requests <= 0 or output_tokens <= 0:
         raise ValueError(f"{requests} requests and {output_tokens} output tokens: nothing to divide by")
@@ -255,7 +256,7 @@ def per_request(
             figures[f"{prefix}{key}_per_token"] = value / output_tokens
         else:
             figures[f"{prefix}cpu_{key}_ms"] = 1000.0 * value / requests
-    if all(component in delta for component in PATH_COMPONENTS):
+    if all(component in delta for component in (*PATH_COMPONENTS, "model")):  # the step set apart
         figures[f"{prefix}cpu_path_ms"] = 1000.0 * sum(delta[c] for c in PATH_COMPONENTS) / requests
     if "api_server" in delta and "engine_core" in delta:
         figures[f"{prefix}cpu_serve_path_ms"] = (

@@ -189,6 +189,9 @@ def test_per_request_figures_and_the_path() -> None:
     )
     with pytest.raises(ValueError):
         per_request(delta, requests=0, output_tokens=0)
+    # an agent whose engine steps on its loop's thread: no model figure, so no path either
+    inline = per_request({k: v for k, v in delta.items() if k != "model"}, requests=200, output_tokens=25600)
+    assert "cpu_path_ms" not in inline and inline["cpu_agent_loop_ms"] == pytest.approx(1.5)
 
 
 def test_the_path_is_compared_with_the_api_server_round_by_round() -> None:
