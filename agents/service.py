@@ -423,8 +423,11 @@ class Agent:
                 spans.output(output.request_id, output.first_index, len(output.token_ids), finish)
             for request_id in result.preempted:
                 spans.preempted(request_id)
+        # once per output of every step: the lookups are hoisted, and a streamed delta is recorded
+        # and queued inline (what _queue_delta does, without two calls per request per step)
+        live, unpublished, instance_id = self.deltas.live, self._unpublished, self.instance_id
         for output in result.outputs:
-            tokens = self.deltas.live(output.request_id)
+            tokens = live(output.request_id)
             if tokens is None:
                 continue  # moved away or aborted while the step ran
             tokens.output_token_ids.extend(output.token_ids)
@@ -434,19 +437,20 @@ class Agent:
             if tokens.stream:
                 delta = TokenDelta(
                     request_id=output.request_id,
-                    instance_id=self.instance_id,
+                    instance_id=instance_id,
                     owner_epoch=tokens.owner_epoch,
                     first_index=output.first_index,
                     token_ids=output.token_ids,
                     logprobs=output.logprobs,
                     top_logprobs=output.top_logprobs,
                     finish_reason=output.finish_reason,
-                    num_prompt_tokens=tokens.num_prompt_tokens,
+                    num_prompt_tokens=len(tokens.prompt_token_ids),
                     num_cached_tokens=output.num_cached_tokens,
                     prompt_logprobs=output.prompt_logprobs,
                     prompt_top_logprobs=output.prompt_top_logprobs,
                 )
-                self._queue_delta(delta, tokens.delta_subject)
+                tokens.recent.append(delta)
+                unpublished.append((tokens.delta_subject, delta))
             elif output.finish_reason is not None:
                 self._queue_delta(
                     TokenDelta(
