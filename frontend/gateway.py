@@ -44,7 +44,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -86,7 +86,10 @@ from schemas.requests import (
     RequestRescued,
 )
 
-__all__ = ["CLIENT_FAULTS", "NO_CHAIN", "Chain", "Gateway", "Job", "RequestStream", "common_block_size"]
+__all__ = [
+    "CLIENT_FAULTS", "NO_CHAIN", "Chain", "DeltaInbox", "Gateway", "Job", "RequestStream",
+    "common_block_size",
+]
 
 log = logging.getLogger(__name__)
 
@@ -240,11 +243,11 @@ class Gateway:
                 for delta in deltas:
                     stream = streams.get(delta.request_id)
                     if stream is not None:
-                        stream.inbox.put_nowait(delta)
+                        stream.inbox.put(delta)
         finally:  # the subscription ended (the connection closed): streams cannot get tokens any more
             self.deltas_closed = True
             for stream in list(streams.values()):
-                stream.inbox.put_nowait(None)
+                stream.inbox.put(None)
 
     def fire_and_forget(self, coroutine: Coroutine[Any, Any, None], name: str = "background") -> None:
         self._spawn(coroutine, name)
@@ -420,6 +423,60 @@ class Gateway:
             )
 
 
+class DeltaInbox:
+    """One request's deltas as the gateway routes them, for the one task that reads them.
+
+    :meth:`get` waits for the next item or for the inbox's tick, whichever comes first: the
+    tick is one timer, started by a wait that finds none pending and not moved by the items
+    that arrive meanwhile, so a reader woken by a delta per engine step does not start and
+    cancel a timer per delta (:func:`asyncio.timeout` would), and still wakes at least every
+    ``tick`` seconds when nothing comes.
+    """
+
+    __slots__ = ("_items", "_tick", "_waiter")
+
+    def __init__(self) -> None:
+        self._items: deque[TokenDelta | None] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._tick: asyncio.TimerHandle | None = None
+
+    def put(self, item: TokenDelta | None) -> None:
+        """Queue a delta (None: the gateway's subscription ended) and wake the reader."""
+        self._items.append(item)
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _on_tick(self) -> None:
+        self._tick = None
+        self._wake()
+
+    async def get(self, tick: float) -> TokenDelta | None:
+        """The next item; None when the tick came first (or the subscription ended)."""
+        if not self._items:
+            loop = asyncio.get_running_loop()
+            if self._tick is None:
+                self._tick = loop.call_later(tick, self._on_tick)
+            waiter: asyncio.Future[None] = loop.create_future()
+            self._waiter = waiter
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+            if not self._items:
+                return None
+        return self._items.popleft()
+
+    def close(self) -> None:
+        """Stop the tick (the stream ended)."""
+        if self._tick is not None:
+            self._tick.cancel()
+            self._tick = None
+
+
 class RequestStream:
     """One request's ordered tokens; iterate with ``await next_chunk()`` until it returns None."""
 
@@ -427,7 +484,7 @@ class RequestStream:
         self.gateway = gateway
         self.job = job
         #: this request's deltas, routed by the gateway; None when the gateway's subscription ended
-        self.inbox: asyncio.Queue[TokenDelta | None] = asyncio.Queue()
+        self.inbox = DeltaInbox()
         self.assembler = DeltaAssembler()
         self.generated: list[int] = []
         self.owner_id: str | None = None
@@ -484,12 +541,7 @@ class RequestStream:
         config = gateway.config
         tick = min(config.gap_grace, 0.25)
         while not self.assembler.finished:
-            delta: TokenDelta | None = None
-            try:
-                async with asyncio.timeout(tick):
-                    delta = await self.inbox.get()
-            except TimeoutError:
-                pass
+            delta = await self.inbox.get(tick)
             if delta is None and gateway.deltas_closed:
                 raise APIError(503, "the token stream closed unexpectedly")
             now = gateway.clock()
@@ -646,6 +698,7 @@ class RequestStream:
             return
         self.closed = True
         self.close_reason = reason
+        self.inbox.close()
         gateway = self.gateway
         gateway.streams.pop(self.request_id, None)
         now = gateway.clock()
