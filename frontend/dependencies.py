@@ -29,6 +29,7 @@ from agents.engines.tokenizer import TextTokenizer
 from frontend.admission import Admission
 from frontend.api_keys import key_matches
 from frontend.config import FrontendConfig
+from frontend.detokenize import TokenTexts
 from frontend.errors import invalid_api_key, invalid_parameter
 from frontend.gateway import Gateway
 from frontend.metrics import FrontendMetrics
@@ -63,6 +64,12 @@ class FrontendState:
     admission: Admission
     #: stored Responses API responses, in the bus's ``<prefix>_responses`` bucket
     responses: ResponseStore
+    #: the tokenizer's single-token texts, with special tokens skipped and shown, shared by all requests
+    token_texts: tuple[TokenTexts, TokenTexts]
+
+    def texts_of(self, *, skip_special_tokens: bool) -> TokenTexts:
+        """The single-token texts for detokenizers of this ``skip_special_tokens``."""
+        return self.token_texts[0 if skip_special_tokens else 1]
 
     @classmethod
     def build(cls, config: FrontendConfig, tokenizer: TextTokenizer, gateway: Gateway) -> FrontendState:
@@ -71,8 +78,11 @@ class FrontendState:
         )
         responses = ResponseStore(gateway.bus, gateway.subjects.responses_bucket, config.responses_ttl_s,
                                   retry_after_s=config.retry_after_s)
+        texts = (TokenTexts(tokenizer, skip_special_tokens=True),
+                 TokenTexts(tokenizer, skip_special_tokens=False))
         return cls(
-            config=config, tokenizer=tokenizer, gateway=gateway, admission=admission, responses=responses
+            config=config, tokenizer=tokenizer, gateway=gateway, admission=admission, responses=responses,
+            token_texts=texts,
         )
 
 

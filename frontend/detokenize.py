@@ -10,6 +10,10 @@ truly invalid output (a random model's bytes) and is emitted as decoded. Only
 tokens that carry text count towards that limit: special tokens (skipped in
 the text) between the bytes of one character do not force it out half.
 
+:class:`TokenTexts` remembers the text of single tokens (one tokenizer, one
+``skip_special_tokens``), which the detokenizer's window of earlier tokens
+usually is: shared by a frontend's requests, it spares one decode per token.
+
 :class:`StopStringMatcher` finds stop strings in the emitted text: it holds
 back the longest tail that could still begin a stop string, cuts the text
 before the first match and reports that generation should stop.
@@ -20,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import Protocol
 
-__all__ = ["MAX_HELD_TOKENS", "Decoder", "IncrementalDetokenizer", "StopStringMatcher"]
+__all__ = ["MAX_HELD_TOKENS", "Decoder", "IncrementalDetokenizer", "StopStringMatcher", "TokenTexts"]
 
 #: A UTF-8 character has at most 4 bytes, and every token carries at least one.
 MAX_HELD_TOKENS = 6
@@ -32,6 +36,40 @@ class Decoder(Protocol):
     def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = True) -> str: ...
 
 
+class TokenTexts:
+    """The text of single tokens as ``tokenizer.decode([token_id])`` gives it, remembered.
+
+    Decoding one token is a pure function of the token for a given tokenizer, so the
+    remembered text is exact; at most ``max_size`` tokens are kept (the first ones seen).
+    """
+
+    __slots__ = ("_max_size", "_skip", "_texts", "_tokenizer")
+
+    def __init__(
+        self, tokenizer: Decoder, *, skip_special_tokens: bool = True, max_size: int = 1 << 17
+    ) -> None:
+        self._tokenizer = tokenizer
+        self._skip = skip_special_tokens
+        self._max_size = max_size
+        self._texts: dict[int, str] = {}
+
+    @property
+    def tokenizer(self) -> Decoder:
+        return self._tokenizer
+
+    @property
+    def skip_special_tokens(self) -> bool:
+        return self._skip
+
+    def text(self, token_id: int) -> str:
+        text = self._texts.get(token_id)
+        if text is None:
+            text = self._tokenizer.decode([token_id], skip_special_tokens=self._skip)
+            if len(self._texts) < self._max_size:
+                self._texts[token_id] = text
+        return text
+
+
 class IncrementalDetokenizer:
     """Text of a growing token sequence, delivered in safe pieces.
 
@@ -39,13 +77,20 @@ class IncrementalDetokenizer:
     (a sentencepiece word start depends on what precedes it); they are never emitted.
     ``hidden_ids`` are never shown, even with special tokens shown (the end-of-sequence
     tokens, when a tool call parser needs to see special tokens such as ``[TOOL_CALLS]``).
+    ``token_texts``: single tokens' texts of the same tokenizer and ``skip_special_tokens``,
+    shared with other requests (the text is the same with or without it).
     """
 
     def __init__(
         self, tokenizer: Decoder, prompt_ids: Sequence[int] = (), *, skip_special_tokens: bool = True,
-        hidden_ids: Collection[int] = (),
+        hidden_ids: Collection[int] = (), token_texts: TokenTexts | None = None,
     ) -> None:
+        if token_texts is not None and (
+            token_texts.tokenizer is not tokenizer or token_texts.skip_special_tokens != skip_special_tokens
+        ):
+            raise ValueError("token_texts must be of the same tokenizer and skip_special_tokens")
         self._tokenizer = tokenizer
+        self._texts = token_texts
         self._skip = skip_special_tokens
         self._hidden = frozenset(hidden_ids)
         self._ids: list[int] = list(prompt_ids[-_CONTEXT_TOKENS:])
@@ -61,6 +106,8 @@ class IncrementalDetokenizer:
     def _decode(self, ids: Sequence[int]) -> str:
         if self._hidden:
             ids = [token_id for token_id in ids if token_id not in self._hidden]
+        if len(ids) == 1 and self._texts is not None:
+            return self._texts.text(ids[0])
         return self._tokenizer.decode(ids, skip_special_tokens=self._skip)
 
     def _num_text_tokens(self, ids: Sequence[int]) -> int:

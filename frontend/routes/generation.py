@@ -247,6 +247,7 @@ async def start_turn(
         detokenizer=IncrementalDetokenizer(
             state.tokenizer, prompt_ids, skip_special_tokens=not keep_special_tokens,
             hidden_ids=state.tokenizer.eos_token_ids if keep_special_tokens else (),
+            token_texts=state.texts_of(skip_special_tokens=not keep_special_tokens),
         ),
         stops=StopStringMatcher(stops),
         want_logprobs=want_logprobs, num_prompt_tokens=len(prompt_ids),

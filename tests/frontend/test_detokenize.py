@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agents.engines.tokenizer import ByteTokenizer
-from frontend.detokenize import IncrementalDetokenizer, StopStringMatcher
+from frontend.detokenize import IncrementalDetokenizer, StopStringMatcher, TokenTexts
 
 TOKENIZER = ByteTokenizer(320)
 
@@ -77,6 +78,36 @@ def test_random_bytes_and_specials_lose_no_character(ids: list[int], splits: lis
     """
     streamed = "".join(_stream(ids, splits))
     assert streamed.replace("\ufffd", "") == TOKENIZER.decode(ids).replace("\ufffd", "")
+
+
+SHARED_TEXTS = {skip: TokenTexts(TOKENIZER, skip_special_tokens=skip, max_size=64) for skip in (True, False)}
+
+
+@settings(max_examples=200, deadline=None)
+@given(ids=st.lists(st.integers(min_value=0, max_value=319), max_size=60),
+       splits=st.lists(st.integers(min_value=1, max_value=4), max_size=30),
+       skip=st.booleans(), hidden=st.sets(st.integers(256, 258), max_size=2))
+def test_shared_token_texts_give_every_piece_the_uncached_text(
+    ids: list[int], splits: list[int], skip: bool, hidden: set[int]
+) -> None:
+    """Texts of single tokens remembered across requests (some past the memo's size) change no piece."""
+    def pieces(texts: TokenTexts | None) -> list[str]:
+        detok = IncrementalDetokenizer(TOKENIZER, [104, 105], skip_special_tokens=skip, hidden_ids=hidden,
+                                       token_texts=texts)
+        out, at = [], 0
+        for size in splits:
+            out.append(detok.push(ids[at : at + size]))
+            at += size
+        return [*out, detok.push(ids[at:]), detok.flush()]
+
+    assert pieces(SHARED_TEXTS[skip]) == pieces(None)
+
+
+def test_shared_token_texts_must_match_the_detokenizer() -> None:
+    with pytest.raises(ValueError, match="same tokenizer"):
+        IncrementalDetokenizer(TOKENIZER, skip_special_tokens=False, token_texts=SHARED_TEXTS[True])
+    with pytest.raises(ValueError, match="same tokenizer"):
+        IncrementalDetokenizer(ByteTokenizer(320), token_texts=SHARED_TEXTS[True])
 
 
 def test_stop_string_cuts_before_the_match_even_across_pieces() -> None:
