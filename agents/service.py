@@ -377,8 +377,8 @@ class Agent:
                 await self._flush_deltas()
                 self._work.clear()
                 await wait_event(self._work, self.config.idle_sleep_s)
-            else:
-                await asyncio.sleep(0)
+            elif not self._unpublished:
+                await asyncio.sleep(0)  # RPCs run between steps (else the next step's publishing yields)
 
     async def _step_publishing(self, engine: Engine) -> StepResult:
         """One engine step, once the previous step's deltas are on the wire.
