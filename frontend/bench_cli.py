@@ -34,6 +34,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "requeue": ("frontend.bench_requeue:bench_requeue", "Burst TTFT, queued requests moved or not."),
     "tracing": ("frontend.bench_tracing:bench_tracing", "Streaming throughput with tracing on vs off."),
     "vllm-serve": ("frontend.bench_vllm_serve:bench_vllm_serve", "shoal up --engine vllm vs vllm serve."),
+    "path-cpu": ("frontend.bench_path_sim:bench_path_cpu", "Path CPU and bus messages per request (sim)."),
     "prefix": ("frontend.bench_prefix:bench_prefix", "Multi-turn chats: TTFT, hit rate, cache on vs off."),
 }
 
