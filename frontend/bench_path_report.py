@@ -167,7 +167,7 @@ def table(runs: Runs, rounds: int) -> str:
     names = list(runs)
     summary = summarize(runs)
     head = f"{'mode':>7} {'variant':>14} " + " ".join(f"{title:>10}" for title, _ in _COLUMNS)
-    lines = [f"CPU ms per request by process, medians of {rounds} rounds (-: not there)", head]
+    lines = [f"CPU ms per request by process, medians of {rounds} round(s) (-: not there)", head]
     for mode in runs[names[0]]:
         for name in names:
             entry = summary[name][mode]

@@ -135,7 +135,7 @@ def test_the_summary_and_table_compare_every_later_variant_with_the_first() -> N
     assert isinstance(paired, dict) and paired["cpu_frontend_ms"]["median"] == pytest.approx(0.85)
     text = table(RUNS, 2)
     lines = text.splitlines()
-    assert "medians of 2 rounds" in lines[0]
+    assert "medians of 2 round(s)" in lines[0]
     assert "11.00" in lines[2] and "9.40" in lines[3] and "0.85x" in lines[4] and "vs base" in lines[4]
     assert "42.00" in lines[2]  # TTFT p50
     assert " - " in lines[2]  # the scheduler's column: not measured
