@@ -19,6 +19,8 @@ import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from frontend.bench_path_cpu import per_request
+
 __all__ = [
     "CPU_PROCESSES",
     "Variant",
@@ -88,15 +90,7 @@ def subject_pattern(subject: str) -> str:
 def run_figures(delta: Mapping[str, float], *, requests: int, output_tokens: int) -> dict[str, float]:
     """One run's figures from what the counters gained over it: CPU seconds by process (``frontend``,
     ``scheduler``, ``agent``, ``nats``) and the nats-server's ``bus_in_msgs``/``bus_out_msgs``."""
-    if requests <= 0 or output_tokens <= 0:
-        raise ValueError(f"{requests} requests and {output_tokens} output tokens: nothing to divide by")
-    figures: dict[str, float] = {}
-    for key, value in delta.items():
-        if key.startswith("bus_"):
-            figures[f"{key}_per_request"] = value / requests
-            figures[f"{key}_per_token"] = value / output_tokens
-        else:
-            figures[f"cpu_{key}_ms"] = 1000.0 * value / requests
+    figures = per_request(delta, requests, output_tokens)
     figures["cpu_all_ms"] = sum(figures.get(f"cpu_{name}_ms", 0.0) for name in CPU_PROCESSES)
     return figures
 

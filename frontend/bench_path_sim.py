@@ -31,8 +31,6 @@ import statistics
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +53,7 @@ from frontend.bench_path_report import (
     summarize,
     table,
 )
+from frontend.up import _health
 
 __all__ = ["LoadOptions", "SimCluster", "bench_path_cpu", "start_cluster"]
 
@@ -170,21 +169,6 @@ def start_cluster(
     ])  # fmt: skip
     cluster.url = f"http://127.0.0.1:{port}"
     return cluster
-
-
-def _health(url: str) -> dict[str, Any] | None:
-    """The frontend's ``/health`` body (a 503's too); None while it does not answer."""
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=1.0) as response:
-            body: dict[str, Any] = json.loads(response.read())
-            return body
-    except urllib.error.HTTPError as error:
-        with contextlib.suppress(ValueError):
-            answer: dict[str, Any] = json.loads(error.read())
-            return answer
-        return None
-    except (OSError, ValueError):
-        return None
 
 
 def wait_ready(clusters: Sequence[SimCluster], timeout_s: float) -> None:
