@@ -1,4 +1,5 @@
-"""The serving path's CPU per request, per component, from /proc: what ``shoal bench vllm-serve`` reports.
+"""The serving path's CPU per request, per component, from /proc: what ``shoal bench vllm-serve`` and
+``shoal bench path-cpu`` report.
 
 A server under test is a tree of processes under the one the benchmark
 started. :func:`classify` names each process of the tree by its command line:
