@@ -386,12 +386,12 @@ async def drive_whole(
         queue.put_nowait(prompt)
     done = {"completed": 0, "output_tokens": 0}
 
-    async def worker(session: aiohttp.ClientSession) -> None:
+    async def worker(client: aiohttp.ClientSession) -> None:
         while not queue.empty():
             prompt = queue.get_nowait()
             body = {"model": model, "prompt": prompt, "max_tokens": output_len, "temperature": 0,
                     "ignore_eos": ignore_eos, "stream": False}  # fmt: skip
-            async with session.post(f"{url}/v1/completions", json=body) as response:
+            async with client.post(f"{url}/v1/completions", json=body) as response:
                 response.raise_for_status()
                 answer = await response.json()
             done["completed"] += 1
@@ -400,9 +400,9 @@ async def drive_whole(
     connector = aiohttp.TCPConnector(limit=concurrency + 4)
     async with aiohttp.ClientSession(
         connector=connector, timeout=aiohttp.ClientTimeout(total=3600)
-    ) as session:
+    ) as client:
         started = time.monotonic()
-        await asyncio.gather(*(worker(session) for _ in range(concurrency)))
+        await asyncio.gather(*(worker(client) for _ in range(concurrency)))
         ended = time.monotonic()
     seconds = ended - started
     return {"completed": float(done["completed"]), "output_tokens": float(done["output_tokens"]),

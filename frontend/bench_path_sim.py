@@ -228,11 +228,11 @@ async def drive(
     queue = collections.deque(prompts)
     firsts: list[float] = []
 
-    async def one(session: aiohttp.ClientSession, prompt: str | list[int]) -> None:
+    async def one(client: aiohttp.ClientSession, prompt: str | list[int]) -> None:
         body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
                 "ignore_eos": True, "stream": stream}  # fmt: skip
         started = time.perf_counter()
-        async with session.post(f"{url}/v1/completions", json=body) as response:
+        async with client.post(f"{url}/v1/completions", json=body) as response:
             if response.status != 200:
                 raise click.ClickException(
                     f"HTTP {response.status} from {url}: {(await response.text())[:300]}"
@@ -243,16 +243,16 @@ async def drive(
                     firsts.append(time.perf_counter() - started)
                 first = False
 
-    async def worker(session: aiohttp.ClientSession) -> None:
+    async def worker(client: aiohttp.ClientSession) -> None:
         while queue:
-            await one(session, queue.popleft())
+            await one(client, queue.popleft())
 
     connector = aiohttp.TCPConnector(limit=concurrency + 4)
     async with aiohttp.ClientSession(
         connector=connector, timeout=aiohttp.ClientTimeout(total=timeout_s)
-    ) as session:
+    ) as client:
         started = time.perf_counter()
-        await asyncio.gather(*(worker(session) for _ in range(concurrency)))
+        await asyncio.gather(*(worker(client) for _ in range(concurrency)))
         figures = {"wall_s": time.perf_counter() - started}
     if firsts:
         figures["ttft_p50_ms"] = 1000.0 * statistics.median(firsts)
